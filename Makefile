@@ -1,0 +1,62 @@
+# NodeWright developer entry points. `make test` is what CI runs; `make demo` is the main job.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: help
+help: ## list targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e . --group dev
+	touch $@
+
+.PHONY: venv
+venv: $(VENV)/.installed ## create the virtualenv with runtime and dev dependencies
+
+.PHONY: controlplane
+controlplane: ## build kube-apiserver, kube-controller-manager, kubectl, etcd, kwok from Go modules (cached)
+	bash hack/controlplane/build.sh
+
+.PHONY: generate
+generate: venv ## regenerate CRD YAML (manifests/crds, helm) from the pydantic models
+	$(PY) -m nodewright.api.crdgen --write
+
+.PHONY: lint
+lint: venv ## ruff, mypy --strict, import-linter
+	$(VENV)/bin/ruff check nodewright tests e2e benchmarks
+	$(VENV)/bin/ruff format --check nodewright tests e2e benchmarks
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+.PHONY: unit
+unit: venv ## unit and property tests (no cluster)
+	$(PY) -m pytest -q tests
+
+.PHONY: e2e
+e2e: venv controlplane ## end-to-end tests against a real local control plane started by the tests
+	$(PY) -m pytest -q e2e
+
+.PHONY: bench-smoke
+bench-smoke: venv controlplane ## tiny benchmark run so the harness cannot rot
+	$(PY) -m benchmarks.run --nodes 50 --smoke
+
+.PHONY: bench
+bench: venv controlplane ## scale benchmark (default 1,000 nodes); writes benchmarks/results/
+	$(PY) -m benchmarks.run --nodes $${NODES:-1000}
+
+.PHONY: test
+test: lint unit e2e ## everything CI runs
+
+.PHONY: demo
+demo: venv controlplane ## simulated GPU fleet + operator + a real rollout, progress printed until complete
+	$(PY) -m nodewright demo
+
+.PHONY: clean
+clean: ## stop any simulated cluster started from this checkout and remove local state
+	-$(PY) -m nodewright sim down
+	rm -rf .sim
