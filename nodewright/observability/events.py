@@ -1,0 +1,341 @@
+"""Catalogue of the Kubernetes Events NodeWright emits: reasons, types, message builders, Event bodies.
+
+Pure (no I/O, no clock reads: time is a parameter). The reference operator reused a handful of vague
+reasons (`Apply`, `Interrupt`, `State`) for different things on different objects; here each reason
+names one thing that happened, is emitted on one kind of object (a NodeWright for rollout-level news, a
+Node for node-level news -- node events also name the NodeWright), and always comes with the same
+message shape, so `kubectl get events --field-selector reason=NodeDrainBlocked` answers a question.
+Messages quote names in brackets like the reference ("Package [p:v] ...") and are capped at
+`MAX_MESSAGE_LENGTH`; lists of nodes are cut to a few names and "and N more".
+
+`build_event` returns a core/v1 Event body ready to POST. Node and NodeWright are cluster-scoped, so
+their Events live in the `default` namespace (what client-go's recorder does). The name is
+`<object>.<hex nanoseconds>` like client-go's. Repeats of the same (object, reason, message) should be
+folded by the recorder into one Event: `aggregation_key` identifies them and `bump_patch` is the
+merge patch that increments `count` and moves `lastTimestamp`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Final
+
+from nodewright.api import constants
+
+COMPONENT: Final = "nodewright-operator"
+EVENT_NAMESPACE: Final = "default"
+MAX_MESSAGE_LENGTH: Final = 1024
+MAX_LISTED_NAMES: Final = 5
+
+
+class EventType(StrEnum):
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+class Reason(StrEnum):
+    # NodeWright events (involvedObject: the NodeWright)
+    STATUS_CHANGED = "StatusChanged"
+    BATCH_STARTED = "BatchStarted"
+    BATCH_COMPLETED = "BatchCompleted"
+    BATCH_FAILED = "BatchFailed"
+    COMPARTMENT_HALTED = "CompartmentHalted"
+    COMPARTMENT_RESUMED = "CompartmentResumed"
+    ROLLOUT_COMPLETE = "RolloutComplete"
+    ROLLOUT_PAUSED = "RolloutPaused"
+    ROLLOUT_DISABLED = "RolloutDisabled"
+    POLICY_NOT_FOUND = "PolicyNotFound"
+    STATE_MALFORMED = "StateMalformed"
+    DELETION_BLOCKED = "DeletionBlocked"
+    # Node events (involvedObject: the Node)
+    PACKAGE_STARTED = "PackageStarted"
+    PACKAGE_COMPLETED = "PackageCompleted"
+    PACKAGE_FAILED = "PackageFailed"
+    NODE_CORDONED = "NodeCordoned"
+    NODE_DRAINING = "NodeDraining"
+    NODE_DRAIN_BLOCKED = "NodeDrainBlocked"
+    INTERRUPT_STARTED = "InterruptStarted"
+    NODE_REBOOTED = "NodeRebooted"
+    NODE_UNCORDONED = "NodeUncordoned"
+    NODE_COMPLETE = "NodeComplete"
+    NODE_BLOCKED = "NodeBlocked"
+
+
+@dataclass(frozen=True, slots=True)
+class ReasonInfo:
+    reason: Reason
+    type: EventType
+    kind: str  # the kind of the involved object
+    meaning: str
+
+
+_NW = constants.KIND_NODEWRIGHT
+CATALOGUE: Final[tuple[ReasonInfo, ...]] = (
+    ReasonInfo(Reason.STATUS_CHANGED, EventType.NORMAL, _NW, "Roll-up status changed"),
+    ReasonInfo(Reason.BATCH_STARTED, EventType.NORMAL, _NW, "A compartment admitted a new batch of nodes"),
+    ReasonInfo(
+        Reason.BATCH_COMPLETED, EventType.NORMAL, _NW, "A batch finished within its failure threshold"
+    ),
+    ReasonInfo(Reason.BATCH_FAILED, EventType.WARNING, _NW, "A batch finished with too many failed nodes"),
+    ReasonInfo(Reason.COMPARTMENT_HALTED, EventType.WARNING, _NW, "A compartment stopped admitting nodes"),
+    ReasonInfo(Reason.COMPARTMENT_RESUMED, EventType.NORMAL, _NW, "A halted compartment was reset"),
+    ReasonInfo(Reason.ROLLOUT_COMPLETE, EventType.NORMAL, _NW, "Every matched node is complete"),
+    ReasonInfo(Reason.ROLLOUT_PAUSED, EventType.NORMAL, _NW, "The pause annotation stopped admissions"),
+    ReasonInfo(Reason.ROLLOUT_DISABLED, EventType.NORMAL, _NW, "The disable annotation stopped the rollout"),
+    ReasonInfo(Reason.POLICY_NOT_FOUND, EventType.WARNING, _NW, "The referenced DeploymentPolicy is missing"),
+    ReasonInfo(Reason.STATE_MALFORMED, EventType.WARNING, _NW, "Node state annotations cannot be parsed"),
+    ReasonInfo(Reason.DELETION_BLOCKED, EventType.WARNING, _NW, "The finalizer cannot complete"),
+    ReasonInfo(Reason.PACKAGE_STARTED, EventType.NORMAL, "Node", "A package stage pod was created"),
+    ReasonInfo(Reason.PACKAGE_COMPLETED, EventType.NORMAL, "Node", "A package stage succeeded"),
+    ReasonInfo(Reason.PACKAGE_FAILED, EventType.WARNING, "Node", "A package stage attempt failed"),
+    ReasonInfo(Reason.NODE_CORDONED, EventType.NORMAL, "Node", "The node was cordoned for maintenance"),
+    ReasonInfo(Reason.NODE_DRAINING, EventType.NORMAL, "Node", "Evictions were issued"),
+    ReasonInfo(Reason.NODE_DRAIN_BLOCKED, EventType.WARNING, "Node", "Drain cannot progress (PDB, pods)"),
+    ReasonInfo(Reason.INTERRUPT_STARTED, EventType.NORMAL, "Node", "The merged interrupt pod was created"),
+    ReasonInfo(Reason.NODE_REBOOTED, EventType.NORMAL, "Node", "A reboot was observed (boot id changed)"),
+    ReasonInfo(Reason.NODE_UNCORDONED, EventType.NORMAL, "Node", "The node was returned to service"),
+    ReasonInfo(Reason.NODE_COMPLETE, EventType.NORMAL, "Node", "All packages of the NodeWright are complete"),
+    ReasonInfo(Reason.NODE_BLOCKED, EventType.WARNING, "Node", "The node is skipped (taint or ignore label)"),
+)
+_BY_REASON: Final = {info.reason: info for info in CATALOGUE}
+
+
+def event_type(reason: Reason) -> EventType:
+    return _BY_REASON[reason].type
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    kind: str
+    name: str
+    api_version: str
+    uid: str | None = None
+    resource_version: str | None = None
+
+    def to_json(self) -> dict[str, str]:
+        ref = {"kind": self.kind, "name": self.name, "apiVersion": self.api_version}
+        if self.uid:
+            ref["uid"] = self.uid
+        if self.resource_version:
+            ref["resourceVersion"] = self.resource_version
+        return ref
+
+
+def node_ref(name: str, uid: str | None = None) -> ObjectRef:
+    return ObjectRef(kind="Node", name=name, api_version="v1", uid=uid)
+
+
+def nodewright_ref(name: str, uid: str | None = None) -> ObjectRef:
+    return ObjectRef(kind=constants.KIND_NODEWRIGHT, name=name, api_version=constants.API_VERSION, uid=uid)
+
+
+@dataclass(frozen=True, slots=True)
+class EventSpec:
+    """What to say: the reason, its type and the message (from one of the builders below)."""
+
+    reason: Reason
+    message: str
+
+    @property
+    def type(self) -> EventType:
+        return event_type(self.reason)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Message builders
+
+
+def _pkg(package: str, version: str) -> str:
+    return f"[{package}:{version}]"
+
+
+def list_names(names: Sequence[str], *, limit: int = MAX_LISTED_NAMES) -> str:
+    """`a, b, c` or `a, b, c, d, e and 7 more` (sorted, so repeats aggregate into one Event)."""
+    ordered = sorted(names)
+    shown = ", ".join(ordered[:limit])
+    rest = len(ordered) - limit
+    return f"{shown} and {rest} more" if rest > 0 else shown
+
+
+def status_changed(old: str, new: str) -> EventSpec:
+    return EventSpec(Reason.STATUS_CHANGED, f"NodeWright status changed [{old}] -> [{new}]")
+
+
+def batch_started(compartment: str, batch: int, nodes: Sequence[str]) -> EventSpec:
+    return EventSpec(
+        Reason.BATCH_STARTED,
+        f"Compartment [{compartment}] batch {batch} started with {len(nodes)} node(s): {list_names(nodes)}",
+    )
+
+
+def batch_finished(
+    compartment: str, batch: int, *, succeeded: int, failed: int, failed_batch: bool
+) -> EventSpec:
+    reason = Reason.BATCH_FAILED if failed_batch else Reason.BATCH_COMPLETED
+    verdict = "failed" if failed_batch else "completed"
+    return EventSpec(
+        reason, f"Compartment [{compartment}] batch {batch} {verdict}: {succeeded} succeeded, {failed} failed"
+    )
+
+
+def compartment_halted(compartment: str, *, consecutive_failures: int, threshold: int) -> EventSpec:
+    return EventSpec(
+        Reason.COMPARTMENT_HALTED,
+        f"Compartment [{compartment}] halted after {consecutive_failures} consecutive failed batch(es) "
+        f"(threshold {threshold}); reset with the {constants.ANNOTATION_RESET_BATCH} annotation",
+    )
+
+
+def compartment_resumed(compartment: str) -> EventSpec:
+    return EventSpec(
+        Reason.COMPARTMENT_RESUMED, f"Compartment [{compartment}] batch state reset; rollout resumes"
+    )
+
+
+def rollout_complete(nodes: int) -> EventSpec:
+    return EventSpec(Reason.ROLLOUT_COMPLETE, f"All {nodes} matched node(s) complete")
+
+
+def rollout_paused() -> EventSpec:
+    return EventSpec(Reason.ROLLOUT_PAUSED, f"Paused by annotation {constants.ANNOTATION_PAUSE}")
+
+
+def rollout_disabled() -> EventSpec:
+    return EventSpec(Reason.ROLLOUT_DISABLED, f"Disabled by annotation {constants.ANNOTATION_DISABLE}")
+
+
+def policy_not_found(policy: str) -> EventSpec:
+    return EventSpec(Reason.POLICY_NOT_FOUND, f"DeploymentPolicy [{policy}] not found; rollout blocked")
+
+
+def state_malformed(nodes: Sequence[str]) -> EventSpec:
+    return EventSpec(
+        Reason.STATE_MALFORMED,
+        f"Node state of {len(nodes)} node(s) cannot be parsed; they are left untouched: {list_names(nodes)}",
+    )
+
+
+def deletion_blocked(why: str) -> EventSpec:
+    return EventSpec(Reason.DELETION_BLOCKED, f"Deletion blocked: {why}")
+
+
+def package_started(
+    nodewright: str, package: str, version: str, stage: str, *, attempt: int = 1
+) -> EventSpec:
+    suffix = f" (attempt {attempt})" if attempt > 1 else ""
+    return EventSpec(
+        Reason.PACKAGE_STARTED,
+        f"Package {_pkg(package, version)} stage [{stage}] started for [{nodewright}]{suffix}",
+    )
+
+
+def package_completed(nodewright: str, package: str, version: str, stage: str) -> EventSpec:
+    return EventSpec(
+        Reason.PACKAGE_COMPLETED,
+        f"Package {_pkg(package, version)} stage [{stage}] complete for [{nodewright}]",
+    )
+
+
+def package_failed(
+    nodewright: str, package: str, version: str, stage: str, *, attempt: int, error: str, will_retry: bool
+) -> EventSpec:
+    then = "will retry" if will_retry else "giving up"
+    return EventSpec(
+        Reason.PACKAGE_FAILED,
+        f"Package {_pkg(package, version)} stage [{stage}] failed for [{nodewright}] (attempt {attempt}, "
+        f"{then}): {error}",
+    )
+
+
+def node_cordoned(nodewright: str) -> EventSpec:
+    return EventSpec(Reason.NODE_CORDONED, f"Cordoned for [{nodewright}]")
+
+
+def node_draining(nodewright: str, pods: int) -> EventSpec:
+    return EventSpec(Reason.NODE_DRAINING, f"Evicting {pods} pod(s) for [{nodewright}]")
+
+
+def node_drain_blocked(nodewright: str, why: str, pods: Sequence[str] = ()) -> EventSpec:
+    listed = f": {list_names(pods)}" if pods else ""
+    return EventSpec(Reason.NODE_DRAIN_BLOCKED, f"Drain for [{nodewright}] blocked by {why}{listed}")
+
+
+def interrupt_started(nodewright: str, interrupt: str, packages: Sequence[str]) -> EventSpec:
+    return EventSpec(
+        Reason.INTERRUPT_STARTED,
+        f"Interrupt [{interrupt}] for [{nodewright}] packages {list_names(packages, limit=10)}",
+    )
+
+
+def node_rebooted(nodewright: str) -> EventSpec:
+    return EventSpec(Reason.NODE_REBOOTED, f"Reboot observed (boot id changed) during [{nodewright}]")
+
+
+def node_uncordoned(nodewright: str) -> EventSpec:
+    return EventSpec(Reason.NODE_UNCORDONED, f"Uncordoned by [{nodewright}]")
+
+
+def node_complete(nodewright: str) -> EventSpec:
+    return EventSpec(Reason.NODE_COMPLETE, f"NodeWright [{nodewright}] complete")
+
+
+def node_blocked(nodewright: str, why: str) -> EventSpec:
+    return EventSpec(Reason.NODE_BLOCKED, f"Skipped by [{nodewright}]: {why}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Event bodies
+
+
+def _rfc3339(ts: datetime) -> str:
+    if ts.tzinfo is None:
+        raise ValueError("timestamps must be timezone-aware")
+    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def truncate(message: str, limit: int = MAX_MESSAGE_LENGTH) -> str:
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+def build_event(
+    involved: ObjectRef,
+    spec: EventSpec,
+    *,
+    now: datetime,
+    reporting_instance: str,
+    namespace: str = EVENT_NAMESPACE,
+) -> dict[str, Any]:
+    """A core/v1 Event body (count 1) for `involved`."""
+    stamp = _rfc3339(now)
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": f"{involved.name}.{int(now.timestamp() * 1_000_000_000):x}",
+            "namespace": namespace,
+        },
+        "involvedObject": involved.to_json(),
+        "reason": spec.reason.value,
+        "message": truncate(spec.message),
+        "type": spec.type.value,
+        "source": {"component": COMPONENT},
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+        "reportingComponent": COMPONENT,
+        "reportingInstance": reporting_instance,
+    }
+
+
+def aggregation_key(event: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    """Events with the same key are repeats: fold them into one (see `bump_patch`)."""
+    obj = event["involvedObject"]
+    return (obj["kind"], obj["name"], event["reason"], event["type"], event["message"])
+
+
+def bump_patch(event: dict[str, Any], *, now: datetime) -> dict[str, Any]:
+    """Merge patch recording one more occurrence of an existing Event."""
+    return {"count": int(event.get("count") or 1) + 1, "lastTimestamp": _rfc3339(now)}

@@ -1,0 +1,182 @@
+"""Structured logging: structlog JSON in production, readable console output on a terminal.
+
+`configure_logging(level, json=None)` sets up structlog once at start-up:
+- JSON lines on stderr unless stderr is a TTY (then the console renderer); `json` forces either.
+- Filtering bound loggers (a filtered call costs one `return None`), logger cached on first use.
+- Shared processors: contextvars merge (per-reconcile keys), level, ISO UTC timestamp, OTel trace and
+  span ids of the current span (log <-> trace correlation), exception formatting.
+- Standard-library loggers (aiohttp, the OTel exporters) go through the same processors via
+  `ProcessorFormatter`, so the stream stays uniform.
+
+Per-reconcile keys use controller-runtime's names so log queries feel familiar: `controller`,
+`nodewright`, `node`, `package`, `stage`, `compartment`, `reconcile_id`. `reconcile_context(...)` binds
+them for the duration of one reconcile (contextvars are per asyncio task, so bind inside the worker
+task), times it, logs exactly one summary line ("reconcile finished", with `result` and `duration_ms`)
+and, given an `OperatorMetrics`-like recorder, feeds the controller_runtime_reconcile_* metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, MutableMapping
+from contextlib import contextmanager
+from typing import Any, Final, Literal, Protocol, TextIO
+
+import structlog
+from opentelemetry import trace
+
+LOG_KEYS: Final[tuple[str, ...]] = (
+    "controller",
+    "key",
+    "nodewright",
+    "node",
+    "package",
+    "stage",
+    "compartment",
+    "reconcile_id",
+)
+SUMMARY_EVENT: Final = "reconcile finished"
+
+ReconcileResult = Literal["success", "error", "requeue", "requeue_after"]
+
+
+def _add_trace_ids(
+    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    ctx = trace.get_current_span().get_span_context()
+    if ctx.is_valid:
+        event_dict.setdefault("trace_id", format(ctx.trace_id, "032x"))
+        event_dict.setdefault("span_id", format(ctx.span_id, "016x"))
+    return event_dict
+
+
+def _level_number(level: str) -> int:
+    number = logging.getLevelNamesMapping().get(level.upper())
+    if number is None:
+        raise ValueError(f"unknown log level {level!r}")
+    return number
+
+
+def configure_logging(level: str = "info", json: bool | None = None, *, stream: TextIO | None = None) -> None:
+    """Configure structlog and stdlib logging; call once at start-up (tests may call it again)."""
+    out = stream if stream is not None else sys.stderr
+    use_json = (not out.isatty()) if json is None else json
+    number = _level_number(level)
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _add_trace_ids,
+    ]
+    renderer: Any
+    if use_json:
+        shared.append(structlog.processors.dict_tracebacks)
+        renderer = structlog.processors.JSONRenderer()
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=out.isatty())
+    structlog.configure(
+        processors=[*shared, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(number),
+        logger_factory=structlog.WriteLoggerFactory(file=out),
+        cache_logger_on_first_use=True,
+    )
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers = [handler]
+    # Third-party libraries are chatty at debug; keep them at warning unless we log at debug ourselves.
+    root.setLevel(number if number <= logging.DEBUG else max(number, logging.WARNING))
+
+
+def get_logger(name: str | None = None) -> Any:
+    return structlog.get_logger(name) if name else structlog.get_logger()
+
+
+class ReconcileRecorder(Protocol):
+    def reconcile(self, *, controller: str, result: ReconcileResult, seconds: float) -> None: ...
+
+
+class ReconcileScope:
+    """Handle yielded by `reconcile_context`: bind more keys and set the outcome."""
+
+    def __init__(self, reconcile_id: str) -> None:
+        self.reconcile_id = reconcile_id
+        self.result: ReconcileResult = "success"
+        self.requeue_after: float | None = None
+        self.fields: dict[str, Any] = {}
+
+    def bind(self, **keys: Any) -> None:
+        """Bind keys (e.g. node, package, stage) for the rest of the reconcile and its summary line."""
+        structlog.contextvars.bind_contextvars(**keys)
+
+    def note(self, **fields: Any) -> None:
+        """Add fields to the summary line only (e.g. what was decided)."""
+        self.fields.update(fields)
+
+    def requeue(self, after: float | None = None) -> None:
+        if after is None:
+            self.result = "requeue"
+        else:
+            self.result = "requeue_after"
+            self.requeue_after = after
+
+
+@contextmanager
+def reconcile_context(
+    *,
+    controller: str,
+    key: str,
+    metrics: ReconcileRecorder | None = None,
+    logger: Any = None,
+    clock: Callable[[], float] = time.monotonic,
+    **keys: Any,
+) -> Iterator[ReconcileScope]:
+    """Bind reconcile keys, time the block, log one summary line and record reconcile metrics.
+
+    An exception escaping the block counts as result "error", is logged with its traceback and
+    re-raised. Bindings made inside the block are undone on exit.
+    """
+    scope = ReconcileScope(uuid.uuid4().hex[:16])
+    log = logger if logger is not None else structlog.get_logger("nodewright.reconcile")
+    with structlog.contextvars.bound_contextvars(
+        controller=controller, key=key, reconcile_id=scope.reconcile_id, **keys
+    ):
+        before = structlog.contextvars.get_contextvars()
+        started = clock()
+        error: BaseException | None = None
+        cancelled = False
+        try:
+            yield scope
+        except Exception as exc:
+            scope.result = "error"
+            error = exc
+            raise
+        except BaseException:
+            # Cancellation (shutdown) is neither a success nor a reconcile error: log it, count nothing.
+            cancelled = True
+            raise
+        finally:
+            seconds = max(0.0, clock() - started)
+            if metrics is not None and not cancelled:
+                metrics.reconcile(controller=controller, result=scope.result, seconds=seconds)
+            result = "cancelled" if cancelled else scope.result
+            fields: dict[str, Any] = {"result": result, "duration_ms": round(seconds * 1000, 3)}
+            if scope.requeue_after is not None:
+                fields["requeue_after"] = scope.requeue_after
+            fields.update(scope.fields)
+            if error is not None:
+                log.error(SUMMARY_EVENT, exc_info=error, **fields)
+            else:
+                log.info(SUMMARY_EVENT, **fields)
+            # Undo keys bound through scope.bind (bound_contextvars restores only its own keys).
+            extra = set(structlog.contextvars.get_contextvars()) - set(before)
+            if extra:
+                structlog.contextvars.unbind_contextvars(*extra)

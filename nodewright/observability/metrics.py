@@ -1,0 +1,779 @@
+"""Operator metrics: OpenTelemetry instruments exposed in Prometheus text format (and optionally OTLP).
+
+One `OperatorMetrics` is created at start-up. It owns the `MeterProvider`, a private prometheus_client
+`CollectorRegistry` (never the global one, so every instance -- and every test -- is isolated) and,
+when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, a periodic OTLP/HTTP reader. It hands out:
+
+- `domain` (`DomainMetrics`): NodeWright gauges set from immutable `NodeWrightSnapshot`s built by the
+  controller from the plan layer's status roll-up, plus stage-duration / maintenance histograms and a
+  package retry counter;
+- implementations of the kube layer's instrumentation Protocols (`nodewright.kube.hooks`), structurally
+  typed so this layer never imports `kube`: `workqueues`, `requests`, `watches`, `leader`;
+- `reconcile(...)` for the controller-runtime reconcile series and `record_loop_lag(...)`.
+
+Naming. The exposition uses exactly the names Go operators use (`workqueue_depth`,
+`controller_runtime_reconcile_total`, ...). The OTel Prometheus exporter maps the unit into a suffix
+("s" -> `_seconds`) and prometheus_client appends `_total` to counters, so instruments are named with
+their final Prometheus name, counters end in `_total` (the exporter strips and re-adds it), and only
+instruments whose name already ends in `_seconds` carry unit "s". `target_info` and the
+`otel_scope_*` labels are switched off so the series are byte-identical to controller-runtime's.
+Histograms get explicit bucket boundaries in seconds (the SDK default is millisecond-oriented).
+`EXPORTED_METRICS` lists every family name once; tests check the scrape and every PromQL expression in
+the shipped dashboard and alert rules against it.
+
+Series removal. Domain gauges are observable instruments whose callbacks read the latest snapshots: a
+series that is not reported in a collection is absent from that scrape, so removing a NodeWright (or a
+package or compartment disappearing from its snapshot) removes its series with no bookkeeping. The
+retry counter is also observable, over a dictionary pruned together with the snapshots. Synchronous
+OTel histograms cannot forget a label set, so the two domain histograms are filtered at export time
+(Prometheus reader and OTLP exporter both): points of a removed NodeWright, or of a package no longer in
+its snapshot, are dropped. Their aggregation state stays in the SDK (bounded by the distinct
+nodewright x package x stage combinations ever seen); a NodeWright re-created under the same name
+resumes its predecessor's cumulative histogram, which Prometheus' rate() handles like any counter.
+
+Cardinality. No series is per node: labels are NodeWright, package, version, stage, state, status,
+compartment, policy, strategy, reason, controller/queue name, verb, resource and code only.
+
+Threading. Prometheus scrapes run callbacks on the event loop thread; the OTLP periodic reader runs them
+on its own thread. Snapshot maps are replaced copy-on-write (reference assignment is atomic) and the
+small mutable maps are guarded by a lock, so callbacks never see a dict change size while iterating.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final, Literal, NamedTuple
+
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    Histogram,
+    Metric,
+    MetricExporter,
+    MetricExportResult,
+    MetricReader,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import Resource
+from prometheus_client import CollectorRegistry, generate_latest
+
+from nodewright.api.models import Status
+
+# ----------------------------------------------------------------------------------------------------
+# Names (the Prometheus family names as scraped; histogram samples add _bucket/_sum/_count)
+
+NODEWRIGHT_STATUS: Final = "nodewright_status"
+NODEWRIGHT_NODES: Final = "nodewright_nodes"
+NODEWRIGHT_MATCHED_NODES: Final = "nodewright_matched_nodes"
+PACKAGE_NODES: Final = "nodewright_package_nodes"
+PACKAGE_RETRIES: Final = "nodewright_package_retries_total"
+ROLLOUT_MATCHED: Final = "nodewright_rollout_matched_nodes"
+ROLLOUT_CEILING: Final = "nodewright_rollout_ceiling"
+ROLLOUT_IN_PROGRESS: Final = "nodewright_rollout_in_progress"
+ROLLOUT_COMPLETED: Final = "nodewright_rollout_completed"
+ROLLOUT_PROGRESS: Final = "nodewright_rollout_progress_percent"
+ROLLOUT_BATCH: Final = "nodewright_rollout_current_batch"
+ROLLOUT_FAILURES: Final = "nodewright_rollout_consecutive_failures"
+ROLLOUT_HALTED: Final = "nodewright_rollout_halted"
+DRAIN_BLOCKED: Final = "nodewright_drain_blocked_nodes"
+WAITING_NODES: Final = "nodewright_waiting_nodes"
+OLDEST_STAGE_AGE: Final = "nodewright_oldest_stage_age_seconds"
+STAGE_DURATION: Final = "nodewright_stage_duration_seconds"
+MAINTENANCE: Final = "nodewright_node_maintenance_seconds"
+
+WQ_DEPTH: Final = "workqueue_depth"
+WQ_ADDS: Final = "workqueue_adds_total"
+WQ_QUEUE_DURATION: Final = "workqueue_queue_duration_seconds"
+WQ_WORK_DURATION: Final = "workqueue_work_duration_seconds"
+WQ_RETRIES: Final = "workqueue_retries_total"
+WQ_UNFINISHED: Final = "workqueue_unfinished_work_seconds"
+WQ_LONGEST: Final = "workqueue_longest_running_processor_seconds"
+RECONCILE_TOTAL: Final = "controller_runtime_reconcile_total"
+RECONCILE_ERRORS: Final = "controller_runtime_reconcile_errors_total"
+RECONCILE_TIME: Final = "controller_runtime_reconcile_time_seconds"
+LEADER_STATUS: Final = "leader_election_master_status"
+REST_REQUESTS: Final = "rest_client_requests_total"
+REST_DURATION: Final = "rest_client_request_duration_seconds"
+WATCH_RESTARTS: Final = "nodewright_watch_restarts_total"
+WATCH_RELISTS: Final = "nodewright_watch_relists_total"
+WATCH_EVENTS: Final = "nodewright_watch_events_total"
+LOOP_LAG: Final = "nodewright_event_loop_lag_seconds"
+LOOP_LAG_LAST: Final = "nodewright_event_loop_lag_last_seconds"
+
+HISTOGRAM_METRICS: Final[frozenset[str]] = frozenset(
+    {
+        STAGE_DURATION,
+        MAINTENANCE,
+        WQ_QUEUE_DURATION,
+        WQ_WORK_DURATION,
+        RECONCILE_TIME,
+        REST_DURATION,
+        LOOP_LAG,
+    }
+)
+
+EXPORTED_METRICS: Final[tuple[str, ...]] = (
+    NODEWRIGHT_STATUS,
+    NODEWRIGHT_NODES,
+    NODEWRIGHT_MATCHED_NODES,
+    PACKAGE_NODES,
+    PACKAGE_RETRIES,
+    ROLLOUT_MATCHED,
+    ROLLOUT_CEILING,
+    ROLLOUT_IN_PROGRESS,
+    ROLLOUT_COMPLETED,
+    ROLLOUT_PROGRESS,
+    ROLLOUT_BATCH,
+    ROLLOUT_FAILURES,
+    ROLLOUT_HALTED,
+    DRAIN_BLOCKED,
+    WAITING_NODES,
+    OLDEST_STAGE_AGE,
+    STAGE_DURATION,
+    MAINTENANCE,
+    WQ_DEPTH,
+    WQ_ADDS,
+    WQ_QUEUE_DURATION,
+    WQ_WORK_DURATION,
+    WQ_RETRIES,
+    WQ_UNFINISHED,
+    WQ_LONGEST,
+    RECONCILE_TOTAL,
+    RECONCILE_ERRORS,
+    RECONCILE_TIME,
+    LEADER_STATUS,
+    REST_REQUESTS,
+    REST_DURATION,
+    WATCH_RESTARTS,
+    WATCH_RELISTS,
+    WATCH_EVENTS,
+    LOOP_LAG,
+    LOOP_LAG_LAST,
+)
+
+# Histograms dropped at export for removed NodeWrights / packages (see module docstring).
+_REMOVABLE_HISTOGRAMS: Final = frozenset({STAGE_DURATION, MAINTENANCE})
+
+# ----------------------------------------------------------------------------------------------------
+# Buckets (seconds)
+
+# controller-runtime's reconcile buckets: 5 ms .. 60 s, 40 boundaries.
+RECONCILE_BUCKETS: Final[tuple[float, ...]] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5,
+    0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0,
+    6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 60.0,
+)  # fmt: skip
+# client-go workqueue: exponential from 10 ns, factor 10, 12 buckets (up to 1000 s).
+WORKQUEUE_BUCKETS: Final[tuple[float, ...]] = tuple(10.0**e for e in range(-8, 4))
+# client-go rest_client_request_duration_seconds.
+REST_BUCKETS: Final[tuple[float, ...]] = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
+# Stage pods run from seconds (config) to tens of minutes (driver installs, reboots).
+STAGE_BUCKETS: Final[tuple[float, ...]] = (
+    1.0,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1200.0,
+    1800.0,
+    3600.0,
+    7200.0,
+    14400.0,
+)
+# A node's maintenance window (cordon -> uncordon) includes drain and reboot: minutes to hours.
+MAINTENANCE_BUCKETS: Final[tuple[float, ...]] = (
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    900.0,
+    1200.0,
+    1800.0,
+    2700.0,
+    3600.0,
+    5400.0,
+    7200.0,
+    14400.0,
+    28800.0,
+)
+LOOP_LAG_BUCKETS: Final[tuple[float, ...]] = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+ReconcileResult = Literal["success", "error", "requeue", "requeue_after"]
+RECONCILE_RESULTS: Final[tuple[ReconcileResult, ...]] = ("success", "error", "requeue", "requeue_after")
+
+LEGACY_POLICY: Final = "legacy"
+"""Policy label value of a NodeWright without a DeploymentPolicy (interruptionBudget translation)."""
+
+# ----------------------------------------------------------------------------------------------------
+# Snapshots
+
+
+class PackageKey(NamedTuple):
+    package: str
+    version: str
+    stage: str
+    state: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CompartmentSnapshot:
+    """One compartment's rollout state (from `CompartmentStatus` and its batch state)."""
+
+    name: str
+    policy: str = LEGACY_POLICY
+    strategy: str = "unknown"
+    matched: int = 0
+    ceiling: int = 0
+    in_progress: int = 0
+    completed: int = 0
+    progress_percent: int = 0
+    current_batch: int = 0
+    consecutive_failures: int = 0
+    halted: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeWrightSnapshot:
+    """Everything the domain gauges show for one NodeWright at one moment.
+
+    Built by the controller from the plan layer's status aggregation; treat the mappings as read-only.
+    `package_nodes` holds node counts per (package, version, stage, state) -- build it with
+    `count_package_nodes` so the counts are summed, not overwritten. `packages` names the packages in
+    the spec; a package absent from it (e.g. after its uninstall) loses its histogram series too. When
+    None, the package names in `package_nodes` are used. `oldest_stage_started_at` is when the
+    longest-running in-progress stage of any node started (None when no stage is in progress).
+    """
+
+    status: str
+    matched: int = 0
+    nodes_by_status: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    package_nodes: Mapping[PackageKey, int] = dataclasses.field(default_factory=dict)
+    packages: frozenset[str] | None = None
+    compartments: Sequence[CompartmentSnapshot] = ()
+    drain_blocked: int = 0
+    waiting_by_reason: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    oldest_stage_started_at: datetime | None = None
+
+    def package_names(self) -> frozenset[str]:
+        if self.packages is not None:
+            return self.packages
+        return frozenset(key.package for key in self.package_nodes)
+
+
+def count_package_nodes(entries: Iterable[tuple[str, str, str, str]]) -> dict[PackageKey, int]:
+    """Count nodes per (package, version, stage, state) from one entry per node and package.
+
+    The reference operator set a gauge inside a nested state x stage loop, so a package with nodes at
+    `complete/config` and `complete/post-interrupt` reported only the last count; counting whole keys
+    keeps every combination, and per-state or per-stage totals are then exact sums.
+    """
+    return dict(Counter(PackageKey(*entry) for entry in entries))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Domain metrics
+
+_Attrs = Mapping[str, Any]
+
+
+def _now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+class DomainMetrics:
+    """NodeWright gauges from snapshots, stage/maintenance histograms and package retries."""
+
+    def __init__(self, meter: Any, *, now: Callable[[], datetime] = _now_utc) -> None:
+        self._now = now
+        self._snapshots: dict[str, NodeWrightSnapshot] = {}
+        self._removed: frozenset[str] = frozenset()
+        self._lock = threading.Lock()
+        self._retries: dict[tuple[str, str, str], int] = {}
+
+        def gauge(name: str, description: str, callback: Callable[[], Iterable[Observation]]) -> None:
+            unit = "s" if name.endswith("_seconds") else ""
+            meter.create_observable_gauge(
+                name, callbacks=[lambda _o: list(callback())], unit=unit, description=description
+            )
+
+        gauge(NODEWRIGHT_STATUS, "1 for the NodeWright's current status, 0 for the others.", self._status)
+        gauge(NODEWRIGHT_NODES, "Matched nodes per node status of the NodeWright.", self._nodes)
+        gauge(NODEWRIGHT_MATCHED_NODES, "Nodes matched by the NodeWright's selector.", self._matched)
+        gauge(PACKAGE_NODES, "Nodes per package, version, stage and state.", self._package_nodes)
+        gauge(DRAIN_BLOCKED, "Nodes whose drain is blocked (PDB or non-interruptible pods).", self._drain)
+        gauge(WAITING_NODES, "Nodes waiting to be admitted, by reason.", self._waiting)
+        gauge(OLDEST_STAGE_AGE, "Age of the longest-running in-progress stage.", self._oldest_stage)
+        for name, attr, description in (
+            (ROLLOUT_MATCHED, "matched", "Nodes in the compartment."),
+            (ROLLOUT_CEILING, "ceiling", "Maximum nodes in progress at once (budget ceiling)."),
+            (ROLLOUT_IN_PROGRESS, "in_progress", "Nodes in progress in the compartment."),
+            (ROLLOUT_COMPLETED, "completed", "Nodes complete in the compartment."),
+            (ROLLOUT_PROGRESS, "progress_percent", "Compartment progress, 0..100."),
+            (ROLLOUT_BATCH, "current_batch", "Current batch number of the compartment (0 before the first)."),
+            (ROLLOUT_FAILURES, "consecutive_failures", "Consecutive failed batches in the compartment."),
+            (ROLLOUT_HALTED, "halted", "1 when the compartment's rollout is halted by the failure policy."),
+        ):
+            gauge(name, description, self._compartment_callback(attr))
+        meter.create_observable_counter(
+            PACKAGE_RETRIES,
+            callbacks=[lambda _o: list(self._retry_observations())],
+            unit="",
+            description="Package stage retries (failed attempts that were retried).",
+        )
+        self._stage_duration = meter.create_histogram(
+            STAGE_DURATION,
+            unit="s",
+            description="Duration of finished package stages (cordon .. uncordon), per package and stage.",
+            explicit_bucket_boundaries_advisory=list(STAGE_BUCKETS),
+        )
+        self._maintenance = meter.create_histogram(
+            MAINTENANCE,
+            unit="s",
+            description="Node maintenance time, cordon to uncordon.",
+            explicit_bucket_boundaries_advisory=list(MAINTENANCE_BUCKETS),
+        )
+
+    # -- controller API -----------------------------------------------------------------------------
+
+    def update_nodewright(self, name: str, snapshot: NodeWrightSnapshot) -> None:
+        """Replace the NodeWright's snapshot; series no longer present disappear on the next scrape."""
+        keep = snapshot.package_names()
+        with self._lock:
+            self._retries = {k: v for k, v in self._retries.items() if k[0] != name or k[1] in keep}
+            self._snapshots = {**self._snapshots, name: snapshot}
+            if name in self._removed:
+                self._removed = self._removed - {name}
+
+    def remove_nodewright(self, name: str) -> None:
+        """Forget a deleted NodeWright: all of its series disappear from the next scrape."""
+        with self._lock:
+            self._snapshots = {k: v for k, v in self._snapshots.items() if k != name}
+            self._retries = {k: v for k, v in self._retries.items() if k[0] != name}
+            self._removed = self._removed | {name}
+
+    def observe_stage_duration(self, *, nodewright: str, package: str, stage: str, seconds: float) -> None:
+        """One observation per finished stage (complete or failed attempt)."""
+        self._stage_duration.record(
+            max(0.0, seconds), {"nodewright": nodewright, "package": package, "stage": stage}
+        )
+
+    def observe_maintenance(self, *, nodewright: str, seconds: float) -> None:
+        """One observation per node uncordoned after maintenance (time since its cordon)."""
+        self._maintenance.record(max(0.0, seconds), {"nodewright": nodewright})
+
+    def count_retry(self, *, nodewright: str, package: str, version: str, n: int = 1) -> None:
+        with self._lock:
+            key = (nodewright, package, version)
+            self._retries[key] = self._retries.get(key, 0) + n
+
+    def nodewrights(self) -> frozenset[str]:
+        return frozenset(self._snapshots)
+
+    # -- export filter --------------------------------------------------------------------------------
+
+    def keeps(self, attributes: _Attrs) -> bool:
+        """Whether a removable-histogram point still belongs to a live NodeWright and package."""
+        nw = attributes.get("nodewright")
+        if not isinstance(nw, str):
+            return True
+        if nw in self._removed:
+            return False
+        package = attributes.get("package")
+        snapshot = self._snapshots.get(nw)
+        if package is None or snapshot is None:
+            return True
+        return package in snapshot.package_names()
+
+    # -- callbacks ----------------------------------------------------------------------------------
+
+    def _status(self) -> Iterable[Observation]:
+        for nw, snap in self._snapshots.items():
+            values = {s.value for s in Status} | {snap.status}
+            for status in sorted(values):
+                yield Observation(1 if status == snap.status else 0, {"nodewright": nw, "status": status})
+
+    def _nodes(self) -> Iterable[Observation]:
+        for nw, snap in self._snapshots.items():
+            # Every status is reported (0 when empty) so panels and ratios do not see gaps.
+            for status in sorted({s.value for s in Status} | set(snap.nodes_by_status)):
+                count = snap.nodes_by_status.get(status, 0)
+                yield Observation(count, {"nodewright": nw, "status": status})
+
+    def _matched(self) -> Iterable[Observation]:
+        for nw, snap in self._snapshots.items():
+            yield Observation(snap.matched, {"nodewright": nw})
+
+    def _package_nodes(self) -> Iterable[Observation]:
+        for nw, snap in self._snapshots.items():
+            for key, count in snap.package_nodes.items():
+                yield Observation(
+                    count,
+                    {
+                        "nodewright": nw,
+                        "package": key.package,
+                        "version": key.version,
+                        "stage": key.stage,
+                        "state": key.state,
+                    },
+                )
+
+    def _drain(self) -> Iterable[Observation]:
+        for nw, snap in self._snapshots.items():
+            yield Observation(snap.drain_blocked, {"nodewright": nw})
+
+    def _waiting(self) -> Iterable[Observation]:
+        for nw, snap in self._snapshots.items():
+            for reason, count in snap.waiting_by_reason.items():
+                yield Observation(count, {"nodewright": nw, "reason": reason})
+
+    def _oldest_stage(self) -> Iterable[Observation]:
+        now = self._now()
+        for nw, snap in self._snapshots.items():
+            started = snap.oldest_stage_started_at
+            age = 0.0 if started is None else max(0.0, (now - started).total_seconds())
+            yield Observation(age, {"nodewright": nw})
+
+    def _compartment_callback(self, attr: str) -> Callable[[], Iterable[Observation]]:
+        def callback() -> Iterable[Observation]:
+            for nw, snap in self._snapshots.items():
+                for c in snap.compartments:
+                    labels = {
+                        "nodewright": nw,
+                        "policy": c.policy,
+                        "compartment": c.name,
+                        "strategy": c.strategy,
+                    }
+                    yield Observation(int(getattr(c, attr)), labels)
+
+        return callback
+
+    def _retry_observations(self) -> Iterable[Observation]:
+        with self._lock:
+            items = list(self._retries.items())
+        for (nw, package, version), count in items:
+            yield Observation(count, {"nodewright": nw, "package": package, "version": version})
+
+
+# ----------------------------------------------------------------------------------------------------
+# Kube-layer hook implementations (structural: see nodewright.kube.hooks)
+
+
+class _Gauges:
+    """Latest value per label set, reported by an observable gauge; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[tuple[tuple[str, str], ...], float] = {}
+
+    def set(self, labels: Mapping[str, str], value: float) -> None:
+        with self._lock:
+            self._values[tuple(sorted(labels.items()))] = value
+
+    def observe(self, _options: CallbackOptions) -> list[Observation]:
+        with self._lock:
+            items = list(self._values.items())
+        return [Observation(value, dict(key)) for key, value in items]
+
+
+class QueueMetrics:
+    """`WorkqueueMetrics` of one queue (client-go's workqueue metrics, label `name`)."""
+
+    def __init__(self, name: str, owner: WorkqueueMetricsProvider) -> None:
+        self._labels = {"name": name}
+        self._owner = owner
+
+    def add(self) -> None:
+        self._owner.adds.add(1, self._labels)
+
+    def depth(self, value: int) -> None:
+        self._owner.depths.set(self._labels, value)
+
+    def queued_for(self, seconds: float) -> None:
+        self._owner.queue_duration.record(max(0.0, seconds), self._labels)
+
+    def worked_for(self, seconds: float) -> None:
+        self._owner.work_duration.record(max(0.0, seconds), self._labels)
+
+    def retry(self) -> None:
+        self._owner.retries.add(1, self._labels)
+
+    def unfinished(self, *, total_seconds: float, longest_seconds: float) -> None:
+        self._owner.unfinished_work.set(self._labels, total_seconds)
+        self._owner.longest_running.set(self._labels, longest_seconds)
+
+
+class WorkqueueMetricsProvider:
+    """`WorkqueueMetricsProvider`: one `QueueMetrics` per queue name."""
+
+    def __init__(self, meter: Any) -> None:
+        self.depths = _Gauges()
+        self.unfinished_work = _Gauges()
+        self.longest_running = _Gauges()
+        meter.create_observable_gauge(
+            WQ_DEPTH, callbacks=[self.depths.observe], description="Current depth of the work queue."
+        )
+        meter.create_observable_gauge(
+            WQ_UNFINISHED,
+            callbacks=[self.unfinished_work.observe],
+            unit="s",
+            description="Seconds of work in progress not yet observed by work_duration (stuck workers).",
+        )
+        meter.create_observable_gauge(
+            WQ_LONGEST,
+            callbacks=[self.longest_running.observe],
+            unit="s",
+            description="How long the longest-running processor of the queue has been running.",
+        )
+        self.adds = meter.create_counter(WQ_ADDS, description="Adds handled by the work queue.")
+        self.retries = meter.create_counter(WQ_RETRIES, description="Retries (rate-limited re-adds).")
+        self.queue_duration = meter.create_histogram(
+            WQ_QUEUE_DURATION,
+            unit="s",
+            description="How long an item stays in the queue before being processed.",
+            explicit_bucket_boundaries_advisory=list(WORKQUEUE_BUCKETS),
+        )
+        self.work_duration = meter.create_histogram(
+            WQ_WORK_DURATION,
+            unit="s",
+            description="How long processing an item from the queue takes.",
+            explicit_bucket_boundaries_advisory=list(WORKQUEUE_BUCKETS),
+        )
+        self._queues: dict[str, QueueMetrics] = {}
+
+    def for_queue(self, name: str) -> QueueMetrics:
+        queue = self._queues.get(name)
+        if queue is None:
+            queue = self._queues[name] = QueueMetrics(name, self)
+        return queue
+
+
+class RequestMetricsRecorder:
+    """`RequestMetrics`: rest_client_requests_total and rest_client_request_duration_seconds."""
+
+    def __init__(self, meter: Any) -> None:
+        self._requests = meter.create_counter(
+            REST_REQUESTS, description="HTTP requests to the API server, by verb, resource and status code."
+        )
+        self._duration = meter.create_histogram(
+            REST_DURATION,
+            unit="s",
+            description="API server request latency, by verb and resource.",
+            explicit_bucket_boundaries_advisory=list(REST_BUCKETS),
+        )
+
+    def observe(self, *, verb: str, resource: str, code: str, seconds: float) -> None:
+        self._requests.add(1, {"verb": verb, "code": code, "resource": resource})
+        self._duration.record(max(0.0, seconds), {"verb": verb, "resource": resource})
+
+
+class WatchMetricsRecorder:
+    """`WatchMetrics`: watch restarts (by reason), relists and received events."""
+
+    def __init__(self, meter: Any) -> None:
+        self._restarts = meter.create_counter(WATCH_RESTARTS, description="Watch streams restarted.")
+        self._relists = meter.create_counter(WATCH_RELISTS, description="Full relists (e.g. after 410 Gone).")
+        self._events = meter.create_counter(WATCH_EVENTS, description="Watch events received, by type.")
+
+    def restart(self, *, resource: str, reason: str) -> None:
+        self._restarts.add(1, {"resource": resource, "reason": reason})
+
+    def relist(self, *, resource: str) -> None:
+        self._relists.add(1, {"resource": resource})
+
+    def event(self, *, resource: str, event_type: str) -> None:
+        self._events.add(1, {"resource": resource, "type": event_type})
+
+
+class LeaderMetricsRecorder:
+    """`LeaderMetrics`: leader_election_master_status{name} (1 leading, 0 standby)."""
+
+    def __init__(self, meter: Any) -> None:
+        self._status = _Gauges()
+        meter.create_observable_gauge(
+            LEADER_STATUS,
+            callbacks=[self._status.observe],
+            description="1 while this instance holds the lease, 0 on standby.",
+        )
+
+    def set_leader(self, *, name: str, leading: bool) -> None:
+        self._status.set({"name": name}, 1 if leading else 0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Export plumbing
+
+
+def _filter_metrics(data: MetricsData, keep: Callable[[_Attrs], bool]) -> MetricsData:
+    """Drop points of removable histograms that `keep` rejects (see module docstring)."""
+
+    def metric(m: Metric) -> Metric:
+        if m.name not in _REMOVABLE_HISTOGRAMS or not isinstance(m.data, Histogram):
+            return m
+        points = [p for p in m.data.data_points if keep(p.attributes or {})]
+        return dataclasses.replace(m, data=dataclasses.replace(m.data, data_points=points))
+
+    return dataclasses.replace(
+        data,
+        resource_metrics=[
+            dataclasses.replace(
+                rm,
+                scope_metrics=[
+                    dataclasses.replace(sm, metrics=[metric(m) for m in sm.metrics])
+                    for sm in rm.scope_metrics
+                ],
+            )
+            for rm in data.resource_metrics
+        ],
+    )
+
+
+class _FilteringPrometheusReader(PrometheusMetricReader):
+    def __init__(self, *, registry: CollectorRegistry, keep: Callable[[_Attrs], bool]) -> None:
+        super().__init__(disable_target_info=True, scope_info_enabled=False, registry=registry)
+        self._keep = keep
+
+    def _receive_metrics(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> None:
+        if metrics_data is None:
+            return
+        super()._receive_metrics(_filter_metrics(metrics_data, self._keep), timeout_millis, **kwargs)
+
+
+class _FilteringExporter(MetricExporter):
+    """Wraps the OTLP exporter so pushed data drops removed series like the scrape does."""
+
+    def __init__(self, inner: MetricExporter, keep: Callable[[_Attrs], bool]) -> None:
+        super().__init__()
+        self._inner = inner
+        self._keep = keep
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        return self._inner.export(_filter_metrics(metrics_data, self._keep), timeout_millis=timeout_millis)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self._inner.force_flush(timeout_millis=timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._inner.shutdown(timeout_millis=timeout_millis)
+
+
+OTLP_ENDPOINT_ENV: Final = "OTEL_EXPORTER_OTLP_ENDPOINT"
+
+
+class OperatorMetrics:
+    """All of the operator's metrics; create one at start-up (tests create private ones freely).
+
+    `otlp`: None pushes over OTLP/HTTP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (the exporter reads the
+    standard OTEL_* variables), True/False force it; `otlp_exporter` injects an exporter (tests).
+    """
+
+    def __init__(
+        self,
+        *,
+        registry: CollectorRegistry | None = None,
+        otlp: bool | None = None,
+        otlp_exporter: MetricExporter | None = None,
+        otlp_interval_seconds: float = 30.0,
+        service_instance: str | None = None,
+        now: Callable[[], datetime] = _now_utc,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
+        readers: list[MetricReader] = [_FilteringPrometheusReader(registry=self.registry, keep=self._keeps)]
+        if otlp is None:
+            otlp = bool(os.environ.get(OTLP_ENDPOINT_ENV))
+        self.otlp_enabled = bool(otlp or otlp_exporter is not None)
+        if self.otlp_enabled:
+            if otlp_exporter is None:
+                from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+                otlp_exporter = OTLPMetricExporter()
+            readers.append(
+                PeriodicExportingMetricReader(
+                    _FilteringExporter(otlp_exporter, self._keeps),
+                    export_interval_millis=otlp_interval_seconds * 1000,
+                )
+            )
+        attributes: dict[str, str] = {"service.name": "nodewright-operator"}
+        if service_instance:
+            attributes["service.instance.id"] = service_instance
+        self.provider = MeterProvider(metric_readers=readers, resource=Resource.create(attributes))
+        meter = self.provider.get_meter("nodewright")
+        self.domain = DomainMetrics(meter, now=now)
+        self.workqueues = WorkqueueMetricsProvider(meter)
+        self.requests = RequestMetricsRecorder(meter)
+        self.watches = WatchMetricsRecorder(meter)
+        self.leader = LeaderMetricsRecorder(meter)
+        self._reconcile_total = meter.create_counter(
+            RECONCILE_TOTAL, description="Reconciles per controller and result."
+        )
+        self._reconcile_errors = meter.create_counter(
+            RECONCILE_ERRORS, description="Reconciles that returned an error."
+        )
+        self._reconcile_time = meter.create_histogram(
+            RECONCILE_TIME,
+            unit="s",
+            description="Time per reconcile.",
+            explicit_bucket_boundaries_advisory=list(RECONCILE_BUCKETS),
+        )
+        self._loop_lag = meter.create_histogram(
+            LOOP_LAG,
+            unit="s",
+            description="Event-loop scheduling lag (sleep overshoot).",
+            explicit_bucket_boundaries_advisory=list(LOOP_LAG_BUCKETS),
+        )
+        self._loop_lag_last = _Gauges()
+        meter.create_observable_gauge(
+            LOOP_LAG_LAST,
+            callbacks=[self._loop_lag_last.observe],
+            unit="s",
+            description="Most recent event-loop lag measurement.",
+        )
+        self._closed = False
+
+    def _keeps(self, attributes: _Attrs) -> bool:
+        # Readers are built before `domain` exists, but nothing is collected before it does.
+        return self.domain.keeps(attributes)
+
+    def reconcile(self, *, controller: str, result: ReconcileResult, seconds: float) -> None:
+        """Record one finished reconcile (controller-runtime semantics: errors also count in _total)."""
+        self._reconcile_total.add(1, {"controller": controller, "result": result})
+        if result == "error":
+            self._reconcile_errors.add(1, {"controller": controller})
+        self._reconcile_time.record(max(0.0, seconds), {"controller": controller})
+
+    def init_controller(self, controller: str) -> None:
+        """Emit zero-valued reconcile series so rate() and absence alerts work from the start."""
+        for result in RECONCILE_RESULTS:
+            self._reconcile_total.add(0, {"controller": controller, "result": result})
+        self._reconcile_errors.add(0, {"controller": controller})
+
+    def record_loop_lag(self, seconds: float) -> None:
+        self._loop_lag.record(max(0.0, seconds))
+        self._loop_lag_last.set({}, max(0.0, seconds))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition (runs the observable callbacks)."""
+        return bytes(generate_latest(self.registry))
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return bool(self.provider.force_flush(timeout_millis))
+
+    def shutdown(self) -> None:
+        """Flush the OTLP reader (if any) and unregister from the registry. Blocking: call off-loop."""
+        if not self._closed:
+            self._closed = True
+            self.provider.shutdown()

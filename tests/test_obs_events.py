@@ -1,0 +1,126 @@
+"""Event catalogue: reasons, types, message shapes and core/v1 Event bodies."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from nodewright.observability import events as ev
+
+NOW = datetime(2025, 3, 1, 8, 30, 15, 123456, tzinfo=UTC)
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "observability.md"
+
+
+def test_catalogue_covers_every_reason_once() -> None:
+    reasons = [info.reason for info in ev.CATALOGUE]
+    assert sorted(reasons) == sorted(ev.Reason)
+    assert len(reasons) == len(set(reasons))
+    for info in ev.CATALOGUE:
+        assert re.fullmatch(r"[A-Z][A-Za-z]+", info.reason.value)
+        assert info.kind in {"Node", "NodeWright"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason", "etype"),
+    [
+        (
+            ev.compartment_halted("rack-a", consecutive_failures=3, threshold=3),
+            "CompartmentHalted",
+            "Warning",
+        ),
+        (ev.state_malformed(["n1"]), "StateMalformed", "Warning"),
+        (ev.policy_not_found("p"), "PolicyNotFound", "Warning"),
+        (ev.node_drain_blocked("nw", "PodDisruptionBudget"), "NodeDrainBlocked", "Warning"),
+        (
+            ev.package_failed("nw", "p", "1", "apply", attempt=2, error="x", will_retry=True),
+            "PackageFailed",
+            "Warning",
+        ),
+        (ev.batch_finished("c", 2, succeeded=1, failed=3, failed_batch=True), "BatchFailed", "Warning"),
+        (ev.batch_finished("c", 2, succeeded=4, failed=0, failed_batch=False), "BatchCompleted", "Normal"),
+        (ev.package_started("nw", "p", "1", "apply"), "PackageStarted", "Normal"),
+        (ev.node_uncordoned("nw"), "NodeUncordoned", "Normal"),
+        (ev.rollout_complete(10), "RolloutComplete", "Normal"),
+    ],
+)
+def test_reason_and_type(spec: ev.EventSpec, reason: str, etype: str) -> None:
+    assert spec.reason.value == reason
+    assert spec.type.value == etype
+
+
+def test_messages() -> None:
+    assert ev.package_started("gpu", "driver", "550.1", "apply", attempt=2).message == (
+        "Package [driver:550.1] stage [apply] started for [gpu] (attempt 2)"
+    )
+    assert (
+        ev.status_changed("in_progress", "complete").message
+        == "NodeWright status changed [in_progress] -> [complete]"
+    )
+    msg = ev.batch_started("rack-a", 3, [f"n{i:02d}" for i in range(12, 0, -1)]).message
+    assert msg == "Compartment [rack-a] batch 3 started with 12 node(s): n01, n02, n03, n04, n05 and 7 more"
+    assert "reset-batch-state" in ev.compartment_halted("c", consecutive_failures=2, threshold=2).message
+    assert ev.package_failed(
+        "nw", "p", "1", "config", attempt=5, error="timeout", will_retry=False
+    ).message.endswith("(attempt 5, giving up): timeout")
+
+
+def test_build_event_body() -> None:
+    body = ev.build_event(
+        ev.node_ref("gpu-1", uid="u-1"), ev.node_cordoned("gpu-drivers"), now=NOW, reporting_instance="op-0"
+    )
+    assert body["apiVersion"] == "v1" and body["kind"] == "Event"
+    assert body["metadata"]["namespace"] == "default"
+    assert re.fullmatch(r"gpu-1\.[0-9a-f]+", body["metadata"]["name"])
+    assert body["involvedObject"] == {"kind": "Node", "name": "gpu-1", "apiVersion": "v1", "uid": "u-1"}
+    assert body["reason"] == "NodeCordoned"
+    assert body["type"] == "Normal"
+    assert body["source"] == {"component": "nodewright-operator"}
+    assert body["firstTimestamp"] == body["lastTimestamp"] == "2025-03-01T08:30:15Z"
+    assert body["count"] == 1
+    assert body["reportingComponent"] == "nodewright-operator"
+    assert body["reportingInstance"] == "op-0"
+
+    nw = ev.build_event(
+        ev.nodewright_ref("gpu-drivers"), ev.rollout_paused(), now=NOW, reporting_instance="op-0"
+    )
+    assert nw["involvedObject"]["apiVersion"] == "nodewright.io/v1alpha1"
+    assert nw["involvedObject"]["kind"] == "NodeWright"
+
+
+def test_long_messages_are_truncated() -> None:
+    spec = ev.deletion_blocked("x" * 5000)
+    body = ev.build_event(ev.nodewright_ref("n"), spec, now=NOW, reporting_instance="i")
+    assert len(body["message"]) == ev.MAX_MESSAGE_LENGTH and body["message"].endswith("...")
+
+
+def test_aggregation_and_bump() -> None:
+    a = ev.build_event(
+        ev.node_ref("n"), ev.node_drain_blocked("nw", "PDB", ["p2", "p1"]), now=NOW, reporting_instance="i"
+    )
+    b = ev.build_event(
+        ev.node_ref("n"),
+        ev.node_drain_blocked("nw", "PDB", ["p1", "p2"]),
+        now=NOW + timedelta(1),
+        reporting_instance="i",
+    )
+    assert ev.aggregation_key(a) == ev.aggregation_key(b)
+    assert ev.bump_patch(a, now=NOW + timedelta(minutes=1)) == {
+        "count": 2,
+        "lastTimestamp": "2025-03-01T08:31:15Z",
+    }
+
+
+def test_naive_time_rejected() -> None:
+    with pytest.raises(ValueError, match="timezone-aware"):
+        ev.build_event(
+            ev.node_ref("n"), ev.node_complete("nw"), now=datetime(2025, 1, 1), reporting_instance="i"
+        )
+
+
+def test_every_reason_is_documented() -> None:
+    text = DOCS.read_text()
+    for reason in ev.Reason:
+        assert f"`{reason.value}`" in text, reason
