@@ -1,0 +1,303 @@
+"""Rollout preview for `nodewright plan`: what the planner will do, predicted by running the planner.
+
+`preview_rollout` does not re-implement any rule. It replays `plan_rollout` step by step against a
+simulated fleet — plan, write the admissions, let every active node finish, plan again — exactly as the
+controller applies a plan, so the predicted batch sequence is the sequence the controller will produce
+if every node succeeds (or follows `outcome`, which tests use to inject failures). Nodes that are
+blocked, unavailable or waiting for another NodeWright stay where they are; a halted compartment stops
+its sequence; a paused, disabled or policy-less NodeWright predicts no batch.
+
+`ideal_makespan` turns a batch sequence into a lower bound on rollout time (used by the scale
+benchmark): a batch lasts as long as its slowest node, a compartment's batches run one after another,
+and compartments run in parallel.
+
+Everything returned is JSON-serialisable (`to_json`) and `render_table` builds the human table.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from nodewright.api.models import CompartmentStatus, DeploymentPolicy, NodeWright, Status
+from nodewright.plan.rollout import Phase, RolloutNode, RolloutPlan, phase_of, plan_rollout
+
+MAX_EXAMPLES = 5
+Outcome = Callable[[str], Status]
+"""Given a node name, the status it ends with when it runs: `Status.COMPLETE` or `Status.ERRORING`."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedBatch:
+    number: int
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CompartmentPreview:
+    name: str
+    strategy: str
+    budget: str
+    matched: int
+    ceiling: int
+    batches: tuple[PlannedBatch, ...]
+    halted: bool
+    message: str
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(len(b.nodes) for b in self.batches)
+
+
+@dataclass(frozen=True, slots=True)
+class Blocker:
+    reason: str
+    count: int
+    examples: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutPreview:
+    nodewright: str
+    policy: str | None
+    policy_not_found: bool
+    compartments: tuple[CompartmentPreview, ...]
+    blockers: tuple[Blocker, ...]
+    steps: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "nodewright": self.nodewright,
+            "policy": self.policy,
+            "policyNotFound": self.policy_not_found,
+            "steps": self.steps,
+            "compartments": [
+                {
+                    "name": c.name,
+                    "strategy": c.strategy,
+                    "budget": c.budget,
+                    "matched": c.matched,
+                    "ceiling": c.ceiling,
+                    "halted": c.halted,
+                    "message": c.message,
+                    "batchSizes": list(c.sizes),
+                    "batches": [{"number": b.number, "nodes": list(b.nodes)} for b in c.batches],
+                }
+                for c in self.compartments
+            ],
+            "blockers": [
+                {"reason": b.reason, "count": b.count, "examples": list(b.examples)} for b in self.blockers
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Simulation:
+    """The plans of a simulated rollout, and the fleet as it ended."""
+
+    plans: tuple[RolloutPlan, ...]
+    nodes: tuple[RolloutNode, ...]
+    statuses: Mapping[str, CompartmentStatus]
+
+
+def simulate_rollout(
+    nodewright: NodeWright,
+    *,
+    policy: DeploymentPolicy | None,
+    nodes: Sequence[RolloutNode],
+    fingerprint: str,
+    now: str,
+    compartment_statuses: Mapping[str, CompartmentStatus] | None = None,
+    outcome: Outcome | None = None,
+    paused: bool = False,
+    disabled: bool = False,
+    max_steps: int = 10_000,
+) -> Simulation:
+    """Run plan → apply → finish active nodes → plan … until nothing is admitted or running.
+
+    Applying a plan means what the controller does: write admissions, clear releases, persist the
+    compartment statuses. Then every active node runs to the end of its work and ends as `outcome`
+    says (default: complete); work in flight under an older admission ends and leaves the node waiting
+    for a fresh admission.
+    """
+    fleet = {n.name: n for n in nodes}
+    statuses = dict(compartment_statuses or {})
+    plans: list[RolloutPlan] = []
+    for _ in range(max_steps):
+        plan = plan_rollout(
+            nodewright,
+            policy=policy,
+            nodes=list(fleet.values()),
+            compartment_statuses=statuses,
+            fingerprint=fingerprint,
+            now=now,
+            paused=paused,
+            disabled=disabled,
+        )
+        plans.append(plan)
+        statuses = dict(plan.compartment_statuses)
+        fleet = _apply(plan, fleet)
+        carryover = any(phase_of(n, fingerprint=fingerprint) is Phase.CARRYOVER for n in fleet.values())
+        if not plan.admissions and not plan.active and not carryover:
+            break
+        fleet = {name: _finish(node, plan, fingerprint, outcome) for name, node in fleet.items()}
+    return Simulation(tuple(plans), tuple(fleet.values()), statuses)
+
+
+def preview_rollout(
+    nodewright: NodeWright,
+    *,
+    policy: DeploymentPolicy | None,
+    nodes: Sequence[RolloutNode],
+    fingerprint: str,
+    now: str,
+    compartment_statuses: Mapping[str, CompartmentStatus] | None = None,
+    paused: bool = False,
+    disabled: bool = False,
+) -> RolloutPreview:
+    """Predict the batch sequence per compartment if every node succeeds, and what blocks right now."""
+    sim = simulate_rollout(
+        nodewright,
+        policy=policy,
+        nodes=nodes,
+        fingerprint=fingerprint,
+        now=now,
+        compartment_statuses=compartment_statuses,
+        paused=paused,
+        disabled=disabled,
+    )
+    first, last = sim.plans[0], sim.plans[-1]
+    grouped: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for plan in sim.plans:
+        for adm in plan.admissions:
+            grouped[adm.admission.compartment][adm.admission.batch].append(adm.node)
+    compartments = tuple(
+        CompartmentPreview(
+            name=name,
+            strategy=c.strategy,
+            budget=c.budget,
+            matched=c.status.matched,
+            ceiling=c.status.ceiling,
+            batches=tuple(
+                PlannedBatch(number, tuple(grouped[name][number])) for number in sorted(grouped[name])
+            ),
+            halted=last.compartments[name].halt is not None if name in last.compartments else False,
+            message=c.message,
+        )
+        for name, c in first.compartments.items()
+    )
+    return RolloutPreview(
+        nodewright=nodewright.metadata.name,
+        policy=first.policy_name,
+        policy_not_found=first.policy_not_found is not None,
+        compartments=compartments,
+        blockers=_blockers(first),
+        steps=len(sim.plans),
+    )
+
+
+def ideal_makespan(
+    batch_sequences: Mapping[str, Sequence[Sequence[str]]],
+    durations: Mapping[str, float | Sequence[float]],
+) -> float:
+    """Sum over each compartment's batches of the slowest node's duration; max over compartments.
+
+    `durations` gives each node's total duration, or its stage durations (summed). A node without an
+    entry takes 0.
+    """
+
+    def node_time(node: str) -> float:
+        value = durations.get(node, 0.0)
+        return float(value) if isinstance(value, int | float) else float(sum(value))
+
+    per_compartment = [
+        sum(max((node_time(n) for n in batch), default=0.0) for batch in sequence)
+        for sequence in batch_sequences.values()
+    ]
+    return max(per_compartment, default=0.0)
+
+
+def batch_sequences(preview: RolloutPreview) -> dict[str, list[list[str]]]:
+    """The preview's batches as plain lists, the input `ideal_makespan` takes."""
+    return {c.name: [list(b.nodes) for b in c.batches] for c in preview.compartments}
+
+
+def render_table(preview: RolloutPreview) -> str:
+    """A fixed-width table: one row per compartment, then the current blockers."""
+    header = ("COMPARTMENT", "MATCHED", "CEILING", "STRATEGY", "BUDGET", "BATCHES", "NOTE")
+    rows = [
+        (
+            c.name,
+            str(c.matched),
+            str(c.ceiling),
+            c.strategy,
+            c.budget,
+            _sizes_text(c.sizes),
+            "halted" if c.halted else c.message,
+        )
+        for c in preview.compartments
+    ]
+    lines = [f"NodeWright {preview.nodewright} (policy: {preview.policy or '-'})"]
+    if preview.policy_not_found:
+        lines.append(f"DeploymentPolicy {preview.policy!r} not found: no node will start")
+    lines.extend(_columns([header, *rows]))
+    if preview.blockers:
+        lines.append("")
+        lines.extend(
+            _columns([("WAITING", "NODES", "EXAMPLES")] + [_blocker_row(b) for b in preview.blockers])
+        )
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------------
+
+
+def _apply(plan: RolloutPlan, fleet: Mapping[str, RolloutNode]) -> dict[str, RolloutNode]:
+    updated = dict(fleet)
+    for name in plan.releases:
+        updated[name] = replace(updated[name], admission=None)
+    for adm in plan.admissions:
+        updated[adm.node] = replace(updated[adm.node], admission=adm.admission, status=Status.WAITING)
+    return updated
+
+
+def _finish(node: RolloutNode, plan: RolloutPlan, fingerprint: str, outcome: Outcome | None) -> RolloutNode:
+    if phase_of(node, fingerprint=fingerprint) is Phase.CARRYOVER:
+        # Work in flight under an older admission ends; the node still needs a fresh admission.
+        return replace(node, status=Status.WAITING)
+    if node.name not in plan.active:
+        return node
+    result = Status.COMPLETE if outcome is None else outcome(node.name)
+    if result is Status.COMPLETE:
+        return replace(node, status=Status.COMPLETE, needs_work=False)
+    return replace(node, status=result)
+
+
+def _blockers(plan: RolloutPlan) -> tuple[Blocker, ...]:
+    names: dict[str, list[str]] = defaultdict(list)
+    for waiting in plan.waiting:
+        key = waiting.reason.value if waiting.detail is None else f"{waiting.reason.value}({waiting.detail})"
+        names[key].append(waiting.node)
+    return tuple(
+        Blocker(reason, len(nodes), tuple(sorted(nodes)[:MAX_EXAMPLES]))
+        for reason, nodes in sorted(names.items())
+    )
+
+
+def _sizes_text(sizes: Sequence[int]) -> str:
+    if not sizes:
+        return "-"
+    text = ",".join(str(s) for s in sizes[:12])
+    return text + (f",… ({len(sizes)} batches)" if len(sizes) > 12 else "")
+
+
+def _blocker_row(blocker: Blocker) -> tuple[str, str, str]:
+    more = "" if blocker.count <= len(blocker.examples) else f" (+{blocker.count - len(blocker.examples)})"
+    return (blocker.reason, str(blocker.count), ", ".join(blocker.examples) + more)
+
+
+def _columns(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]

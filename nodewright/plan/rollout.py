@@ -1,0 +1,554 @@
+"""The rollout decision: which nodes of a NodeWright may start work now.
+
+The controller's per-NodeWright rollout reconcile calls `plan_rollout` with a snapshot (the NodeWright,
+its DeploymentPolicy, one `RolloutNode` per matched node, the persisted compartment statuses, the spec
+fingerprint) and applies the `RolloutPlan`: it writes `admissions` and clears `releases` on the nodes
+(node-state annotation), stores `compartment_statuses` in the NodeWright status, and raises a condition,
+event and metric for each `halts` entry. Nothing here does I/O or reads a clock.
+
+Admissions. A node may *start* work for the current spec only with an admission for the current spec
+fingerprint: `{compartment, batch, order, fingerprint, at}`, persisted on the node. An admission for an
+older fingerprint does not allow new work (a version bump or config change therefore flows through the
+batches again, invariant I2); work already in flight under it finishes and holds a slot meanwhile.
+Admissions stay on the node after it completes: they are the record of the rollout (batch membership,
+order numbers, whether the spec changed since the compartment last rolled out).
+
+Each node of a compartment is in exactly one phase for the current fingerprint `f`:
+
+- `DONE`: no pending work (complete for the current spec);
+- `PENDING`: pending work, no admission for `f`, not running: a candidate for a later batch;
+- `ACTIVE`: admitted for `f` and not settled (not yet started, or running): holds a slot;
+- `SUCCEEDED`: admitted for `f` and no pending work left;
+- `FAILED`: admitted for `f` and `erroring`. Settled: counts as a failure of its batch and no longer holds
+  a slot (the reference keeps it in the batch and stalls the compartment). It keeps its admission, so
+  the node machine may keep retrying it, and it is reported, not waited for;
+- `RELEASED`: admitted for `f` and `blocked` (taint, ignore label, ...) before it was disrupted: settled,
+  excluded from the batch's success ratio, and its admission is released so it cannot start outside a
+  batch; it is picked again once unblocked;
+- `CARRYOVER`: running (`in_progress`) without an admission for `f` (old spec, or state written by an
+  older operator): holds a slot, belongs to no batch.
+
+Budget (invariant I1). `used = ACTIVE + CARRYOVER + nodes unavailable for other reasons`; a new batch
+takes at most `ceiling - used` nodes, so the nodes in progress never exceed the ceiling. (Only a change
+outside our control — nodes going NotReady, the compartment shrinking — can push `used` above it; then
+nothing starts until it drops.)
+
+Batches are synchronous. Batch `k` of a compartment is the set of its nodes admitted with `batch == k`
+for `f`. The batch state's `currentBatch` names the batch being filled: it is *open* while at least one
+node holds an admission for it. When every member has settled it is evaluated (see `batches`),
+`currentBatch` advances, and in the same plan the next batch is opened with the strategy's size. Opening
+a batch changes no persisted counter, so the two writes (admissions on nodes, status on the NodeWright)
+need no ordering: re-planning with the admissions applied changes nothing until the batch settles.
+
+Order numbers (SKYHOOK_NODE_ORDER). Admissions in a plan are numbered in pick order (compartments by
+name, then node pick order) from `max(order of any admission for f) + 1`, raised to `next_order_hint`
+if the caller persisted a higher counter. Numbers are stored on the node and never recomputed, so they
+are unique and stable however nodes finish; a new fingerprint starts a new rollout numbered from 0.
+
+Pick order within a compartment: zone label `topology.kubernetes.io/zone` (nodes without one first),
+then creation time, then name — so a batch fills one zone before touching the next.
+
+Resets. A requested reset (annotation `nodewright.io/reset-batch-state`) clears every compartment's
+counters and halt; with `reset_on_completion` the counters are also cleared when a compartment has no
+pending, running or erroring node, and the whole state (batch number included) when the compartment's
+admissions all belong to an older fingerprint. Within one fingerprint the batch number is kept, so an
+admission's batch number is never ambiguous.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum, StrEnum
+
+from nodewright.api.models import (
+    BatchState,
+    CompartmentStatus,
+    DeploymentPolicy,
+    NodeWright,
+    Status,
+)
+from nodewright.plan import batches
+from nodewright.plan.policy import Compartments, NodeRef, PolicyNotFound, resolve_compartments
+
+ZONE_LABEL = "topology.kubernetes.io/zone"
+MAX_FAILING_NODES = 10
+"""Failing node names carried by a `Halt` (the count is always exact)."""
+
+
+class WaitReason(StrEnum):
+    """Why a node with pending work is not active (closed set; `NodeUnavailable` added to the brief's)."""
+
+    NOT_YET_IN_BATCH = "NotYetInBatch"
+    BUDGET_FULL = "BudgetFull"
+    COMPARTMENT_HALTED = "CompartmentHalted"
+    WAITING_FOR_PRIORITY = "WaitingForPriority"
+    PAUSED = "Paused"
+    DISABLED = "Disabled"
+    BLOCKED = "Blocked"
+    NODE_UNAVAILABLE = "NodeUnavailable"
+    POLICY_NOT_FOUND = "PolicyNotFound"
+
+
+class Phase(Enum):
+    DONE = "done"
+    PENDING = "pending"
+    ACTIVE = "active"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    RELEASED = "released"
+    CARRYOVER = "carryover"
+
+
+_HOLDS_SLOT = frozenset({Phase.ACTIVE, Phase.CARRYOVER})
+_SETTLED = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.RELEASED, Phase.DONE, Phase.PENDING})
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Permission for a node to start work, persisted in the node's state annotation."""
+
+    compartment: str
+    batch: int
+    order: int
+    fingerprint: str
+    at: str
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutNode:
+    """One matched node as the rollout sees it.
+
+    `status` is the node's status for this NodeWright. `needs_work` is true while the node is not
+    complete for the current spec. Contract with the node stage machine: a node reports `erroring` from
+    its first failure until it succeeds (retries do not flip it back to `in_progress`), and reports
+    `blocked` only while it holds no disruption (a node blocked mid-drain stays `in_progress`).
+    `unavailable_reason` marks a node made unavailable by someone else (cordoned by another actor,
+    NotReady); `blocked_reason` a node this NodeWright may not touch (untolerated taint, ignore label,
+    protected pods, PDB); `waiting_for_priority` the name of a higher-priority NodeWright that must finish
+    on this node first.
+    """
+
+    name: str
+    labels: Mapping[str, str]
+    creation_timestamp: str | None
+    status: Status
+    needs_work: bool
+    admission: Admission | None = None
+    unavailable_reason: str | None = None
+    blocked_reason: str | None = None
+    waiting_for_priority: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewAdmission:
+    node: str
+    admission: Admission
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """Why a node with pending work is not active; `detail` is the blocker's name or reason."""
+
+    node: str
+    compartment: str | None
+    reason: WaitReason
+    detail: str | None
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Halt:
+    """A compartment stopped by its failure threshold; only an explicit reset resumes it."""
+
+    compartment: str
+    reason: str
+    failing_nodes: tuple[str, ...]
+    failing_count: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompartmentPlan:
+    name: str
+    status: CompartmentStatus
+    strategy: str
+    budget: str
+    used_by_others: int
+    open_batch: int | None
+    batch_evaluated: batches.BatchOutcome | None
+    halt: Halt | None
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutPlan:
+    """What the controller applies. `active` lists the nodes allowed to work now (sorted)."""
+
+    policy_name: str | None
+    policy_not_found: PolicyNotFound | None
+    compartments: Mapping[str, CompartmentPlan]
+    admissions: tuple[NewAdmission, ...]
+    releases: tuple[str, ...]
+    active: tuple[str, ...]
+    waiting: tuple[Waiting, ...]
+    halts: tuple[Halt, ...]
+    reset_applied: bool
+    next_order: int
+
+    @property
+    def compartment_statuses(self) -> dict[str, CompartmentStatus]:
+        return {name: c.status for name, c in self.compartments.items()}
+
+    @property
+    def waiting_counts(self) -> dict[str, int]:
+        """Number of waiting nodes per reason, e.g. {"BudgetFull": 12, "NotYetInBatch": 200}."""
+        counts = Counter(w.reason.value for w in self.waiting)
+        return dict(sorted(counts.items()))
+
+
+def spec_fingerprint(nodewright: NodeWright) -> str:
+    """A digest of what nodes must converge to (the packages); a change starts a new rollout."""
+    packages = {name: pkg.to_json_dict() for name, pkg in nodewright.spec.packages.items()}
+    canonical = json.dumps(packages, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def pick_key(node: RolloutNode) -> tuple[str, datetime, str]:
+    """Deterministic pick order: zone, then creation time (missing: last), then name."""
+    created = _parse_time(node.creation_timestamp) if node.creation_timestamp else None
+    return (node.labels.get(ZONE_LABEL, ""), created or datetime.max.replace(tzinfo=None), node.name)
+
+
+def phase_of(node: RolloutNode, *, fingerprint: str) -> Phase:
+    """The node's phase for the rollout of `fingerprint` (definitions in the module docstring)."""
+    admitted = node.admission is not None and node.admission.fingerprint == fingerprint
+    if not admitted:
+        if node.status is Status.IN_PROGRESS:
+            return Phase.CARRYOVER
+        return Phase.PENDING if node.needs_work else Phase.DONE
+    if not node.needs_work:
+        return Phase.SUCCEEDED
+    if node.status is Status.ERRORING:
+        return Phase.FAILED
+    if node.status is Status.BLOCKED:
+        return Phase.RELEASED
+    return Phase.ACTIVE
+
+
+def plan_rollout(
+    nodewright: NodeWright,
+    *,
+    policy: DeploymentPolicy | None,
+    nodes: Sequence[RolloutNode],
+    compartment_statuses: Mapping[str, CompartmentStatus],
+    fingerprint: str,
+    now: str,
+    reset_requested: bool = False,
+    paused: bool = False,
+    disabled: bool = False,
+    next_order_hint: int = 0,
+) -> RolloutPlan:
+    """Decide admissions, batch state and why-waiting reasons for one NodeWright (module docstring)."""
+    by_name = {n.name: n for n in nodes}
+    resolved = resolve_compartments(
+        nodewright, policy=policy, nodes=[NodeRef(n.name, n.labels) for n in nodes]
+    )
+    phases = {n.name: phase_of(n, fingerprint=fingerprint) for n in nodes}
+    order = max(
+        [next_order_hint]
+        + [n.admission.order + 1 for n in nodes if n.admission and n.admission.fingerprint == fingerprint]
+    )
+    if isinstance(resolved, PolicyNotFound):
+        return _policy_not_found(
+            resolved,
+            nodes=nodes,
+            phases=phases,
+            statuses=compartment_statuses,
+            paused=paused,
+            disabled=disabled,
+            next_order=order,
+        )
+    ctx = _Context(
+        compartments=resolved,
+        fingerprint=fingerprint,
+        now=now,
+        reset_requested=reset_requested,
+        paused=paused,
+        disabled=disabled,
+    )
+    plans: dict[str, CompartmentPlan] = {}
+    admissions: list[NewAdmission] = []
+    waiting: list[Waiting] = []
+    for name in resolved.specs:
+        members = sorted((by_name[m] for m in resolved.members[name]), key=pick_key)
+        prior = compartment_statuses.get(name)
+        result = _plan_compartment(ctx, name, members=members, phases=phases, prior=prior, order=order)
+        plans[name] = result.plan
+        admissions.extend(result.admissions)
+        waiting.extend(result.waiting)
+        order += len(result.admissions)
+    admitted = {a.node for a in admissions}
+    active = sorted(admitted | {n for n, p in phases.items() if p is Phase.ACTIVE})
+    return RolloutPlan(
+        policy_name=resolved.policy_name,
+        policy_not_found=None,
+        compartments=plans,
+        admissions=tuple(admissions),
+        releases=tuple(sorted(n for n, p in phases.items() if p is Phase.RELEASED)),
+        active=tuple(active),
+        waiting=tuple(sorted(waiting, key=lambda w: w.node)),
+        halts=tuple(p.halt for p in plans.values() if p.halt is not None),
+        reset_applied=reset_requested,
+        next_order=order,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    compartments: Compartments
+    fingerprint: str
+    now: str
+    reset_requested: bool
+    paused: bool
+    disabled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _CompartmentResult:
+    plan: CompartmentPlan
+    admissions: tuple[NewAdmission, ...]
+    waiting: tuple[Waiting, ...]
+
+
+def _plan_compartment(
+    ctx: _Context,
+    name: str,
+    *,
+    members: Sequence[RolloutNode],
+    phases: Mapping[str, Phase],
+    prior: CompartmentStatus | None,
+    order: int,
+) -> _CompartmentResult:
+    spec = ctx.compartments.specs[name]
+    ceiling = ctx.compartments.ceiling(name)
+    state = prior.batch_state if prior is not None and prior.batch_state is not None else BatchState()
+    state = _apply_resets(ctx, name, state=state, members=members)
+
+    # Evaluate the open batch once all its members have settled.
+    batch = _batch_members(ctx, name, state.current_batch, members)
+    outcome: batches.BatchOutcome | None = None
+    if batch and all(phases[n.name] in _SETTLED for n in batch):
+        complete = sum(phases[n.name] in (Phase.DONE, Phase.SUCCEEDED) for n in members)
+        erroring = sum(phases[n.name] is Phase.FAILED for n in members)
+        outcome = batches.evaluate_batch(
+            spec.strategy,
+            state,
+            succeeded=sum(phases[n.name] is Phase.SUCCEEDED for n in batch),
+            failed=sum(phases[n.name] is Phase.FAILED for n in batch),
+            complete_in_compartment=complete,
+            erroring_in_compartment=erroring,
+            total=len(members),
+        )
+        state = outcome.state
+        batch = []
+    if ctx.compartments.reset_on_completion and all(phases[n.name] in _COMPLETE for n in members):
+        state = batches.fresh_state(current_batch=state.current_batch)
+
+    holding = [n for n in members if phases[n.name] in _HOLDS_SLOT]
+    others = [n for n in members if n.unavailable_reason and phases[n.name] not in _HOLDS_SLOT]
+    free = ceiling - len(holding) - len(others)
+    candidates = [n for n in members if phases[n.name] in _PICKABLE and _eligible(n)]
+    halted = state.should_stop
+    can_open = not batch and not halted and not ctx.paused and not ctx.disabled
+    wanted = 0
+    picked: list[RolloutNode] = []
+    if can_open and candidates:
+        raw = batches.strategy_batch_size(spec.strategy, state, total=len(members), ceiling=ceiling)
+        wanted = max(1, min(raw, len(candidates)))
+        size = batches.next_batch_size(
+            spec.strategy, state, total=len(members), remaining=len(candidates), ceiling=ceiling, free=free
+        )
+        picked = candidates[:size]
+    admissions = tuple(
+        NewAdmission(
+            node=n.name,
+            admission=Admission(name, state.current_batch, order + i, ctx.fingerprint, ctx.now),
+        )
+        for i, n in enumerate(picked)
+    )
+    picked_names = {n.name for n in picked}
+    budget_full = {n.name for n in candidates[len(picked) : wanted]}
+    waiting = tuple(
+        _why_waiting(ctx, n, compartment=name, halted=halted, budget_full=n.name in budget_full)
+        for n in members
+        if phases[n.name] in _PICKABLE and n.name not in picked_names
+    )
+    in_progress = len(holding) + len(picked)
+    complete = sum(phases[n.name] in _COMPLETE for n in members)
+    halt = _halt(name, state, members=members, phases=phases) if halted else None
+    status = CompartmentStatus(
+        matched=len(members),
+        ceiling=ceiling,
+        in_progress=in_progress,
+        completed=complete,
+        progress_percent=complete * 100 // len(members) if members else 0,
+        batch_state=state,
+    )
+    plan = CompartmentPlan(
+        name=name,
+        status=status,
+        strategy=spec.strategy.describe() if spec.strategy else "none (batch = ceiling)",
+        budget=spec.budget.describe(),
+        used_by_others=len(others),
+        open_batch=state.current_batch if (batch or picked) else None,
+        batch_evaluated=outcome,
+        halt=halt,
+        message=_slots_message(in_progress + len(others), ceiling, len(others)),
+    )
+    return _CompartmentResult(plan, admissions, waiting)
+
+
+_COMPLETE = frozenset({Phase.DONE, Phase.SUCCEEDED})
+_PICKABLE = frozenset({Phase.PENDING, Phase.RELEASED})
+
+
+def _apply_resets(
+    ctx: _Context,
+    name: str,
+    *,
+    state: BatchState,
+    members: Sequence[RolloutNode],
+) -> BatchState:
+    admissions = [n.admission for n in members if n.admission is not None and n.admission.compartment == name]
+    current = any(a.fingerprint == ctx.fingerprint for a in admissions)
+    if ctx.compartments.reset_on_completion and admissions and not current and state != BatchState():
+        # The spec changed since this compartment last rolled out: start the new rollout from batch 1.
+        state = BatchState()
+    if ctx.reset_requested:
+        return batches.fresh_state(current_batch=state.current_batch)
+    return state
+
+
+def _batch_members(ctx: _Context, name: str, batch: int, members: Iterable[RolloutNode]) -> list[RolloutNode]:
+    return [
+        n
+        for n in members
+        if n.admission is not None
+        and n.admission.fingerprint == ctx.fingerprint
+        and n.admission.compartment == name
+        and n.admission.batch == batch
+    ]
+
+
+def _eligible(node: RolloutNode) -> bool:
+    return not (node.unavailable_reason or node.blocked_reason or node.waiting_for_priority)
+
+
+def _why_waiting(
+    ctx: _Context, node: RolloutNode, *, compartment: str, halted: bool, budget_full: bool
+) -> Waiting:
+    def waiting(reason: WaitReason, message: str, detail: str | None = None) -> Waiting:
+        return Waiting(node.name, compartment, reason, detail, message)
+
+    if ctx.disabled:
+        return waiting(WaitReason.DISABLED, "the NodeWright is disabled")
+    if ctx.paused:
+        return waiting(WaitReason.PAUSED, "the NodeWright is paused")
+    if node.blocked_reason:
+        return waiting(WaitReason.BLOCKED, f"blocked: {node.blocked_reason}", node.blocked_reason)
+    if node.unavailable_reason:
+        reason = node.unavailable_reason
+        return waiting(WaitReason.NODE_UNAVAILABLE, f"node unavailable: {reason}", reason)
+    if node.waiting_for_priority:
+        other = node.waiting_for_priority
+        return waiting(WaitReason.WAITING_FOR_PRIORITY, f"waiting for NodeWright {other!r}", other)
+    if halted:
+        return waiting(
+            WaitReason.COMPARTMENT_HALTED, f"compartment {compartment!r} is halted; reset to resume"
+        )
+    if budget_full:
+        return waiting(WaitReason.BUDGET_FULL, f"compartment {compartment!r} has no free slot")
+    return waiting(WaitReason.NOT_YET_IN_BATCH, f"waiting for a later batch of {compartment!r}")
+
+
+def _halt(
+    name: str, state: BatchState, *, members: Sequence[RolloutNode], phases: Mapping[str, Phase]
+) -> Halt:
+    failing = sorted(n.name for n in members if phases[n.name] is Phase.FAILED)
+    shown = failing[:MAX_FAILING_NODES]
+    more = f" and {len(failing) - len(shown)} more" if len(failing) > len(shown) else ""
+    nodes_text = f"; failing nodes: {', '.join(shown)}{more}" if failing else ""
+    message = (
+        f"compartment {name!r} halted after {state.consecutive_failures} consecutive failed batches"
+        f"{nodes_text}; set annotation nodewright.io/reset-batch-state to resume"
+    )
+    return Halt(name, "FailureThresholdReached", tuple(shown), len(failing), message)
+
+
+def _slots_message(used: int, ceiling: int, by_others: int) -> str:
+    text = f"{used} of {ceiling} slots in use"
+    if by_others:
+        text += f"; {by_others} of {ceiling} slots used by nodes unavailable for other reasons"
+    return text
+
+
+def _policy_not_found(
+    missing: PolicyNotFound,
+    *,
+    nodes: Sequence[RolloutNode],
+    phases: Mapping[str, Phase],
+    statuses: Mapping[str, CompartmentStatus],
+    paused: bool,
+    disabled: bool,
+    next_order: int,
+) -> RolloutPlan:
+    # Keep the persisted batch state untouched: a halted compartment must stay halted when the policy
+    # comes back, so the compartment statuses are echoed, not dropped.
+    reason, message = WaitReason.POLICY_NOT_FOUND, missing.message
+    if disabled:
+        reason, message = WaitReason.DISABLED, "the NodeWright is disabled"
+    elif paused:
+        reason, message = WaitReason.PAUSED, "the NodeWright is paused"
+    waiting = tuple(
+        Waiting(n.name, None, reason, missing.policy_name, message)
+        for n in sorted(nodes, key=lambda n: n.name)
+        if phases[n.name] in _PICKABLE
+    )
+    kept = {
+        name: CompartmentPlan(name, status, "", "", 0, None, None, None, missing.message)
+        for name, status in sorted(statuses.items())
+    }
+    return RolloutPlan(
+        policy_name=missing.policy_name,
+        policy_not_found=missing,
+        compartments=kept,
+        admissions=(),
+        releases=tuple(sorted(n for n, p in phases.items() if p is Phase.RELEASED)),
+        active=tuple(sorted(n for n, p in phases.items() if p is Phase.ACTIVE)),
+        waiting=waiting,
+        halts=(),
+        reset_applied=False,
+        next_order=next_order,
+    )
+
+
+def _parse_time(value: str) -> datetime | None:
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed.replace(tzinfo=None) if parsed.tzinfo is None else _naive_utc(parsed)
+
+
+def _naive_utc(value: datetime) -> datetime:
+    offset = value.utcoffset()
+    naive = value.replace(tzinfo=None)
+    return naive - offset if offset is not None else naive

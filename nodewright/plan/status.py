@@ -1,0 +1,370 @@
+"""NodeWright status aggregation: node statuses and a rollout plan in, a bounded status out.
+
+The NodeWright status holds aggregates only, so its size does not grow with the fleet: counts per node
+status, per package `name:version` counts per `stage/state`, per waiting reason counts, and at most
+`MAX_EXAMPLES` example node names per bucket. Node-level truth stays on the nodes.
+
+Roll-up (reference §4.1): every node complete (or no node) → `complete`; otherwise any node
+`in_progress` → `in_progress`; otherwise when all remaining nodes share one status, that status; a mixed
+set → `unknown`. One addition: a halted compartment with nothing in progress turns `unknown`/`waiting`
+into `blocked` (the reference shows a stopped rollout as waiting and nothing else). Overrides, in this
+order, when the result is not `complete`: disabled → `disabled`; paused → `paused`; policy not found →
+`blocked` (this one also when complete); waiting for a `sequencing: all` predecessor → `waiting`.
+
+Conditions are metav1.Condition with kstatus semantics, all present on every write, each stamped with
+the NodeWright's generation (`observedGeneration`):
+
+- `Ready`: True/`NodesConverged` when complete; else False with `Progressing`, `Blocked`, `Erroring`,
+  `Paused`, `Waiting`, `Disabled` or `Unknown`. The message summarises counts with a few names.
+- `Reconciling`: True while nodes are in progress or admitted (kstatus: InProgress).
+- `Stalled`: True when a compartment halted, the policy is missing, or every remaining node is erroring
+  or blocked (kstatus: Failed).
+- `Halted` (one condition naming every halted compartment and its failing nodes), `Paused`,
+  `Disabled`, `PolicyNotFound`, `NodeStateMalformed`, `Blocked`.
+
+`lastTransitionTime` is carried over from the previous condition of the same type whenever its status
+is unchanged (apimachinery `SetStatusCondition`), so recomputing an unchanged status yields an identical
+object and no write. Conditions of other types found in the previous status (set by other parts of the
+controller, e.g. drain) are kept as they are unless `extra_conditions` replaces them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from nodewright.api.models import Condition, NodeWright, NodeWrightStatus, Status
+from nodewright.plan.rollout import RolloutPlan, WaitReason
+
+MAX_EXAMPLES = 5
+
+READY = "Ready"
+RECONCILING = "Reconciling"
+STALLED = "Stalled"
+HALTED = "Halted"
+PAUSED = "Paused"
+DISABLED = "Disabled"
+POLICY_NOT_FOUND = "PolicyNotFound"
+NODE_STATE_MALFORMED = "NodeStateMalformed"
+BLOCKED = "Blocked"
+OWNED_CONDITIONS = (
+    READY,
+    RECONCILING,
+    STALLED,
+    HALTED,
+    PAUSED,
+    DISABLED,
+    POLICY_NOT_FOUND,
+    NODE_STATE_MALFORMED,
+    BLOCKED,
+)
+
+_READY_REASON = {
+    Status.COMPLETE: "NodesConverged",
+    Status.IN_PROGRESS: "Progressing",
+    Status.BLOCKED: "Blocked",
+    Status.ERRORING: "Erroring",
+    Status.PAUSED: "Paused",
+    Status.WAITING: "Waiting",
+    Status.DISABLED: "Disabled",
+    Status.UNKNOWN: "Unknown",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PackageReport:
+    """One package entry of a node's state: what the controller read from the node annotation."""
+
+    name: str
+    version: str
+    stage: str
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReport:
+    name: str
+    status: Status
+    packages: tuple[PackageReport, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StatusSummary:
+    """The computed status. `status` fits the current model; the rest are proposed status fields."""
+
+    status: NodeWrightStatus
+    node_examples: Mapping[str, tuple[str, ...]]
+    package_counts: Mapping[str, Mapping[str, int]]
+    waiting_reasons: Mapping[str, int]
+    waiting_examples: Mapping[str, tuple[str, ...]]
+
+    def to_json_dict(self) -> dict[str, Any]:
+        data = self.status.to_json_dict()
+        data["nodeExamples"] = {k: list(v) for k, v in self.node_examples.items()}
+        data["packageCounts"] = {k: dict(v) for k, v in self.package_counts.items()}
+        data["waitingReasons"] = dict(self.waiting_reasons)
+        data["waitingExamples"] = {k: list(v) for k, v in self.waiting_examples.items()}
+        return data
+
+
+def roll_up(statuses: Iterable[Status], *, halted: bool = False) -> Status:
+    """Reference §4.1 roll-up of node statuses (plus the halted rule; see the module docstring)."""
+    remaining = {s for s in statuses if s is not Status.COMPLETE}
+    if not remaining:
+        return Status.COMPLETE
+    if Status.IN_PROGRESS in remaining:
+        return Status.IN_PROGRESS
+    result = next(iter(remaining)) if len(remaining) == 1 else Status.UNKNOWN
+    if halted and result in (Status.UNKNOWN, Status.WAITING):
+        return Status.BLOCKED
+    return result
+
+
+def aggregate_status(
+    nodewright: NodeWright,
+    *,
+    nodes: Sequence[NodeReport],
+    plan: RolloutPlan | None,
+    now: str,
+    paused: bool = False,
+    disabled: bool = False,
+    waiting_for_sequencing: str | None = None,
+    malformed_nodes: Sequence[str] = (),
+    extra_conditions: Sequence[Condition] = (),
+) -> StatusSummary:
+    """Compute the NodeWright status from its nodes and the latest rollout plan.
+
+    `nodes` holds every matched node with its status for this NodeWright and its package entries;
+    `plan` is this pass's `plan_rollout` result (None keeps the persisted compartment statuses);
+    `waiting_for_sequencing` names a `sequencing: all` predecessor that is not yet complete;
+    `malformed_nodes` lists nodes whose state annotation could not be parsed. The previous status (for
+    lastTransitionTime) is read from `nodewright.status`.
+    """
+    previous = nodewright.status or NodeWrightStatus()
+    halts = plan.halts if plan is not None else ()
+    policy_missing = plan is not None and plan.policy_not_found is not None
+    by_status: dict[Status, list[str]] = defaultdict(list)
+    for node in nodes:
+        by_status[node.status].append(node.name)
+    rolled = roll_up((n.status for n in nodes), halted=bool(halts))
+    overall = _override(
+        rolled,
+        paused=paused,
+        disabled=disabled,
+        policy_missing=policy_missing,
+        sequencing=waiting_for_sequencing,
+    )
+    waiting_names: dict[str, list[str]] = defaultdict(list)
+    blocked_details: Counter[str] = Counter()
+    for waiting in plan.waiting if plan is not None else ():
+        waiting_names[waiting.reason.value].append(waiting.node)
+        if waiting.reason is WaitReason.BLOCKED and waiting.detail:
+            blocked_details[waiting.detail] += 1
+    complete = len(by_status.get(Status.COMPLETE, ()))
+    facts = _Facts(
+        generation=nodewright.metadata.generation,
+        overall=overall,
+        by_status=by_status,
+        total=len(nodes),
+        plan=plan,
+        paused=paused,
+        disabled=disabled,
+        policy_missing=policy_missing,
+        sequencing=waiting_for_sequencing,
+        malformed=sorted(malformed_nodes),
+        waiting_counts={k: len(v) for k, v in sorted(waiting_names.items())},
+        blocked_details=blocked_details,
+    )
+    conditions = merge_conditions(
+        previous.conditions or [],
+        current=[*_owned_conditions(facts), *extra_conditions],
+        now=now,
+    )
+    compartments = plan.compartment_statuses if plan is not None else previous.compartment_statuses
+    status = NodeWrightStatus(
+        observed_generation=nodewright.metadata.generation,
+        status=overall,
+        conditions=conditions,
+        compartment_statuses=dict(sorted(compartments.items())) if compartments else None,
+        nodes_in_progress=len(by_status.get(Status.IN_PROGRESS, ())),
+        nodes_erroring=len(by_status.get(Status.ERRORING, ())),
+        complete_nodes=f"{complete}/{len(nodes)}",
+        package_list=package_list(nodewright),
+        node_counts={s.value: len(names) for s, names in sorted(by_status.items(), key=lambda i: i[0].value)},
+    )
+    return StatusSummary(
+        status=status,
+        node_examples={
+            s.value: _examples(names) for s, names in sorted(by_status.items(), key=lambda i: i[0].value)
+        },
+        package_counts=_package_counts(nodes),
+        waiting_reasons=facts.waiting_counts,
+        waiting_examples={k: _examples(v) for k, v in sorted(waiting_names.items())},
+    )
+
+
+def package_list(nodewright: NodeWright) -> str:
+    """Printer column: sorted `name:version` pairs, comma-separated."""
+    return ",".join(f"{name}:{pkg.version}" for name, pkg in sorted(nodewright.spec.packages.items()))
+
+
+def merge_conditions(
+    previous: Sequence[Condition], *, current: Sequence[Condition], now: str
+) -> list[Condition]:
+    """Port of apimachinery `SetStatusCondition` over a whole list, in a deterministic order.
+
+    A condition whose status is unchanged keeps its previous `lastTransitionTime`; a changed or new one
+    gets `now`. Previous conditions of types not in `current` are kept unchanged (owned elsewhere).
+    """
+    before = {c.type: c for c in previous}
+    merged: dict[str, Condition] = {c.type: c for c in previous}
+    for cond in current:
+        old = before.get(cond.type)
+        since = old.last_transition_time if old is not None and old.status == cond.status else now
+        merged[cond.type] = cond.model_copy(update={"last_transition_time": since})
+    rank = {t: i for i, t in enumerate(OWNED_CONDITIONS)}
+    return sorted(merged.values(), key=lambda c: (rank.get(c.type, len(rank)), c.type))
+
+
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    generation: int | None
+    overall: Status
+    by_status: Mapping[Status, Sequence[str]]
+    total: int
+    plan: RolloutPlan | None
+    paused: bool
+    disabled: bool
+    policy_missing: bool
+    sequencing: str | None
+    malformed: Sequence[str]
+    waiting_counts: Mapping[str, int]
+    blocked_details: Counter[str]
+
+
+def _override(
+    rolled: Status, *, paused: bool, disabled: bool, policy_missing: bool, sequencing: str | None
+) -> Status:
+    if rolled is Status.COMPLETE and not policy_missing:
+        return rolled
+    if disabled:
+        return Status.DISABLED
+    if paused:
+        return Status.PAUSED
+    if policy_missing:
+        return Status.BLOCKED
+    if sequencing:
+        return Status.WAITING
+    return rolled
+
+
+def _owned_conditions(f: _Facts) -> list[Condition]:
+    def cond(type_: str, true: bool, reason: str, message: str = "") -> Condition:
+        status: Literal["True", "False"] = "True" if true else "False"
+        return Condition(
+            type=type_,
+            status=status,
+            reason=reason,
+            message=message,
+            last_transition_time="",
+            observed_generation=f.generation,
+        )
+
+    halts = f.plan.halts if f.plan is not None else ()
+    ready_reason = _READY_REASON[f.overall]
+    reconciling = f.overall is Status.IN_PROGRESS or (
+        f.plan is not None and bool(f.plan.active) and f.overall not in (Status.PAUSED, Status.DISABLED)
+    )
+    stalled, stalled_reason, stalled_message = _stalled(f, halted=bool(halts))
+    blocked = len(f.by_status.get(Status.BLOCKED, ()))
+    policy = f.plan.policy_name if f.plan is not None else None
+    return [
+        cond(READY, f.overall is Status.COMPLETE, ready_reason, _ready_message(f)),
+        cond(RECONCILING, reconciling, "Progressing" if reconciling else ready_reason),
+        cond(STALLED, stalled, stalled_reason, stalled_message),
+        cond(HALTED, bool(halts), "FailureThresholdReached" if halts else "NotHalted", _halt_message(f)),
+        cond(PAUSED, f.paused, "Paused" if f.paused else "NotPaused"),
+        cond(DISABLED, f.disabled, "Disabled" if f.disabled else "NotDisabled"),
+        cond(
+            POLICY_NOT_FOUND,
+            f.policy_missing,
+            "DeploymentPolicyNotFound" if f.policy_missing else "PolicyResolved",
+            f"DeploymentPolicy {policy!r} not found" if f.policy_missing else "",
+        ),
+        cond(
+            NODE_STATE_MALFORMED,
+            bool(f.malformed),
+            "ParseError" if f.malformed else "AsExpected",
+            _names_message("node state could not be parsed on", f.malformed) if f.malformed else "",
+        ),
+        cond(BLOCKED, blocked > 0, "NodesBlocked" if blocked else "NotBlocked", _blocked_message(f, blocked)),
+    ]
+
+
+def _stalled(f: _Facts, *, halted: bool) -> tuple[bool, str, str]:
+    if halted:
+        return True, "Halted", "a compartment halted after repeated failed batches; reset to resume"
+    if f.policy_missing:
+        return True, "DeploymentPolicyNotFound", "the referenced DeploymentPolicy does not exist"
+    remaining = {s for s, names in f.by_status.items() if names and s is not Status.COMPLETE}
+    active = f.plan is not None and bool(f.plan.active)
+    if remaining and remaining <= {Status.ERRORING, Status.BLOCKED} and not active:
+        return True, "NodesErroringOrBlocked", "every remaining node is erroring or blocked"
+    return False, "AsExpected", ""
+
+
+def _ready_message(f: _Facts) -> str:
+    complete = len(f.by_status.get(Status.COMPLETE, ()))
+    parts = [f"{complete}/{f.total} nodes complete"]
+    for status in (Status.IN_PROGRESS, Status.ERRORING, Status.BLOCKED):
+        names = f.by_status.get(status, ())
+        if names:
+            parts.append(f"{len(names)} {status.value.replace('_', ' ')} ({_names(names)})")
+    if f.waiting_counts:
+        parts.append("waiting: " + ", ".join(f"{k} {v}" for k, v in f.waiting_counts.items()))
+    if f.sequencing:
+        parts.append(f"waiting for NodeWright {f.sequencing!r} to complete on all its nodes")
+    return "; ".join(parts)
+
+
+def _halt_message(f: _Facts) -> str:
+    halts = f.plan.halts if f.plan is not None else ()
+    shown = [h.message for h in halts[:MAX_EXAMPLES]]
+    if len(halts) > MAX_EXAMPLES:
+        shown.append(f"and {len(halts) - MAX_EXAMPLES} more compartments")
+    return "; ".join(shown)
+
+
+def _blocked_message(f: _Facts, blocked: int) -> str:
+    if not blocked:
+        return ""
+    reasons = ", ".join(f"{reason}: {n}" for reason, n in sorted(f.blocked_details.items())[:MAX_EXAMPLES])
+    text = _names_message(f"{blocked} nodes blocked:", f.by_status.get(Status.BLOCKED, ()))
+    return f"{text} ({reasons})" if reasons else text
+
+
+def _names_message(prefix: str, names: Sequence[str]) -> str:
+    return f"{prefix} {_names(names)}"
+
+
+def _names(names: Sequence[str]) -> str:
+    shown = _examples(names)
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
+
+def _examples(names: Iterable[str]) -> tuple[str, ...]:
+    return tuple(sorted(names)[:MAX_EXAMPLES])
+
+
+def _package_counts(nodes: Sequence[NodeReport]) -> dict[str, dict[str, int]]:
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for node in nodes:
+        for pkg in node.packages:
+            counts[f"{pkg.name}:{pkg.version}"][f"{pkg.stage}/{pkg.state}"] += 1
+    return {key: dict(sorted(counter.items())) for key, counter in sorted(counts.items())}

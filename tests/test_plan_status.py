@@ -1,0 +1,161 @@
+"""Status roll-up, conditions (kstatus, lastTransitionTime), bounded size and counts."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nodewright.api.models import (
+    Condition,
+    NodeWright,
+    NodeWrightSpec,
+    NodeWrightStatus,
+    ObjectMeta,
+    Status,
+)
+from nodewright.plan.rollout import RolloutNode, plan_rollout
+from nodewright.plan.status import (
+    MAX_EXAMPLES,
+    OWNED_CONDITIONS,
+    NodeReport,
+    PackageReport,
+    aggregate_status,
+    merge_conditions,
+    roll_up,
+)
+
+T0, T1 = "2025-01-01T00:00:00Z", "2025-01-01T01:00:00Z"
+
+
+def nw(status: NodeWrightStatus | None = None, **spec: object) -> NodeWright:
+    return NodeWright(
+        metadata=ObjectMeta(name="nw", generation=4), spec=NodeWrightSpec.model_validate(spec), status=status
+    )
+
+
+def reports(*statuses: Status) -> list[NodeReport]:
+    return [NodeReport(f"n{i:04d}", s) for i, s in enumerate(statuses)]
+
+
+def conds(summary_status: NodeWrightStatus) -> dict[str, Condition]:
+    return {c.type: c for c in summary_status.conditions or []}
+
+
+def test_roll_up_rules() -> None:
+    assert roll_up([]) is Status.COMPLETE
+    assert roll_up([Status.COMPLETE, Status.COMPLETE]) is Status.COMPLETE
+    assert roll_up([Status.COMPLETE, Status.IN_PROGRESS, Status.ERRORING]) is Status.IN_PROGRESS
+    assert roll_up([Status.COMPLETE, Status.ERRORING, Status.ERRORING]) is Status.ERRORING
+    assert roll_up([Status.WAITING, Status.ERRORING]) is Status.UNKNOWN
+    assert roll_up([Status.WAITING, Status.ERRORING], halted=True) is Status.BLOCKED
+
+
+def test_complete_is_ready_and_printer_columns() -> None:
+    packages = {"zeta": {"version": "2.0.0", "image": "i"}, "alpha": {"version": "1.0.0", "image": "i"}}
+    out = aggregate_status(
+        nw(packages=packages), nodes=reports(Status.COMPLETE, Status.COMPLETE), plan=None, now=T0
+    )
+    s = out.status
+    assert s.status is Status.COMPLETE and s.observed_generation == 4
+    assert (s.complete_nodes, s.nodes_in_progress, s.nodes_erroring) == ("2/2", 0, 0)
+    assert s.package_list == "alpha:1.0.0,zeta:2.0.0"
+    c = conds(s)
+    assert [x.type for x in s.conditions or []] == list(OWNED_CONDITIONS)
+    assert c["Ready"].status == "True" and c["Ready"].reason == "NodesConverged"
+    assert c["Reconciling"].status == "False" and c["Stalled"].status == "False"
+    assert all(x.observed_generation == 4 and x.last_transition_time == T0 for x in c.values())
+
+
+def test_in_progress_reconciling_and_erroring_stalled() -> None:
+    s = aggregate_status(nw(), nodes=reports(Status.IN_PROGRESS, Status.WAITING), plan=None, now=T0).status
+    c = conds(s)
+    assert s.status is Status.IN_PROGRESS
+    assert (c["Ready"].status, c["Ready"].reason) == ("False", "Progressing")
+    assert c["Reconciling"].status == "True"
+    s = aggregate_status(nw(), nodes=reports(Status.COMPLETE, Status.ERRORING), plan=None, now=T0).status
+    c = conds(s)
+    assert s.status is Status.ERRORING and c["Stalled"].status == "True"
+    assert c["Ready"].reason == "Erroring"
+
+
+def test_overrides_in_order() -> None:
+    nodes = reports(Status.WAITING)
+    assert aggregate_status(
+        nw(), nodes=nodes, plan=None, now=T0, disabled=True, paused=True
+    ).status.status is (Status.DISABLED)
+    paused = aggregate_status(nw(), nodes=nodes, plan=None, now=T0, paused=True).status
+    assert paused.status is Status.PAUSED and conds(paused)["Paused"].status == "True"
+    seq = aggregate_status(nw(), nodes=reports(Status.UNKNOWN), plan=None, now=T0, waiting_for_sequencing="x")
+    assert seq.status.status is Status.WAITING
+    # Policy not found turns even a complete NodeWright into blocked.
+    missing = plan_rollout(
+        nw(deployment_policy="gone"), policy=None, nodes=[], compartment_statuses={}, fingerprint="f", now=T0
+    )
+    out = aggregate_status(nw(deployment_policy="gone"), nodes=reports(Status.COMPLETE), plan=missing, now=T0)
+    c = conds(out.status)
+    assert out.status.status is Status.BLOCKED
+    assert c["PolicyNotFound"].status == "True" and c["Stalled"].reason == "DeploymentPolicyNotFound"
+
+
+def test_last_transition_time_preserved_and_identical_output() -> None:
+    first = aggregate_status(nw(), nodes=reports(Status.IN_PROGRESS), plan=None, now=T0).status
+    again = aggregate_status(nw(first), nodes=reports(Status.IN_PROGRESS), plan=None, now=T1).status
+    assert again == first
+    done = aggregate_status(nw(first), nodes=reports(Status.COMPLETE), plan=None, now=T1).status
+    c = conds(done)
+    assert c["Ready"].last_transition_time == T1
+    assert c["Paused"].last_transition_time == T0
+
+
+def test_foreign_conditions_are_kept_and_extra_replace_them() -> None:
+    drain = Condition(type="DrainBlocked", status="True", reason="PDB", last_transition_time=T0)
+    merged = merge_conditions([drain], current=[], now=T1)
+    assert merged == [drain]
+    cleared = drain.model_copy(update={"status": "False", "reason": "Drained"})
+    merged = merge_conditions([drain], current=[cleared], now=T1)
+    assert merged[0].status == "False" and merged[0].last_transition_time == T1
+
+
+def test_malformed_nodes_message_is_bounded() -> None:
+    names = [f"node-{i}" for i in range(9)]
+    s = aggregate_status(
+        nw(), nodes=reports(Status.COMPLETE), plan=None, now=T0, malformed_nodes=names
+    ).status
+    c = conds(s)["NodeStateMalformed"]
+    assert c.status == "True" and c.reason == "ParseError"
+    assert "and 4 more" in c.message and "node-8" not in c.message
+
+
+def test_halted_condition_and_waiting_reasons() -> None:
+    from nodewright.api.models import BatchState, CompartmentStatus
+
+    halted_state = {
+        "__default__": CompartmentStatus(batch_state=BatchState(should_stop=True, consecutive_failures=2))
+    }
+    nodes = [
+        RolloutNode("a", {}, None, Status.ERRORING, True),
+        RolloutNode("b", {}, None, Status.WAITING, True),
+    ]
+    plan = plan_rollout(
+        nw(), policy=None, nodes=nodes, compartment_statuses=halted_state, fingerprint="f", now=T0
+    )
+    out = aggregate_status(nw(), nodes=reports(Status.ERRORING, Status.WAITING), plan=plan, now=T0)
+    c = conds(out.status)
+    assert c["Halted"].status == "True" and "__default__" in c["Halted"].message
+    assert c["Stalled"].status == "True" and c["Stalled"].reason == "Halted"
+    assert out.status.status is Status.BLOCKED
+    assert out.waiting_reasons == {"CompartmentHalted": 2}
+
+
+@given(st.lists(st.sampled_from(list(Status)), max_size=2000))
+def test_size_bounded_and_counts_sum(statuses: list[Status]) -> None:
+    nodes = [
+        NodeReport(f"n{i:05d}", s, (PackageReport("kmod", "1.0.0", "apply", "complete"),))
+        for i, s in enumerate(statuses)
+    ]
+    out = aggregate_status(nw(), nodes=nodes, plan=None, now=T0)
+    assert sum((out.status.node_counts or {}).values()) == len(nodes)
+    assert all(len(v) <= MAX_EXAMPLES for v in out.node_examples.values())
+    assert sum(out.package_counts.get("kmod:1.0.0", {}).values()) == len(nodes)
+    # Size does not grow with the number of nodes: every message names at most MAX_EXAMPLES per bucket.
+    assert len(str(out.to_json_dict())) < 6000
