@@ -1,27 +1,128 @@
 """Pydantic models of the NodeWright and DeploymentPolicy custom resources (group nodewright.io/v1alpha1).
 
 These models are the single source of truth for the API: the CRD schemas under `manifests/crds/` are
-generated from them, the admission webhook validates with them, and the controller reads cached objects
-through them. Field names and meanings match the reference system's `Skyhook` and `DeploymentPolicy`
-(`skyhook.nvidia.com/v1alpha1`) so that existing manifests convert by changing `apiVersion` and `kind`.
+generated from them (`nodewright.api.crdgen`), the admission webhook validates with them, and the
+controller reads cached objects through them. Field names and meanings match the reference system's
+`Skyhook` and `DeploymentPolicy` (`skyhook.nvidia.com/v1alpha1`) so that existing manifests convert by
+changing `apiVersion` and `kind`.
 
 Conventions:
 - JSON names are camelCase (`alias_generator`), Python names snake_case; `populate_by_name` lets tests
   build models with Python names.
 - Unknown fields are ignored when reading from the cluster (`extra="ignore"`), so an older operator keeps
   working against a newer CRD; the CRD's structural schema prunes unknown fields on write anyway.
-- Defaults that the API server can apply are declared here and emitted into the schema.
+- Scalars are validated strictly (no "5" -> 5 coercion) because the API server does not coerce either:
+  what the model accepts is what the generated schema accepts (a Hypothesis test checks the agreement).
+- Defaults that the API server can apply are declared here and emitted into the schema. The API server
+  applies a property's default only when its parent object is present, so nested defaults (strategy
+  parameters, `drain.policy`) materialise exactly like in the model.
+- Rules a structural schema cannot express (one-of, mutually exclusive fields, map-key patterns) are
+  declared as `CelRule`s: the CEL expression is emitted as `x-kubernetes-validations`, and the Python
+  predicate next to it, evaluated on the JSON form of the object, enforces the same rule in the model.
+  The API server therefore rejects the same objects as `model_validate`, even when the webhook is down.
+- The API server drops `null` values of non-nullable fields before validation ("pruning"), and the
+  model treats `None` as "not set", so `failureThreshold: null` in a reference manifest means "unset".
+
+Pause and disable are annotations (`nodewright.io/pause`, `nodewright.io/disable`), not spec fields:
+metadata changes do not bump `metadata.generation`, so toggling them does not restart a rollout.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AliasGenerator, BaseModel, ConfigDict, Field
+from pydantic import AliasGenerator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from nodewright.api import constants
+
+# ----------------------------------------------------------------------------------------------------
+# Patterns and limits shared by the models, the schema generator and the semantic validation.
+
+PACKAGE_NAME_PATTERN = r"^[a-z][-a-z0-9]{0,41}[a-z]$"
+# Semantic versioning as the reference checks it (Go's x/mod/semver on "v" + version): "1", "1.2" and
+# "1.2.3" are valid; pre-release and build suffixes only after a full MAJOR.MINOR.PATCH; no leading zeros.
+_NUM = r"(0|[1-9][0-9]*)"
+_PRE_ID = r"(0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*)"
+SEMVER_PATTERN = (
+    rf"^{_NUM}(\.{_NUM}(\.{_NUM}(-{_PRE_ID}(\.{_PRE_ID})*)?(\+[0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*)?)?)?$"
+)
+# Go's time.ParseDuration syntax (metav1.Duration): "90s", "1h30m", "1.5h", "0".
+DURATION_PATTERN = r"^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$"
+# Kubernetes resource.Quantity (decimal or binary SI suffix, or decimal exponent).
+QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+SHA256_DIGEST_PATTERN = r"^sha256:[a-f0-9]{64}$"
+
+MAX_PACKAGES = 64
+MAX_COMPARTMENTS = 32
+MAX_DEPENDS_ON = 32
+MAX_CONFIG_KEYS = 128
+MAX_ENV = 128
+MAX_SERVICES = 64
+MAX_SELECTOR_TERMS = 32
+MAX_SELECTOR_VALUES = 256
+MAX_TOLERATIONS = 64
+MAX_CONDITIONS = 32
+LABEL_VALUE_MAX = 63
+LABEL_KEY_MAX = 317  # 253-character DNS prefix + "/" + 63-character name
+SHORT_STRING = 253
+IMAGE_MAX = 512
+CONFIG_VALUE_MAX = 256 * 1024  # a ConfigMap value is bounded by the 1 MiB object limit anyway
+
+
+@dataclass(frozen=True)
+class CelRule:
+    """One `x-kubernetes-validations` entry plus the Python predicate that enforces it in the model.
+
+    `check` receives the JSON form (aliases, `None` omitted, defaults applied) of the object or field
+    the rule is attached to, i.e. exactly what CEL's `self` sees, and returns True when the rule holds.
+    `field_path` (relative JSON path, e.g. `.percent`) tells the API server which field to blame.
+    """
+
+    rule: str
+    message: str
+    check: Callable[[Any], bool]
+    field_path: str | None = None
+    reason: Literal[
+        "FieldValueInvalid", "FieldValueForbidden", "FieldValueRequired", "FieldValueDuplicate"
+    ] = "FieldValueInvalid"
+
+    def schema(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rule": self.rule, "message": self.message}
+        if self.field_path:
+            out["fieldPath"] = self.field_path
+        if self.reason != "FieldValueInvalid":
+            out["reason"] = self.reason
+        return out
+
+
+@dataclass(frozen=True)
+class SchemaExtra:
+    """Schema-only annotations of a field (list/map semantics, int-or-string, preserve-unknown)."""
+
+    values: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, **values: Any) -> SchemaExtra:
+        return cls(tuple(values.items()))
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(by_alias=True, exclude_none=True, mode="json")
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json(v) for v in value]
+    if isinstance(value, StrEnum):
+        return value.value
+    return value
 
 
 class _Model(BaseModel):
@@ -30,10 +131,58 @@ class _Model(BaseModel):
         populate_by_name=True,
         extra="ignore",
         frozen=True,
+        strict=True,
+        use_enum_values=False,
     )
+
+    # Object-level CEL rules; field-level ones live in the field's `Annotated` metadata.
+    cel_rules: ClassVar[tuple[CelRule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_cel_rules(self) -> Any:
+        failures: list[str] = []
+        own = _json(self) if self.cel_rules else None
+        failures.extend(
+            f"{r.field_path.lstrip('.')}: {r.message}" if r.field_path else r.message
+            for r in self.cel_rules
+            if not r.check(own)
+        )
+        for name, info in type(self).model_fields.items():
+            rules = [m for m in info.metadata if isinstance(m, CelRule)]
+            value = getattr(self, name)
+            if rules and value is not None:
+                as_json = _json(value)
+                failures.extend(f"{info.alias or name}: {r.message}" for r in rules if not r.check(as_json))
+        if failures:
+            raise ValueError("; ".join(failures))
+        return self
 
     def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def _count_set(obj: dict[str, Any], *keys: str) -> int:
+    return sum(1 for k in keys if k in obj)
+
+
+def _stringify_int(value: Any) -> Any:
+    # Quantities are int-or-string in Kubernetes (`cpuLimit: 2`); keep one Python type for consumers.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def _req(description: str, **kwargs: Any) -> Any:
+    return Field(..., description=description, **kwargs)
+
+
+def _text(description: str, **kwargs: Any) -> Any:
+    """A documented field, optional (None) unless a default or `required=True` is given."""
+    if kwargs.pop("required", False):
+        return Field(..., description=description, **kwargs)
+    if "default" not in kwargs and "default_factory" not in kwargs:
+        kwargs["default"] = None
+    return Field(description=description, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -41,30 +190,75 @@ class _Model(BaseModel):
 
 
 class LabelSelectorRequirement(_Model):
-    key: str
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: list[str] | None = None
+    """A label selector requirement: a key, an operator and (for In/NotIn) values."""
+
+    cel_rules = (
+        CelRule(
+            rule="(self.operator == 'In' || self.operator == 'NotIn') ? (has(self.values) &&"
+            " size(self.values) > 0)"
+            " : (!has(self.values) || size(self.values) == 0)",
+            message="values must be non-empty for In and NotIn and empty for Exists and DoesNotExist",
+            check=lambda o: (
+                len(o.get("values", [])) > 0
+                if o["operator"] in ("In", "NotIn")
+                else len(o.get("values", [])) == 0
+            ),
+            field_path=".values",
+        ),
+    )
+
+    key: str = _req("The label key the selector applies to.", min_length=1, max_length=LABEL_KEY_MAX)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = _req(
+        "How the key relates to the values: In, NotIn, Exists or DoesNotExist."
+    )
+    values: list[Annotated[str, Field(max_length=LABEL_VALUE_MAX)]] | None = _text(
+        "Label values; non-empty for In and NotIn, empty for Exists and DoesNotExist.",
+        max_length=MAX_SELECTOR_VALUES,
+    )
 
 
 class LabelSelector(_Model):
-    match_labels: dict[str, str] | None = None
-    match_expressions: list[LabelSelectorRequirement] | None = None
+    """A Kubernetes label selector; the requirements are ANDed. An empty selector matches everything."""
+
+    match_labels: dict[str, Annotated[str, Field(max_length=LABEL_VALUE_MAX)]] | None = _text(
+        "Labels (key: value) an object must carry, all of them.", max_length=MAX_SELECTOR_TERMS
+    )
+    match_expressions: list[LabelSelectorRequirement] | None = _text(
+        "Set-based requirements, all of which must hold.", max_length=MAX_SELECTOR_TERMS
+    )
+
+    def is_empty(self) -> bool:
+        return not self.match_labels and not self.match_expressions
 
 
 class Toleration(_Model):
-    key: str | None = None
-    operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = None
+    """A pod toleration (core/v1 Toleration) added to package and interrupt pods."""
+
+    key: str | None = _text(
+        "Taint key the toleration applies to; empty with operator Exists matches all.",
+        max_length=LABEL_KEY_MAX,
+    )
+    operator: Literal["Exists", "Equal"] | None = _text("Exists or Equal (the default in Kubernetes).")
+    value: str | None = _text("Taint value to match when the operator is Equal.", max_length=LABEL_VALUE_MAX)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = _text(
+        "Taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = _text(
+        "For NoExecute taints: how long the pod stays bound after the taint is added."
+    )
 
 
 class EnvVar(_Model):
     """A container environment variable; `valueFrom` is passed through unchanged (secretKeyRef etc.)."""
 
-    name: str
-    value: str | None = None
-    value_from: dict[str, Any] | None = None
+    name: str = _req("Environment variable name.", min_length=1, max_length=SHORT_STRING)
+    value: str | None = _text("Literal value.", max_length=CONFIG_VALUE_MAX)
+    value_from: Annotated[
+        dict[str, Any] | None, SchemaExtra.of(**{"x-kubernetes-preserve-unknown-fields": True})
+    ] = _text(
+        "Source of the value (core/v1 EnvVarSource: secretKeyRef, configMapKeyRef, fieldRef, ...). Referenced"
+        " Secrets and ConfigMaps must live in the operator's namespace, where package pods run."
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -79,41 +273,215 @@ class InterruptType(StrEnum):
 
 
 class Interrupt(_Model):
-    type: InterruptType
-    services: list[str] | None = None
+    """What has to happen on the node after a package (or a config key) changed before it counts as done.
+
+    The node is cordoned and drained before any interrupt other than noop.
+    """
+
+    type: InterruptType = _req(
+        "Kind of interrupt: service (restart the systemd units in `services`), reboot (reboot the node),"
+        " noop (run the interrupt step without disruption) or restartAllServices.",
+        strict=False,
+    )
+    services: list[Annotated[str, Field(min_length=1, max_length=SHORT_STRING)]] | None = _text(
+        "systemd units to restart when type is service.", max_length=MAX_SERVICES
+    )
+
+
+_QUANTITY_FIELDS = ("cpuRequest", "cpuLimit", "memoryRequest", "memoryLimit")
+Quantity = Annotated[
+    str,
+    BeforeValidator(_stringify_int),
+    Field(pattern=QUANTITY_PATTERN, max_length=64),
+    SchemaExtra.of(**{"x-kubernetes-int-or-string": True}),
+]
+
+
+def _resources_ok(o: dict[str, Any]) -> bool:
+    # Local import keeps the quantity parser in one module; it is pure.
+    from nodewright.api.quantity import parse_quantity
+
+    present = _count_set(o, *_QUANTITY_FIELDS)
+    if present == 0:
+        return True
+    if present != 4:
+        return False
+    values = {k: parse_quantity(str(o[k])) for k in _QUANTITY_FIELDS}
+    if any(v <= Decimal(0) for v in values.values()):
+        return False
+    return values["cpuLimit"] >= values["cpuRequest"] and values["memoryLimit"] >= values["memoryRequest"]
 
 
 class Resources(_Model):
-    cpu_request: str | None = None
-    cpu_limit: str | None = None
-    memory_request: str | None = None
-    memory_limit: str | None = None
+    """CPU and memory overrides for the package's pod. All four or none; each limit must be >= its request."""
+
+    cel_rules = (
+        CelRule(
+            rule="[has(self.cpuRequest), has(self.cpuLimit), has(self.memoryRequest), has(self.memoryLimit)]"
+            ".all(x, x) || [has(self.cpuRequest), has(self.cpuLimit), has(self.memoryRequest),"
+            " has(self.memoryLimit)].all(x, !x)",
+            message="set all of cpuRequest, cpuLimit, memoryRequest and memoryLimit, or none of them",
+            check=lambda o: _count_set(o, *_QUANTITY_FIELDS) in (0, 4),
+        ),
+        CelRule(
+            rule="!has(self.cpuRequest) || !has(self.cpuLimit) || !has(self.memoryRequest) ||"
+            " !has(self.memoryLimit)"
+            " || (quantity(string(self.cpuRequest)).isGreaterThan(quantity('0')) &&"
+            " quantity(string(self.memoryRequest)).isGreaterThan(quantity('0'))"
+            " && quantity(string(self.cpuLimit)).compareTo(quantity(string(self.cpuRequest))) >= 0"
+            " && quantity(string(self.memoryLimit)).compareTo(quantity(string(self.memoryRequest))) >= 0)",
+            message="requests must be positive and each limit must be greater than or equal to its request",
+            check=_resources_ok,
+        ),
+    )
+
+    cpu_request: Quantity | None = _text("CPU request of the package containers, e.g. 500m.")
+    cpu_limit: Quantity | None = _text("CPU limit, >= cpuRequest.")
+    memory_request: Quantity | None = _text("Memory request, e.g. 256Mi.")
+    memory_limit: Quantity | None = _text("Memory limit, >= memoryRequest.")
 
 
 class Uninstall(_Model):
-    enabled: bool = False
-    apply: bool = False
+    """Explicit uninstall of a package from every node (the package must ship uninstall steps)."""
+
+    cel_rules = (
+        CelRule(
+            rule="!self.apply || self.enabled",
+            message="uninstall.apply requires uninstall.enabled: set enabled to true or apply to false",
+            check=lambda o: (not o.get("apply", False)) or o.get("enabled", False),
+            field_path=".apply",
+        ),
+    )
+
+    enabled: bool = _text(
+        "The package supports uninstall. Removing or downgrading such a package is refused until its"
+        " uninstall has completed on every node.",
+        default=False,
+    )
+    apply: bool = _text("Uninstall the package from all nodes now. Requires enabled.", default=False)
+
+
+class DrainPolicy(StrEnum):
+    WAIT = "wait"
+    SKIP = "skip"
+    FORCE = "force"
+
+
+class Drain(_Model):
+    """How nodes are drained before an interrupt."""
+
+    timeout: Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)] = _text(
+        "How long to wait for evicted pods to terminate (Go duration, e.g. 10m).", default="10m"
+    )
+    policy: DrainPolicy = _text(
+        "What to do when the timeout expires: wait (keep the node cordoned and keep waiting), skip (interrupt"
+        " without waiting further) or force (delete the remaining pods, then interrupt).",
+        default=DrainPolicy.WAIT,
+        strict=False,
+    )
+
+
+class InterruptWait(_Model):
+    """How long to wait for pods matching podNonInterruptLabels to finish before an interrupt."""
+
+    timeout: Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)] | None = _text(
+        "Maximum wait (Go duration); unset waits indefinitely, like the reference system."
+    )
+    action: Literal["fail", "proceed"] = _text(
+        "On timeout: fail (mark the node erroring and keep it cordoned) or proceed (interrupt anyway).",
+        default="fail",
+    )
+
+
+_NAME_RULE = CelRule(
+    rule=f"self.matches('{PACKAGE_NAME_PATTERN}')",
+    message=f"must match {PACKAGE_NAME_PATTERN}",
+    check=lambda v: re.match(PACKAGE_NAME_PATTERN, v) is not None,
+)
 
 
 class Package(_Model):
-    name: str | None = None
-    version: str
-    image: str
-    container_sha: str | None = Field(default=None, alias="containerSHA")
-    agent_image_override: str | None = None
-    interrupt: Interrupt | None = None
-    depends_on: dict[str, str] | None = None
-    config_interrupts: dict[str, Interrupt] | None = None
-    config_map: dict[str, str] | None = None
-    env: list[EnvVar] | None = None
-    resources: Resources | None = None
-    graceful_shutdown: str | None = None
-    uninstall: Uninstall | None = None
+    """A package installed on every selected node: an image with lifecycle steps, run by the agent."""
+
+    cel_rules = (
+        CelRule(
+            rule="!has(self.containerSHA) || !self.image.contains('@')",
+            message="set the digest either in image (@sha256:...) or in containerSHA, not both",
+            check=lambda o: "containerSHA" not in o or "@" not in o["image"],
+            field_path=".containerSHA",
+        ),
+    )
+
+    name: (
+        Annotated[str, Field(pattern=PACKAGE_NAME_PATTERN, max_length=constants.MAX_PACKAGE_NAME_LENGTH)]
+        | None
+    ) = _text("Package name; defaults to (and must equal) the key in spec.packages.")
+    version: Annotated[str, Field(pattern=SEMVER_PATTERN, min_length=1, max_length=LABEL_VALUE_MAX)] = _req(
+        "Semantic version of the package (1.2.3, 1.2, 1.2.3-rc1; no leading v). Used as the image tag"
+        " unless image carries a tag or digest, and compared to decide upgrade or downgrade."
+    )
+    image: Annotated[str, Field(min_length=1, max_length=IMAGE_MAX)] = _req(
+        "Image repository of the package, e.g. ghcr.io/org/pkg or registry:5000/pkg. The version is used"
+        " as the tag; a tag in image must equal the version."
+    )
+    container_sha: Annotated[str, Field(pattern=SHA256_DIGEST_PATTERN, max_length=71)] | None = _text(
+        "Digest (sha256:...) to pull instead of the version tag.", default=None, alias="containerSHA"
+    )
+    agent_image_override: Annotated[str, Field(min_length=1, max_length=IMAGE_MAX)] | None = _text(
+        "Full image reference of the agent for this package, overriding the operator's agent image."
+    )
+    interrupt: Interrupt | None = _text("Interrupt needed after apply (none when unset).")
+    depends_on: Annotated[
+        dict[str, Annotated[str, Field(pattern=SEMVER_PATTERN, max_length=LABEL_VALUE_MAX)]] | None,
+        CelRule(
+            rule=f"self.all(k, k.matches('{PACKAGE_NAME_PATTERN}'))",
+            message=f"dependency names must match {PACKAGE_NAME_PATTERN}",
+            check=lambda m: all(re.match(PACKAGE_NAME_PATTERN, k) for k in m),
+        ),
+    ] = _text(
+        "Packages (name: exact version) that must be complete on the node before this one starts.",
+        max_length=MAX_DEPENDS_ON,
+    )
+    config_interrupts: dict[str, Interrupt] | None = _text(
+        "Interrupt to run when a configMap key changes; keys are configMap keys or globs (*, ?, [..]).",
+        max_length=MAX_CONFIG_KEYS,
+    )
+    config_map: dict[str, Annotated[str, Field(max_length=CONFIG_VALUE_MAX)]] | None = _text(
+        "Files mounted into the package pod; changing a value runs the config stage.",
+        max_length=MAX_CONFIG_KEYS,
+    )
+    env: list[EnvVar] | None = _text(
+        "Environment of the package containers.",
+        max_length=MAX_ENV,
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},
+    )
+    resources: Resources | None = _text("CPU and memory of the package containers (all four or none).")
+    graceful_shutdown: Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)] | None = _text(
+        "Grace period of the package pod on termination (Go duration, e.g. 30s)."
+    )
+    uninstall: Uninstall | None = _text("Explicit uninstall support and trigger.")
+    max_attempts: Annotated[int, Field(ge=1, le=100)] = _text(
+        "How many times a failing stage is retried on a node before the node is marked erroring.", default=3
+    )
+    stage_timeout: Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)] = _text(
+        "Maximum duration of one stage (Go duration); a stage running longer counts as a failed attempt.",
+        default="30m",
+    )
 
 
 class Budget(_Model):
-    percent: Annotated[int, Field(ge=0, le=100)] | None = None
-    count: Annotated[int, Field(ge=0)] | None = None
+    """Legacy interruption budget: how many nodes may be disrupted at once. At most one of percent, count."""
+
+    cel_rules = (
+        CelRule(
+            rule="!(has(self.percent) && has(self.count))",
+            message="set at most one of percent or count",
+            check=lambda o: _count_set(o, "percent", "count") <= 1,
+        ),
+    )
+
+    percent: Annotated[int, Field(ge=0, le=100)] | None = _text("Percent of the selected nodes (0..100).")
+    count: Annotated[int, Field(ge=0)] | None = _text("Absolute number of nodes (0 behaves like 1).")
 
 
 class Sequencing(StrEnum):
@@ -122,22 +490,95 @@ class Sequencing(StrEnum):
 
 
 class DeploymentPolicyOptions(_Model):
-    reset_batch_state_on_completion: bool | None = None
+    """Per-NodeWright overrides of the referenced DeploymentPolicy."""
+
+    reset_batch_state_on_completion: bool | None = _text(
+        "Reset the batch state when the rollout completes or a package version changes; overrides the"
+        " policy's resetBatchStateOnCompletion.",
+        default=True,
+    )
+
+
+def _packages_names_ok(m: dict[str, Any]) -> bool:
+    return all(re.match(PACKAGE_NAME_PATTERN, k) and m[k].get("name", k) == k for k in m)
 
 
 class NodeWrightSpec(_Model):
-    node_selectors: LabelSelector | None = None
-    packages: dict[str, Package] = Field(default_factory=dict)
-    pod_non_interrupt_labels: LabelSelector | None = None
-    interruption_budget: Budget | None = None
-    deployment_policy: str | None = None
-    deployment_policy_options: DeploymentPolicyOptions | None = None
-    additional_tolerations: list[Toleration] | None = None
-    runtime_required: bool = False
-    auto_taint_new_nodes: bool = False
-    priority: Annotated[int, Field(ge=1)] = constants.DEFAULT_PRIORITY
-    sequencing: Sequencing = Sequencing.NODE
-    serial: bool = False
+    """Desired state: which nodes, which packages, and how fast to roll them out."""
+
+    cel_rules = (
+        CelRule(
+            rule="!(has(self.deploymentPolicy) && size(self.deploymentPolicy) > 0 &&"
+            " has(self.interruptionBudget)"
+            " && (has(self.interruptionBudget.percent) || has(self.interruptionBudget.count)))",
+            message="deploymentPolicy and interruptionBudget are mutually exclusive: put the budget in"
+            " the policy",
+            check=lambda o: (
+                not (
+                    o.get("deploymentPolicy")
+                    and _count_set(o.get("interruptionBudget", {}), "percent", "count")
+                )
+            ),
+            field_path=".interruptionBudget",
+        ),
+    )
+
+    node_selectors: LabelSelector | None = _text(
+        "Nodes this NodeWright applies to; unset or empty selects all nodes."
+    )
+    packages: Annotated[
+        dict[str, Package],
+        CelRule(
+            rule=f"self.all(k, k.matches('{PACKAGE_NAME_PATTERN}') && (!has(self[k].name) ||"
+            f" self[k].name == k))",
+            message=f"package keys must match {PACKAGE_NAME_PATTERN} and equal the package's name",
+            check=_packages_names_ok,
+        ),
+    ] = _text(
+        "Packages by name. dependsOn between them forms a DAG; independent packages run in parallel.",
+        default_factory=dict,
+        max_length=MAX_PACKAGES,
+    )
+    pod_non_interrupt_labels: LabelSelector | None = _text(
+        "Pods matching this selector on a node (Running or Pending) block its interrupt until they finish;"
+        " empty disables the check."
+    )
+    interruption_budget: Budget | None = _text(
+        "Legacy budget when no deploymentPolicy is used; neither set means all nodes at once."
+    )
+    deployment_policy: Annotated[str, Field(max_length=SHORT_STRING)] | None = _text(
+        "Name of the DeploymentPolicy that controls batches and budgets; exclusive with interruptionBudget."
+    )
+    deployment_policy_options: DeploymentPolicyOptions | None = _text(
+        "Overrides of the policy for this object."
+    )
+    additional_tolerations: list[Toleration] | None = _text(
+        "Tolerations added to package pods; also decide which tainted nodes are eligible.",
+        max_length=MAX_TOLERATIONS,
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},
+    )
+    runtime_required: bool = _text(
+        "Nodes keep the runtime-required taint until this NodeWright is complete on them.", default=False
+    )
+    auto_taint_new_nodes: bool = _text(
+        "With runtimeRequired: taint matching nodes that were never handled by NodeWright.", default=False
+    )
+    priority: Annotated[int, Field(ge=1)] = _text(
+        "Order between NodeWrights: lower runs first, ties by name.", default=constants.DEFAULT_PRIORITY
+    )
+    sequencing: Sequencing = _text(
+        "How this NodeWright gates higher priority numbers: node (per node) or all (every node first).",
+        default=Sequencing.NODE,
+        strict=False,
+    )
+    serial: bool = _text("Start at most one package at a time.", default=False)
+    drain: Drain | None = _text("Drain behaviour before interrupts; defaults apply when unset.")
+    interrupt_wait: InterruptWait | None = _text(
+        "Bound on waiting for podNonInterruptLabels pods before an interrupt; unset waits indefinitely."
+    )
+
+    def effective_drain(self) -> Drain:
+        return self.drain or Drain()
 
 
 class Status(StrEnum):
@@ -156,43 +597,66 @@ class Status(StrEnum):
 class Condition(_Model):
     """metav1.Condition."""
 
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str = ""
-    last_transition_time: str
-    observed_generation: int | None = None
+    type: Annotated[str, Field(min_length=1, max_length=316)] = _req(
+        "Condition type, CamelCase: Ready, Reconciling, Stalled or a domain condition."
+    )
+    status: Literal["True", "False", "Unknown"] = _req("True, False or Unknown.")
+    reason: Annotated[str, Field(min_length=1, max_length=1024)] = _req(
+        "One CamelCase word for machines and one-line displays."
+    )
+    message: Annotated[str, Field(max_length=32768)] = _text("Human-readable detail.", default="")
+    last_transition_time: str = _req(
+        "When status last changed (RFC 3339).", json_schema_extra={"format": "date-time"}
+    )
+    observed_generation: Annotated[int, Field(ge=0)] | None = _text(
+        "metadata.generation the condition was computed from."
+    )
 
 
 class BatchState(_Model):
-    current_batch: int = 1
-    consecutive_failures: int = 0
-    completed_nodes: int = 0
-    failed_nodes: int = 0
-    should_stop: bool = False
-    last_batch_size: int = 0
-    last_batch_failed: bool = False
+    """Progress of the batches of one compartment."""
+
+    current_batch: int = _text("Number of the current batch, from 1.", default=1)
+    consecutive_failures: int = _text("Failed batches in a row.", default=0)
+    completed_nodes: int = _text("Nodes completed in this rollout.", default=0)
+    failed_nodes: int = _text("Nodes failed in this rollout.", default=0)
+    should_stop: bool = _text("The rollout stopped after too many failed batches.", default=False)
+    last_batch_size: int = _text("Size of the last batch.", default=0)
+    last_batch_failed: bool = _text("The last batch missed the batchThreshold.", default=False)
 
 
 class CompartmentStatus(_Model):
-    matched: int = 0
-    ceiling: int = 0
-    in_progress: int = 0
-    completed: int = 0
-    progress_percent: int = 0
-    batch_state: BatchState | None = None
+    """Rollout progress of one compartment (`__default__` for nodes matching no compartment)."""
+
+    matched: int = _text("Nodes in the compartment.", default=0)
+    ceiling: int = _text("Budget ceiling: nodes that may be in progress at once.", default=0)
+    in_progress: int = _text("Nodes in progress.", default=0)
+    completed: int = _text("Nodes complete.", default=0)
+    progress_percent: int = _text("completed / matched in percent.", default=0)
+    batch_state: BatchState | None = _text("Batch progress.")
 
 
 class NodeWrightStatus(_Model):
-    observed_generation: int | None = None
-    status: Status | None = None
-    conditions: list[Condition] | None = None
-    compartment_statuses: dict[str, CompartmentStatus] | None = None
-    nodes_in_progress: int = 0
-    nodes_erroring: int = 0
-    complete_nodes: str = "0/0"
-    package_list: str = ""
-    node_counts: dict[str, int] | None = None
+    """Observed state, aggregated over the selected nodes (per-node detail lives on the nodes)."""
+
+    observed_generation: int | None = _text("metadata.generation the status was computed from.")
+    status: Status | None = _text(
+        "Roll-up: unknown, complete, blocked, waiting, disabled, paused, in_progress or erroring.",
+        strict=False,
+    )
+    conditions: list[Condition] | None = _text(
+        "Ready, Reconciling, Stalled (kstatus) and domain conditions.",
+        max_length=MAX_CONDITIONS,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    compartment_statuses: dict[str, CompartmentStatus] | None = _text(
+        "Progress per compartment.", max_length=MAX_COMPARTMENTS + 1
+    )
+    nodes_in_progress: int = _text("Nodes in progress or erroring.", default=0)
+    nodes_erroring: int = _text("Nodes erroring.", default=0)
+    complete_nodes: str = _text("complete/total nodes.", default="0/0")
+    package_list: str = _text("Sorted name:version list of the packages.", default="")
+    node_counts: dict[str, int] | None = _text("Number of nodes per status.", max_length=16)
 
 
 class ObjectMeta(_Model):
@@ -208,11 +672,23 @@ class ObjectMeta(_Model):
 
 
 class NodeWright(_Model):
+    """A set of packages to install, upgrade or uninstall on the host OS of the selected nodes."""
+
+    cel_rules = (
+        CelRule(
+            rule=f"self.metadata.name.size() <= {constants.MAX_NODEWRIGHT_NAME_LENGTH}",
+            message=f"metadata.name must be at most {constants.MAX_NODEWRIGHT_NAME_LENGTH} characters so"
+            f" the node"
+            " label nodewright.io/status.<name> fits the 63-character label name limit",
+            check=lambda o: len(o["metadata"]["name"]) <= constants.MAX_NODEWRIGHT_NAME_LENGTH,
+        ),
+    )
+
     api_version: str = constants.API_VERSION
     kind: Literal["NodeWright"] = "NodeWright"
     metadata: ObjectMeta
-    spec: NodeWrightSpec
-    status: NodeWrightStatus | None = None
+    spec: NodeWrightSpec = _req("Desired state.")
+    status: NodeWrightStatus | None = _text("Observed state.")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -220,55 +696,139 @@ class NodeWright(_Model):
 
 
 class FixedStrategy(_Model):
-    initial_batch: Annotated[int, Field(ge=1)] = 1
-    batch_threshold: Annotated[int, Field(ge=1, le=100)] = 100
-    failure_threshold: Annotated[int, Field(ge=1)] | None = None
-    safety_limit: Annotated[int, Field(ge=1, le=100)] = 50
+    """Constant batch size: initialBatch nodes per batch."""
+
+    initial_batch: Annotated[int, Field(ge=1)] = _text("Nodes in the first batch.", default=1)
+    batch_threshold: Annotated[int, Field(ge=1, le=100)] = _text(
+        "Percent of a batch that must succeed for the batch to count as successful.", default=100
+    )
+    failure_threshold: Annotated[int, Field(ge=1)] | None = _text(
+        "Stop the rollout after this many failed batches in a row; unset never stops."
+    )
+    safety_limit: Annotated[int, Field(ge=1, le=100)] = _text(
+        "Progress (percent of nodes) below which a failed batch also stops growth.", default=50
+    )
 
 
 class LinearStrategy(FixedStrategy):
-    delta: Annotated[int, Field(ge=1)] = 1
+    """Batch size grows by delta after each successful batch."""
+
+    delta: Annotated[int, Field(ge=1)] = _text("Nodes added to each following batch.", default=1)
 
 
 class ExponentialStrategy(FixedStrategy):
-    growth_factor: Annotated[int, Field(ge=2)] = 2
+    """Batch size is multiplied by growthFactor after each successful batch."""
+
+    growth_factor: Annotated[int, Field(ge=2)] = _text("Multiplier of the batch size.", default=2)
+
+
+_STRATEGY_KEYS = ("fixed", "linear", "exponential")
 
 
 class Strategy(_Model):
     """Exactly one of fixed, linear, exponential."""
 
-    fixed: FixedStrategy | None = None
-    linear: LinearStrategy | None = None
-    exponential: ExponentialStrategy | None = None
+    cel_rules = (
+        CelRule(
+            rule="(has(self.fixed) ? 1 : 0) + (has(self.linear) ? 1 : 0) + (has(self.exponential) ? 1 :"
+            " 0) == 1",
+            message="set exactly one of fixed, linear or exponential",
+            check=lambda o: _count_set(o, *_STRATEGY_KEYS) == 1,
+        ),
+    )
+
+    fixed: FixedStrategy | None = _text("Constant batches.")
+    linear: LinearStrategy | None = _text("Batches growing by delta.")
+    exponential: ExponentialStrategy | None = _text("Batches growing by growthFactor.")
+
+    def kind(self) -> str:
+        return next((k for k in _STRATEGY_KEYS if getattr(self, k) is not None), "unknown")
 
 
 class PolicyBudget(_Model):
     """Exactly one of percent (1..100) or count (>= 1)."""
 
-    percent: Annotated[int, Field(ge=1, le=100)] | None = None
-    count: Annotated[int, Field(ge=1)] | None = None
+    cel_rules = (
+        CelRule(
+            rule="has(self.percent) != has(self.count)",
+            message="set exactly one of percent or count",
+            check=lambda o: _count_set(o, "percent", "count") == 1,
+        ),
+    )
+
+    percent: Annotated[int, Field(ge=1, le=100)] | None = _text("Percent of the compartment's nodes.")
+    count: Annotated[int, Field(ge=1)] | None = _text("Absolute number of nodes.")
 
 
 class PolicyDefault(_Model):
-    budget: PolicyBudget
-    strategy: Strategy
+    """Budget and strategy of nodes that match no compartment."""
+
+    budget: PolicyBudget = _req("Ceiling of nodes in progress at once.")
+    strategy: Strategy = _req("How batches grow.")
 
 
 class Compartment(_Model):
-    name: Annotated[str, Field(min_length=1)]
-    selector: LabelSelector
-    budget: PolicyBudget
-    strategy: Strategy | None = None
+    """A group of nodes (by label selector) with its own budget and strategy."""
+
+    name: Annotated[
+        str,
+        Field(min_length=1, max_length=LABEL_VALUE_MAX),
+        CelRule(
+            rule=f"self != '{constants.DEFAULT_COMPARTMENT}'",
+            message=f"{constants.DEFAULT_COMPARTMENT} is reserved for nodes matching no compartment",
+            check=lambda v: v != constants.DEFAULT_COMPARTMENT,
+        ),
+    ] = _req("Unique name of the compartment.")
+    selector: LabelSelector = _req("Nodes in this compartment.")
+    budget: PolicyBudget = _req("Ceiling of nodes in progress at once.")
+    strategy: Strategy | None = _text("How batches grow; unset means batches of the budget ceiling.")
+
+
+def _unique_names(items: list[dict[str, Any]]) -> bool:
+    names = [c["name"] for c in items]
+    return len(names) == len(set(names))
 
 
 class DeploymentPolicySpec(_Model):
-    default: PolicyDefault
-    compartments: list[Compartment] | None = None
-    reset_batch_state_on_completion: bool = True
+    """How NodeWrights referencing this policy roll out: per compartment, budgets and batch strategies."""
+
+    default: PolicyDefault = _req("Budget and strategy for nodes matching no compartment.")
+    compartments: Annotated[
+        list[Compartment] | None,
+        # Uniqueness is enforced by the API server through the list-map key; the predicate mirrors it.
+        CelRule(rule="", message="compartment names must be unique", check=_unique_names),
+    ] = _text(
+        "Compartments, matched against node labels; a node in several gets the safest.",
+        max_length=MAX_COMPARTMENTS,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    reset_batch_state_on_completion: bool = _text(
+        "Reset batch state when a rollout completes or a package version changes.", default=True
+    )
+
+
+class DeploymentPolicyStatus(_Model):
+    """Summary for `kubectl get dp`, written by the operator."""
+
+    observed_generation: int | None = _text("metadata.generation the status was computed from.")
+    default_strategy: str | None = _text("Strategy of the default compartment: fixed, linear or exponential.")
+    compartment_count: int | None = _text("Number of compartments besides the default.")
+
+
+def policy_status(policy: DeploymentPolicy) -> DeploymentPolicyStatus:
+    """The status the operator writes for a policy (pure: a function of the spec)."""
+    return DeploymentPolicyStatus(
+        observed_generation=policy.metadata.generation,
+        default_strategy=policy.spec.default.strategy.kind(),
+        compartment_count=len(policy.spec.compartments or []),
+    )
 
 
 class DeploymentPolicy(_Model):
+    """Rollout rules (compartments, budgets, batch strategies) shared by NodeWrights."""
+
     api_version: str = constants.API_VERSION
     kind: Literal["DeploymentPolicy"] = "DeploymentPolicy"
     metadata: ObjectMeta
-    spec: DeploymentPolicySpec
+    spec: DeploymentPolicySpec = _req("Desired rollout rules.")
+    status: DeploymentPolicyStatus | None = _text("Summary written by the operator.")

@@ -1,0 +1,134 @@
+"""Validating and mutating webhook configurations: service-based (Helm chart) or URL-based (local e2e).
+
+Choices (see docs/webhook.md):
+- Validating: `failurePolicy: Fail`, `timeoutSeconds: 10`. Only our two kinds are intercepted, so an
+  outage blocks writes to NodeWright/DeploymentPolicy objects only, never pods or nodes; and it is what
+  makes DELETE protection of policies meaningful. Deleting the configuration is the documented escape.
+- Mutating: `failurePolicy: Ignore`, `timeoutSeconds: 5`. The CRD schema defaults everything important,
+  so a missed mutation only leaves `packages.*.name` unset (the operator treats the key as the name).
+- `sideEffects: None`, `matchPolicy: Equivalent`, `reinvocationPolicy: Never`.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from nodewright.api import constants
+from nodewright.webhook.server import PATHS
+
+VALIDATING_NAME = "nodewright-validating"
+MUTATING_NAME = "nodewright-mutating"
+VALIDATING_TIMEOUT_S = 10
+MUTATING_TIMEOUT_S = 5
+
+
+def _rule(plural: str, operations: list[str]) -> dict[str, Any]:
+    return {
+        "apiGroups": [constants.GROUP],
+        "apiVersions": [constants.VERSION],
+        "resources": [plural],
+        "operations": operations,
+        "scope": "Cluster",
+    }
+
+
+def _hooks(client_config: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    common = {"admissionReviewVersions": ["v1"], "sideEffects": "None", "matchPolicy": "Equivalent"}
+    validating = [
+        {
+            "name": "nodewrights.validate.nodewright.io",
+            "clientConfig": client_config("validate-nodewright"),
+            "rules": [_rule(constants.PLURAL_NODEWRIGHT, ["CREATE", "UPDATE"])],
+            "failurePolicy": "Fail",
+            "timeoutSeconds": VALIDATING_TIMEOUT_S,
+            **common,
+        },
+        {
+            "name": "deploymentpolicies.validate.nodewright.io",
+            "clientConfig": client_config("validate-deploymentpolicy"),
+            "rules": [_rule(constants.PLURAL_POLICY, ["CREATE", "UPDATE", "DELETE"])],
+            "failurePolicy": "Fail",
+            "timeoutSeconds": VALIDATING_TIMEOUT_S,
+            **common,
+        },
+    ]
+    mutating = [
+        {
+            "name": "nodewrights.mutate.nodewright.io",
+            "clientConfig": client_config("mutate-nodewright"),
+            "rules": [_rule(constants.PLURAL_NODEWRIGHT, ["CREATE", "UPDATE"])],
+            "failurePolicy": "Ignore",
+            "timeoutSeconds": MUTATING_TIMEOUT_S,
+            "reinvocationPolicy": "Never",
+            **common,
+        },
+        {
+            "name": "deploymentpolicies.mutate.nodewright.io",
+            "clientConfig": client_config("mutate-deploymentpolicy"),
+            "rules": [_rule(constants.PLURAL_POLICY, ["CREATE", "UPDATE"])],
+            "failurePolicy": "Ignore",
+            "timeoutSeconds": MUTATING_TIMEOUT_S,
+            "reinvocationPolicy": "Never",
+            **common,
+        },
+    ]
+    return validating, mutating
+
+
+def _wrap(
+    validating: list[dict[str, Any]], mutating: list[dict[str, Any]], suffix: str
+) -> list[dict[str, Any]]:
+    labels = {"app.kubernetes.io/name": "nodewright", "app.kubernetes.io/component": "webhook"}
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": VALIDATING_NAME + suffix, "labels": labels},
+            "webhooks": validating,
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": MUTATING_NAME + suffix, "labels": labels},
+            "webhooks": mutating,
+        },
+    ]
+
+
+def url_configurations(base_url: str, ca_bundle: bytes, *, suffix: str = "") -> list[dict[str, Any]]:
+    """Configurations calling `base_url` (e.g. https://127.0.0.1:9443) directly: for a local control plane."""
+    encoded = base64.b64encode(ca_bundle).decode()
+
+    def client_config(key: str) -> dict[str, Any]:
+        return {"url": base_url.rstrip("/") + PATHS[key], "caBundle": encoded}
+
+    return _wrap(*_hooks(client_config), suffix)
+
+
+def service_configurations(
+    service: str, namespace: str, *, port: int = 443, ca_bundle: bytes | None = None
+) -> list[dict[str, Any]]:
+    """Configurations calling the in-cluster Service; the operator fills caBundle (certs.CertManager)."""
+
+    def client_config(key: str) -> dict[str, Any]:
+        cfg: dict[str, Any] = {
+            "service": {"name": service, "namespace": namespace, "path": PATHS[key], "port": port}
+        }
+        if ca_bundle:
+            cfg["caBundle"] = base64.b64encode(ca_bundle).decode()
+        return cfg
+
+    return _wrap(*_hooks(client_config), "")
+
+
+if __name__ == "__main__":
+    import sys
+
+    import yaml
+
+    docs = service_configurations("nodewright-webhook", "nodewright-system")
+    sys.stdout.write(
+        "# Generated by `python -m nodewright.webhook.configs`. caBundle is filled by the operator.\n"
+        + "---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs)
+    )

@@ -1,0 +1,132 @@
+"""Cluster lookups of the admission webhook, over the Kubernetes API (kubernetes_asyncio).
+
+Every request carries `_request_timeout` well below the webhook's `timeoutSeconds` (10 s), so a slow API
+server turns into a clear lookup failure instead of the API server timing the webhook out.
+
+Package presence reads the per-NodeWright node-state annotation (`nodewright.io/state.<name>`) of the
+nodes labelled `nodewright.io/status.<name>`. The annotation is JSON; a package counts as present when
+any entry names it (an entry keyed `<package>|<version>`, or an object whose `name` is the package) and
+is not recorded as uninstalled. Decoding is injectable so the node-state codec can be plugged in.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from nodewright.api import constants
+from nodewright.webhook.server import LookupError_
+
+REQUEST_TIMEOUT_S = 5.0
+
+
+def packages_in_state(annotation: str) -> set[str]:
+    """Names of the packages recorded in a node-state annotation (not those recorded as uninstalled)."""
+    try:
+        data = json.loads(annotation)
+    except json.JSONDecodeError:
+        return set()
+    found: set[str] = set()
+
+    def walk(node: Any, key: str | None) -> None:
+        if isinstance(node, dict):
+            name = node.get("name")
+            state = str(node.get("state", "")) + str(node.get("stage", ""))
+            if isinstance(name, str) and "uninstalled" not in state:
+                found.add(name)
+            elif key and "|" in key and "uninstalled" not in state:
+                found.add(key.split("|", 1)[0])
+            for k, v in node.items():
+                walk(v, str(k))
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, None)
+
+    walk(data, None)
+    return found
+
+
+class KubeFacts:
+    """`AdmissionFacts` over a kubernetes_asyncio ApiClient."""
+
+    def __init__(
+        self, api_client: Any, *, decode: Callable[[str], Iterable[str]] = packages_in_state
+    ) -> None:
+        from kubernetes_asyncio import client
+
+        self._custom = client.CustomObjectsApi(api_client)
+        self._core = client.CoreV1Api(api_client)
+        self._decode = decode
+
+    async def policy_exists(self, name: str) -> bool:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            await self._custom.get_cluster_custom_object(
+                constants.GROUP,
+                constants.VERSION,
+                constants.PLURAL_POLICY,
+                name,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise LookupError_(f"GET deploymentpolicy {name}: HTTP {exc.status}") from exc
+        except TimeoutError as exc:
+            raise LookupError_(f"GET deploymentpolicy {name}: timeout") from exc
+        return True
+
+    async def nodewrights_using_policy(self, name: str) -> list[str]:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        users: list[str] = []
+        token: str | None = None
+        try:
+            while True:
+                page = await self._custom.list_cluster_custom_object(
+                    constants.GROUP,
+                    constants.VERSION,
+                    constants.PLURAL_NODEWRIGHT,
+                    limit=500,
+                    _continue=token or "",
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                )
+                users.extend(
+                    item["metadata"]["name"]
+                    for item in page.get("items", [])
+                    if (item.get("spec") or {}).get("deploymentPolicy") == name
+                )
+                token = (page.get("metadata") or {}).get("continue")
+                if not token:
+                    return users
+        except ApiException as exc:
+            raise LookupError_(f"LIST nodewrights: HTTP {exc.status}") from exc
+        except TimeoutError as exc:
+            raise LookupError_("LIST nodewrights: timeout") from exc
+
+    async def package_present(self, nodewright: str, package: str) -> bool:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        key = constants.state_annotation(nodewright)
+        token: str | None = None
+        try:
+            while True:
+                page = await self._core.list_node(
+                    label_selector=constants.status_label(nodewright),
+                    limit=500,
+                    _continue=token or "",
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                )
+                for node in page.items:
+                    annotation = (node.metadata.annotations or {}).get(key)
+                    if annotation and package in set(self._decode(annotation)):
+                        return True
+                token = page.metadata._continue
+                if not token:
+                    return False
+        except ApiException as exc:
+            raise LookupError_(f"LIST nodes: HTTP {exc.status}") from exc
+        except TimeoutError as exc:
+            raise LookupError_("LIST nodes: timeout") from exc
