@@ -25,6 +25,7 @@ controlplane: ## build kube-apiserver, kube-controller-manager, kubectl, etcd, k
 .PHONY: generate
 generate: venv ## regenerate CRD YAML (manifests/crds, helm) from the pydantic models
 	$(PY) -m nodewright.api.crdgen --write
+	$(PY) -m nodewright.webhook.configs > manifests/webhook/webhook-configurations.yaml
 
 .PHONY: lint
 lint: venv ## ruff, mypy --strict, import-linter
@@ -32,6 +33,7 @@ lint: venv ## ruff, mypy --strict, import-linter
 	$(VENV)/bin/ruff format --check nodewright tests e2e benchmarks
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(PY) -m nodewright.api.crdgen --check
 
 .PHONY: unit
 unit: venv ## unit and property tests (no cluster)

@@ -4,4 +4,6 @@ from __future__ import annotations
 
 from types import ModuleType
 
-MODULES: tuple[ModuleType, ...] = ()
+from nodewright.cli import webhook_cmd
+
+MODULES: tuple[ModuleType, ...] = (webhook_cmd,)
