@@ -1,0 +1,553 @@
+"""A real local Kubernetes control plane as plain processes: etcd, kube-apiserver, kube-controller-manager,
+kwok and the project's rebooter, all on free loopback ports.
+
+What each piece contributes, and why the flags are what they are:
+
+- etcd (single member, `--unsafe-no-fsync`: the data is thrown away after the run).
+- kube-apiserver with client-certificate authentication and RBAC. The `ServiceAccount` admission plugin is
+  off so pods can be created before (or without) a `default` ServiceAccount, and `TaintNodesByCondition`
+  is off because no node-lifecycle controller would ever remove the `not-ready` taint it adds to new
+  nodes. The advertise address is loopback, which kube-apiserver only accepts with
+  `--endpoint-reconciler-type=none` (the in-cluster `kubernetes` Service is useless out of cluster).
+- kube-controller-manager running only the controllers the project relies on: the disruption controller
+  (without it a new PodDisruptionBudget never gets `status.observedGeneration`, and every eviction of a
+  covered running pod is answered 429 forever), the garbage collector (ownerReference cascades), the
+  namespace controller (finishes namespace deletion) and the service-account controller. The
+  node-lifecycle controller is deliberately absent: simulated nodes post no heartbeats.
+- kwok, managing nodes annotated `kwok.x-k8s.io/node=fake` with the project's stages
+  (`nodewright/sim/data/kwok_stages.yaml`) and no node leases (`--node-lease-duration-seconds=0`, so
+  thousands of nodes cost no periodic writes).
+- the rebooter (`nodewright.sim.rebooter`), for what kwok's stages cannot express: a reboot that takes
+  the node NotReady and brings it back with a new `status.nodeInfo.bootID`.
+
+Every process runs in its own session (process group), its PID and kernel start time are recorded in
+`<dir>/state.json` and its output goes to `<dir>/logs/<name>.log`. Stopping kills exactly the recorded
+process groups, after checking that the PID still belongs to the process we started (the kernel start
+time must match), so a recycled PID is never signalled. A component that exits while we wait for it to
+become healthy is reported with the tail of its log instead of a timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nodewright.sim import binaries, pki
+
+NAMESPACE = "nodewright-system"
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kwok", "rebooter")
+STATE_FILE = "state.json"
+_STATE_VERSION = 1
+# Seconds between SIGTERM and SIGKILL. kube-apiserver's graceful shutdown waits up to 60 s for open
+# watches to end (measured), which buys nothing here (every accepted write is already in etcd), so it
+# gets a short grace; etcd stops at once unless clients are still connected.
+_STOP_GRACE_S = {"kube-apiserver": 2.0, "etcd": 5.0}
+_DEFAULT_STOP_GRACE_S = 10.0
+_START_TIMEOUTS = {
+    "etcd": 30.0,
+    "kube-apiserver": 120.0,
+    "kube-controller-manager": 60.0,
+    "kwok": 60.0,
+    "rebooter": 30.0,
+}
+
+
+class ControlPlaneError(RuntimeError):
+    """A component failed to start, died, or the state directory is unusable."""
+
+
+def free_port() -> int:
+    """A currently free TCP port on 127.0.0.1 (the kernel picks it; racing users are unlikely)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _proc_start_ticks(pid: int) -> int | None:
+    """Kernel start time of `pid` in clock ticks (field 22 of /proc/<pid>/stat), None if gone/zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after its closing paren.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):  # zombie or dead: nothing to signal
+        return None
+    return int(fields[19])
+
+
+def process_running(pid: int, start_ticks: int | None = None) -> bool:
+    """True if `pid` exists and is not a zombie (and, if given, started at `start_ticks`)."""
+    ticks = _proc_start_ticks(pid)
+    return ticks is not None and (start_ticks is None or ticks == start_ticks)
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            text = fh.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class ComponentState:
+    """What is recorded for one component: enough to restart it identically and to stop exactly it."""
+
+    argv: list[str]
+    log: str
+    pid: int | None = None
+    start_ticks: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def alive(self) -> bool:
+        return self.pid is not None and _proc_start_ticks(self.pid) == self.start_ticks
+
+
+@dataclass
+class ControlPlane:
+    """One local control plane rooted at `dir`. Create with `ControlPlane.create()` or `.load()`."""
+
+    dir: Path
+    bin_dir: Path
+    ports: dict[str, int]
+    components: dict[str, ComponentState]
+    namespace: str = NAMESPACE
+    _children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------------ paths and addresses
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "admin.kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['kube-apiserver']}"
+
+    @property
+    def pki(self) -> pki.Pki:
+        return pki.Pki(self.dir / "pki")
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['etcd']}"
+
+    # ------------------------------------------------------------------ creation and persistence
+    @classmethod
+    def create(cls, directory: Path, *, bins: binaries.ControlPlaneBinaries | None = None) -> ControlPlane:
+        """Prepare `directory` (PKI, kubeconfig, stage file, command lines); nothing is started yet."""
+        bins = bins or binaries.locate()
+        directory = directory.resolve()
+        existing = directory / STATE_FILE
+        if existing.exists():
+            old = cls.load(directory)
+            running = [name for name, comp in old.components.items() if comp.alive()]
+            if running:
+                raise ControlPlaneError(
+                    f"a control plane is already running in {directory} ({', '.join(running)}); "
+                    "run `nodewright sim down` for it first"
+                )
+            old._remove_state()
+        directory.mkdir(parents=True, exist_ok=True)
+        for sub in ("logs", "etcd", "kcm", "apiserver"):
+            (directory / sub).mkdir(mode=0o700, exist_ok=True)
+        ports = {
+            name: free_port()
+            for name in ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kwok")
+        }
+        plane = cls(dir=directory, bin_dir=bins.dir, ports=ports, components={})
+        material = pki.generate(directory / "pki")
+        pki.write_kubeconfig(
+            plane.kubeconfig,
+            server=plane.server,
+            ca_crt=material.ca_crt,
+            client_crt=material.admin_crt,
+            client_key=material.admin_key,
+        )
+        write_kwok_stages(directory / "kwok-stages.yaml")
+        plane.components = {name: plane._command(name) for name in COMPONENTS}
+        plane.save()
+        return plane
+
+    @classmethod
+    def load(cls, directory: Path) -> ControlPlane:
+        path = directory.resolve() / STATE_FILE
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ControlPlaneError(f"no control plane state in {directory} ({STATE_FILE} missing)") from None
+        if raw.get("version") != _STATE_VERSION:
+            raise ControlPlaneError(f"{path}: unsupported state version {raw.get('version')!r}")
+        return cls(
+            dir=Path(raw["dir"]),
+            bin_dir=Path(raw["bin_dir"]),
+            ports={k: int(v) for k, v in raw["ports"].items()},
+            components={name: ComponentState(**comp) for name, comp in raw["components"].items()},
+            namespace=raw.get("namespace", NAMESPACE),
+        )
+
+    def save(self) -> None:
+        data = {
+            "version": _STATE_VERSION,
+            "dir": str(self.dir),
+            "bin_dir": str(self.bin_dir),
+            "server": self.server,
+            "kubeconfig": str(self.kubeconfig),
+            "namespace": self.namespace,
+            "ports": self.ports,
+            "components": {name: vars(comp) for name, comp in self.components.items()},
+        }
+        tmp = self.dir / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+        tmp.replace(self.dir / STATE_FILE)
+
+    def _command(self, name: str) -> ComponentState:
+        b, d, p, ports = self.bin_dir, self.dir, self.pki, self.ports
+        log = str(d / "logs" / f"{name}.log")
+        if name == "etcd":
+            client, peer = f"http://127.0.0.1:{ports['etcd']}", f"http://127.0.0.1:{ports['etcd-peer']}"
+            argv = [
+                str(b / "etcd"), "--name=sim", f"--data-dir={d / 'etcd' / 'data'}",
+                f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=sim={peer}", "--initial-cluster-state=new",
+                "--unsafe-no-fsync=true", "--quota-backend-bytes=8589934592", "--log-level=warn",
+            ]  # fmt: skip
+        elif name == "kube-apiserver":
+            argv = [
+                str(b / "kube-apiserver"), f"--etcd-servers={self.etcd_url}",
+                "--bind-address=127.0.0.1", f"--secure-port={ports['kube-apiserver']}",
+                "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+                f"--tls-cert-file={p.serving_crt}", f"--tls-private-key-file={p.serving_key}",
+                f"--client-ca-file={p.ca_crt}", f"--service-account-issuer={self.server}",
+                f"--service-account-key-file={p.sa_pub}", f"--service-account-signing-key-file={p.sa_key}",
+                "--service-cluster-ip-range=10.96.0.0/16", "--authorization-mode=RBAC",
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                "--allow-privileged=true", "--profiling=false", f"--cert-dir={d / 'apiserver'}",
+            ]  # fmt: skip
+        elif name == "kube-controller-manager":
+            argv = [
+                str(b / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                "--controllers=disruption-controller,garbage-collector-controller,"
+                "namespace-controller,serviceaccount-controller",
+                "--leader-elect=false", "--bind-address=127.0.0.1",
+                f"--secure-port={ports['kube-controller-manager']}", f"--cert-dir={d / 'kcm'}",
+                "--authorization-always-allow-paths=/healthz,/readyz,/livez",
+                "--kube-api-qps=500", "--kube-api-burst=1000", "--profiling=false",
+            ]  # fmt: skip
+        elif name == "kwok":
+            argv = [
+                str(b / "kwok"), f"--kubeconfig={self.kubeconfig}",
+                "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                "--cidr=10.0.0.0/16", "--node-ip=10.240.0.1", "--node-lease-duration-seconds=0", "--v=WARN",
+                f"--server-address=127.0.0.1:{ports['kwok']}", f"--config={d / 'kwok-stages.yaml'}",
+            ]  # fmt: skip
+        elif name == "rebooter":
+            argv = [
+                sys.executable, "-m", "nodewright.sim.rebooter", f"--kubeconfig={self.kubeconfig}",
+                f"--namespace={self.namespace}", f"--ready-file={d / 'rebooter.ready'}",
+            ]  # fmt: skip
+        else:
+            raise ControlPlaneError(f"unknown component {name!r}; expected one of {', '.join(COMPONENTS)}")
+        return ComponentState(argv=argv, log=log)
+
+    # ------------------------------------------------------------------ lifecycle
+    def up(self) -> float:
+        """Start every component in dependency order and wait until each is healthy; returns seconds."""
+        started = time.monotonic()
+        try:
+            for name in COMPONENTS:
+                self.start_component(name)
+                if name == "kube-apiserver":
+                    self._ensure_namespace()
+        except BaseException:
+            self.down(remove=False)
+            raise
+        return time.monotonic() - started
+
+    def start_component(self, name: str) -> None:
+        comp = self.components[name]
+        if comp.alive():
+            raise ControlPlaneError(f"{name} is already running (pid {comp.pid})")
+        if name == "rebooter":
+            (self.dir / "rebooter.ready").unlink(missing_ok=True)
+        env = dict(os.environ)
+        if name == "rebooter":
+            # The rebooter is this package's own code: make sure it is importable from any cwd.
+            src_root = str(Path(__file__).resolve().parents[2])
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [src_root, env.get("PYTHONPATH")]))
+        env.update(comp.env)
+        with open(comp.log, "ab") as log:
+            log.write(f"\n--- start {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(comp.argv)}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(
+                comp.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.dir,
+                env=env,
+                start_new_session=True,  # own process group: stop() signals exactly this tree
+            )
+        comp.pid = proc.pid
+        comp.start_ticks = _proc_start_ticks(proc.pid)
+        self._children[name] = proc
+        self.save()
+        self._wait_healthy(name, proc, _START_TIMEOUTS[name])
+
+    def kill_component(self, name: str, *, sig: int = signal.SIGTERM) -> None:
+        """Stop one component (SIGTERM to its process group, SIGKILL after a grace period)."""
+        comp = self.components[name]
+        if comp.pid is not None and comp.alive():
+            self._stop_group(name, comp, sig)
+        comp.pid = None
+        comp.start_ticks = None
+        self._children.pop(name, None)
+        self.save()
+
+    def restart_apiserver(self) -> None:
+        self.kill_component("kube-apiserver")
+        self.start_component("kube-apiserver")
+
+    def down(self, *, remove: bool = True) -> list[str]:
+        """Stop all recorded processes (reverse start order); optionally delete the directory."""
+        stopped = []
+        for name in reversed(COMPONENTS):
+            comp = self.components.get(name)
+            if comp is not None and comp.pid is not None and comp.alive():
+                stopped.append(name)
+            if comp is not None:
+                self.kill_component(name)
+        if remove:
+            self._remove_state()
+        return stopped
+
+    def _remove_state(self) -> None:
+        """Delete what `create` and the components wrote, then the directory itself if nothing else is in
+        it: a `--dir` pointing at a directory with other content must not lose that content."""
+        for sub in ("etcd", "kcm", "apiserver", "logs", "pki"):
+            shutil.rmtree(self.dir / sub, ignore_errors=True)
+        files = (STATE_FILE, STATE_FILE + ".tmp", "*.kubeconfig", "kwok-stages.yaml", "rebooter.ready")
+        for pattern in files:
+            for path in self.dir.glob(pattern):
+                path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.dir.rmdir()
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """Per component: running?, pid, log path, and the log tail of any that is not running."""
+        report: dict[str, dict[str, Any]] = {}
+        for name in COMPONENTS:
+            comp = self.components[name]
+            alive = comp.alive()
+            entry: dict[str, Any] = {"running": alive, "pid": comp.pid, "log": comp.log}
+            if not alive and comp.pid is not None:
+                entry["log_tail"] = log_tail(Path(comp.log))
+            report[name] = entry
+        return report
+
+    def running_pids(self) -> list[int]:
+        return [c.pid for c in self.components.values() if c.pid is not None and c.alive()]
+
+    def _stop_group(self, name: str, comp: ComponentState, sig: int) -> None:
+        assert comp.pid is not None
+        pid = comp.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, sig)
+        child = self._children.get(name)
+        deadline = time.monotonic() + _STOP_GRACE_S.get(name, _DEFAULT_STOP_GRACE_S)
+        while time.monotonic() < deadline:
+            if child is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=0.1)  # reaps our own child, so it does not linger as a zombie
+            else:
+                time.sleep(0.1)
+            if _proc_start_ticks(pid) != comp.start_ticks:
+                break
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            if child is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=5)
+        # Children of the component (none expected) share its group: make sure none survive.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+    # ------------------------------------------------------------------ health
+    def _wait_healthy(self, name: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+        check = self._health_check(name)
+        deadline = time.monotonic() + timeout
+        last_error = "not checked yet"
+        while True:
+            code = proc.poll()
+            if code is not None:
+                log = self.components[name].log
+                raise ControlPlaneError(
+                    f"{name} exited with code {code} while starting; last lines of {log}:\n"
+                    + log_tail(Path(log))
+                )
+            try:
+                if check():
+                    return
+                last_error = "not ready"
+            except (OSError, urllib.error.URLError, ssl.SSLError, ValueError) as err:
+                last_error = str(err)
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(
+                    f"{name} not healthy after {timeout:.0f}s ({last_error}); last lines of "
+                    f"{self.components[name].log}:\n" + log_tail(Path(self.components[name].log))
+                )
+            time.sleep(0.2)
+
+    def _admin_ssl(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki.ca_crt))
+        ctx.load_cert_chain(str(self.pki.admin_crt), str(self.pki.admin_key))
+        return ctx
+
+    def _health_check(self, name: str) -> Callable[[], bool]:
+        def http_ok(url: str, ctx: ssl.SSLContext | None = None, expect: str = "ok") -> bool:
+            with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
+                return resp.status == 200 and expect in resp.read().decode()
+
+        if name == "etcd":
+            return lambda: http_ok(f"{self.etcd_url}/health", expect='"health":"true"')
+        if name == "kube-apiserver":
+            ctx = self._admin_ssl()
+            return lambda: http_ok(f"{self.server}/readyz", ctx)
+        if name == "kube-controller-manager":
+            insecure = ssl.create_default_context()
+            insecure.check_hostname = False
+            insecure.verify_mode = ssl.CERT_NONE  # KCM serves a self-signed cert from --cert-dir
+            port = self.ports["kube-controller-manager"]
+            return lambda: http_ok(f"https://127.0.0.1:{port}/healthz", insecure)
+        if name == "kwok":
+            return lambda: http_ok(f"http://127.0.0.1:{self.ports['kwok']}/healthz")
+        if name == "rebooter":
+            return lambda: (self.dir / "rebooter.ready").exists()
+        raise ControlPlaneError(f"unknown component {name!r}")
+
+    # ------------------------------------------------------------------ API helpers (sync, for tests and CLI)
+    def api(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json") -> Any:
+        """One synchronous API call with the admin identity; raises urllib.error.HTTPError on non-2xx."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.server + path, data=data, method=method, headers={"Content-Type": content_type}
+        )
+        with urllib.request.urlopen(req, timeout=30, context=self._admin_ssl()) as resp:
+            return json.loads(resp.read() or b"{}")
+
+    def _ensure_namespace(self) -> None:
+        try:
+            self.api("POST", "/api/v1/namespaces", {"metadata": {"name": self.namespace}})
+        except urllib.error.HTTPError as err:
+            if err.code != 409:
+                raise
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the built kubectl against this cluster with the admin kubeconfig."""
+        return subprocess.run(
+            [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=timeout,
+        )
+
+    def user_kubeconfig(self, user: str, *, groups: Sequence[str] = ()) -> Path:
+        """A kubeconfig for another identity (e.g. the operator's service user, to test its RBAC)."""
+        stem = "user-" + "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in user)
+        crt, key = pki.issue_client_cert(self.pki, stem, user=user, groups=tuple(groups))
+        return pki.write_kubeconfig(
+            self.dir / f"{stem}.kubeconfig",
+            server=self.server,
+            ca_crt=self.pki.ca_crt,
+            client_crt=crt,
+            client_key=key,
+        )
+
+    def compact_etcd(self, *, restart_apiserver: bool = True) -> int:
+        """Compact etcd at its current revision so older resourceVersions answer 410 Gone; returns it.
+
+        kube-apiserver serves watches and exact-RV lists from its watch cache, which keeps history of
+        its own: compacting etcd alone changes nothing a client can see (measured: a watch and a list at
+        an old RV still succeed). So by default the apiserver is restarted too, which rebuilds the cache
+        from the compacted store. Afterwards a list with an older `resourceVersion` +
+        `resourceVersionMatch=Exact` gets HTTP 410 (reason Expired) and a watch from an older RV gets an
+        ERROR event with code 410. Open watches are cut by the restart, so a client resumes from its
+        last RV and must relist: the path this exists to test.
+        """
+        # etcd's JSON gateway (gRPC-gateway on the client port): any range answer carries the revision.
+        header = self._etcd_post("/v3/kv/range", {"key": "AA==", "limit": 1})["header"]
+        revision = int(header["revision"])
+        self._etcd_post("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+        if restart_apiserver:
+            self.restart_apiserver()
+        return revision
+
+    def _etcd_post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        req = urllib.request.Request(
+            self.etcd_url + path, data=json.dumps(body).encode(), method="POST",
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            result: dict[str, Any] = json.loads(resp.read())
+            return result
+
+
+def write_kwok_stages(path: Path) -> Path:
+    """Render the packaged stage definitions into the multi-document file kwok's `--config` reads.
+
+    The data file keeps shared jq expressions as YAML anchors in one document (so the outcome rules are
+    written once) and shared Go sub-templates under `x-template-defines`; kwok wants one Stage per
+    document, with anchors resolved and every named template defined in the template that calls it.
+    """
+    source = resources.files("nodewright.sim").joinpath("data/kwok_stages.yaml").read_text(encoding="utf-8")
+    document = yaml.safe_load(source)
+    stages: list[dict[str, Any]] = document["stages"]
+    defines: str = document.get("x-template-defines", "")
+    for stage in stages:
+        nxt = stage["spec"].get("next", {})
+        template = nxt.get("statusTemplate")
+        if template and "{{ template " in template:
+            nxt["statusTemplate"] = defines + template
+    path.write_text(yaml.dump_all(stages, Dumper=_LiteralDumper, sort_keys=False), encoding="utf-8")
+    return path
+
+
+class _LiteralDumper(yaml.SafeDumper):
+    """Writes multi-line strings (templates, jq programs) as literal blocks, so the file stays readable."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_LiteralDumper.add_representer(str, _represent_str)
