@@ -1,0 +1,1 @@
+"""Benchmarks (scale figures for reports; never assertions on time)."""

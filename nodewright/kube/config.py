@@ -1,0 +1,277 @@
+"""Connection settings: kubeconfig files and in-cluster service-account config.
+
+Why our own loader: importing anything from kubernetes_asyncio (even only `config`) loads its whole
+generated client, about 78 MiB of resident memory — most of the operator's budget. What the operator
+needs is small: a base URL, an `ssl.SSLContext` and an `Authorization` header.
+
+Kubeconfig (`load_kubeconfig`): the `current-context` (or a named one) selects a cluster and a user.
+Cluster: `server`, `certificate-authority` / `certificate-authority-data`, `insecure-skip-tls-verify`,
+`tls-server-name`. User: `client-certificate(-data)` + `client-key(-data)` (mutual TLS, loaded into the
+SSL context), `token`, `tokenFile`, or an `exec` credential plugin (client.authentication.k8s.io
+ExecCredential; the token is cached until its `expirationTimestamp`, certificates returned by the plugin
+are loaded once). Relative file paths resolve against the kubeconfig's directory, as kubectl does.
+
+In-cluster (`load_incluster`): `KUBERNETES_SERVICE_HOST`/`KUBERNETES_SERVICE_PORT`, the CA and token
+mounted at `/var/run/secrets/kubernetes.io/serviceaccount`. Bound service-account tokens are projected
+and rotated by the kubelet (hourly by default, valid longer), so the token file is re-read at most once a
+minute rather than cached for the life of the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import json
+import os
+import ssl
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from nodewright.kube.clock import SYSTEM_CLOCK, Clock
+
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+TOKEN_REFRESH_SECONDS = 60.0
+EXEC_TIMEOUT_SECONDS = 30.0
+
+
+class ConfigError(Exception):
+    pass
+
+
+class Auth(Protocol):
+    async def authorization(self) -> str | None:
+        """The value of the Authorization header (or None for certificate-only auth)."""
+        ...
+
+
+class NoAuth:
+    async def authorization(self) -> str | None:
+        return None
+
+
+@dataclass
+class StaticToken:
+    token: str
+
+    async def authorization(self) -> str | None:
+        return f"Bearer {self.token}"
+
+
+@dataclass
+class TokenFile:
+    """A token read from a file and re-read every `refresh` seconds (projected SA token rotation)."""
+
+    path: Path
+    refresh: float = TOKEN_REFRESH_SECONDS
+    clock: Clock = SYSTEM_CLOCK
+    _token: str = ""
+    _read_at: float | None = None
+
+    async def authorization(self) -> str | None:
+        now = self.clock.monotonic()
+        if self._read_at is None or now - self._read_at >= self.refresh:
+            try:
+                self._token = self.path.read_text().strip()
+            except OSError as exc:
+                if not self._token:
+                    raise ConfigError(f"cannot read token file {self.path}: {exc}") from exc
+                # Keep the previous token: a transient read error must not log the operator out.
+            self._read_at = now
+        return f"Bearer {self._token}"
+
+
+@dataclass
+class ExecCredential:
+    """The `users[].user.exec` plugin: run a command, use `status.token` until it expires."""
+
+    command: str
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    api_version: str = "client.authentication.k8s.io/v1"
+    now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
+    _token: str | None = None
+    _expires: dt.datetime | None = None
+
+    async def authorization(self) -> str | None:
+        if self._token is None or (self._expires is not None and self.now() >= self._expires):
+            status = await self.run()
+            self._token = status.get("token")
+            expiry = status.get("expirationTimestamp")
+            self._expires = _parse_time(expiry) - dt.timedelta(seconds=10) if expiry else None
+        return f"Bearer {self._token}" if self._token else None
+
+    async def run(self) -> dict[str, Any]:
+        info = {"apiVersion": self.api_version, "kind": "ExecCredential", "spec": {"interactive": False}}
+        env = {**os.environ, **self.env, "KUBERNETES_EXEC_INFO": json.dumps(info)}
+        proc = await asyncio.create_subprocess_exec(
+            self.command,
+            *self.args,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            async with asyncio.timeout(EXEC_TIMEOUT_SECONDS):
+                out, err = await proc.communicate()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise ConfigError(f"exec plugin {self.command} timed out") from None
+        if proc.returncode != 0:
+            raise ConfigError(f"exec plugin {self.command} failed: {err.decode(errors='replace')[:500]}")
+        status = json.loads(out).get("status") or {}
+        if not isinstance(status, dict):
+            raise ConfigError("exec plugin returned no status")
+        return status
+
+
+@dataclass
+class ClusterConfig:
+    server: str
+    ssl_context: ssl.SSLContext | None
+    auth: Auth
+    tls_server_name: str | None = None
+    namespace: str | None = None
+
+
+def _parse_time(value: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _named(entries: list[dict[str, Any]] | None, name: str, kind: str) -> dict[str, Any]:
+    for entry in entries or []:
+        if entry.get("name") == name:
+            body = entry.get(kind)
+            return body if isinstance(body, dict) else {}
+    raise ConfigError(f"kubeconfig has no {kind} named {name!r}")
+
+
+def _resolve(base: Path, value: str) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else base / path
+
+
+def _pem(section: dict[str, Any], key: str, base: Path) -> bytes | None:
+    """PEM bytes from `<key>-data` (base64) or `<key>` (a file path)."""
+    data = section.get(f"{key}-data")
+    if data:
+        return base64.b64decode(data)
+    path = section.get(key)
+    if path:
+        return _resolve(base, str(path)).read_bytes()
+    return None
+
+
+def _ssl_context(
+    *, ca: bytes | None, cert: bytes | None, key: bytes | None, insecure: bool
+) -> ssl.SSLContext:
+    context = ssl.create_default_context(cadata=ca.decode() if ca else None)
+    if insecure:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if cert and key:
+        # ssl only loads certificate chains from files: write them to a private temp dir, then delete.
+        with tempfile.TemporaryDirectory(prefix="nodewright-tls-") as tmp:
+            cert_path, key_path = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
+            cert_path.write_bytes(cert)
+            key_path.touch(mode=0o600)
+            key_path.write_bytes(key)
+            context.load_cert_chain(cert_path, key_path)
+    return context
+
+
+def load_kubeconfig(path: str | Path | None = None, *, context: str | None = None) -> ClusterConfig:
+    """Load a kubeconfig (`path`, else `$KUBECONFIG`'s first entry, else `~/.kube/config`)."""
+    if path is None:
+        env = os.environ.get("KUBECONFIG", "")
+        path = env.split(os.pathsep)[0] if env else Path.home() / ".kube" / "config"
+    file = Path(path).expanduser()
+    try:
+        doc = yaml.safe_load(file.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read kubeconfig {file}: {exc}") from exc
+    base = file.parent
+    context_name = context or doc.get("current-context")
+    if not context_name:
+        raise ConfigError(f"kubeconfig {file} has no current-context")
+    ctx = _named(doc.get("contexts"), context_name, "context")
+    cluster = _named(doc.get("clusters"), str(ctx.get("cluster")), "cluster")
+    user = _named(doc.get("users"), str(ctx.get("user")), "user") if ctx.get("user") else {}
+    server = str(cluster.get("server") or "").rstrip("/")
+    if not server:
+        raise ConfigError(f"cluster {ctx.get('cluster')!r} has no server")
+    auth, cert, key = _user_auth(user, base)
+    ssl_context = None
+    if server.startswith("https://"):
+        ssl_context = _ssl_context(
+            ca=_pem(cluster, "certificate-authority", base),
+            cert=cert,
+            key=key,
+            insecure=bool(cluster.get("insecure-skip-tls-verify")),
+        )
+    return ClusterConfig(
+        server=server,
+        ssl_context=ssl_context,
+        auth=auth,
+        tls_server_name=cluster.get("tls-server-name"),
+        namespace=ctx.get("namespace"),
+    )
+
+
+def _user_auth(user: dict[str, Any], base: Path) -> tuple[Auth, bytes | None, bytes | None]:
+    cert = _pem(user, "client-certificate", base)
+    key = _pem(user, "client-key", base)
+    if user.get("token"):
+        return StaticToken(str(user["token"])), cert, key
+    if user.get("tokenFile"):
+        return TokenFile(_resolve(base, str(user["tokenFile"]))), cert, key
+    exec_spec = user.get("exec")
+    if isinstance(exec_spec, dict):
+        env = {str(e["name"]): str(e["value"]) for e in exec_spec.get("env") or []}
+        plugin = ExecCredential(
+            command=str(exec_spec["command"]),
+            args=[str(a) for a in exec_spec.get("args") or []],
+            env=env,
+            api_version=str(exec_spec.get("apiVersion") or "client.authentication.k8s.io/v1"),
+        )
+        return plugin, cert, key
+    if user.get("username") or user.get("auth-provider"):
+        raise ConfigError("basic auth and auth-provider users are not supported; use a token or exec")
+    return NoAuth(), cert, key
+
+
+def load_incluster(*, directory: Path = SERVICE_ACCOUNT_DIR, clock: Clock = SYSTEM_CLOCK) -> ClusterConfig:
+    host = os.environ.get("KUBERNETES_SERVICE_HOST")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        raise ConfigError("not in a cluster: KUBERNETES_SERVICE_HOST/PORT are not set")
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    token = directory / "token"
+    if not token.exists():
+        raise ConfigError(f"service-account token {token} not found")
+    namespace_file = directory / "namespace"
+    namespace = namespace_file.read_text().strip() if namespace_file.exists() else None
+    ca = (directory / "ca.crt").read_bytes()
+    return ClusterConfig(
+        server=f"https://{host}:{port}",
+        ssl_context=_ssl_context(ca=ca, cert=None, key=None, insecure=False),
+        auth=TokenFile(token, clock=clock),
+        namespace=namespace,
+    )
+
+
+def load_config(kubeconfig: str | Path | None = None) -> ClusterConfig:
+    """A kubeconfig when given (or `$KUBECONFIG` is set), otherwise the in-cluster config."""
+    if kubeconfig is not None or os.environ.get("KUBECONFIG"):
+        return load_kubeconfig(kubeconfig)
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return load_incluster()
+    return load_kubeconfig(None)

@@ -1,0 +1,116 @@
+"""The Manager against the fake API server: sync → lead → reconcile → orderly shutdown; health probes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from nodewright.controller.health import parse_bind_address
+from nodewright.controller.manager import LeaderElectionConfig, Manager
+from nodewright.kube.client import KubeClient
+from nodewright.kube.resources import NODES
+from nodewright.kube.trim import trim_node
+from nodewright.kube.workqueue import Result
+from tests.kubefake import LEASES_C, NODES_C, FakeKube, node
+from tests.kubeutil import eventually
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[FakeKube]:
+    server = await FakeKube().start()
+    yield server
+    await server.stop()
+
+
+async def get_json(port: int, path: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(total=5)) as r,
+    ):
+        return r.status, (await r.json() if r.content_type == "application/json" else {})
+
+
+async def test_manager_reconciles_keys_while_leading_and_shuts_down_in_order(kube: FakeKube) -> None:
+    kube.put(NODES_C, node("a"))
+    kube.put(NODES_C, node("b"))
+    manager = Manager(
+        KubeClient(kube.config()),
+        leader_election=LeaderElectionConfig(namespace="nodewright-system", identity="me"),
+        health_bind_address="127.0.0.1:0",
+    )
+    nodes = manager.informer(NODES, transform=trim_node)
+    assert manager.informer(NODES, transform=trim_node) is nodes  # shared
+    seen: list[str] = []
+    in_flight = asyncio.Event()
+    release = asyncio.Event()
+
+    async def reconcile(key: str) -> Result | None:
+        seen.append(key)
+        if key == "slow":
+            in_flight.set()
+            await release.wait()
+        return None
+
+    controller = manager.controller("nodes", reconcile, workers=2)
+    controller.watch(nodes)
+    with pytest.raises(ValueError):
+        manager.controller("nodes", reconcile)
+    run = asyncio.create_task(manager.run(handle_signals=False))
+    await eventually(lambda: manager.leading)
+    await eventually(lambda: sorted(seen) == ["a", "b"])
+    assert kube.get(LEASES_C, "nodewright-operator")["spec"]["holderIdentity"] == "me"  # type: ignore[index]
+    port = manager.health.port
+    assert port is not None
+    assert await get_json(port, "/readyz") == (
+        200, {"ready": True, "synced": {"nodes": True}, "leader": True, "identity": "me"}
+    )  # fmt: skip
+    assert (await get_json(port, "/healthz"))[0] == 200
+    kube.put(NODES_C, node("a", {"changed": "1"}))
+    await eventually(lambda: seen.count("a") == 2)
+    # An in-flight reconcile is allowed to finish on shutdown, then the Lease is released.
+    controller.queue.add("slow")
+    await in_flight.wait()
+    manager.stop()
+    await asyncio.sleep(0.05)
+    assert not run.done()
+    release.set()
+    assert await run == 0
+    assert kube.get(LEASES_C, "nodewright-operator")["spec"]["holderIdentity"] is None  # type: ignore[index]
+
+
+async def test_manager_exits_1_when_leadership_is_lost(kube: FakeKube) -> None:
+    kube.put(NODES_C, node("a"))
+    manager = Manager(
+        KubeClient(kube.config(), max_retries=0),
+        leader_election=LeaderElectionConfig(
+            namespace="nodewright-system",
+            identity="me",
+            lease_duration=1.5,
+            renew_deadline=1.0,
+            retry_period=0.2,
+        ),
+        health_bind_address="0",
+    )
+    manager.controller("c", lambda key: asyncio.sleep(0, None)).watch(manager.informer(NODES))
+    run = asyncio.create_task(manager.run(handle_signals=False))
+    await eventually(lambda: manager.leading)
+    kube.fail("GET", "/leases/", 500, times=10_000)
+    assert await asyncio.wait_for(run, 10) == 1
+    assert not manager.leading
+
+
+async def test_sync_timeout_fails_run(kube: FakeKube) -> None:
+    kube.fail("GET", "/nodes", 500, times=10_000)
+    manager = Manager(KubeClient(kube.config(), max_retries=0), health_bind_address="0", sync_timeout=0.3)
+    manager.informer(NODES)
+    assert await manager.run(handle_signals=False) == 1
+
+
+def test_parse_bind_address() -> None:
+    assert parse_bind_address(":8081") == ("0.0.0.0", 8081)
+    assert parse_bind_address("127.0.0.1:0") == ("127.0.0.1", 0)
+    assert parse_bind_address("[::1]:9") == ("::1", 9)
+    assert parse_bind_address("0") is None

@@ -1,0 +1,145 @@
+"""Kubeconfig and in-cluster loading (our own small loader, no kubernetes_asyncio import)."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nodewright.kube.clock import FakeClock
+from nodewright.kube.config import (
+    ConfigError,
+    ExecCredential,
+    StaticToken,
+    TokenFile,
+    load_incluster,
+    load_kubeconfig,
+)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("pki")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(d / "tls.key"),
+         "-out", str(d / "tls.crt"), "-days", "1", "-subj", "/CN=test"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return {"crt": d / "tls.crt", "key": d / "tls.key"}
+
+
+def write(path: Path, doc: dict) -> Path:  # type: ignore[type-arg]
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def kubeconfig(user: dict, cluster: dict) -> dict:  # type: ignore[type-arg]
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "main",
+        "contexts": [
+            {"name": "other", "context": {"cluster": "nope", "user": "nope"}},
+            {"name": "main", "context": {"cluster": "c", "user": "u", "namespace": "team"}},
+        ],
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": "u", "user": user}],
+    }
+
+
+async def test_client_certificate_data_and_ca_data(tmp_path: Path, pki: dict[str, Path]) -> None:
+    def b64(path: Path) -> str:
+        return base64.b64encode(path.read_bytes()).decode()
+
+    cfg = load_kubeconfig(
+        write(
+            tmp_path / "kc",
+            kubeconfig(
+                {"client-certificate-data": b64(pki["crt"]), "client-key-data": b64(pki["key"])},
+                {"server": "https://127.0.0.1:6443/", "certificate-authority-data": b64(pki["crt"]),
+                 "tls-server-name": "kubernetes"},
+            ),
+        )
+    )  # fmt: skip
+    assert cfg.server == "https://127.0.0.1:6443"
+    assert cfg.ssl_context is not None and cfg.tls_server_name == "kubernetes"
+    assert cfg.namespace == "team"
+    assert await cfg.auth.authorization() is None
+
+
+async def test_relative_file_paths_and_token(tmp_path: Path, pki: dict[str, Path]) -> None:
+    (tmp_path / "ca.crt").write_bytes(pki["crt"].read_bytes())
+    cfg = load_kubeconfig(
+        write(
+            tmp_path / "kc",
+            kubeconfig({"token": "abc"}, {"server": "https://h", "certificate-authority": "ca.crt"}),
+        )
+    )
+    assert isinstance(cfg.auth, StaticToken)
+    assert await cfg.auth.authorization() == "Bearer abc"
+
+
+async def test_token_file_is_reread_for_rotation(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("one\n")
+    clock = FakeClock()
+    auth = TokenFile(token, clock=clock)
+    assert await auth.authorization() == "Bearer one"
+    token.write_text("two")
+    clock.advance(30)
+    assert await auth.authorization() == "Bearer one"
+    clock.advance(31)
+    assert await auth.authorization() == "Bearer two"
+    token.unlink()
+    clock.advance(61)
+    assert await auth.authorization() == "Bearer two"  # a read error keeps the last token
+
+
+async def test_exec_plugin_token_cached_until_expiry(tmp_path: Path) -> None:
+    counter = tmp_path / "count"
+    script = tmp_path / "plugin.py"
+    expiry = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    script.write_text(
+        "import json, pathlib\n"
+        f"p = pathlib.Path({str(counter)!r})\n"
+        "n = int(p.read_text()) + 1 if p.exists() else 1\n"
+        "p.write_text(str(n))\n"
+        f"print(json.dumps({{'status': {{'token': 'tok' + str(n), 'expirationTimestamp': {expiry!r}}}}}))\n"
+    )
+    cfg = load_kubeconfig(
+        write(tmp_path / "kc", kubeconfig({"exec": {"command": sys.executable, "args": [str(script)]}},
+                                          {"server": "http://h"}))
+    )  # fmt: skip
+    assert isinstance(cfg.auth, ExecCredential)
+    assert await cfg.auth.authorization() == "Bearer tok1"
+    assert await cfg.auth.authorization() == "Bearer tok1"
+    cfg.auth.now = lambda: dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)
+    assert await cfg.auth.authorization() == "Bearer tok2"
+
+
+def test_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        load_kubeconfig(tmp_path / "missing")
+    doc = kubeconfig({"token": "x"}, {"server": "https://h"})
+    with pytest.raises(ConfigError):
+        load_kubeconfig(write(tmp_path / "kc", doc), context="other")
+
+
+async def test_incluster(tmp_path: Path, pki: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "token").write_text("sa-token")
+    (tmp_path / "ca.crt").write_bytes(pki["crt"].read_bytes())
+    (tmp_path / "namespace").write_text("nodewright-system")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    cfg = load_incluster(directory=tmp_path)
+    assert cfg.server == "https://[fd00::1]:443"
+    assert cfg.namespace == "nodewright-system"
+    assert await cfg.auth.authorization() == "Bearer sa-token"
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+    with pytest.raises(ConfigError):
+        load_incluster(directory=tmp_path)

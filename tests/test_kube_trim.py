@@ -1,0 +1,131 @@
+"""Trimming transforms: what is kept, idempotence, interning."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nodewright.kube.trim import node_ready, trim_node, trim_pod
+
+LABEL_KEYS = st.sampled_from(
+    ["nvidia.com/gpu.product", "topology.kubernetes.io/zone", "nodewright.io/status.a", "x"]
+)
+
+
+def full_node(labels: dict[str, str], annotations: dict[str, str]) -> dict:  # type: ignore[type-arg]
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": "n1",
+            "uid": "u1",
+            "resourceVersion": "7",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "labels": labels,
+            "annotations": annotations,
+            "managedFields": [{"manager": "kubelet"}],
+        },
+        "spec": {
+            "podCIDR": "10.0.0.0/24",
+            "unschedulable": True,
+            "taints": [{"key": "nodewright.io/runtime-required", "effect": "NoSchedule"}],
+        },
+        "status": {
+            "capacity": {"cpu": "96"},
+            "images": [{"names": ["big"], "sizeBytes": 1}],
+            "conditions": [
+                {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory"},
+                {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ok",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z", "lastHeartbeatTime": "2026-01-02T00:00:00Z"},
+                {"type": "nodewright.io/a", "status": "False", "reason": "Complete", "message": "done"},
+            ],
+            "nodeInfo": {"bootID": "boot-1", "kernelVersion": "6.8"},
+        },
+    }  # fmt: skip
+
+
+@given(
+    st.dictionaries(LABEL_KEYS, st.text(max_size=10), max_size=4),
+    st.dictionaries(
+        st.sampled_from(
+            ["nodewright.io/state.a", "other/x", "cluster-autoscaler.kubernetes.io/scale-down-disabled"]
+        ),
+        st.text(max_size=5),
+    ),
+)
+def test_trim_node_keeps_what_the_controller_needs_and_is_idempotent(
+    labels: dict[str, str], annotations: dict[str, str]
+) -> None:
+    node = full_node(labels, annotations)
+    original = copy.deepcopy(node)
+    trimmed = trim_node(node)
+    assert node == original  # the input is not modified
+    assert trim_node(trimmed) == trimmed
+    meta = trimmed["metadata"]
+    assert meta["labels"] == labels
+    assert meta["annotations"] == {k: v for k, v in annotations.items() if k != "other/x"}
+    assert (meta["name"], meta["uid"], meta["resourceVersion"]) == ("n1", "u1", "7")
+    assert "managedFields" not in meta
+    assert trimmed["spec"] == {"unschedulable": True, "taints": original["spec"]["taints"]}
+    assert [c["type"] for c in trimmed["status"]["conditions"]] == ["Ready", "nodewright.io/a"]
+    assert trimmed["status"]["conditions"][1]["message"] == "done"
+    assert "lastHeartbeatTime" not in trimmed["status"]["conditions"][0]  # changes every few seconds
+    assert trimmed["status"]["nodeInfo"] == {"bootID": "boot-1"}
+    assert node_ready(trimmed)
+
+
+def test_trim_node_interns_label_strings_across_nodes() -> None:
+    a = trim_node(json.loads(json.dumps(full_node({"nvidia.com/gpu.product": "H100-SXM5-80GB"}, {}))))
+    b = trim_node(json.loads(json.dumps(full_node({"nvidia.com/gpu.product": "H100-SXM5-80GB"}, {}))))
+    ((ka, va),) = a["metadata"]["labels"].items()
+    ((kb, vb),) = b["metadata"]["labels"].items()
+    assert ka is kb and va is vb
+    assert va is sys.intern("H100-SXM5-80GB")
+
+
+def test_trim_pod() -> None:
+    pod = {
+        "metadata": {
+            "name": "p", "namespace": "nodewright-system", "uid": "u", "resourceVersion": "3",
+            "labels": {"nodewright.io/node": "n1"}, "annotations": {"nodewright.io/attempt": "2"},
+            "ownerReferences": [{"apiVersion": "nodewright.io/v1alpha1", "kind": "NodeWright", "name": "nw",
+                                 "uid": "o", "controller": True, "blockOwnerDeletion": True}],
+            "deletionTimestamp": "2026-01-01T00:00:00Z", "managedFields": [{}],
+        },
+        "spec": {
+            "nodeName": "n1", "volumes": [{"name": "v"}],
+            "initContainers": [{"name": "apply", "image": "img:1", "env": [{"name": "A", "value": "1"}],
+                                "command": ["x"]}],
+            "containers": [{"name": "pause", "image": "pause:3"}],
+        },
+        "status": {
+            "phase": "Running", "podIP": "1.2.3.4",
+            "initContainerStatuses": [{
+                "name": "apply", "ready": False, "restartCount": 1, "image": "img:1",
+                "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": "m" * 2000}},
+            }],
+            "containerStatuses": [{
+                "name": "pause", "ready": True, "restartCount": 0, "state": {"running": {"startedAt": "t"}},
+            }],
+        },
+    }  # fmt: skip
+    t = trim_pod(pod)
+    assert trim_pod(t) == t
+    assert t["metadata"]["deletionTimestamp"] and t["metadata"]["namespace"] == "nodewright-system"
+    assert t["metadata"]["ownerReferences"][0] == {
+        "apiVersion": "nodewright.io/v1alpha1", "kind": "NodeWright", "name": "nw", "uid": "o",
+        "controller": True,
+    }  # fmt: skip
+    assert t["spec"] == {
+        "nodeName": "n1",
+        "containers": [{"name": "pause", "image": "pause:3"}],
+        "initContainers": [{"name": "apply", "image": "img:1", "env": [{"name": "A", "value": "1"}]}],
+    }
+    init = t["status"]["initContainerStatuses"][0]
+    assert init["state"]["terminated"]["exitCode"] == 1 and len(init["state"]["terminated"]["message"]) == 512
+    assert t["status"]["containerStatuses"][0]["state"] == {"running": {}}
+    assert t["status"]["phase"] == "Running"
