@@ -1,0 +1,1049 @@
+"""The node plan: what one NodeWright should do next on one node. Pure; the controller actuates it.
+
+The controller calls `plan_node` from its reconcile of a (NodeWright, node) key with a snapshot of
+everything relevant (the NodeWright, trimmed node facts, the decoded state annotation, this
+NodeWright's package pods on the node, optionally the workload pods' drain selection, `now`) and gets
+back a `NodePlan`:
+
+- `state`: the new `nodewright.io/state.<nw>` content. The controller writes it (together with the
+  status label) in ONE patch, only if it changed, and BEFORE executing the actions: every action is
+  then safe to repeat after a crash (pod names are deterministic, so a repeated CreatePod meets
+  AlreadyExists; Cordon/Uncordon/Drain are idempotent).
+- `status`, `condition`: the node's status for this NodeWright and its node condition.
+- `actions`: ordered, typed decisions (Cordon, Uncordon, WaitForProtectedPods, Drain, DeletePod,
+  CreatePod, Event, RequeueAfter).
+- `needs_drain_facts`: the plan wants to start interrupt-bearing work but was given no drain facts; the
+  controller lists the node's pods (field selector spec.nodeName), runs `drain.select`, and plans again.
+  Pod listings are thus only made for nodes about to be interrupted.
+
+Safety rules (anchor §2.9 plus our fixes, §11.3):
+- Packages whose run has no interrupt never cordon or drain.
+- Before any pre-interrupt stage pod (apply/upgrade/config/uninstall) of a run with an interrupt, the
+  node is cordoned (recorded in `state.cordoned` only when WE made it unschedulable), protected pods
+  (podNonInterruptLabels) are waited for, and the node is drained: evicted pods must be gone.
+- Right before the interrupt pod, protected pods and drain are checked again.
+- The interrupt pod never runs alongside other stage pods of this NodeWright on the node, and no
+  stage pod starts while an interrupt is in progress.
+- The node is uncordoned only when it completed the whole NodeWright, and only if we cordoned it
+  (exception: the rollout withdrew its admission and nothing is in flight or erroring: it waits in
+  service instead of cordoned).
+- Admission by the rollout planner (`state.admission`) is required to START new work; work already
+  started (a run with a pending/in-progress stage) continues without it, so a node never stays
+  half-done. Admission is cleared when the node completes, ending its part in the rollout.
+- Paused: nothing new is created (running pods are still observed and recorded). Disabled: the node is
+  left completely alone. Ignored or not tolerated: nothing is created, status `blocked`.
+
+Reboot interrupts complete when the node's bootID differs from the one recorded at interrupt start and
+the node is Ready, independently of the interrupt pod (the reboot kills it); a node that does not come
+back within `reboot_timeout` makes the entry `erroring`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Literal
+
+from nodewright.api import constants
+from nodewright.api.models import Interrupt, InterruptType, NodeWright, Package, Status
+from nodewright.api.nodestate import NodeState, PackageEntry, PackageStage, PackageState
+from nodewright.plan import podspec, semver
+from nodewright.plan.configdiff import config_hashes, diff
+from nodewright.plan.dag import Graph
+from nodewright.plan.drain import DrainSelection
+from nodewright.plan.interrupts import merge_for_node, merge_interrupts
+from nodewright.plan.stages import (
+    ACTIVE_STATES,
+    INTERRUPT_STAGES,
+    PRE_INTERRUPT_STAGES,
+    UNINSTALL_STAGES,
+    Observation,
+    PodSummary,
+    RetryPolicy,
+    advance,
+    fail_attempt,
+    human_duration,
+    observe_pod,
+    parse_ts,
+    run_interrupt,
+    seconds_until,
+    start_attempt,
+    ts,
+)
+
+# ----------------------------------------------------------------------------------------------------
+# Inputs
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    effect: str
+    value: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    name: str
+    labels: Mapping[str, str]
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+    ready: bool = True
+    boot_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DrainFacts:
+    """The drain selection of the node's workload pods, plus what the controller observed doing it."""
+
+    selection: DrainSelection
+    protected_since: datetime | None = None  # first time protected pods were seen (for interruptWait)
+    draining_since: datetime | None = None  # first eviction issued for this interrupt (for drain.timeout)
+    eviction_blocked: tuple[str, ...] = ()  # e.g. PDB refusals, for the message
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    pod: podspec.PodOptions = field(default_factory=podspec.PodOptions)
+    reboot_timeout: float = 1200.0
+    reapply_on_reboot: bool = False
+    poll_interval: float = 5.0  # re-check cadence while waiting on something without an event
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInput:
+    nodewright: NodeWright
+    node: NodeFacts
+    state: NodeState | None
+    pods: tuple[PodSummary, ...]
+    now: datetime
+    drain: DrainFacts | None = None
+    sequencing_blocker: str | None = None  # from sequencing.blocking(...).reason
+    options: PlanOptions = field(default_factory=PlanOptions)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Outputs
+
+
+@dataclass(frozen=True, slots=True)
+class Cordon:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Uncordon:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class WaitForProtectedPods:
+    pods: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    pods: tuple[str, ...]  # namespace/name to evict
+    force: bool = False  # delete instead of evict (drain.policy force after the timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class CreatePod:
+    package: str
+    version: str
+    stage: PackageStage
+    attempt: int
+    name: str
+    spec_hash: str
+    node_order: int
+    interrupt: Interrupt | None = None  # interrupt stages: the merged interrupt
+    covers: tuple[str, ...] = ()  # interrupt stages: the other packages the interrupt completes
+
+
+@dataclass(frozen=True, slots=True)
+class DeletePod:
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueAfter:
+    seconds: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    reason: str
+    message: str
+    type: Literal["Normal", "Warning"] = "Normal"
+
+
+Action = Cordon | Uncordon | WaitForProtectedPods | Drain | DeletePod | CreatePod | Event | RequeueAfter
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCondition:
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlan:
+    state: NodeState
+    status: Status
+    condition: NodeCondition
+    actions: tuple[Action, ...]
+    needs_drain_facts: bool = False
+    state_changed: bool = False
+
+
+# ----------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _flag(nw: NodeWright, key: str) -> bool:
+    value = (nw.metadata.annotations or {}).get(key)
+    return value is not None and value.lower() in ("true", "1", "yes")
+
+
+def is_disabled(nw: NodeWright) -> bool:
+    return _flag(nw, constants.ANNOTATION_DISABLE)
+
+
+def is_paused(nw: NodeWright) -> bool:
+    return _flag(nw, constants.ANNOTATION_PAUSE)
+
+
+def untolerated_taints(nw: NodeWright, node: NodeFacts, *, runtime_taint_key: str) -> list[Taint]:
+    """Taints (all effects count, anchor §2.11) not tolerated by this NodeWright's pods."""
+    tolerations = list(nw.spec.additional_tolerations or [])
+
+    def tolerated(taint: Taint) -> bool:
+        if taint.key == "node.kubernetes.io/unschedulable" and taint.effect == "NoSchedule":
+            return True
+        if nw.spec.runtime_required and taint.key == runtime_taint_key:
+            return True
+        for t in tolerations:
+            if t.effect and t.effect != taint.effect:
+                continue
+            if t.operator == "Exists":
+                if not t.key or t.key == taint.key:
+                    return True
+            elif t.key == taint.key and (t.value or "") == (taint.value or ""):
+                return True
+        return False
+
+    return [t for t in node.taints if not tolerated(t)]
+
+
+def _package(nw: NodeWright, name: str) -> Package:
+    return nw.spec.packages[name]
+
+
+def _uninstall_requested(pkg: Package) -> bool:
+    return bool(pkg.uninstall and pkg.uninstall.enabled and pkg.uninstall.apply)
+
+
+def _uninstall_target(state: NodeState, name: str, pkg: Package) -> PackageEntry | None:
+    """The entry an uninstall acts on: the spec version, else the highest installed version."""
+    current = state.entry(name, pkg.version)
+    if current is not None:
+        return current
+    others = state.entries_for(name)
+    if not others:
+        return None
+    return max(others, key=lambda e: _version_key(e.version))
+
+
+def _version_key(version: str) -> semver.Version:
+    try:
+        return semver.parse(version)
+    except semver.InvalidVersion:
+        return semver.Version(0, 0, 0, ("invalid",))
+
+
+def package_complete(state: NodeState, name: str, pkg: Package) -> bool:
+    """The package is done on the node: installed and complete at the spec version with the spec
+    config, or (uninstall requested) no longer present."""
+    if _uninstall_requested(pkg):
+        return not state.entries_for(name)
+    current = state.entry(name, pkg.version)
+    return (
+        current is not None
+        and current.state == PackageState.COMPLETE
+        and not diff(current.config, config_hashes(pkg.config_map))
+    )
+
+
+def node_complete(nw: NodeWright, state: NodeState) -> bool:
+    return all(package_complete(state, n, p) for n, p in nw.spec.packages.items())
+
+
+def _condition(nw: NodeWright, status: Status, reason: str, message: str) -> NodeCondition:
+    return NodeCondition(
+        type=constants.node_condition_type(nw.metadata.name),
+        status="True" if status == Status.COMPLETE else "False",
+        reason=reason,
+        message=message,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# The planner
+
+
+class _Planner:
+    def __init__(self, inp: NodeInput) -> None:
+        self.inp = inp
+        self.nw = inp.nodewright
+        self.node = inp.node
+        self.now = inp.now
+        self.opts = inp.options
+        self.state = inp.state or NodeState()
+        self.actions: list[Action] = []
+        self.events: list[Event] = []
+        self.deletes: dict[str, DeletePod] = {}
+        self.creates: list[CreatePod] = []
+        self.requeues: list[RequeueAfter] = []
+        self.waiting: list[str] = []  # why the node is not progressing (first is the headline)
+        self.blocked: list[str] = []  # package-level blocks
+        self.needs_drain = False
+        self.cordon_requested = False
+        self.node_gate_ok = False  # cordoned + no protected pods + drained, this plan
+
+    # -- small utilities ------------------------------------------------------------------------
+
+    def policy(self, name: str) -> RetryPolicy:
+        return RetryPolicy.for_package(_package(self.nw, name), self.opts.retry)
+
+    def requeue(self, seconds: float, reason: str) -> None:
+        self.requeues.append(RequeueAfter(max(1.0, float(seconds)), reason))
+
+    def delete(self, pod: PodSummary, reason: str) -> None:
+        self.deletes.setdefault(pod.name, DeletePod(pod.name, reason))
+
+    def put(self, entry: PackageEntry) -> None:
+        self.state = self.state.with_entry(entry)
+
+    def node_order(self) -> int:
+        return self.state.admission.order if self.state.admission else 0
+
+    def stage_interrupt(self, entry: PackageEntry) -> Interrupt | None:
+        return run_interrupt(_package(self.nw, entry.name), entry)
+
+    def desired_hash(self, entry: PackageEntry, interrupt: Interrupt | None = None) -> str:
+        pkg = _package(self.nw, entry.name)
+        return podspec.spec_hash(
+            self.nw,
+            pkg,
+            package_name=entry.name,
+            version=entry.version,
+            stage=entry.stage,
+            interrupt=interrupt,
+            options=self.opts.pod,
+        )
+
+    def in_spec(self, entry: PackageEntry) -> bool:
+        pkg = self.nw.spec.packages.get(entry.name)
+        if pkg is None:
+            return False
+        if entry.version == pkg.version:
+            return True
+        # An uninstall of a non-spec version (e.g. before a downgrade) is driven from the spec package.
+        return entry.stage in UNINSTALL_STAGES and entry.state != PackageState.COMPLETE
+
+    # -- phase 0: reboot re-apply -------------------------------------------------------------------
+
+    def reapply_on_reboot(self) -> None:
+        s = self.state
+        if not (self.opts.reapply_on_reboot and s.generation is not None and s.boot_id and self.node.boot_id):
+            return
+        if s.boot_id == self.node.boot_id or not node_complete(self.nw, s):
+            return
+        # Immutable OS images lose host changes on reboot: start over, through the rollout planner
+        # (admission cleared) so that a fleet-wide power event does not re-apply everywhere at once.
+        self.state = NodeState(cordoned=s.cordoned)
+        self.events.append(Event("Reboot", "node rebooted; re-applying every package (reapplyOnReboot)"))
+
+    # -- phase 1: observe pods ----------------------------------------------------------------------
+
+    def interrupt_group(self) -> tuple[PackageEntry | None, list[PackageEntry]]:
+        # Entries of versions no longer in the spec are inert markers (D2): they never hold the node.
+        mine = [e for e in self.state.packages if e.stage in INTERRUPT_STAGES and self.in_spec(e)]
+        carrier = next((e for e in mine if e.state == PackageState.IN_PROGRESS), None)
+        skipped = [e for e in mine if e.state == PackageState.SKIPPED]
+        return carrier, skipped
+
+    def merged_interrupt(self, carrier: PackageEntry, skipped: list[PackageEntry]) -> Interrupt | None:
+        found = [
+            i
+            for e in [carrier, *skipped]
+            if e.name in self.nw.spec.packages
+            if (i := self.stage_interrupt(e)) is not None
+        ]
+        return merge_interrupts(found)
+
+    def observe(self) -> None:
+        pods_by_key: dict[tuple[str, str, PackageStage], list[PodSummary]] = {}
+        for pod in self.inp.pods:
+            pods_by_key.setdefault((pod.package, pod.version, pod.stage), []).append(pod)
+        carrier, skipped = self.interrupt_group()
+        expected: set[str] = set()
+        for entry in list(self.state.packages):
+            if entry.state != PackageState.IN_PROGRESS or not self.in_spec(entry):
+                continue
+            pods = pods_by_key.get((entry.name, entry.version, entry.stage), [])
+            interrupt = self.merged_interrupt(entry, skipped) if entry.stage in INTERRUPT_STAGES else None
+            want = self.desired_hash(entry, interrupt)
+            current = next(
+                (p for p in pods if p.attempt == entry.attempts and p.spec_hash == entry.spec_hash), None
+            )
+            if current is not None:
+                expected.add(current.name)
+            if (
+                entry.stage in INTERRUPT_STAGES
+                and carrier is not None
+                and self.reboot_check(entry, skipped, current)
+            ):
+                continue  # a reboot in flight keeps its pod until the reboot is confirmed
+            if current is None:
+                if entry.spec_hash and entry.spec_hash != want and entry.stage not in INTERRUPT_STAGES:
+                    # The spec changed while no pod runs (lost, or waiting for a retry): start afresh.
+                    self.put(self.respec(entry))
+                continue  # lost pod or retry pending: handled by the start phase
+            if current.spec_hash != want and entry.stage not in INTERRUPT_STAGES:
+                # Image/env/resources/config changed: replace the pod with a fresh attempt series.
+                self.delete(current, "pod spec changed")
+                self.put(self.respec(entry))
+                continue
+            view = observe_pod(current, entry, now=self.now, policy=self.policy(entry.name))
+            if view.observation == Observation.WAIT:
+                if view.pull_error_since != entry.pull_error_since:
+                    self.put(replace(entry, pull_error_since=view.pull_error_since))
+                if view.recheck_after is not None:
+                    self.requeue(view.recheck_after, f"deadline of {current.name}")
+                continue
+            self.delete(
+                current, "attempt finished" if view.observation == Observation.SUCCEEDED else "attempt failed"
+            )
+            if view.observation == Observation.SUCCEEDED:
+                if entry.stage in INTERRUPT_STAGES:
+                    if self.is_reboot(entry, skipped):
+                        # Exit 0 of a reboot pod only means "reboot issued"; completion is the new bootID.
+                        self.requeue(self.opts.poll_interval, "waiting for the node to reboot")
+                        continue
+                    self.finish_interrupt(entry, skipped)
+                else:
+                    self.complete_stage(entry)
+            else:
+                self.record_failure(entry, view.reason)
+        for pod in self.inp.pods:
+            if pod.name not in expected:
+                self.delete(pod, "no package stage expects this pod")
+
+    def respec(self, entry: PackageEntry) -> PackageEntry:
+        """The entry restarted after its stage's pod spec changed: a fresh attempt series; a config run
+        also absorbs the newly changed keys (they decide the config interrupt)."""
+        changed = entry.changed
+        if entry.stage == PackageStage.CONFIG and changed:
+            pkg = _package(self.nw, entry.name)
+            changed = tuple(sorted({*changed, *diff(entry.config, config_hashes(pkg.config_map)).keys}))
+        return replace(
+            entry,
+            state=PackageState.PENDING,
+            attempts=0,
+            spec_hash="",
+            retry_at=None,
+            pull_error_since=None,
+            changed=changed,
+            updated=ts(self.now),
+        )
+
+    def is_reboot(self, carrier: PackageEntry, skipped: list[PackageEntry]) -> bool:
+        merged = self.merged_interrupt(carrier, skipped)
+        return merged is not None and merged.type == InterruptType.REBOOT
+
+    def reboot_check(
+        self, carrier: PackageEntry, skipped: list[PackageEntry], pod: PodSummary | None
+    ) -> bool:
+        """Handle a reboot in flight; True when handled (completed or timed out)."""
+        if not self.is_reboot(carrier, skipped) or self.state.interrupt_at is None:
+            return False
+        if self.state.boot_id and self.node.boot_id and self.node.boot_id != self.state.boot_id:
+            if not self.node.ready:
+                self.waiting.append("node rebooted, waiting for it to become Ready")
+                self.requeue(self.opts.poll_interval, "node not Ready after reboot")
+                return True
+            if pod is not None:
+                self.delete(pod, "reboot completed")
+            self.finish_interrupt(carrier, skipped)
+            return True
+        started = parse_ts(self.state.interrupt_at)
+        deadline = started + timedelta(seconds=self.opts.reboot_timeout)
+        if self.now >= deadline:
+            message = f"node did not return from reboot within {human_duration(self.opts.reboot_timeout)}"
+            self.put(replace(carrier, state=PackageState.ERRORING, error=message, updated=ts(self.now)))
+            self.state = replace(self.state, interrupt_at=None)
+            self.events.append(
+                Event("InterruptFailed", f"{carrier.name}:{carrier.version}: {message}", "Warning")
+            )
+            if pod is not None:
+                self.delete(pod, "reboot timed out")
+            return True
+        if not self.node.ready or (pod is not None and pod.outcome.value in ("succeeded", "failed")):
+            # The reboot is under way (or the pod died with it): wait for the new bootID.
+            self.waiting.append("waiting for the node to reboot")
+            self.requeue(
+                min(seconds_until(deadline, self.now), self.opts.poll_interval * 6), "reboot deadline"
+            )
+            return True
+        self.requeue(seconds_until(deadline, self.now), "reboot deadline")
+        return False
+
+    def complete_stage(self, entry: PackageEntry) -> None:
+        pkg = _package(self.nw, entry.name)
+        new = advance(entry, pkg, now=self.now, applied_config=config_hashes(pkg.config_map))
+        if entry.stage == PackageStage.UPGRADE:
+            # The upgrade replaced older versions on the host: their entries go (newer ones stay, D2).
+            mine = _version_key(entry.version)
+            for old in self.state.entries_for(entry.name):
+                if old.version != entry.version and _version_key(old.version) < mine:
+                    self.state = self.state.without(old.name, old.version)
+        if new is None:
+            self.state = self.state.without(entry.name, entry.version)
+            self.events.append(Event("PackageUninstalled", f"{entry.name}:{entry.version} uninstalled"))
+            return
+        self.put(new)
+        if new.state == PackageState.COMPLETE:
+            self.events.append(Event("PackageComplete", f"{entry.name}:{entry.version} complete"))
+
+    def finish_interrupt(self, carrier: PackageEntry, skipped: list[PackageEntry]) -> None:
+        for e in [carrier, *skipped]:
+            if e.name in self.nw.spec.packages:
+                self.complete_stage(replace(e, state=PackageState.IN_PROGRESS))
+        self.state = replace(self.state, interrupt_at=None)
+        self.events.append(
+            Event(
+                "InterruptComplete",
+                f"interrupt of {', '.join(sorted(e.name for e in [carrier, *skipped]))} complete",
+            )
+        )
+
+    def record_failure(self, entry: PackageEntry, reason: str) -> None:
+        result = fail_attempt(entry, reason=reason, now=self.now, policy=self.policy(entry.name))
+        self.put(result.entry)
+        if result.gave_up:
+            self.events.append(
+                Event("PackageFailed", f"{entry.name}:{entry.version}: {result.entry.error}", "Warning")
+            )
+            if entry.stage in INTERRUPT_STAGES:
+                self.state = replace(self.state, interrupt_at=None)
+        else:
+            self.events.append(
+                Event("PackageRetry", f"{entry.name}:{entry.version}: {result.entry.error}", "Warning")
+            )
+
+    # -- phase 2: decide runs -------------------------------------------------------------------------
+
+    def reset_erroring_on_spec_change(self) -> None:
+        """An erroring stage retries from scratch once the admin changed what it runs."""
+        skipped = [
+            e for e in self.state.packages if e.stage in INTERRUPT_STAGES and e.state == PackageState.SKIPPED
+        ]
+        for entry in list(self.state.packages):
+            if entry.state != PackageState.ERRORING or not self.in_spec(entry):
+                continue
+            interrupt = self.merged_interrupt(entry, skipped) if entry.stage in INTERRUPT_STAGES else None
+            if not entry.spec_hash or entry.spec_hash == self.desired_hash(entry, interrupt):
+                continue
+            self.put(replace(entry, state=PackageState.PENDING, attempts=0, spec_hash="", error=""))
+            if entry.stage in INTERRUPT_STAGES:
+                # The covered packages merge again with the carrier when the interrupt restarts.
+                for other in skipped:
+                    self.put(replace(other, state=PackageState.PENDING, updated=ts(self.now)))
+
+    def cancel_uninstalls(self) -> None:
+        for name, pkg in sorted(self.nw.spec.packages.items()):
+            if _uninstall_requested(pkg):
+                continue
+            for entry in self.state.entries_for(name):
+                if entry.stage != PackageStage.UNINSTALL or entry.state == PackageState.COMPLETE:
+                    continue
+                if entry.state == PackageState.PENDING and entry.attempts == 0 and not entry.error:
+                    # Nothing ran yet: the package is still installed as it was.
+                    last = PackageStage.POST_INTERRUPT if pkg.interrupt else PackageStage.CONFIG
+                    self.put(replace(entry, stage=last, state=PackageState.COMPLETE, updated=ts(self.now)))
+                else:
+                    # The uninstall pod may have removed files already: reinstall from apply.
+                    self.put(
+                        replace(
+                            entry,
+                            stage=PackageStage.APPLY,
+                            state=PackageState.PENDING,
+                            attempts=0,
+                            spec_hash="",
+                            error="",
+                            retry_at=None,
+                            updated=ts(self.now),
+                        )
+                    )
+                self.events.append(
+                    Event("UninstallCancelled", f"uninstall of {name}:{entry.version} cancelled")
+                )
+
+    def new_runs(self) -> list[PackageEntry]:
+        """Entries for work that would START now (not yet in state): fresh install, upgrade, config
+        change, uninstall. Materialised only if the start gates allow it."""
+        runs: list[PackageEntry] = []
+        for name, pkg in sorted(self.nw.spec.packages.items()):
+            entries = self.state.entries_for(name)
+            if any(
+                e.state in ACTIVE_STATES or e.state == PackageState.ERRORING
+                for e in entries
+                if self.in_spec(e)
+            ):
+                continue  # a run is already in flight (or failed) for this package
+            if _uninstall_requested(pkg):
+                target = _uninstall_target(self.state, name, pkg)
+                if target is not None and target.state == PackageState.COMPLETE:
+                    runs.append(
+                        replace(
+                            target,
+                            stage=PackageStage.UNINSTALL,
+                            state=PackageState.PENDING,
+                            attempts=0,
+                            started=None,
+                            changed=(),
+                            error="",
+                        )
+                    )
+                continue
+            current = self.state.entry(name, pkg.version)
+            desired_cfg = config_hashes(pkg.config_map)
+            if current is not None:
+                if current.state == PackageState.COMPLETE:
+                    change = diff(current.config, desired_cfg)
+                    if change:
+                        runs.append(
+                            replace(
+                                current,
+                                stage=PackageStage.CONFIG,
+                                state=PackageState.PENDING,
+                                attempts=0,
+                                started=None,
+                                changed=change.keys,
+                                error="",
+                            )
+                        )
+                continue
+            spec_v = _version_key(pkg.version)
+            lower = [e for e in entries if _version_key(e.version) < spec_v]
+            higher = [e for e in entries if _version_key(e.version) > spec_v]
+            if higher and pkg.uninstall is not None and pkg.uninstall.enabled:
+                top = max(higher, key=lambda e: _version_key(e.version))
+                self.blocked.append(
+                    f"{name}: downgrade {top.version} -> {pkg.version} requires uninstalling"
+                    f" {top.version} first (set uninstall.apply: true)"
+                )
+                continue
+            upgrade = (
+                bool(lower)
+                and max(lower, key=lambda e: _version_key(e.version)).state == PackageState.COMPLETE
+            )
+            runs.append(
+                PackageEntry(
+                    name=name,
+                    version=pkg.version,
+                    stage=PackageStage.UPGRADE if upgrade and not higher else PackageStage.APPLY,
+                    state=PackageState.PENDING,
+                )
+            )
+        return runs
+
+    # -- phase 3: start pods --------------------------------------------------------------------------
+
+    def node_block_reason(self) -> str | None:
+        if self.node.labels.get(constants.LABEL_IGNORE) == "true":
+            return f"node carries {constants.LABEL_IGNORE}=true"
+        bad = untolerated_taints(
+            self.nw, self.node, runtime_taint_key=self.opts.pod.runtime_required_taint_key
+        )
+        if bad:
+            text = ", ".join(f"{t.key}{'=' + t.value if t.value else ''}:{t.effect}" for t in bad)
+            return f"taint(s) not tolerated: {text}"
+        return None
+
+    def pod_running(self) -> bool:
+        live = {n for n in (p.name for p in self.inp.pods) if n not in self.deletes}
+        return bool(live)
+
+    def node_gate(self, *, for_interrupt: bool) -> bool:
+        """Cordon -> protected pods -> drain. True when the node is ready for interrupt-bearing work."""
+        if self.node_gate_ok:
+            return True
+        if not self.node.unschedulable:
+            if not self.cordon_requested:
+                self.cordon_requested = True
+                self.actions.append(Cordon())
+                self.state = replace(self.state, cordoned=True)
+                self.events.append(Event("Cordon", "cordoning node before interrupt-bearing work"))
+            self.waiting.append("cordoning the node")
+            self.requeue(self.opts.poll_interval, "waiting for the cordon to be observed")
+            return False
+        facts = self.inp.drain
+        if facts is None:
+            self.needs_drain = True
+            self.waiting.append(
+                "checking workload pods before " + ("the interrupt" if for_interrupt else "draining")
+            )
+            return False
+        sel = facts.selection
+        if sel.protected:
+            wait_cfg = getattr(self.nw.spec, "interrupt_wait", None)
+            timeout_text = getattr(wait_cfg, "timeout", None)
+            expired = False
+            if timeout_text and facts.protected_since is not None:
+                limit = podspec.parse_duration_seconds(timeout_text)
+                expired = self.now >= facts.protected_since + timedelta(seconds=limit)
+            if not expired or getattr(wait_cfg, "action", "fail") == "fail":
+                if expired:
+                    self.fail_active(
+                        f"protected pods still running after {timeout_text}: {', '.join(sel.protected[:5])}"
+                    )
+                    return False
+                self.actions.append(WaitForProtectedPods(sel.protected))
+                self.waiting.append(f"waiting for protected pods: {', '.join(sel.protected[:5])}")
+                self.requeue(self.opts.poll_interval, "protected pods")
+                return False
+        if not sel.drained:
+            drain_cfg = getattr(self.nw.spec, "drain", None)
+            policy = str(getattr(drain_cfg, "policy", "wait"))
+            timeout_text = getattr(drain_cfg, "timeout", None)
+            expired = bool(
+                timeout_text
+                and facts.draining_since is not None
+                and self.now
+                >= facts.draining_since + timedelta(seconds=podspec.parse_duration_seconds(timeout_text))
+            )
+            if not (expired and policy == "skip"):
+                force = expired and policy == "force"
+                if sel.evict:
+                    self.actions.append(Drain(sel.evict, force=force))
+                blocked = (
+                    f" (eviction blocked: {'; '.join(facts.eviction_blocked[:3])})"
+                    if facts.eviction_blocked
+                    else ""
+                )
+                left = len(sel.evict) + len(sel.terminating)
+                self.waiting.append(f"draining: {left} pod(s) left{blocked}")
+                self.requeue(self.opts.poll_interval, "drain")
+                return False
+        self.node_gate_ok = True
+        return True
+
+    def fail_active(self, message: str) -> None:
+        for entry in self.state.packages:
+            if entry.state in (PackageState.PENDING, PackageState.IN_PROGRESS) and self.in_spec(entry):
+                self.put(replace(entry, state=PackageState.ERRORING, error=message, updated=ts(self.now)))
+        self.events.append(Event("InterruptWaitTimeout", message, "Warning"))
+
+    def create(
+        self,
+        entry: PackageEntry,
+        *,
+        attempt: int,
+        interrupt: Interrupt | None = None,
+        covers: tuple[str, ...] = (),
+        new_run: bool = False,
+    ) -> PackageEntry:
+        pkg = _package(self.nw, entry.name)
+        s_hash = self.desired_hash(entry, interrupt)
+        name = podspec.pod_name(
+            self.nw.metadata.name, entry.name, entry.version, entry.stage, self.node.name, attempt, s_hash
+        )
+        image = (
+            ""
+            if entry.stage in INTERRUPT_STAGES
+            else podspec.image_reference(pkg.image, entry.version, pkg.container_sha)
+        )
+        self.creates.append(
+            CreatePod(
+                package=entry.name,
+                version=entry.version,
+                stage=entry.stage,
+                attempt=attempt,
+                name=name,
+                spec_hash=s_hash,
+                node_order=self.node_order(),
+                interrupt=interrupt,
+                covers=covers,
+            )
+        )
+        new = start_attempt(entry, attempt=attempt, spec_hash=s_hash, image=image, now=self.now)
+        self.put(new)
+        if new_run:
+            self.events.append(Event("PackageStarted", f"{entry.name}:{entry.version} {entry.stage.value}"))
+        elif attempt != entry.attempts:
+            self.events.append(
+                Event("StageStarted", f"{entry.name}:{entry.version} {entry.stage.value} attempt {attempt}")
+            )
+        return new
+
+    def startable(self, entry: PackageEntry) -> int | None:
+        """The attempt number to create for an in-spec entry, or None if it must not start now."""
+        if entry.state == PackageState.PENDING:
+            return max(entry.attempts, 0) + 1
+        if entry.state != PackageState.IN_PROGRESS:
+            return None
+        if any(
+            p.package == entry.name
+            and p.version == entry.version
+            and p.stage == entry.stage
+            and p.attempt == entry.attempts
+            and p.name not in self.deletes
+            for p in self.inp.pods
+        ):
+            return None  # its pod is alive
+        if entry.retry_at is not None:
+            at = parse_ts(entry.retry_at)
+            if self.now < at:
+                self.requeue(seconds_until(at, self.now), f"retry of {entry.name}")
+                return None
+            return entry.attempts + 1
+        if entry.spec_hash and any(
+            p.name in self.deletes and p.package == entry.name and p.stage == entry.stage
+            for p in self.inp.pods
+        ):
+            return None  # just finished (e.g. reboot issued); do not recreate in the same plan
+        return max(entry.attempts, 1)  # the pod was lost (e.g. garbage-collected across a reboot): recreate
+
+    def start(self) -> None:
+        paused, block = is_paused(self.nw), self.node_block_reason()
+        if paused:
+            self.waiting.append("NodeWright is paused")
+            return
+        if block:
+            return
+        if not self.node.ready:
+            self.waiting.append("node is not Ready")
+            return
+        carrier, skipped = self.interrupt_group()
+        if carrier is not None:
+            attempt = self.startable(carrier) if self.in_spec(carrier) else None
+            if attempt is not None and self.node_gate(for_interrupt=True):
+                merged = self.merged_interrupt(carrier, skipped)
+                if merged is not None:
+                    self.create(
+                        carrier, attempt=attempt, interrupt=merged, covers=tuple(e.name for e in skipped)
+                    )
+            return  # nothing else runs during an interrupt
+        in_flight = [e for e in self.state.packages if self.in_spec(e) and e.state in ACTIVE_STATES]
+        pending_interrupts = [
+            e for e in in_flight if e.stage in INTERRUPT_STAGES and e.state == PackageState.PENDING
+        ]
+        # Continue started runs (pre-interrupt and post-interrupt stages).
+        for entry in sorted(in_flight, key=lambda e: e.key):
+            if entry.stage in INTERRUPT_STAGES:
+                continue
+            attempt = self.startable(entry)
+            if attempt is None:
+                continue
+            gated = entry.stage in PRE_INTERRUPT_STAGES and self.stage_interrupt(entry) is not None
+            if gated and not self.node_gate(for_interrupt=False):
+                continue
+            self.create(entry, attempt=attempt)
+        # Start the merged interrupt once nothing else that could join it, or be killed by it, runs.
+        if pending_interrupts:
+            holdouts = [
+                e
+                for e in self.state.packages
+                if self.in_spec(e) and e.state in ACTIVE_STATES and e.stage not in INTERRUPT_STAGES
+            ]
+            if holdouts or self.creates or self.pod_running():
+                names = sorted({e.name for e in holdouts})
+                self.waiting.append("interrupt waits for " + (", ".join(names) if names else "running pods"))
+                return
+            if not self.node_gate(for_interrupt=True):
+                return
+            candidates = {e.name: i for e in pending_interrupts if (i := self.stage_interrupt(e)) is not None}
+            group = merge_for_node(candidates)
+            if group is None:
+                return
+            for e in pending_interrupts:
+                if e.name != group.carrier:
+                    self.put(replace(e, state=PackageState.SKIPPED, updated=ts(self.now)))
+            carrier_entry = next(e for e in pending_interrupts if e.name == group.carrier)
+            self.state = replace(self.state, boot_id=self.node.boot_id or None, interrupt_at=ts(self.now))
+            self.create(carrier_entry, attempt=1, interrupt=group.interrupt, covers=group.skipped)
+            self.events.append(
+                Event("Interrupt", f"{group.interrupt.type.value} for {', '.join(sorted(candidates))}")
+            )
+            return
+        self.start_new_runs(in_flight)
+
+    def start_new_runs(self, in_flight: list[PackageEntry]) -> None:
+        runs = self.new_runs()
+        if not runs:
+            return
+        if self.state.admission is None:
+            self.waiting.append("waiting for the rollout to admit this node")
+            return
+        if self.inp.sequencing_blocker:
+            self.waiting.append(f"waiting for {self.inp.sequencing_blocker}")
+            return
+        graph = Graph.build({n: (p.depends_on or {}).keys() for n, p in self.nw.spec.packages.items()})
+        cycle = graph.find_cycle()
+        if cycle:
+            self.blocked.append("dependency cycle: " + " -> ".join(cycle))
+            return
+        complete = frozenset(
+            n
+            for n, p in self.nw.spec.packages.items()
+            if not _uninstall_requested(p) and package_complete(self.state, n, p)
+        )
+        flying = bool(in_flight)
+        started = 0
+        for r in runs:
+            if self.nw.spec.serial and (flying or started):
+                break  # serial: one package active on the node at a time
+            if r.stage in (PackageStage.APPLY, PackageStage.UPGRADE) and not graph.ready(r.name, complete):
+                # A real frontier: only this package's own dependencies matter.
+                deps = [d for d in graph.deps[r.name] if d not in complete]
+                missing = [d for d in deps if d not in self.nw.spec.packages]
+                gone = [
+                    d
+                    for d in deps
+                    if d in self.nw.spec.packages and _uninstall_requested(self.nw.spec.packages[d])
+                ]
+                if missing:
+                    self.blocked.append(f"{r.name}: depends on unknown package(s) {', '.join(missing)}")
+                elif gone:
+                    self.blocked.append(
+                        f"{r.name}: dependency {', '.join(gone)} is being uninstalled (DependencyUninstalled)"
+                    )
+                continue
+            if self.stage_interrupt(r) is not None and not self.node_gate(for_interrupt=False):
+                # Record the run as started: the cordon is owned by work in flight, which then continues
+                # without needing admission again.
+                if self.cordon_requested or self.node.unschedulable:
+                    self.put(replace(r, updated=ts(self.now)))
+                    started += 1
+                continue
+            self.create(r, attempt=1, new_run=True)
+            started += 1
+
+    # -- phase 4: completion and status ---------------------------------------------------------------
+
+    def finish(self) -> NodePlan:
+        gen = self.nw.metadata.generation
+        old = self.inp.state or NodeState()
+        # A generation bump that does not touch this node is not a new completion (no event).
+        was_complete = old.generation is not None and node_complete(self.nw, old) and not old.cordoned
+        complete = node_complete(self.nw, self.state)
+        if complete:
+            if self.state.cordoned:
+                self.actions.append(Uncordon())
+            self.state = replace(
+                self.state,
+                cordoned=False,
+                generation=gen,
+                admission=None,
+                interrupt_at=None,
+                boot_id=self.node.boot_id or self.state.boot_id,
+            )
+            if not was_complete:
+                self.events.append(
+                    Event("NodeComplete", f"{self.nw.metadata.name} complete on {self.node.name}")
+                )
+        elif self.state.cordoned and self.state.admission is None and self.idle():
+            # The rollout withdrew the node (e.g. a batch reset) between two runs: nothing is in flight
+            # and nothing may start, so the node goes back into service while it waits. It is cordoned
+            # again when it is re-admitted.
+            self.actions.append(Uncordon())
+            self.state = replace(self.state, cordoned=False)
+            self.events.append(
+                Event("Uncordon", "no work in flight and not admitted: uncordoning while waiting")
+            )
+        status, reason, message = self.status(complete)
+        actions: list[Action] = [a for a in self.actions if isinstance(a, (Cordon, Uncordon))]
+        actions += [a for a in self.actions if isinstance(a, (WaitForProtectedPods, Drain))]
+        deletes: list[DeletePod] = sorted(self.deletes.values(), key=lambda d: d.name)
+        actions += deletes
+        actions += self.creates
+        actions += self.events
+        if self.requeues and not complete:
+            soonest = min(self.requeues, key=lambda r: r.seconds)
+            actions.append(soonest)
+        return NodePlan(
+            state=self.state,
+            status=status,
+            condition=_condition(self.nw, status, reason, message),
+            actions=tuple(actions),
+            needs_drain_facts=self.needs_drain,
+            state_changed=self.state != (self.inp.state or NodeState()),
+        )
+
+    def idle(self) -> bool:
+        """Nothing of this NodeWright runs or is due on the node (erroring entries keep the cordon)."""
+        mine = [e for e in self.state.packages if self.in_spec(e)]
+        busy = any(e.state in ACTIVE_STATES or e.state == PackageState.ERRORING for e in mine)
+        return not busy and not self.creates and not self.pod_running()
+
+    def status(self, complete: bool) -> tuple[Status, str, str]:
+        if complete:
+            return Status.COMPLETE, "Complete", f"all {len(self.nw.spec.packages)} package(s) complete"
+        errors = [e for e in self.state.packages if e.state == PackageState.ERRORING and self.in_spec(e)]
+        active = [e for e in self.state.packages if e.state in ACTIVE_STATES and self.in_spec(e)]
+        block = self.node_block_reason()
+        doing = ", ".join(f"{e.name}:{e.version} {e.stage.value} {e.state.value}" for e in active[:5])
+        why = "; ".join(dict.fromkeys(self.waiting))
+        if is_paused(self.nw):
+            return (
+                Status.PAUSED,
+                "Paused",
+                "NodeWright is paused" + (f"; in flight: {doing}" if doing else ""),
+            )
+        if block:
+            return Status.BLOCKED, "Blocked", block
+        if errors:
+            text = "; ".join(f"{e.name}:{e.version} {e.stage.value}: {e.error}" for e in errors[:3])
+            return Status.ERRORING, "Erroring", text
+        if active or self.creates or self.state.cordoned:
+            reason = "InProgress"
+            if any(isinstance(a, WaitForProtectedPods) for a in self.actions):
+                reason = "WaitingForProtectedPods"
+            elif "reboot" in why:
+                reason = "Rebooting"
+            elif any(isinstance(a, Drain) for a in self.actions) or "draining" in why:
+                reason = "Draining"
+            return Status.IN_PROGRESS, reason, (doing or "starting") + (f"; {why}" if why else "")
+        if self.blocked:
+            return Status.BLOCKED, "Blocked", "; ".join(self.blocked)
+        return Status.WAITING, "Waiting", why or "waiting"
+
+
+def plan_node(inp: NodeInput) -> NodePlan:
+    """Decide the next step of `inp.nodewright` on `inp.node`. Pure and deterministic."""
+    if inp.now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    nw = inp.nodewright
+    state = inp.state or NodeState()
+    if is_disabled(nw):
+        return NodePlan(
+            state=state,
+            status=Status.DISABLED,
+            condition=_condition(nw, Status.DISABLED, "Disabled", "NodeWright is disabled"),
+            actions=(),
+        )
+    p = _Planner(inp)
+    p.reapply_on_reboot()
+    p.observe()
+    p.reset_erroring_on_spec_change()
+    p.cancel_uninstalls()
+    p.start()
+    return p.finish()

@@ -1,0 +1,417 @@
+"""Pure builder of package and interrupt pod manifests, compatible with existing package images.
+
+Package images built for the reference (NVIDIA Skyhook/NodeWright, anchor §2.12-§2.13) run unchanged:
+
+- init container `<pkg>-init` (the package image) copies the image's `/skyhook-package` payload to a
+  per-package directory on the host (`<hostRootMount>/<copyDir>`);
+- init containers `<pkg>-<stage>` and `<pkg>-<stage>check` run the agent image with args
+  `<stage> <hostRootMount> <copyDir>` and `<stage>-check <hostRootMount> <copyDir>`;
+- interrupt pods have a single `interrupt` init container with args
+  `interrupt <hostRootMount> <copyDir> <base64 JSON in the agent's vocabulary>`;
+- a `pause` main container keeps the pod Running after the init containers finished;
+- env: `SKYHOOK_LOG_DIR`, `SKYHOOK_ROOT_DIR`, `COPY_RESOLV=false`, `SKYHOOK_RESOURCE_ID`,
+  `SKYHOOK_NODE_ORDER` and `NODEWRIGHT_*` equivalents, then the package env (incl. valueFrom); package
+  env cannot override the operator-managed names (except `COPY_RESOLV`, a documented toggle);
+- privileged, hostPID, hostNetwork, host `/` mounted with HostToContainer propagation, `nodeName` set
+  (no scheduler), tolerations for unschedulable + the runtime-required taint + additionalTolerations.
+
+Differences from the reference: `restartPolicy: Never` (the operator owns retries, attempts are counted
+and bounded, anchor §11.4); the image reference keeps registry ports intact (`registry:5000/x`, §11.8);
+pods carry `nodewright.io/*` labels and an `attempt` and `spec-hash` annotation.
+
+The spec hash covers everything whose change must replace a running pod (images, env, resources,
+config data, tolerations, interrupt, grace period), and deliberately NOT the NodeWright generation,
+attempt or node order: editing an unrelated part of the NodeWright must not kill running pods.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from nodewright.api import constants
+from nodewright.api.models import Interrupt, NodeWright, Package
+from nodewright.api.nodestate import PackageStage
+from nodewright.plan import interrupts as interrupts_mod
+from nodewright.plan.configdiff import config_digest
+
+PAYLOAD_DIR: Final = "/skyhook-package"
+CONFIGMAP_MOUNT: Final = f"{PAYLOAD_DIR}/configmaps"
+NODE_METADATA_MOUNT: Final = f"{PAYLOAD_DIR}/node-metadata"
+INTERRUPT_STAGES: Final = (PackageStage.INTERRUPT, PackageStage.UNINSTALL_INTERRUPT)
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+_RESERVED_ENV: Final = frozenset(
+    {
+        "SKYHOOK_LOG_DIR",
+        "SKYHOOK_ROOT_DIR",
+        "SKYHOOK_RESOURCE_ID",
+        "SKYHOOK_DIR",
+        *constants.ENV_NODE_ORDER,
+        "NODEWRIGHT_LOG_DIR",
+        "NODEWRIGHT_ROOT_DIR",
+        "NODEWRIGHT_RESOURCE_ID",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PodOptions:
+    namespace: str = "nodewright"
+    agent_image: str = "ghcr.io/nvidia/skyhook/agent:6.4.1"
+    pause_image: str = "registry.k8s.io/pause:3.10"
+    copy_dir_root: str = "/var/lib/skyhook"
+    log_root: str = "/var/log/skyhook"
+    host_root_mount: str = "/root"
+    runtime_required_taint_key: str = constants.DEFAULT_RUNTIME_REQUIRED_TAINT_KEY
+    image_pull_secret: str | None = None
+    node_metadata_configmap: bool = False  # mount `<nw>-<node>-metadata` if the controller provides it
+    interrupt_resources: tuple[str, str] = ("500m", "64Mi")
+    pause_resources: tuple[str, str] = ("100m", "20Mi")
+    extra_labels: tuple[tuple[str, str], ...] = field(default=())
+
+
+# ----------------------------------------------------------------------------------------------------
+# Names
+
+
+def _hash(*parts: object, length: int = 8) -> str:
+    return hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()[:length]
+
+
+def _dns_label(text: str) -> str:
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", text.lower())).strip("-")
+
+
+def safe_name(*parts: str, limit: int = 63, hash_input: tuple[object, ...] = ()) -> str:
+    """DNS-1123 label from `parts`, truncated, with an 8-hex hash suffix over the full input."""
+    suffix = _hash(*parts, *hash_input)
+    base = _dns_label("-".join(parts))[: limit - len(suffix) - 1].rstrip("-")
+    return f"{base}-{suffix}" if base else suffix
+
+
+def label_value(text: str) -> str:
+    """A valid label value: invalid characters become '_'; too long values are truncated + hashed."""
+    value = re.sub(r"[^A-Za-z0-9_.-]", "_", text)
+    if len(value) > constants.LABEL_NAME_LIMIT or not _LABEL_VALUE.match(value):
+        value = re.sub(r"^[^A-Za-z0-9]+", "", value)[:54]
+        value = re.sub(r"[^A-Za-z0-9]+$", "", value)
+        value = f"{value}-{_hash(text)}" if value else _hash(text)
+    return value
+
+
+def package_configmap_name(nodewright: str, package: str, version: str) -> str:
+    """Per-version ConfigMap `<nw>-<pkg>-<ver>`, lower-cased and made a valid DNS subdomain."""
+    name = re.sub(r"[^a-z0-9.-]", "-", f"{nodewright}-{package}-{version}".lower()).strip("-.")
+    if len(name) > 253:
+        name = f"{name[:244].rstrip('-.')}-{_hash(nodewright, package, version)}"
+    return name
+
+
+def node_metadata_configmap_name(nodewright: str, node: str) -> str:
+    return safe_name(nodewright, node, "metadata", limit=253)
+
+
+def pod_name(
+    nodewright: str, package: str, version: str, stage: PackageStage, node: str, attempt: int, spec_hash: str
+) -> str:
+    return safe_name(nodewright, package, stage.value, node, hash_input=(version, attempt, spec_hash))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Image references
+
+
+def image_reference(image: str, version: str, container_sha: str | None = None) -> str:
+    """`image:version` unless `image` has a tag or digest; `repo@sha256:...` when containerSHA is set.
+
+    A tag is a ':' in the LAST path component, so `registry:5000/x` is a repository with a port.
+    """
+    slash = image.rfind("/")
+    last = image[slash + 1 :]
+    repo = image
+    has_digest = "@" in image
+    has_tag = not has_digest and ":" in last
+    if has_tag:
+        repo = image[: slash + 1] + last.split(":", 1)[0]
+    if container_sha:
+        return f"{repo.split('@', 1)[0]}@{container_sha}"
+    if has_digest or has_tag:
+        return image
+    # '+' (semver build metadata) is not allowed in an image tag.
+    return f"{image}:{version.replace('+', '_')}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pieces
+
+
+def copy_dir(nw: NodeWright, package: str, version: str, options: PodOptions) -> str:
+    return (
+        f"{options.copy_dir_root}/{nw.metadata.name}/"
+        f"{package}-{version}-{nw.metadata.uid or ''}-{nw.metadata.generation or 0}"
+    )
+
+
+def resource_id(nw: NodeWright, package: str, version: str) -> str:
+    return f"{nw.metadata.name}-{nw.metadata.uid or ''}-{nw.metadata.generation or 0}_{package}_{version}"
+
+
+def tolerations(nw: NodeWright, options: PodOptions) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [
+        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": options.runtime_required_taint_key, "operator": "Exists"},
+    ]
+    out.extend(t.to_json_dict() for t in nw.spec.additional_tolerations or [])
+    return out
+
+
+def parse_duration_seconds(text: str) -> float:
+    """Go time.ParseDuration subset used by the API (`90s`, `1h30m`, `1.5h`, `0`)."""
+    units = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+    if text == "0":
+        return 0.0
+    parts = re.findall(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"invalid duration {text!r}")
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def _package_env(package: Package) -> list[dict[str, Any]]:
+    return [e.to_json_dict() for e in package.env or [] if e.name not in _RESERVED_ENV]
+
+
+def _agent_env(
+    nw: NodeWright, package: str, version: str, node_order: int, options: PodOptions
+) -> list[dict[str, Any]]:
+    name = nw.metadata.name
+    rid = resource_id(nw, package, version)
+    log_dir = f"{options.log_root}/{name}"
+    root_dir = f"{options.copy_dir_root}/{name}"
+    env = [
+        {"name": "SKYHOOK_LOG_DIR", "value": log_dir},
+        {"name": "SKYHOOK_ROOT_DIR", "value": root_dir},
+        {"name": "COPY_RESOLV", "value": "false"},
+        {"name": "SKYHOOK_RESOURCE_ID", "value": rid},
+        {"name": "NODEWRIGHT_LOG_DIR", "value": log_dir},
+        {"name": "NODEWRIGHT_ROOT_DIR", "value": root_dir},
+        {"name": "NODEWRIGHT_RESOURCE_ID", "value": rid},
+    ]
+    env.extend({"name": n, "value": str(node_order)} for n in constants.ENV_NODE_ORDER)
+    return env
+
+
+def _resources(package: Package) -> dict[str, Any] | None:
+    r = package.resources
+    if r is None or not (r.cpu_request or r.memory_request or r.cpu_limit or r.memory_limit):
+        return None
+    req = {k: v for k, v in (("cpu", r.cpu_request), ("memory", r.memory_request)) if v}
+    lim = {k: v for k, v in (("cpu", r.cpu_limit), ("memory", r.memory_limit)) if v}
+    return {"requests": req, "limits": lim}
+
+
+def _agent_image(package: Package, options: PodOptions) -> str:
+    return package.agent_image_override or options.agent_image
+
+
+def spec_hash(
+    nw: NodeWright,
+    package: Package,
+    *,
+    package_name: str,
+    version: str,
+    stage: PackageStage,
+    interrupt: Interrupt | None,
+    options: PodOptions,
+) -> str:
+    """Hash of everything that should replace a running pod when it changes."""
+    identity: dict[str, Any] = {
+        "stage": stage.value,
+        "package": package_name,
+        "version": version,
+        "agent": _agent_image(package, options),
+        "pause": options.pause_image,
+        "tolerations": tolerations(nw, options),
+        "pullSecret": options.image_pull_secret,
+        "paths": [options.copy_dir_root, options.log_root, options.host_root_mount],
+    }
+    if stage in INTERRUPT_STAGES:
+        identity["interrupt"] = interrupts_mod.interrupt_json(interrupt) if interrupt else None
+    else:
+        identity.update(
+            image=image_reference(package.image, version, package.container_sha),
+            env=_package_env(package),
+            resources=_resources(package),
+            config=config_digest(package.config_map),
+            grace=package.graceful_shutdown,
+        )
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The pod
+
+
+def build_pod(
+    nw: NodeWright,
+    package: Package,
+    *,
+    package_name: str,
+    version: str,
+    stage: PackageStage,
+    node: str,
+    attempt: int,
+    node_order: int,
+    options: PodOptions,
+    interrupt: Interrupt | None = None,
+) -> dict[str, Any]:
+    """The manifest of the pod running `stage` of `package_name@version` on `node` (attempt >= 1).
+
+    For interrupt stages, `package` is the carrier package and `interrupt` the merged interrupt.
+    """
+    if stage in INTERRUPT_STAGES and interrupt is None:
+        raise ValueError(f"stage {stage.value} needs an interrupt")
+    nw_name = nw.metadata.name
+    s_hash = spec_hash(
+        nw,
+        package,
+        package_name=package_name,
+        version=version,
+        stage=stage,
+        interrupt=interrupt,
+        options=options,
+    )
+    name = pod_name(nw_name, package_name, version, stage, node, attempt, s_hash)
+    cdir = copy_dir(nw, package_name, version, options)
+    root = options.host_root_mount
+    privileged = {"privileged": True}
+    root_mount = {"name": "root-mount", "mountPath": root, "mountPropagation": "HostToContainer"}
+    volumes: list[dict[str, Any]] = [{"name": "root-mount", "hostPath": {"path": "/"}}]
+    mounts: list[dict[str, Any]] = [root_mount]
+    if options.node_metadata_configmap:
+        volumes.append(
+            {"name": "metadata", "configMap": {"name": node_metadata_configmap_name(nw_name, node)}}
+        )
+        mounts.append({"name": "metadata", "mountPath": NODE_METADATA_MOUNT})
+    env = _agent_env(nw, package_name, version, node_order, options)
+    agent = _agent_image(package, options)
+    init: list[dict[str, Any]]
+    if stage in INTERRUPT_STAGES:
+        assert interrupt is not None
+        cpu, mem = options.interrupt_resources
+        init = [
+            {
+                "name": "interrupt",
+                "image": agent,
+                "imagePullPolicy": "Always",
+                "args": ["interrupt", root, cdir, interrupts_mod.agent_payload(interrupt)],
+                "env": env,
+                "securityContext": privileged,
+                "volumeMounts": mounts,
+                "resources": {"requests": {"cpu": cpu, "memory": mem}, "limits": {"cpu": cpu, "memory": mem}},
+            }
+        ]
+    else:
+        if package.config_map:
+            volumes.append(
+                {
+                    "name": f"{package_name}-configmap",
+                    "configMap": {"name": package_configmap_name(nw_name, package_name, package.version)},
+                }
+            )
+            mounts = [*mounts, {"name": f"{package_name}-configmap", "mountPath": CONFIGMAP_MOUNT}]
+        resources = _resources(package)
+        target = f"{root}/${{SKYHOOK_DIR}}"
+        copy = {
+            "name": f"{package_name}-init",
+            "image": image_reference(package.image, version, package.container_sha),
+            "imagePullPolicy": "Always",
+            "command": ["/bin/sh"],
+            "args": ["-c", f"mkdir -p {target} && cp -r {PAYLOAD_DIR}/* {target}"],
+            "env": [{"name": "SKYHOOK_DIR", "value": cdir}],
+            "securityContext": privileged,
+            "volumeMounts": mounts,
+        }
+        full_env = env + _package_env(package)
+        steps = [
+            {
+                "name": f"{package_name}-{stage.value}",
+                "image": agent,
+                "imagePullPolicy": "Always",
+                "args": [stage.value, root, cdir],
+                "env": full_env,
+                "securityContext": privileged,
+                "volumeMounts": mounts,
+            },
+            {
+                "name": f"{package_name}-{stage.value}check",
+                "image": agent,
+                "imagePullPolicy": "Always",
+                "args": [f"{stage.value}-check", root, cdir],
+                "env": full_env,
+                "securityContext": privileged,
+                "volumeMounts": mounts,
+            },
+        ]
+        init = [copy, *steps]
+        if resources is not None:
+            for c in init:
+                c["resources"] = resources
+    pcpu, pmem = options.pause_resources
+    labels = {
+        constants.POD_OWNER_LABEL: constants.POD_OWNER_VALUE,
+        constants.POD_LABEL_NODEWRIGHT: nw_name,
+        constants.POD_LABEL_PACKAGE: package_name,
+        constants.POD_LABEL_VERSION: label_value(version),
+        constants.POD_LABEL_STAGE: stage.value,
+        constants.POD_LABEL_NODE: label_value(node),
+        **dict(options.extra_labels),
+    }
+    annotations = {constants.POD_ANNOTATION_ATTEMPT: str(attempt), constants.POD_ANNOTATION_SPEC_HASH: s_hash}
+    if interrupt is not None and stage in INTERRUPT_STAGES:
+        annotations[constants.POD_ANNOTATION_INTERRUPT] = interrupts_mod.interrupt_json(interrupt)
+    spec: dict[str, Any] = {
+        "nodeName": node,
+        "restartPolicy": "Never",
+        "hostPID": True,
+        "hostNetwork": True,
+        "initContainers": init,
+        "containers": [
+            {
+                "name": "pause",
+                "image": options.pause_image,
+                "resources": {
+                    "requests": {"cpu": pcpu, "memory": pmem},
+                    "limits": {"cpu": pcpu, "memory": pmem},
+                },
+            }
+        ],
+        "tolerations": tolerations(nw, options),
+        "volumes": volumes,
+    }
+    if package.graceful_shutdown and stage not in INTERRUPT_STAGES:
+        spec["terminationGracePeriodSeconds"] = int(parse_duration_seconds(package.graceful_shutdown))
+    if options.image_pull_secret:
+        spec["imagePullSecrets"] = [{"name": options.image_pull_secret}]
+    owner = {
+        "apiVersion": constants.API_VERSION,
+        "kind": constants.KIND_NODEWRIGHT,
+        "name": nw_name,
+        "uid": nw.metadata.uid or "",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": options.namespace,
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [owner],
+        },
+        "spec": spec,
+    }

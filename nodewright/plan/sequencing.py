@@ -1,0 +1,62 @@
+"""Ordering between NodeWrights: priority, sequencing, pause and disable (anchor §2.8).
+
+NodeWrights are ordered by (priority, name), lowest first. A node is "ready" for NodeWright X when every
+enabled NodeWright before X either does not target the node, or has `sequencing: node` and is complete
+on that node, or has `sequencing: all` and is complete on ALL its nodes. Disabled NodeWrights never
+block; paused ones do block successors on the nodes where they are incomplete (pausing must not let
+later work overtake unfinished infrastructure).
+
+The controller builds one `NodeWrightFacts` per NodeWright from its caches (targeted node set, per-node
+completion from the status labels); this module only decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from nodewright.api.models import Sequencing
+
+
+@dataclass(frozen=True, slots=True)
+class NodeWrightFacts:
+    name: str
+    priority: int
+    sequencing: Sequencing
+    disabled: bool
+    paused: bool
+    targets: frozenset[str]  # nodes the NodeWright selects
+    complete_on: frozenset[str]  # nodes where it is complete
+
+    @property
+    def complete_everywhere(self) -> bool:
+        return self.targets <= self.complete_on
+
+
+def order(nodewrights: Iterable[NodeWrightFacts]) -> list[NodeWrightFacts]:
+    return sorted(nodewrights, key=lambda n: (n.priority, n.name))
+
+
+@dataclass(frozen=True, slots=True)
+class Blocker:
+    name: str
+    reason: str
+
+
+def blocking(nodewrights: Iterable[NodeWrightFacts], *, target: str, node: str) -> Blocker | None:
+    """The first NodeWright that keeps `node` from being ready for `target`, or None if ready."""
+    ordered = order(nodewrights)
+    names = [n.name for n in ordered]
+    if target not in names:
+        raise KeyError(target)
+    for nw in ordered[: names.index(target)]:
+        if nw.disabled:
+            continue
+        if nw.sequencing == Sequencing.ALL:
+            if not nw.complete_everywhere:
+                left = len(nw.targets - nw.complete_on)
+                return Blocker(nw.name, f"{nw.name} (sequencing: all) is incomplete on {left} node(s)")
+        elif node in nw.targets and node not in nw.complete_on:
+            suffix = " (paused)" if nw.paused else ""
+            return Blocker(nw.name, f"{nw.name}{suffix} is not complete on this node")
+    return None

@@ -1,0 +1,278 @@
+"""The per-package stage machine on one node, and the failure/retry rules of one stage attempt.
+
+Stages (anchor §2.2), each run by its own pod that runs the stage and then its check:
+
+    install:    apply   -> config [-> interrupt -> post-interrupt]
+    upgrade:    upgrade -> config [-> interrupt -> post-interrupt]      (spec version > installed)
+    config:                config [-> interrupt -> post-interrupt]      (configMap changed)
+    uninstall:  uninstall [-> uninstall-interrupt] -> entry removed      (uninstall.apply: true)
+
+The bracketed part runs when the run "has an interrupt" (anchor §2.2): for a config run (the entry
+records the changed keys) only if a `configInterrupts` pattern matches a changed/removed key; for an
+uninstall, when the package has an interrupt; otherwise when `package.interrupt` is set. A package is
+complete only at its last stage, and the state machine never skips a stage.
+
+Entry states: `pending` (next stage known, pod not created yet), `in_progress` (pod created, or waiting
+for its retry), `complete` (package done at this version), `erroring` (attempts exhausted), `skipped`
+(interrupt merged into another package's interrupt pod, see interrupts.py).
+
+Failures (differences from the reference, anchor §2.14/§11.4): every attempt is a new pod
+(`restartPolicy: Never`); a failed attempt is retried after `base * 2^(attempt-1)` seconds (capped) up to
+`max_attempts`, then the entry is `erroring` with the reason. A pod running longer than the stage
+timeout is deleted and counts as a failed attempt. Image-pull errors count as a failed attempt once
+they have lasted `pull_error_grace` seconds (they are often transient registry hiccups).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+
+from nodewright.api.models import Interrupt, Package
+from nodewright.api.nodestate import PackageEntry, PackageStage, PackageState, truncate_error
+from nodewright.plan.configdiff import config_interrupt
+from nodewright.plan.podspec import parse_duration_seconds
+
+INTERRUPT_STAGES = frozenset({PackageStage.INTERRUPT, PackageStage.UNINSTALL_INTERRUPT})
+UNINSTALL_STAGES = frozenset({PackageStage.UNINSTALL, PackageStage.UNINSTALL_INTERRUPT})
+# Stages after which an interrupt may follow: the node must be cordoned and drained before their pod.
+PRE_INTERRUPT_STAGES = frozenset(
+    {PackageStage.APPLY, PackageStage.UPGRADE, PackageStage.CONFIG, PackageStage.UNINSTALL}
+)
+ACTIVE_STATES = frozenset({PackageState.PENDING, PackageState.IN_PROGRESS, PackageState.SKIPPED})
+
+
+class PodOutcome(StrEnum):
+    RUNNING = "running"  # created / init containers still running (includes Pending)
+    SUCCEEDED = "succeeded"  # every init container exited 0
+    FAILED = "failed"  # a container exited non-zero, or the pod failed
+    PULL_ERROR = "pull_error"  # ErrImagePull, ImagePullBackOff, InvalidImageName, CreateContainerConfigError
+    DEADLINE = "deadline"  # the kubelet killed it (activeDeadlineSeconds) or the controller saw it time out
+
+
+@dataclass(frozen=True, slots=True)
+class PodSummary:
+    """What the controller tells the planner about one package pod (from labels/annotations/status)."""
+
+    name: str
+    package: str
+    version: str
+    stage: PackageStage
+    attempt: int
+    spec_hash: str
+    created: datetime
+    outcome: PodOutcome
+    message: str = ""  # reason + last log lines when known
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    max_attempts: int = 3
+    backoff_base: float = 10.0
+    backoff_cap: float = 300.0
+    stage_timeout: float = 1800.0
+    pull_error_grace: float = 60.0
+
+    @classmethod
+    def for_package(cls, package: Package, defaults: RetryPolicy) -> RetryPolicy:
+        # The Package model may carry maxAttempts / stageTimeout; older models do not.
+        attempts = getattr(package, "max_attempts", None) or defaults.max_attempts
+        timeout_text = getattr(package, "stage_timeout", None)
+        timeout = parse_duration_seconds(timeout_text) if timeout_text else defaults.stage_timeout
+        return replace(defaults, max_attempts=int(attempts), stage_timeout=timeout or defaults.stage_timeout)
+
+    def backoff(self, attempt: int) -> float:
+        return float(min(self.backoff_cap, self.backoff_base * 2 ** max(0, attempt - 1)))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Time helpers: state timestamps are RFC3339 with second precision, UTC.
+
+
+def ts(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ts_ceil(moment: datetime) -> str:
+    """Round up to the next second so that a stored deadline is never earlier than computed."""
+    whole = moment.replace(microsecond=0)
+    return ts(whole if whole == moment else whole + timedelta(seconds=1))
+
+
+def parse_ts(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def seconds_until(moment: datetime, now: datetime) -> float:
+    return max(0.0, (moment - now).total_seconds())
+
+
+# ----------------------------------------------------------------------------------------------------
+# The machine
+
+
+def run_interrupt(package: Package, entry: PackageEntry) -> Interrupt | None:
+    """The interrupt the entry's current run ends with (anchor §2.2 "has interrupt")."""
+    if entry.stage in UNINSTALL_STAGES:
+        return package.interrupt
+    if entry.changed:
+        return config_interrupt(package, entry.changed)
+    return package.interrupt
+
+
+class Done(StrEnum):
+    COMPLETE = "complete"  # the package is complete at this version
+    REMOVE = "remove"  # uninstalled: the entry disappears (absent entry = not installed)
+
+
+def next_stage(stage: PackageStage, *, has_interrupt: bool) -> PackageStage | Done:
+    if stage in (PackageStage.APPLY, PackageStage.UPGRADE):
+        return PackageStage.CONFIG
+    if stage == PackageStage.CONFIG:
+        return PackageStage.INTERRUPT if has_interrupt else Done.COMPLETE
+    if stage == PackageStage.INTERRUPT:
+        return PackageStage.POST_INTERRUPT
+    if stage == PackageStage.POST_INTERRUPT:
+        return Done.COMPLETE
+    if stage == PackageStage.UNINSTALL:
+        return PackageStage.UNINSTALL_INTERRUPT if has_interrupt else Done.REMOVE
+    return Done.REMOVE  # uninstall-interrupt
+
+
+def advance(
+    entry: PackageEntry, package: Package, *, now: datetime, applied_config: tuple[tuple[str, str], ...]
+) -> PackageEntry | None:
+    """The entry after its current stage succeeded; None when the entry is to be removed.
+
+    `applied_config` are the per-key hashes the succeeded pod mounted (recorded after `config`).
+    """
+    nxt = next_stage(entry.stage, has_interrupt=run_interrupt(package, entry) is not None)
+    base = replace(
+        entry,
+        attempts=0,
+        error="",
+        retry_at=None,
+        spec_hash="",
+        pull_error_since=None,
+        updated=ts(now),
+    )
+    if entry.stage == PackageStage.CONFIG:
+        base = replace(base, config=applied_config)
+    if nxt == Done.REMOVE:
+        return None
+    if nxt == Done.COMPLETE:
+        return replace(base, state=PackageState.COMPLETE, changed=())
+    return replace(base, stage=nxt, state=PackageState.PENDING, started=None)
+
+
+def start_attempt(
+    entry: PackageEntry, *, attempt: int, spec_hash: str, image: str, now: datetime
+) -> PackageEntry:
+    return replace(
+        entry,
+        state=PackageState.IN_PROGRESS,
+        attempts=attempt,
+        spec_hash=spec_hash,
+        image=image or entry.image,
+        retry_at=None,
+        pull_error_since=None,
+        started=entry.started or ts(now),
+        updated=ts(now),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    entry: PackageEntry
+    gave_up: bool
+
+
+def fail_attempt(entry: PackageEntry, *, reason: str, now: datetime, policy: RetryPolicy) -> Failure:
+    """Record a failed attempt: retry later, or give up (erroring) when attempts are exhausted."""
+    attempts = max(entry.attempts, 1)
+    if attempts >= policy.max_attempts:
+        message = f"{entry.stage.value} failed {attempts} time(s), giving up: {reason}"
+        return Failure(
+            replace(
+                entry,
+                state=PackageState.ERRORING,
+                error=truncate_error(message),
+                retry_at=None,
+                pull_error_since=None,
+                updated=ts(now),
+            ),
+            gave_up=True,
+        )
+    retry = now + timedelta(seconds=policy.backoff(attempts))
+    message = f"attempt {attempts}/{policy.max_attempts} of {entry.stage.value} failed: {reason}"
+    return Failure(
+        replace(
+            entry,
+            state=PackageState.IN_PROGRESS,
+            error=truncate_error(message),
+            retry_at=ts_ceil(retry),
+            pull_error_since=None,
+            updated=ts(now),
+        ),
+        gave_up=False,
+    )
+
+
+class Observation(StrEnum):
+    WAIT = "wait"  # pod is running within its limits
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptView:
+    observation: Observation
+    reason: str = ""
+    recheck_after: float | None = None  # seconds until a deadline/grace expires
+    pull_error_since: str | None = None
+
+
+def observe_pod(pod: PodSummary, entry: PackageEntry, *, now: datetime, policy: RetryPolicy) -> AttemptView:
+    """Classify the current attempt's pod: still waiting, succeeded, or failed (with the reason)."""
+    if pod.outcome == PodOutcome.SUCCEEDED:
+        return AttemptView(Observation.SUCCEEDED)
+    if pod.outcome == PodOutcome.FAILED:
+        return AttemptView(Observation.FAILED, pod.message or "pod failed")
+    if pod.outcome == PodOutcome.DEADLINE:
+        return AttemptView(Observation.FAILED, pod.message or "pod exceeded its deadline")
+    deadline = pod.created + timedelta(seconds=policy.stage_timeout)
+    if now >= deadline:
+        return AttemptView(
+            Observation.FAILED, f"stage did not finish within {_human(policy.stage_timeout)}; pod deleted"
+        )
+    recheck = seconds_until(deadline, now)
+    if pod.outcome == PodOutcome.PULL_ERROR:
+        since_text = entry.pull_error_since or ts(now)
+        since = parse_ts(since_text)
+        expires = since + timedelta(seconds=policy.pull_error_grace)
+        if now >= expires:
+            return AttemptView(
+                Observation.FAILED,
+                f"image pull failing for {_human(policy.pull_error_grace)}: {pod.message or 'pull error'}",
+            )
+        return AttemptView(
+            Observation.WAIT,
+            recheck_after=min(recheck, math.ceil(seconds_until(expires, now)) or 1.0),
+            pull_error_since=since_text,
+        )
+    return AttemptView(Observation.WAIT, recheck_after=recheck)
+
+
+def _human(seconds: float) -> str:
+    s = int(seconds)
+    if s % 3600 == 0 and s:
+        return f"{s // 3600}h"
+    if s % 60 == 0 and s:
+        return f"{s // 60}m"
+    return f"{s}s"
+
+
+def human_duration(seconds: float) -> str:
+    return _human(seconds)

@@ -1,0 +1,563 @@
+"""The node plan: gating (admission, pause, disable, eligibility), cordon/drain, pods, reboots, changes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nodewright.api import constants
+from nodewright.api.models import (
+    Interrupt,
+    InterruptType,
+    LabelSelector,
+    NodeWright,
+    NodeWrightSpec,
+    ObjectMeta,
+    Package,
+    Status,
+    Toleration,
+    Uninstall,
+)
+from nodewright.api.nodestate import (
+    Admission,
+    NodeState,
+    PackageEntry,
+    PackageStage,
+    PackageState,
+    decode,
+    encode,
+)
+from nodewright.plan.configdiff import config_hashes
+from nodewright.plan.node import (
+    Cordon,
+    CreatePod,
+    DeletePod,
+    Drain,
+    NodeFacts,
+    NodeInput,
+    PlanOptions,
+    RequeueAfter,
+    Taint,
+    Uncordon,
+    WaitForProtectedPods,
+    plan_node,
+)
+from nodewright.plan.stages import PodOutcome, PodSummary, RetryPolicy
+from tests.planfake import T0, FakeNode
+
+REBOOT = Interrupt(type=InterruptType.REBOOT)
+ADMIT = Admission("__default__", 1, 3, "2025-01-01T00:00:00Z")
+
+
+def make_nw(annotations: dict[str, str] | None = None, **spec: Any) -> NodeWright:
+    packages = spec.pop("packages", None) or {"pa": Package(version="1.0.0", image="ghcr.io/x/pa")}
+    return NodeWright(
+        metadata=ObjectMeta(name="nw", uid="u", generation=1, annotations=annotations),
+        spec=NodeWrightSpec(packages=packages, **spec),
+    )
+
+
+def creates(plan: Any) -> list[CreatePod]:
+    return [a for a in plan.actions if isinstance(a, CreatePod)]
+
+
+def kinds(plan: Any) -> list[str]:
+    return [type(a).__name__ for a in plan.actions]
+
+
+def inp(nw: NodeWright, state: NodeState | None = None, **kw: Any) -> NodeInput:
+    node = kw.pop("node", NodeFacts(name="n1", labels={}, boot_id="b0"))
+    return NodeInput(
+        nodewright=nw, node=node, state=state, pods=kw.pop("pods", ()), now=kw.pop("now", T0), **kw
+    )
+
+
+# -- gating ---------------------------------------------------------------------------------------------
+
+
+def test_not_admitted_waits_and_creates_nothing() -> None:
+    node = FakeNode(make_nw(), admitted=False)
+    plan = node.step()
+    assert plan.status == Status.WAITING
+    assert "admit" in plan.condition.message
+    assert not creates(plan) and plan.condition.status == "False"
+
+
+def test_admitted_fresh_node_installs_without_cordon() -> None:
+    node = FakeNode(make_nw())
+    plan = node.run()
+    assert plan.status == Status.COMPLETE and plan.condition.status == "True"
+    assert [c.stage for c in node.created] == [PackageStage.APPLY, PackageStage.CONFIG]
+    assert not any(isinstance(a, (Cordon, Drain, Uncordon)) for p in node.plans for a in p.actions)
+    assert plan.state.admission is None and plan.state.generation == 1
+    assert any(getattr(a, "reason", "") == "NodeComplete" for a in plan.actions)
+
+
+def test_work_in_flight_continues_without_admission() -> None:
+    node = FakeNode(make_nw())
+    node.step()  # apply pod created
+    node.state_text = encode(replace(decode(node.state_text or ""), admission=None))
+    node.run()
+    assert node.plans[-1].status == Status.COMPLETE  # the rollout lost track, the node still finished
+
+
+def test_paused_creates_nothing_but_observes() -> None:
+    nw = make_nw()
+    node = FakeNode(nw)
+    node.step()
+    node.nodewright = make_nw({constants.ANNOTATION_PAUSE: "true"})
+    plan = node.step()  # the apply pod succeeded meanwhile: recorded, config not started
+    assert plan.status == Status.PAUSED
+    assert not creates(plan)
+    assert plan.state.entry("pa", "1.0.0").stage == PackageStage.CONFIG  # type: ignore[union-attr]
+
+
+def test_disabled_leaves_node_alone() -> None:
+    state = NodeState(admission=ADMIT, cordoned=True)
+    plan = plan_node(inp(make_nw({constants.ANNOTATION_DISABLE: "true"}), state))
+    assert plan.status == Status.DISABLED and plan.actions == () and plan.state == state
+
+
+def test_ignore_label_and_taints_block() -> None:
+    nw = make_nw()
+    ignored = plan_node(
+        inp(
+            nw, NodeState(admission=ADMIT), node=NodeFacts(name="n1", labels={constants.LABEL_IGNORE: "true"})
+        )
+    )
+    assert ignored.status == Status.BLOCKED and "ignore" in ignored.condition.message and not creates(ignored)
+    tainted = NodeFacts(name="n1", labels={}, taints=(Taint("gpu", "PreferNoSchedule"),))
+    blocked = plan_node(inp(nw, NodeState(admission=ADMIT), node=tainted))
+    assert blocked.status == Status.BLOCKED and "gpu" in blocked.condition.message
+    tolerant = make_nw(additional_tolerations=[Toleration(key="gpu", operator="Exists")])
+    assert creates(plan_node(inp(tolerant, NodeState(admission=ADMIT), node=tainted)))
+    rt = NodeFacts(
+        name="n1", labels={}, taints=(Taint(constants.DEFAULT_RUNTIME_REQUIRED_TAINT_KEY, "NoSchedule"),)
+    )
+    assert plan_node(inp(nw, NodeState(admission=ADMIT), node=rt)).status == Status.BLOCKED
+    assert creates(plan_node(inp(make_nw(runtime_required=True), NodeState(admission=ADMIT), node=rt)))
+
+
+def test_sequencing_blocker_waits() -> None:
+    plan = plan_node(
+        inp(make_nw(), NodeState(admission=ADMIT), sequencing_blocker="infra is not complete on this node")
+    )
+    assert plan.status == Status.WAITING and "infra" in plan.condition.message and not creates(plan)
+
+
+# -- cordon, protected pods, drain ----------------------------------------------------------------------
+
+
+def reboot_nw(**spec: Any) -> NodeWright:
+    return make_nw(packages={"pa": Package(version="1.0.0", image="ghcr.io/x/pa", interrupt=REBOOT)}, **spec)
+
+
+def workload(name: str, labels: dict[str, str] | None = None, phase: str = "Running") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "default", "labels": labels or {}},
+        "spec": {},
+        "status": {"phase": phase},
+    }
+
+
+def test_interrupt_flow_cordon_wait_drain_reboot_uncordon() -> None:
+    nw = reboot_nw(pod_non_interrupt_labels=LabelSelector(match_labels={"job": "train"}))
+    node = FakeNode(nw, workload=[workload("web"), workload("train", {"job": "train"})], protected_ticks=3)
+    plan = node.run()
+    assert plan.status == Status.COMPLETE
+    seq = [
+        k
+        for p in node.plans
+        for k in kinds(p)
+        if k in ("Cordon", "WaitForProtectedPods", "Drain", "CreatePod", "Uncordon")
+    ]
+    assert seq[0] == "Cordon" and seq[-1] == "Uncordon"
+    assert seq.index("WaitForProtectedPods") < seq.index("Drain") < seq.index("CreatePod")
+    assert [c.stage for c in node.created] == [
+        PackageStage.APPLY,
+        PackageStage.CONFIG,
+        PackageStage.INTERRUPT,
+        PackageStage.POST_INTERRUPT,
+    ]
+    assert node.reboots == 1 and not node.unschedulable
+
+
+def test_drain_waits_for_terminating_pods() -> None:
+    nw = reboot_nw()
+    from nodewright.plan.drain import DrainSelection
+    from nodewright.plan.node import DrainFacts
+
+    node = NodeFacts(name="n1", labels={}, unschedulable=True, boot_id="b0")
+    facts = DrainFacts(
+        selection=DrainSelection(evict=(), terminating=("default/web",), protected=()),
+        eviction_blocked=("PDB web-pdb allows 0 disruptions",),
+    )
+    plan = plan_node(inp(nw, NodeState(admission=ADMIT, cordoned=True), node=node, drain=facts))
+    assert not creates(plan) and "1 pod(s) left" in plan.condition.message and "PDB" in plan.condition.message
+    assert plan.condition.reason == "Draining"
+    first = plan_node(inp(nw, NodeState(admission=ADMIT, cordoned=True), node=node))
+    assert first.needs_drain_facts and not creates(first)
+
+
+def test_cordoned_by_someone_else_is_not_uncordoned() -> None:
+    node = FakeNode(reboot_nw(), cordoned_by_other=True)
+    node.run()
+    assert node.plans[-1].status == Status.COMPLETE
+    assert node.unschedulable
+    assert not any(isinstance(a, (Cordon, Uncordon)) for p in node.plans for a in p.actions)
+
+
+def test_protected_pods_rechecked_before_interrupt() -> None:
+    nw = reboot_nw(pod_non_interrupt_labels=LabelSelector(match_labels={"job": "train"}))
+    node = FakeNode(nw)
+    while not any(c.stage == PackageStage.CONFIG for c in node.created):
+        node.step()
+    node.workload.append(
+        workload("late", {"job": "train"})
+    )  # a protected pod appeared (tolerating the cordon)
+    node.workload[-1]["spec"]["tolerations"] = [{"operator": "Exists"}]
+    for _ in range(5):
+        plan = node.step()
+    assert not any(c.stage == PackageStage.INTERRUPT for c in node.created)
+    assert plan.condition.reason == "WaitingForProtectedPods"
+    assert any(isinstance(a, WaitForProtectedPods) for a in plan.actions)
+
+
+# -- pods ----------------------------------------------------------------------------------------------
+
+
+def running_state(nw: NodeWright) -> tuple[NodeState, CreatePod]:
+    plan = plan_node(inp(nw, NodeState(admission=ADMIT)))
+    return plan.state, creates(plan)[0]
+
+
+def summary(c: CreatePod, outcome: PodOutcome = PodOutcome.RUNNING, **kw: Any) -> PodSummary:
+    return PodSummary(
+        name=c.name,
+        package=c.package,
+        version=c.version,
+        stage=c.stage,
+        attempt=c.attempt,
+        spec_hash=c.spec_hash,
+        created=kw.pop("created", T0),
+        outcome=outcome,
+        **kw,
+    )
+
+
+def test_spec_change_replaces_pod_and_stray_pods_are_deleted() -> None:
+    nw = make_nw()
+    state, pod = running_state(nw)
+    stray = replace(summary(pod), name="stray", stage=PackageStage.UNINSTALL)
+    changed = make_nw(packages={"pa": Package(version="1.0.0", image="ghcr.io/x/pa-fixed")})
+    plan = plan_node(inp(changed, state, pods=(summary(pod), stray)))
+    deletes = {a.name: a.reason for a in plan.actions if isinstance(a, DeletePod)}
+    assert deletes == {pod.name: "pod spec changed", "stray": "no package stage expects this pod"}
+    new = creates(plan)
+    assert len(new) == 1 and new[0].name != pod.name and new[0].attempt == 1
+
+
+def test_retry_then_give_up() -> None:
+    nw = make_nw(packages={"pa": Package(version="1.0.0", image="x", max_attempts=2)})
+    state, pod = running_state(nw)
+    failed = plan_node(inp(nw, state, pods=(summary(pod, PodOutcome.FAILED, message="exit 3"),)))
+    e = failed.state.entry("pa", "1.0.0")
+    assert e is not None and e.retry_at == "2025-01-01T00:00:10Z" and "exit 3" in e.error
+    assert not creates(failed) and any(
+        isinstance(a, RequeueAfter) and a.seconds == 10 for a in failed.actions
+    )
+    again = plan_node(inp(nw, failed.state, now=T0 + timedelta(seconds=10)))
+    pod2 = creates(again)[0]
+    assert pod2.attempt == 2
+    gave_up = plan_node(
+        inp(
+            nw,
+            again.state,
+            pods=(summary(pod2, PodOutcome.FAILED, message="exit 3"),),
+            now=T0 + timedelta(seconds=11),
+        )
+    )
+    assert gave_up.status == Status.ERRORING and "giving up" in gave_up.condition.message
+    assert any(getattr(a, "reason", "") == "PackageFailed" for a in gave_up.actions)
+    # Fixing the spec restarts the attempts.
+    fixed = make_nw(packages={"pa": Package(version="1.0.0", image="y", max_attempts=2)})
+    retry = plan_node(inp(fixed, gave_up.state, now=T0 + timedelta(seconds=20)))
+    assert creates(retry) and creates(retry)[0].attempt == 1
+
+
+def test_deadline_and_pull_error() -> None:
+    # The package's stageTimeout (model default 30m) wins over the operator default.
+    nw = make_nw(packages={"pa": Package(version="1.0.0", image="x", stage_timeout="1m")})
+    opts = PlanOptions(retry=RetryPolicy(stage_timeout=3600, pull_error_grace=30))
+    state, pod = running_state(nw)
+    late = plan_node(inp(nw, state, pods=(summary(pod),), now=T0 + timedelta(seconds=61), options=opts))
+    assert any(isinstance(a, DeletePod) for a in late.actions)
+    assert "did not finish within 1m" in late.state.entry("pa", "1.0.0").error  # type: ignore[union-attr]
+    pulling = plan_node(
+        inp(
+            nw,
+            state,
+            pods=(summary(pod, PodOutcome.PULL_ERROR, message="ErrImagePull"),),
+            now=T0 + timedelta(seconds=5),
+            options=opts,
+        )
+    )
+    assert not any(isinstance(a, DeletePod) for a in pulling.actions)
+    assert pulling.state.entry("pa", "1.0.0").pull_error_since == "2025-01-01T00:00:05Z"  # type: ignore[union-attr]
+    expired = plan_node(
+        inp(
+            nw,
+            pulling.state,
+            pods=(summary(pod, PodOutcome.PULL_ERROR, message="ImagePullBackOff"),),
+            now=T0 + timedelta(seconds=36),
+            options=opts,
+        )
+    )
+    assert "ImagePullBackOff" in expired.state.entry("pa", "1.0.0").error  # type: ignore[union-attr]
+
+
+def test_reboot_timeout() -> None:
+    node = FakeNode(reboot_nw(), options=PlanOptions(reboot_timeout=600))
+    node.outcomes = lambda a: "hang" if a.stage == PackageStage.INTERRUPT else "succeed"
+    plan = node.run()
+    assert plan.status == Status.ERRORING
+    assert "node did not return from reboot within 10m" in plan.condition.message
+    assert node.unschedulable  # an erroring node stays cordoned
+
+
+def test_reapply_on_reboot() -> None:
+    node = FakeNode(make_nw(), options=PlanOptions(reapply_on_reboot=True))
+    node.run()
+    node.boot_id = "other"
+    plan = node.step()
+    assert plan.status == Status.WAITING and plan.state.packages == ()
+
+
+# -- changes -------------------------------------------------------------------------------------------
+
+
+def complete_entry(pkg: Package, name: str = "pa", **kw: Any) -> PackageEntry:
+    return PackageEntry(
+        name=name,
+        version=kw.pop("version", pkg.version),
+        stage=PackageStage.CONFIG,
+        state=PackageState.COMPLETE,
+        config=config_hashes(pkg.config_map),
+        **kw,
+    )
+
+
+def test_config_change_without_config_interrupt_never_cordons() -> None:
+    old = Package(
+        version="1.0.0",
+        image="x",
+        interrupt=REBOOT,
+        config_map={"a": "1", "b": "2"},
+        config_interrupts={"a": REBOOT},
+    )
+    new = old.model_copy(update={"config_map": {"a": "1", "b": "3"}})
+    state = NodeState(packages=(complete_entry(old),), admission=ADMIT, generation=1)
+    node = FakeNode(make_nw(packages={"pa": new}), state_text=encode(state))
+    node.run()
+    assert [c.stage for c in node.created] == [PackageStage.CONFIG]
+    assert not any(isinstance(a, Cordon) for p in node.plans for a in p.actions)
+
+
+def test_removed_key_with_config_interrupt_cordons_and_interrupts() -> None:
+    old = Package(
+        version="1.0.0", image="x", config_map={"a.conf": "1", "b": "2"}, config_interrupts={"*.conf": REBOOT}
+    )
+    new = old.model_copy(update={"config_map": {"b": "2"}, "config_interrupts": {"*.conf": REBOOT}})
+    state = NodeState(packages=(complete_entry(old),), admission=ADMIT, generation=1)
+    node = FakeNode(make_nw(packages={"pa": new}), state_text=encode(state))
+    plan = node.run()
+    assert plan.status == Status.COMPLETE
+    assert [c.stage for c in node.created] == [
+        PackageStage.CONFIG,
+        PackageStage.INTERRUPT,
+        PackageStage.POST_INTERRUPT,
+    ]
+    assert node.reboots == 1
+    assert plan.state.entry("pa", "1.0.0").config == config_hashes({"b": "2"})  # type: ignore[union-attr]
+
+
+def test_downgrade_rules() -> None:
+    newer = Package(version="2.0.0", image="x")
+    lower = Package(version="1.0.0", image="x")
+    state = NodeState(packages=(complete_entry(newer),), admission=ADMIT, generation=1)
+    node = FakeNode(make_nw(packages={"pa": lower}), state_text=encode(state))
+    node.run()
+    assert {e.version for e in node.plans[-1].state.entries_for("pa")} == {"1.0.0", "2.0.0"}  # D2: retained
+    assert node.created[0].stage == PackageStage.APPLY
+    guarded = lower.model_copy(update={"uninstall": Uninstall(enabled=True)})
+    plan = plan_node(inp(make_nw(packages={"pa": guarded}), state))
+    assert plan.status == Status.BLOCKED and "requires uninstalling 2.0.0" in plan.condition.message
+
+
+def test_uninstall_then_cancel() -> None:
+    pkg = Package(version="1.0.0", image="x", interrupt=REBOOT, uninstall=Uninstall(enabled=True, apply=True))
+    state = NodeState(packages=(complete_entry(pkg),), admission=ADMIT, generation=1)
+    node = FakeNode(make_nw(packages={"pa": pkg}), state_text=encode(state))
+    node.run()
+    assert [c.stage for c in node.created] == [PackageStage.UNINSTALL, PackageStage.UNINSTALL_INTERRUPT]
+    assert node.plans[-1].status == Status.COMPLETE and not node.plans[-1].state.packages
+    # Cancel before anything ran: the package stays installed.
+    pending = NodeState(
+        packages=(replace(complete_entry(pkg), stage=PackageStage.UNINSTALL, state=PackageState.PENDING),),
+        admission=ADMIT,
+        cordoned=True,
+    )
+    keep = pkg.model_copy(update={"uninstall": Uninstall(enabled=True, apply=False)})
+    plan = plan_node(
+        inp(make_nw(packages={"pa": keep}), pending, node=NodeFacts(name="n1", labels={}, unschedulable=True))
+    )
+    assert plan.state.entry("pa", "1.0.0").state == PackageState.COMPLETE  # type: ignore[union-attr]
+    assert plan.status == Status.COMPLETE and any(isinstance(a, Uncordon) for a in plan.actions)
+
+
+def test_child_does_not_wait_for_unrelated_root() -> None:
+    packages = {
+        "pa": Package(version="1.0.0", image="x"),
+        "pb": Package(version="1.0.0", image="x", depends_on={"pa": "1.0.0"}),
+        "pc": Package(version="1.0.0", image="x"),
+    }
+    node = FakeNode(make_nw(packages=packages))
+    node.outcomes = lambda a: "hang" if a.package == "pc" else "succeed"
+    for _ in range(6):
+        node.step()
+    started = [(c.package, c.stage) for c in node.created]
+    assert ("pb", PackageStage.APPLY) in started  # pc still hangs in apply
+    assert started.index(("pb", PackageStage.APPLY)) > started.index(("pa", PackageStage.CONFIG))
+
+
+def test_serial_one_package_at_a_time() -> None:
+    packages = {n: Package(version="1.0.0", image="x") for n in ("pa", "pb", "pc")}
+    node = FakeNode(make_nw(packages=packages, serial=True))
+    node.run()
+    order = [c.package for c in node.created]
+    assert order == ["pa", "pa", "pb", "pb", "pc", "pc"]
+
+
+# -- determinism / idempotence --------------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 12), st.booleans())
+def test_plan_is_deterministic_and_idempotent(steps: int, interrupt: bool) -> None:
+    nw = reboot_nw() if interrupt else make_nw()
+    node = FakeNode(nw, workload=[workload("web")])
+    for _ in range(steps):
+        node.step()
+    first, second = node.plan(with_drain=True), node.plan(with_drain=True)
+    assert first == second
+    # Writing the new state and planning again (nothing executed yet) repeats only idempotent actions:
+    # the same pod names (AlreadyExists), no attempt bump, no second "started" event, no state change.
+    node.state_text = encode(first.state)
+    again = node.plan(with_drain=True)
+    assert {c.name for c in creates(again)} <= {c.name for c in creates(first)}
+    for c in creates(again):
+        entry = again.state.entry(c.package, c.version)
+        assert entry is not None and entry.attempts == c.attempt
+    started = {"PackageStarted", "StageStarted", "Interrupt", "NodeComplete"}
+    assert not [a for a in again.actions if getattr(a, "reason", "") in started]
+    assert again.state == first.state
+
+
+def test_generation_bump_alone_keeps_node_complete_quietly() -> None:
+    node = FakeNode(make_nw())
+    node.run()
+    node.nodewright = make_nw(priority=5).model_copy(
+        update={"metadata": ObjectMeta(name="nw", uid="u", generation=2)}
+    )
+    plan = node.step()
+    assert plan.status == Status.COMPLETE and plan.state.generation == 2
+    assert not [a for a in plan.actions if getattr(a, "reason", "") == "NodeComplete"]
+
+
+def test_dependency_being_uninstalled_blocks_dependent() -> None:
+    packages = {
+        "pa": Package(version="1.0.0", image="x", uninstall=Uninstall(enabled=True, apply=True)),
+        "pb": Package(version="1.0.0", image="x", depends_on={"pa": "1.0.0"}),
+    }
+    plan = plan_node(inp(make_nw(packages=packages), NodeState(admission=ADMIT)))
+    assert plan.status == Status.BLOCKED and "DependencyUninstalled" in plan.condition.message
+
+
+def test_dependency_cycle_blocks() -> None:
+    packages = {
+        "pa": Package(version="1.0.0", image="x", depends_on={"pb": "1.0.0"}),
+        "pb": Package(version="1.0.0", image="x", depends_on={"pa": "1.0.0"}),
+    }
+    plan = plan_node(inp(make_nw(packages=packages), NodeState(admission=ADMIT)))
+    assert plan.status == Status.BLOCKED and "cycle" in plan.condition.message and not creates(plan)
+
+
+def test_interrupts_of_packages_finishing_together_merge_into_one_reboot() -> None:
+    svc = Interrupt(type=InterruptType.SERVICE, services=["containerd"])
+    packages = {
+        "pa": Package(version="1.0.0", image="x", interrupt=svc),
+        "pb": Package(version="1.0.0", image="x", interrupt=REBOOT),
+        "pc": Package(version="1.0.0", image="x", interrupt=REBOOT),
+    }
+    node = FakeNode(make_nw(packages=packages))
+    plan = node.run()
+    assert plan.status == Status.COMPLETE
+    interrupts = [c for c in node.created if c.stage == PackageStage.INTERRUPT]
+    assert len(interrupts) == 1 and interrupts[0].package == "pb"
+    assert interrupts[0].interrupt == REBOOT and interrupts[0].covers == ("pa", "pc")
+    assert node.reboots == 1
+    assert sum(c.stage == PackageStage.POST_INTERRUPT for c in node.created) == 3
+
+
+def test_reboot_pod_exiting_before_the_reboot_is_not_rerun() -> None:
+    node = FakeNode(reboot_nw(), reboot_delay_ticks=3, lose_pods_on_reboot=False)
+    plan = node.run()
+    assert plan.status == Status.COMPLETE
+    assert node.reboots == 1
+    assert sum(c.stage == PackageStage.INTERRUPT for c in node.created) == 1
+
+
+def test_create_pod_matches_the_built_manifest() -> None:
+    from nodewright.plan.podspec import build_pod
+
+    nw = reboot_nw()
+    node = FakeNode(nw)
+    node.run()
+    for c in node.created:
+        pod = build_pod(
+            nw,
+            nw.spec.packages[c.package],
+            package_name=c.package,
+            version=c.version,
+            stage=c.stage,
+            node="node-1",
+            attempt=c.attempt,
+            node_order=c.node_order,
+            options=node.options.pod,
+            interrupt=c.interrupt,
+        )
+        assert pod["metadata"]["name"] == c.name
+        assert pod["metadata"]["annotations"][constants.POD_ANNOTATION_SPEC_HASH] == c.spec_hash
+        assert pod["metadata"]["labels"][constants.POD_LABEL_STAGE] == c.stage.value
+    assert {c.node_order for c in node.created} == {0}
+
+
+def test_failed_interrupt_retries_after_spec_change() -> None:
+    svc = Interrupt(type=InterruptType.SERVICE, services=["bad"])
+    nw = make_nw(packages={"pa": Package(version="1.0.0", image="x", interrupt=svc, max_attempts=1)})
+    node = FakeNode(nw)
+    node.outcomes = lambda a: "fail" if a.stage == PackageStage.INTERRUPT else "succeed"
+    plan = node.run()
+    assert plan.status == Status.ERRORING and node.unschedulable
+    fixed = Interrupt(type=InterruptType.SERVICE, services=["good"])
+    node.nodewright = make_nw(
+        packages={"pa": Package(version="1.0.0", image="x", interrupt=fixed, max_attempts=1)}
+    )
+    node.outcomes = lambda a: "succeed"
+    plan = node.run()
+    assert plan.status == Status.COMPLETE and not node.unschedulable
+    assert [c.stage for c in node.created][-2:] == [PackageStage.INTERRUPT, PackageStage.POST_INTERRUPT]

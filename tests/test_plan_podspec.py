@@ -1,0 +1,208 @@
+"""Package and interrupt pod manifests (compatible with reference package images)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nodewright.api import constants
+from nodewright.api.models import (
+    EnvVar,
+    Interrupt,
+    InterruptType,
+    NodeWright,
+    NodeWrightSpec,
+    ObjectMeta,
+    Package,
+    Resources,
+    Toleration,
+)
+from nodewright.api.nodestate import PackageStage
+from nodewright.plan.podspec import (
+    PodOptions,
+    build_pod,
+    image_reference,
+    label_value,
+    package_configmap_name,
+    parse_duration_seconds,
+    pod_name,
+    safe_name,
+    spec_hash,
+)
+
+OPTS = PodOptions(namespace="nw-system", agent_image="agent:1", pause_image="pause:3")
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def nodewright(**pkg: Any) -> NodeWright:
+    package = Package(version="1.2.3", image="registry:5000/org/pkg", **pkg)
+    return NodeWright(
+        metadata=ObjectMeta(name="gpu-stack", uid="uid-1", generation=4),
+        spec=NodeWrightSpec(
+            packages={"driver": package},
+            additional_tolerations=[Toleration(key="gpu", operator="Exists")],
+        ),
+    )
+
+
+def build(nw: NodeWright, stage: PackageStage = PackageStage.APPLY, **kw: Any) -> dict[str, Any]:
+    return build_pod(
+        nw,
+        nw.spec.packages["driver"],
+        package_name="driver",
+        version="1.2.3",
+        stage=stage,
+        node="node-a",
+        attempt=kw.pop("attempt", 1),
+        node_order=7,
+        options=OPTS,
+        **kw,
+    )
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_image_reference() -> None:
+    assert image_reference("registry:5000/x", "1.0.0") == "registry:5000/x:1.0.0"
+    assert image_reference("registry:5000/x:2.0", "1.0.0") == "registry:5000/x:2.0"
+    assert image_reference("ghcr.io/x", "1.0.0+b1") == "ghcr.io/x:1.0.0_b1"
+    assert image_reference("ghcr.io/x@sha256:" + "a" * 64, "1") == "ghcr.io/x@sha256:" + "a" * 64
+    assert (
+        image_reference("registry:5000/x:2.0", "1", "sha256:" + "b" * 64)
+        == "registry:5000/x@sha256:" + "b" * 64
+    )
+    assert image_reference("x", "1", "sha256:" + "b" * 64) == "x@sha256:" + "b" * 64
+
+
+def test_package_pod() -> None:
+    nw = nodewright(
+        config_map={"apply.sh": "echo"},
+        env=[
+            EnvVar(name="A", value="1"),
+            EnvVar(name="S", value_from={"secretKeyRef": {"name": "s", "key": "k"}}),
+            EnvVar(name="SKYHOOK_NODE_ORDER", value="99"),
+        ],
+        resources=Resources(
+            cpu_request="100m", cpu_limit="200m", memory_request="64Mi", memory_limit="128Mi"
+        ),
+        graceful_shutdown="1m30s",
+    )
+    pod = build(nw)
+    spec = pod["spec"]
+    assert spec["nodeName"] == "node-a" and spec["restartPolicy"] == "Never"
+    assert spec["hostPID"] and spec["hostNetwork"]
+    assert spec["terminationGracePeriodSeconds"] == 90
+    init = spec["initContainers"]
+    assert [c["name"] for c in init] == ["driver-init", "driver-apply", "driver-applycheck"]
+    assert init[0]["image"] == "registry:5000/org/pkg:1.2.3"
+    copy_dir = "/var/lib/skyhook/gpu-stack/driver-1.2.3-uid-1-4"
+    assert init[0]["env"] == [{"name": "SKYHOOK_DIR", "value": copy_dir}]
+    assert init[1]["args"] == ["apply", "/root", copy_dir]
+    assert init[2]["args"] == ["apply-check", "/root", copy_dir]
+    env = env_of(init[1])
+    assert env["SKYHOOK_NODE_ORDER"] == "7" and env["NODEWRIGHT_NODE_ORDER"] == "7"  # package cannot override
+    assert env["COPY_RESOLV"] == "false"
+    assert env["SKYHOOK_RESOURCE_ID"] == "gpu-stack-uid-1-4_driver_1.2.3"
+    assert env["SKYHOOK_LOG_DIR"] == "/var/log/skyhook/gpu-stack"
+    assert env["A"] == "1" and env["S"] == {"secretKeyRef": {"name": "s", "key": "k"}}
+    assert all(c["securityContext"] == {"privileged": True} for c in init)
+    assert all(c["resources"]["limits"] == {"cpu": "200m", "memory": "128Mi"} for c in init)
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert vols["root-mount"]["hostPath"] == {"path": "/"}
+    assert vols["driver-configmap"]["configMap"]["name"] == "gpu-stack-driver-1.2.3"
+    mounts = {m["mountPath"]: m for m in init[0]["volumeMounts"]}
+    assert mounts["/root"]["mountPropagation"] == "HostToContainer"
+    assert "/skyhook-package/configmaps" in mounts
+    tol_keys = [t.get("key") for t in spec["tolerations"]]
+    assert tol_keys == [
+        "node.kubernetes.io/unschedulable",
+        constants.DEFAULT_RUNTIME_REQUIRED_TAINT_KEY,
+        "gpu",
+    ]
+    assert "kwok.x-k8s.io/node" not in tol_keys
+    meta = pod["metadata"]
+    assert meta["namespace"] == "nw-system"
+    assert meta["labels"][constants.POD_OWNER_LABEL] == constants.POD_OWNER_VALUE
+    assert meta["labels"][constants.POD_LABEL_STAGE] == "apply"
+    assert meta["annotations"][constants.POD_ANNOTATION_ATTEMPT] == "1"
+    assert meta["ownerReferences"][0]["uid"] == "uid-1" and meta["ownerReferences"][0]["controller"]
+    assert len(meta["name"]) <= 63 and DNS_LABEL.match(meta["name"])
+    assert spec["containers"][0]["image"] == "pause:3"
+
+
+def test_interrupt_pod() -> None:
+    nw = nodewright(interrupt=Interrupt(type=InterruptType.SERVICE, services=["b", "a"]))
+    merged = Interrupt(type=InterruptType.SERVICE, services=["a", "b", "c"])
+    pod = build(nw, PackageStage.INTERRUPT, interrupt=merged)
+    init = pod["spec"]["initContainers"]
+    assert [c["name"] for c in init] == ["interrupt"]
+    args = init[0]["args"]
+    assert args[:2] == ["interrupt", "/root"]
+    assert json.loads(base64.b64decode(args[3])) == {"type": "service_restart", "services": ["a", "b", "c"]}
+    ann = json.loads(pod["metadata"]["annotations"][constants.POD_ANNOTATION_INTERRUPT])
+    assert ann == {"type": "service", "services": ["a", "b", "c"]}
+    assert init[0]["resources"]["limits"] == {"cpu": "500m", "memory": "64Mi"}
+
+
+def test_spec_hash_tracks_what_matters() -> None:
+    base = nodewright(config_map={"a": "1"})
+    pkg = base.spec.packages["driver"]
+
+    def h(nw: NodeWright) -> str:
+        return spec_hash(
+            nw,
+            nw.spec.packages["driver"],
+            package_name="driver",
+            version="1.2.3",
+            stage=PackageStage.CONFIG,
+            interrupt=None,
+            options=OPTS,
+        )
+
+    same = base.model_copy(update={"metadata": ObjectMeta(name="gpu-stack", uid="uid-1", generation=9)})
+    assert h(same) == h(base)  # a new generation alone does not replace running pods
+    for change in (
+        {"config_map": {"a": "2"}},
+        {"image": "other"},
+        {"env": [EnvVar(name="X", value="y")]},
+        {"agent_image_override": "agent:2"},
+    ):
+        changed = base.model_copy(
+            update={
+                "spec": base.spec.model_copy(update={"packages": {"driver": pkg.model_copy(update=change)}})
+            }
+        )
+        assert h(changed) != h(base), change
+
+
+def test_names() -> None:
+    long_node = "n" * 200 + ".example.com"
+    name = pod_name("nw", "pkg", "1.0.0", PackageStage.POST_INTERRUPT, long_node, 3, "abc")
+    assert len(name) <= 63 and DNS_LABEL.match(name)
+    assert name != pod_name("nw", "pkg", "1.0.0", PackageStage.POST_INTERRUPT, long_node, 4, "abc")
+    assert name == pod_name("nw", "pkg", "1.0.0", PackageStage.POST_INTERRUPT, long_node, 3, "abc")
+    assert len(label_value(long_node)) <= 63
+    assert label_value("1.0.0+b.1") == "1.0.0_b.1"
+    assert package_configmap_name("NW", "pkg", "1.0.0+B") == "nw-pkg-1.0.0-b"
+    assert parse_duration_seconds("1h30m") == 5400 and parse_duration_seconds("0") == 0
+    assert parse_duration_seconds("1.5s") == 1.5
+
+
+@given(st.text(min_size=1, max_size=300))
+def test_label_values_are_valid(text: str) -> None:
+    value = label_value(text)
+    assert len(value) <= 63
+    assert re.fullmatch(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?", value)
+
+
+@given(st.lists(st.text(min_size=0, max_size=80), min_size=1, max_size=5))
+def test_safe_names(parts: list[str]) -> None:
+    name = safe_name(*parts)
+    assert len(name) <= 63 and DNS_LABEL.match(name)
