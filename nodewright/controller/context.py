@@ -1,0 +1,341 @@
+"""Shared state of the operator's reconcilers: caches, parsed models, node state with read-your-writes.
+
+Two controllers work on one event loop (see `controller.operator`):
+
+- the **rollout** controller, keyed by NodeWright name: compartments, budgets, batches. It decides
+  which nodes may start work and records that decision on each node in the *admission* annotation
+  `nodewright.io/batch.<nw>` (it is the only writer of that key), writes the NodeWright status, and
+  keeps the runtime-required taints;
+- the **node** controller, keyed by `<nw>/<node>`: the stage machine of one NodeWright on one node. It
+  is the only writer of the state annotation `nodewright.io/state.<nw>`, the status label
+  `nodewright.io/status.<nw>`, the node condition `nodewright.io/<nw>` and the cordon.
+
+Because each key has exactly one writer and writes are JSON merge patches of single keys, the two never
+overwrite each other. What remains is staleness: right after a write, the informer cache still holds the
+old node until the watch event arrives, and a reconcile that ran on the stale copy would redo work. The
+`WriteThrough` overlay closes that gap: every successful node patch records the returned object, and
+reads prefer it until the cache has caught up (by resourceVersion, which for etcd-backed objects is
+the etcd revision and increases monotonically).
+
+Trust. Package pods are trusted only if they carry a valid signature: an HMAC over their identity
+(name, node, NodeWright uid, stage, attempt, spec hash) with a key that only the operator holds (a
+Secret in its namespace). A pod that someone else labels as a package pod therefore never changes a
+node's state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import pydantic
+import structlog
+
+from nodewright.api import constants
+from nodewright.api.models import DeploymentPolicy, NodeWright
+from nodewright.api.nodestate import MalformedNodeState, NodeState, decode
+from nodewright.kube.informer import Informer
+from nodewright.kube.resources import JSON
+from nodewright.plan import selectors
+from nodewright.plan.rollout import Admission
+
+log = structlog.get_logger("nodewright.context")
+
+ADMISSION_ANNOTATION_PREFIX: Final = f"{constants.PREFIX}batch."
+POD_ANNOTATION_SIGNATURE: Final = f"{constants.PREFIX}signature"
+SIGNING_SECRET_NAME: Final = "nodewright-operator-signing-key"
+NODE_KEY_SEPARATOR: Final = "/"
+
+
+def admission_annotation(nodewright: str) -> str:
+    return f"{ADMISSION_ANNOTATION_PREFIX}{nodewright}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Keys
+
+
+def node_key(nodewright: str, node: str) -> str:
+    """Queue key of the node controller. Neither name may contain '/' (DNS subdomain names)."""
+    return f"{nodewright}{NODE_KEY_SEPARATOR}{node}"
+
+
+def split_node_key(key: str) -> tuple[str, str]:
+    nodewright, _, node = key.partition(NODE_KEY_SEPARATOR)
+    return nodewright, node
+
+
+# ----------------------------------------------------------------------------------------------------
+# Admission annotation codec (written by the rollout controller, read by the node controller)
+
+
+class MalformedAdmission(ValueError):
+    pass
+
+
+def encode_admission(admission: Admission) -> str:
+    doc = {
+        "c": admission.compartment,
+        "b": admission.batch,
+        "o": admission.order,
+        "f": admission.fingerprint,
+        "at": admission.at,
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def decode_admission(text: str) -> Admission:
+    try:
+        doc = json.loads(text)
+        if not isinstance(doc, dict) or set(doc) != {"c", "b", "o", "f", "at"}:
+            raise MalformedAdmission(f"expected keys c, b, o, f, at; got {sorted(doc)!r}")
+        compartment, batch, order, fingerprint, at = doc["c"], doc["b"], doc["o"], doc["f"], doc["at"]
+        if not (
+            isinstance(compartment, str)
+            and isinstance(fingerprint, str)
+            and isinstance(at, str)
+            and type(batch) is int
+            and type(order) is int
+            and batch >= 1
+            and order >= 0
+        ):
+            raise MalformedAdmission("field types: c, f, at strings; b >= 1 and o >= 0 integers")
+    except (ValueError, TypeError) as exc:
+        if isinstance(exc, MalformedAdmission):
+            raise
+        raise MalformedAdmission(f"not JSON: {exc}") from exc
+    return Admission(compartment=compartment, batch=batch, order=order, fingerprint=fingerprint, at=at)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Options
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorOptions:
+    namespace: str = "nodewright-system"
+    agent_image: str = "nvcr.io/nvidia/skyhook/agent:v6.4.1"
+    pause_image: str = "registry.k8s.io/pause:3.10"
+    runtime_required_taint: str = f"{constants.DEFAULT_RUNTIME_REQUIRED_TAINT_KEY}=true:NoSchedule"
+    copy_dir_root: str = "/var/lib/skyhook"
+    log_root: str = "/var/log/skyhook"
+    reboot_timeout: float = 1200.0
+    reapply_on_reboot: bool = False
+    resync_seconds: float = 600.0
+
+    @property
+    def runtime_required_taint_key(self) -> str:
+        return parse_taint(self.runtime_required_taint)[0]
+
+
+def parse_taint(text: str) -> tuple[str, str | None, str]:
+    """`key[=value]:Effect` (kubectl syntax) → (key, value, effect)."""
+    spec, sep, effect = text.rpartition(":")
+    if not sep or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+        raise ValueError(f"taint {text!r}: expected key[=value]:NoSchedule|PreferNoSchedule|NoExecute")
+    key, has_value, value = spec.partition("=")
+    if not key:
+        raise ValueError(f"taint {text!r}: empty key")
+    return key, (value if has_value else None), effect
+
+
+# ----------------------------------------------------------------------------------------------------
+# Parsed models, cached per resourceVersion
+
+
+@dataclass(slots=True)
+class _Parsed:
+    resource_version: str
+    model: NodeWright | DeploymentPolicy | None
+    error: str | None
+
+
+class ModelCache:
+    """Parse cached objects into models once per resourceVersion; keep the validation error if any.
+
+    A NodeWright that fails validation (the webhook was bypassed, or an older CRD) must not crash a
+    reconcile: the controller reports the error in the object's status and leaves its nodes alone.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, str], _Parsed] = {}
+
+    def _parse(self, kind: str, obj: JSON) -> _Parsed:
+        meta = obj.get("metadata") or {}
+        key = (kind, str(meta.get("name")))
+        rv = str(meta.get("resourceVersion") or "")
+        cached = self._entries.get(key)
+        if cached is not None and cached.resource_version == rv:
+            return cached
+        model_cls: type[NodeWright] | type[DeploymentPolicy] = (
+            NodeWright if kind == constants.KIND_NODEWRIGHT else DeploymentPolicy
+        )
+        try:
+            parsed = _Parsed(rv, model_cls.model_validate(obj), None)
+        except pydantic.ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()[:10]
+            )
+            parsed = _Parsed(rv, None, problems)
+        self._entries[key] = parsed
+        return parsed
+
+    def nodewright(self, obj: JSON) -> tuple[NodeWright | None, str | None]:
+        parsed = self._parse(constants.KIND_NODEWRIGHT, obj)
+        model = parsed.model if isinstance(parsed.model, NodeWright) else None
+        return model, parsed.error
+
+    def policy(self, obj: JSON) -> tuple[DeploymentPolicy | None, str | None]:
+        parsed = self._parse(constants.KIND_POLICY, obj)
+        model = parsed.model if isinstance(parsed.model, DeploymentPolicy) else None
+        return model, parsed.error
+
+    def forget(self, kind: str, name: str) -> None:
+        self._entries.pop((kind, name), None)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Read-your-writes overlay for nodes
+
+
+def _rv(obj: JSON) -> int:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+class WriteThrough:
+    """The newest node objects this process wrote, until the informer cache has caught up."""
+
+    def __init__(self, nodes: Informer, transform: Any) -> None:
+        self._nodes = nodes
+        self._transform = transform
+        self._written: dict[str, JSON] = {}
+
+    def record(self, node: JSON) -> None:
+        """Remember a node object returned by a successful write (full or trimmed)."""
+        trimmed = self._transform(node)
+        name = str(trimmed["metadata"]["name"])
+        current = self._written.get(name)
+        if current is None or _rv(trimmed) >= _rv(current):
+            self._written[name] = trimmed
+
+    def get(self, name: str) -> JSON | None:
+        cached = self._nodes.get(name)
+        written = self._written.get(name)
+        if written is None:
+            return cached
+        if cached is None:
+            # Deleted from the cache after our write: the node is gone.
+            self._written.pop(name, None)
+            return None
+        if _rv(cached) >= _rv(written):
+            self._written.pop(name, None)
+            return cached
+        return written
+
+    def forget(self, name: str) -> None:
+        self._written.pop(name, None)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Node helpers
+
+
+def node_labels(node: JSON) -> Mapping[str, str]:
+    labels: Mapping[str, str] = (node.get("metadata") or {}).get("labels") or {}
+    return labels
+
+
+def node_annotations(node: JSON) -> Mapping[str, str]:
+    annotations: Mapping[str, str] = (node.get("metadata") or {}).get("annotations") or {}
+    return annotations
+
+
+def node_state(node: JSON, nodewright: str) -> NodeState | None:
+    """The decoded state of `nodewright` on `node`; None when absent; raises MalformedNodeState."""
+    text = node_annotations(node).get(constants.state_annotation(nodewright))
+    if text is None:
+        return None
+    return decode(text)
+
+
+def try_node_state(node: JSON, nodewright: str) -> tuple[NodeState | None, str | None]:
+    try:
+        return node_state(node, nodewright), None
+    except MalformedNodeState as exc:
+        return None, str(exc)
+
+
+def node_admission(node: JSON, nodewright: str) -> Admission | None:
+    """The rollout's admission of `node` for `nodewright`; a malformed one counts as absent."""
+    text = node_annotations(node).get(admission_annotation(nodewright))
+    if text is None:
+        return None
+    try:
+        return decode_admission(text)
+    except MalformedAdmission as exc:
+        log.warning("ignoring malformed admission", node=node["metadata"]["name"], error=str(exc))
+        return None
+
+
+def matches_nodewright(nodewright: NodeWright, node: JSON) -> bool:
+    return selectors.matches(nodewright.spec.node_selectors, node_labels(node))
+
+
+def matched_nodes(nodewright: NodeWright, nodes: Iterable[JSON]) -> list[JSON]:
+    return [node for node in nodes if matches_nodewright(nodewright, node)]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pod signatures
+
+
+@dataclass(frozen=True, slots=True)
+class PodSigner:
+    """HMAC-SHA256 signatures that mark package pods as created by this operator."""
+
+    key: bytes = field(repr=False)
+
+    @staticmethod
+    def generate_key() -> bytes:
+        return secrets.token_bytes(32)
+
+    @staticmethod
+    def _message(pod: Mapping[str, Any]) -> bytes:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        owners = [o.get("uid", "") for o in meta.get("ownerReferences") or () if o.get("controller")]
+        parts = (
+            str(meta.get("name", "")),
+            str((pod.get("spec") or {}).get("nodeName", "")),
+            ",".join(sorted(owners)),
+            str(labels.get(constants.POD_LABEL_NODEWRIGHT, "")),
+            str(labels.get(constants.POD_LABEL_PACKAGE, "")),
+            str(labels.get(constants.POD_LABEL_VERSION, "")),
+            str(labels.get(constants.POD_LABEL_STAGE, "")),
+            str(annotations.get(constants.POD_ANNOTATION_ATTEMPT, "")),
+            str(annotations.get(constants.POD_ANNOTATION_SPEC_HASH, "")),
+        )
+        return "\x1f".join(parts).encode()
+
+    def sign(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """Add the signature annotation to a pod manifest (in place) and return it."""
+        digest = hmac.new(self.key, self._message(pod), hashlib.sha256).hexdigest()
+        pod.setdefault("metadata", {}).setdefault("annotations", {})[POD_ANNOTATION_SIGNATURE] = digest
+        return pod
+
+    def verify(self, pod: Mapping[str, Any]) -> bool:
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        given = annotations.get(POD_ANNOTATION_SIGNATURE)
+        if not isinstance(given, str):
+            return False
+        expected = hmac.new(self.key, self._message(pod), hashlib.sha256).hexdigest()
+        return hmac.compare_digest(given, expected)
