@@ -29,8 +29,9 @@ import hashlib
 import hmac
 import json
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import pydantic
@@ -39,8 +40,11 @@ import structlog
 from nodewright.api import constants
 from nodewright.api.models import DeploymentPolicy, NodeWright
 from nodewright.api.nodestate import MalformedNodeState, NodeState, decode
+from nodewright.kube.client import KubeClient
 from nodewright.kube.informer import Informer
 from nodewright.kube.resources import JSON
+from nodewright.observability.metrics import OperatorMetrics
+from nodewright.observability.tracing import RolloutTracer
 from nodewright.plan import selectors
 from nodewright.plan.rollout import Admission
 
@@ -339,3 +343,110 @@ class PodSigner:
             return False
         expected = hmac.new(self.key, self._message(pod), hashlib.sha256).hexdigest()
         return hmac.compare_digest(given, expected)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Events
+
+
+class EventRecorder:
+    """Creates core/v1 Events, dropping exact repeats within `dedupe_seconds`.
+
+    Events about cluster-scoped objects (Nodes, NodeWrights) live in the `default` namespace, as
+    client-go's recorder puts them. Event writes are best effort: a failure is logged, never raised,
+    so an Event can never block a node's progress.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        clock: Callable[[], datetime],
+        instance: str,
+        dedupe_seconds: float = 600.0,
+    ) -> None:
+        self._client = client
+        self._clock = clock
+        self._instance = instance
+        self._dedupe = dedupe_seconds
+        self._recent: dict[tuple[str, str, str, str], datetime] = {}
+
+    async def record(
+        self, *, kind: str, name: str, uid: str | None, reason: str, message: str, event_type: str = "Normal"
+    ) -> None:
+        now = self._clock()
+        key = (kind, name, reason, message)
+        last = self._recent.get(key)
+        if last is not None and (now - last).total_seconds() < self._dedupe:
+            return
+        self._recent[key] = now
+        if len(self._recent) > 10_000:
+            cutoff = now - timedelta(seconds=self._dedupe)
+            self._recent = {k: t for k, t in self._recent.items() if t >= cutoff}
+        api_version = "v1" if kind == "Node" else constants.API_VERSION
+        involved: JSON = {
+            "apiVersion": api_version,
+            "kind": kind,
+            "metadata": {"name": name, "uid": uid or ""},
+        }
+        try:
+            await self._client.create_event(
+                "default",
+                involved=involved,
+                reason=reason,
+                message=message,
+                event_type=event_type,
+                instance=self._instance,
+                now=now,
+            )
+        except Exception as exc:  # best effort by design (see class docstring)
+            log.warning("event not recorded", kind=kind, name=name, reason=reason, error=str(exc))
+
+
+# ----------------------------------------------------------------------------------------------------
+# The runtime shared by the reconcilers
+
+
+@dataclass
+class Runtime:
+    """Everything the reconcilers share; built once by `controller.operator.wire`.
+
+    `enqueue_rollout(nw)` and `enqueue_node(nw, node)` are set at wiring time and add keys to the two
+    controllers' queues (deduplicated, safe to call from informer handlers and reconcilers).
+    """
+
+    client: KubeClient
+    options: OperatorOptions
+    nodewrights: Informer
+    policies: Informer
+    nodes: Informer
+    pods: Informer
+    models: ModelCache
+    node_view: WriteThrough
+    signer: PodSigner
+    metrics: OperatorMetrics
+    tracer: RolloutTracer
+    events: EventRecorder
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    enqueue_rollout: Callable[[str], None] = field(default=lambda name: None)
+    enqueue_node: Callable[[str, str], None] = field(default=lambda nw, node: None)
+    enqueue_node_after: Callable[[str, str, float], None] = field(default=lambda nw, node, s: None)
+
+    def nodewright(self, name: str) -> tuple[JSON | None, NodeWright | None, str | None]:
+        """(raw object, parsed model or None, validation error or None) of a cached NodeWright."""
+        obj = self.nodewrights.get(name)
+        if obj is None:
+            return None, None, None
+        model, error = self.models.nodewright(obj)
+        return obj, model, error
+
+    def policy(self, name: str) -> DeploymentPolicy | None:
+        obj = self.policies.get(name)
+        if obj is None:
+            return None
+        model, _ = self.models.policy(obj)
+        return model
+
+    def node(self, name: str) -> JSON | None:
+        """The newest known node object (our own writes included)."""
+        return self.node_view.get(name)
