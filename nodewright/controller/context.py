@@ -450,3 +450,22 @@ class Runtime:
     def node(self, name: str) -> JSON | None:
         """The newest known node object (our own writes included)."""
         return self.node_view.get(name)
+
+
+def effective_nodewright(nodewright: NodeWright) -> NodeWright:
+    """The spec the nodes must converge to: on deletion, every `uninstall.enabled` package uninstalls.
+
+    Deleting a NodeWright runs the uninstall of the packages that support it (reference §2.16) before
+    the finalizer is released. Expressing that as `uninstall.apply: true` makes it flow through the same
+    stage machine and, because the spec fingerprint changes, through the same batches and budgets as any
+    other change (invariant I2).
+    """
+    if not nodewright.metadata.deletion_timestamp:
+        return nodewright
+    packages = {}
+    for name, pkg in nodewright.spec.packages.items():
+        if pkg.uninstall is not None and pkg.uninstall.enabled and not pkg.uninstall.apply:
+            pkg = pkg.model_copy(update={"uninstall": pkg.uninstall.model_copy(update={"apply": True})})
+        packages[name] = pkg
+    spec = nodewright.spec.model_copy(update={"packages": packages})
+    return nodewright.model_copy(update={"spec": spec})
