@@ -634,6 +634,16 @@ class CompartmentStatus(_Model):
     completed: int = _text("Nodes complete.", default=0)
     progress_percent: int = _text("completed / matched in percent.", default=0)
     batch_state: BatchState | None = _text("Batch progress.")
+    used_by_others: int = _text(
+        "Budget slots taken by nodes unavailable for other reasons (cordoned by someone else, NotReady).",
+        default=0,
+    )
+    halted: bool = _text(
+        "The compartment halted after too many failed batches; reset to resume.", default=False
+    )
+    message: Annotated[str, Field(max_length=1024)] = _text(
+        "What the compartment is doing or waiting for.", default=""
+    )
 
 
 class NodeWrightStatus(_Model):
@@ -657,6 +667,22 @@ class NodeWrightStatus(_Model):
     complete_nodes: str = _text("complete/total nodes.", default="0/0")
     package_list: str = _text("Sorted name:version list of the packages.", default="")
     node_counts: dict[str, int] | None = _text("Number of nodes per status.", max_length=16)
+    nodes_matched: int = _text("Nodes selected by nodeSelectors.", default=0)
+    rollout_fingerprint: Annotated[str, Field(max_length=64)] = _text(
+        "Digest of the packages the current rollout converges to; a change starts a new rollout.",
+        default="",
+    )
+    next_order: int = _text("Next node order number (SKYHOOK_NODE_ORDER) of the current rollout.", default=0)
+    node_examples: (
+        dict[str, Annotated[list[Annotated[str, Field(max_length=253)]], Field(max_length=5)]] | None
+    ) = _text("A few example node names per node status.", max_length=16)
+    package_counts: dict[str, Annotated[dict[str, int], Field(max_length=32)]] | None = _text(
+        "Node counts per package name:version and stage/state.", max_length=128
+    )
+    waiting_reasons: dict[str, int] | None = _text("Waiting nodes per reason.", max_length=16)
+    waiting_examples: (
+        dict[str, Annotated[list[Annotated[str, Field(max_length=253)]], Field(max_length=5)]] | None
+    ) = _text("A few example node names per waiting reason.", max_length=16)
 
 
 class ObjectMeta(_Model):
