@@ -1,0 +1,609 @@
+"""The rollout controller: which nodes of a NodeWright may start work, and the NodeWright's status.
+
+One reconcile per NodeWright key. It reads only caches, asks the pure planner (`plan.rollout`) which
+nodes to admit, and writes:
+
+- admissions on nodes (annotation `nodewright.io/batch.<nw>`, this controller is its only writer), and
+  their removal when the planner releases a node or the NodeWright is gone;
+- the NodeWright status (aggregates only: counts, compartments with batch state, conditions), with a
+  merge patch that carries just the difference, so an unchanged status costs no write;
+- the runtime-required taints (see `controller.taints`);
+- Events for transitions (status changes, halted compartments, batches started);
+- the finalizer: added on first sight, released once deletion has converged on every node.
+
+Node-level work (stages, cordon, drain) is the node controller's; a status-label change on a node
+enqueues this controller again, so batches settle as soon as their last node finishes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import structlog
+
+from nodewright.api import constants
+from nodewright.api.models import (
+    Condition,
+    DeploymentPolicy,
+    NodeWright,
+    NodeWrightStatus,
+    Status,
+)
+from nodewright.api.nodestate import NodeState, PackageState
+from nodewright.controller import taints
+from nodewright.controller.context import (
+    Runtime,
+    admission_annotation,
+    effective_nodewright,
+    encode_admission,
+    matches_nodewright,
+    node_admission,
+    node_annotations,
+    node_labels,
+    try_node_state,
+)
+from nodewright.kube.resources import JSON, NODEWRIGHTS
+from nodewright.kube.trim import node_ready
+from nodewright.kube.workqueue import Result
+from nodewright.observability import events
+from nodewright.observability.metrics import (
+    CompartmentSnapshot,
+    NodeWrightSnapshot,
+    count_package_nodes,
+)
+from nodewright.plan import sequencing
+from nodewright.plan.node import NodeFacts, Taint, is_disabled, is_paused, node_complete, untolerated_taints
+from nodewright.plan.rollout import RolloutNode, RolloutPlan, plan_rollout, spec_fingerprint
+from nodewright.plan.stages import ts
+from nodewright.plan.status import NodeReport, PackageReport, aggregate_status
+
+log = structlog.get_logger("nodewright.rollout")
+
+RUNTIME_TAINT_HELD = "RuntimeTaintHeld"
+RESYNC_ACTIVE = 60.0
+"""Safety-net resync while nodes are in flight; progress itself is event-driven."""
+
+
+@dataclass(frozen=True, slots=True)
+class _NodeView:
+    node: JSON
+    state: NodeState | None
+    status: Status | None
+
+
+def _status_of(node: JSON, nodewright: str) -> Status | None:
+    value = node_labels(node).get(constants.status_label(nodewright))
+    try:
+        return Status(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def node_facts(node: JSON) -> NodeFacts:
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    return NodeFacts(
+        name=str(node["metadata"]["name"]),
+        labels=node_labels(node),
+        taints=tuple(
+            Taint(key=str(t.get("key")), effect=str(t.get("effect")), value=t.get("value"))
+            for t in spec.get("taints") or ()
+        ),
+        unschedulable=bool(spec.get("unschedulable")),
+        ready=node_ready(node),
+        boot_id=str((status.get("nodeInfo") or {}).get("bootID") or ""),
+    )
+
+
+def blocked_reason(nodewright: NodeWright, node: JSON, *, runtime_taint_key: str) -> str | None:
+    """Why this NodeWright may not touch the node at all (ignore label, untolerated taints)."""
+    if node_labels(node).get(constants.LABEL_IGNORE, "").lower() == "true":
+        return f"node carries {constants.LABEL_IGNORE}=true"
+    untolerated = untolerated_taints(nodewright, node_facts(node), runtime_taint_key=runtime_taint_key)
+    if untolerated:
+        listed = ", ".join(f"{t.key}={t.value or ''}:{t.effect}" for t in untolerated[:3])
+        return f"taint not tolerated: {listed}"
+    return None
+
+
+def _cordoned_by_any_of_ours(node: JSON, nodewrights: Sequence[str]) -> bool:
+    for name in nodewrights:
+        state, _ = try_node_state(node, name)
+        if state is not None and state.cordoned:
+            return True
+    return False
+
+
+def unavailable_reason(node: JSON, *, own: NodeState | None, all_nodewrights: Sequence[str]) -> str | None:
+    """A node made unavailable by someone else (or by another NodeWright) takes a budget slot."""
+    if own is not None and own.cordoned:
+        return None
+    if (node.get("spec") or {}).get("unschedulable"):
+        if _cordoned_by_any_of_ours(node, all_nodewrights):
+            return "cordoned by another NodeWright"
+        return "cordoned by someone else"
+    if not node_ready(node):
+        return "NotReady"
+    return None
+
+
+def _merge_patch(old: Any, new: Any) -> Any:
+    """The JSON merge patch (RFC 7386) turning `old` into `new`; None when equal."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        patch: dict[str, Any] = {}
+        for key in old.keys() - new.keys():
+            patch[key] = None
+        for key, value in new.items():
+            if key not in old:
+                patch[key] = value
+            else:
+                sub = _merge_patch(old[key], value)
+                if sub is not None:
+                    patch[key] = sub
+        return patch or None
+    return None if old == new else new
+
+
+class RolloutReconciler:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self._halted: dict[str, frozenset[str]] = {}
+        self._last_status: dict[str, str] = {}
+
+    # -- entry ------------------------------------------------------------------------------------
+
+    async def reconcile(self, name: str) -> Result | None:
+        rt = self.rt
+        obj, model, error = rt.nodewright(name)
+        if obj is None:
+            rt.metrics.domain.remove_nodewright(name)
+            self._halted.pop(name, None)
+            self._last_status.pop(name, None)
+            return None
+        if model is None:
+            await self._report_invalid(obj, error or "invalid spec")
+            return None
+        deleting = bool(model.metadata.deletion_timestamp)
+        if not deleting and constants.FINALIZER not in (model.metadata.finalizers or []):
+            await self._add_finalizer(obj)
+        nodewright = effective_nodewright(model)
+        now = rt.clock()
+        all_names = sorted(o["metadata"]["name"] for o in rt.nodewrights.objects())
+        nodes = [rt.node(str(n["metadata"]["name"])) or n for n in rt.nodes.objects()]
+        matched = [n for n in nodes if matches_nodewright(nodewright, n)]
+        self._enqueue_strays(name, nodes, matched)
+
+        views, malformed = self._views(name, matched)
+        policy, policy_name = self._policy(nodewright)
+        fingerprint = spec_fingerprint(nodewright)
+        facts = self._sequencing_facts(all_names, nodes)
+        paused, disabled = is_paused(model), is_disabled(model)
+        rollout_nodes = [
+            self._rollout_node(nodewright, v, fingerprint=fingerprint, facts=facts, all_names=all_names)
+            for v in views
+        ]
+        previous = model.status or NodeWrightStatus()
+        reset = (model.metadata.annotations or {}).get(constants.ANNOTATION_RESET_BATCH, "").lower() in (
+            "true",
+            "1",
+            "yes",
+        )
+        plan = plan_rollout(
+            nodewright,
+            policy=policy,
+            nodes=rollout_nodes,
+            compartment_statuses=previous.compartment_statuses or {},
+            fingerprint=fingerprint,
+            now=ts(now),
+            reset_requested=reset,
+            paused=paused,
+            disabled=disabled,
+            next_order_hint=previous.next_order if previous.rollout_fingerprint == fingerprint else 0,
+        )
+        await self._apply_admissions(name, plan, views)
+        if reset and plan.reset_applied:
+            await self._clear_reset_annotation(name)
+        taint_report = await taints.reconcile_runtime_taints(rt, nodewright, matched, all_names=all_names)
+
+        sequencing_blocker = self._global_sequencing_blocker(name, facts)
+        summary = aggregate_status(
+            nodewright,
+            nodes=[self._report(v, r) for v, r in zip(views, rollout_nodes, strict=True)],
+            plan=plan,
+            now=ts(now),
+            paused=paused,
+            disabled=disabled,
+            waiting_for_sequencing=sequencing_blocker,
+            malformed_nodes=malformed,
+            extra_conditions=[self._taint_condition(model, taint_report, now)],
+        )
+        status = summary.to_json_dict()
+        status["nodesMatched"] = len(matched)
+        status["rolloutFingerprint"] = fingerprint
+        status["nextOrder"] = plan.next_order
+        self._add_compartment_details(status, plan)
+        await self._write_status(obj, status)
+        await self._emit_transitions(model, plan, summary.status.status, malformed)
+        self._update_metrics(name, nodewright, views, plan, summary.status.status, policy_name)
+
+        if deleting:
+            return await self._finish_deletion(obj, name, nodes)
+        in_flight = any(v.status in (Status.IN_PROGRESS, Status.ERRORING) for v in views)
+        return Result(requeue_after=RESYNC_ACTIVE if in_flight else rt.options.resync_seconds)
+
+    # -- inputs -----------------------------------------------------------------------------------
+
+    def _views(self, name: str, matched: Sequence[JSON]) -> tuple[list[_NodeView], list[str]]:
+        views: list[_NodeView] = []
+        malformed: list[str] = []
+        for node in matched:
+            state, err = try_node_state(node, name)
+            if err is not None:
+                malformed.append(str(node["metadata"]["name"]))
+                continue
+            views.append(_NodeView(node=node, state=state, status=_status_of(node, name)))
+        return views, malformed
+
+    def _policy(self, nodewright: NodeWright) -> tuple[DeploymentPolicy | None, str]:
+        policy_name = nodewright.spec.deployment_policy
+        if not policy_name:
+            return None, "legacy"
+        return self.rt.policy(policy_name), policy_name
+
+    def _sequencing_facts(
+        self, all_names: Sequence[str], nodes: Sequence[JSON]
+    ) -> list[sequencing.NodeWrightFacts]:
+        facts: list[sequencing.NodeWrightFacts] = []
+        for other in all_names:
+            _, model, _ = self.rt.nodewright(other)
+            if model is None:
+                continue
+            targets = frozenset(str(n["metadata"]["name"]) for n in nodes if matches_nodewright(model, n))
+            label = constants.status_label(other)
+            complete = frozenset(
+                str(n["metadata"]["name"])
+                for n in nodes
+                if node_labels(n).get(label) == Status.COMPLETE.value
+            )
+            facts.append(
+                sequencing.NodeWrightFacts(
+                    name=other,
+                    priority=model.spec.priority,
+                    sequencing=model.spec.sequencing,
+                    disabled=is_disabled(model),
+                    paused=is_paused(model),
+                    targets=targets,
+                    complete_on=complete,
+                )
+            )
+        return facts
+
+    def _global_sequencing_blocker(
+        self, name: str, facts: Sequence[sequencing.NodeWrightFacts]
+    ) -> str | None:
+        """A `sequencing: all` predecessor that is not complete everywhere blocks the whole NodeWright."""
+        ordered = sequencing.order(facts)
+        for other in ordered:
+            if other.name == name:
+                return None
+            if not other.disabled and other.sequencing.value == "all" and not other.complete_everywhere:
+                return other.name
+        return None
+
+    def _rollout_node(
+        self,
+        nodewright: NodeWright,
+        view: _NodeView,
+        *,
+        fingerprint: str,
+        facts: Sequence[sequencing.NodeWrightFacts],
+        all_names: Sequence[str],
+    ) -> RolloutNode:
+        name = nodewright.metadata.name
+        node = view.node
+        node_name = str(node["metadata"]["name"])
+        needs_work = view.state is None or not node_complete(nodewright, view.state)
+        if view.state is None and not nodewright.spec.packages:
+            needs_work = False
+        status = view.status or (Status.WAITING if needs_work else Status.COMPLETE)
+        if not needs_work and status is Status.IN_PROGRESS:
+            status = Status.COMPLETE
+        blocker = sequencing.blocking(facts, target=name, node=node_name) if facts else None
+        return RolloutNode(
+            name=node_name,
+            labels=node_labels(node),
+            creation_timestamp=(node.get("metadata") or {}).get("creationTimestamp"),
+            status=status,
+            needs_work=needs_work,
+            admission=node_admission(node, name),
+            unavailable_reason=unavailable_reason(node, own=view.state, all_nodewrights=all_names),
+            blocked_reason=blocked_reason(
+                nodewright, node, runtime_taint_key=self.rt.options.runtime_required_taint_key
+            ),
+            waiting_for_priority=blocker.name if blocker is not None else None,
+        )
+
+    def _report(self, view: _NodeView, node: RolloutNode) -> NodeReport:
+        packages = tuple(
+            PackageReport(name=e.name, version=e.version, stage=e.stage.value, state=e.state.value)
+            for e in (view.state.packages if view.state is not None else ())
+        )
+        return NodeReport(name=node.name, status=node.status, packages=packages)
+
+    def _taint_condition(self, model: NodeWright, report: taints.TaintReport, now: datetime) -> Condition:
+        held = report.held_while_inactive
+        previous = {c.type: c for c in (model.status.conditions or [])} if model.status else {}
+        status: Literal["True", "False"] = "True" if held else "False"
+        old = previous.get(RUNTIME_TAINT_HELD)
+        message = (
+            f"{held} node(s) keep the runtime-required taint while this NodeWright is paused or disabled;"
+            " resume or enable it (or remove it) to release them"
+            if held
+            else "no node is held by an inactive NodeWright"
+        )
+        return Condition(
+            type=RUNTIME_TAINT_HELD,
+            status=status,
+            reason="HeldWhileInactive" if held else "NotHeld",
+            message=message,
+            last_transition_time=old.last_transition_time if old and old.status == status else ts(now),
+            observed_generation=model.metadata.generation,
+        )
+
+    # -- writes -----------------------------------------------------------------------------------
+
+    async def _apply_admissions(self, name: str, plan: RolloutPlan, views: Sequence[_NodeView]) -> None:
+        rt = self.rt
+        key = admission_annotation(name)
+        for admitted in plan.admissions:
+            written = await rt.client.patch_node_metadata(
+                admitted.node, annotations={key: encode_admission(admitted.admission)}
+            )
+            rt.node_view.record(written)
+            rt.enqueue_node(name, admitted.node)
+        for released in plan.releases:
+            written = await rt.client.patch_node_metadata(released, annotations={key: None})
+            rt.node_view.record(written)
+            rt.enqueue_node(name, released)
+        started: dict[tuple[str, int], list[str]] = {}
+        for admitted in plan.admissions:
+            started.setdefault((admitted.admission.compartment, admitted.admission.batch), []).append(
+                admitted.node
+            )
+        for (compartment, batch), nodes in sorted(started.items()):
+            spec = events.batch_started(compartment, batch, nodes)
+            await self._event(name, spec)
+        if plan.admissions:
+            log.info(
+                "admitted nodes",
+                nodewright=name,
+                nodes=len(plan.admissions),
+                batches=sorted({f"{c}#{b}" for c, b in started}),
+            )
+
+    async def _clear_reset_annotation(self, name: str) -> None:
+        await self.rt.client.patch(
+            NODEWRIGHTS, name, {"metadata": {"annotations": {constants.ANNOTATION_RESET_BATCH: None}}}
+        )
+
+    async def _add_finalizer(self, obj: JSON) -> None:
+        meta = obj["metadata"]
+        finalizers = [*(meta.get("finalizers") or []), constants.FINALIZER]
+        await self.rt.client.patch(
+            NODEWRIGHTS,
+            meta["name"],
+            {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}},
+        )
+
+    async def _write_status(self, obj: JSON, status: dict[str, Any]) -> None:
+        previous = obj.get("status") or {}
+        patch = _merge_patch(previous, status)
+        if patch is None:
+            return
+        await self.rt.client.patch_status(NODEWRIGHTS, obj["metadata"]["name"], {"status": patch})
+
+    async def _report_invalid(self, obj: JSON, error: str) -> None:
+        """A spec the models reject (webhook bypassed, older CRD): say so, touch no node."""
+        now = ts(self.rt.clock())
+        generation = obj["metadata"].get("generation")
+        message = f"spec is invalid, nodes are left untouched until it is fixed: {error}"[:2000]
+        conditions = [
+            {
+                "type": "Stalled",
+                "status": "True",
+                "reason": "InvalidSpec",
+                "message": message,
+                "lastTransitionTime": now,
+                "observedGeneration": generation,
+            },
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": "InvalidSpec",
+                "message": message,
+                "lastTransitionTime": now,
+                "observedGeneration": generation,
+            },
+        ]
+        old = {c.get("type"): c for c in (obj.get("status") or {}).get("conditions") or []}
+        if all(
+            old.get(c["type"], {}).get("message") == c["message"] and old[c["type"]].get("status") == "True"
+            for c in conditions[:1]
+        ):
+            return
+        await self.rt.client.patch_status(
+            NODEWRIGHTS,
+            obj["metadata"]["name"],
+            {"status": {"status": Status.BLOCKED.value, "conditions": conditions}},
+        )
+        await self.rt.events.record(
+            kind=constants.KIND_NODEWRIGHT,
+            name=obj["metadata"]["name"],
+            uid=obj["metadata"].get("uid"),
+            reason="InvalidSpec",
+            message=message,
+            event_type="Warning",
+        )
+
+    def _add_compartment_details(self, status: dict[str, Any], plan: RolloutPlan) -> None:
+        compartments = status.get("compartmentStatuses") or {}
+        for name, cplan in plan.compartments.items():
+            entry = compartments.get(name)
+            if entry is None:
+                continue
+            entry["usedByOthers"] = cplan.used_by_others
+            entry["halted"] = cplan.halt is not None
+            entry["message"] = cplan.message[:1024]
+
+    async def _event(self, name: str, spec: events.EventSpec) -> None:
+        obj = self.rt.nodewrights.get(name) or {}
+        await self.rt.events.record(
+            kind=constants.KIND_NODEWRIGHT,
+            name=name,
+            uid=(obj.get("metadata") or {}).get("uid"),
+            reason=spec.reason.value,
+            message=spec.message,
+            event_type=spec.type.value,
+        )
+
+    async def _emit_transitions(
+        self, model: NodeWright, plan: RolloutPlan, status: Status | None, malformed: Sequence[str]
+    ) -> None:
+        name = model.metadata.name
+        halted_now = frozenset(h.compartment for h in plan.halts)
+        for halt in plan.halts:
+            if halt.compartment not in self._halted.get(name, frozenset()):
+                await self._event(name, events.EventSpec(events.Reason.COMPARTMENT_HALTED, halt.message))
+        self._halted[name] = halted_now
+        persisted = model.status.status if model.status is not None else None
+        old = self._last_status.get(name) or (persisted.value if persisted is not None else None)
+        new = status.value if status is not None else None
+        if new is not None and old != new:
+            await self._event(name, events.status_changed(old or "unknown", new))
+            if new == Status.COMPLETE.value:
+                total = sum(c.status.matched for c in plan.compartments.values())
+                await self._event(name, events.rollout_complete(total))
+            self._last_status[name] = new
+        if plan.policy_not_found is not None and model.spec.deployment_policy:
+            await self._event(name, events.policy_not_found(model.spec.deployment_policy))
+        if malformed:
+            await self._event(name, events.state_malformed(malformed))
+
+    def _update_metrics(
+        self,
+        name: str,
+        nodewright: NodeWright,
+        views: Sequence[_NodeView],
+        plan: RolloutPlan,
+        status: Status | None,
+        policy_name: str,
+    ) -> None:
+        by_status: dict[str, int] = {}
+        entries: list[tuple[str, str, str, str]] = []
+        oldest: datetime | None = None
+        for view in views:
+            key = (view.status or Status.WAITING).value
+            by_status[key] = by_status.get(key, 0) + 1
+            for entry in view.state.packages if view.state is not None else ():
+                entries.append((entry.name, entry.version, entry.stage.value, entry.state.value))
+                if entry.state is PackageState.IN_PROGRESS and entry.started:
+                    started = datetime.fromisoformat(entry.started.replace("Z", "+00:00"))
+                    oldest = started if oldest is None or started < oldest else oldest
+        compartments = [
+            CompartmentSnapshot(
+                name=cname,
+                policy=policy_name,
+                strategy=cplan.strategy.split(" ")[0],
+                matched=cplan.status.matched,
+                ceiling=cplan.status.ceiling,
+                in_progress=cplan.status.in_progress,
+                completed=cplan.status.completed,
+                progress_percent=cplan.status.progress_percent,
+                current_batch=cplan.status.batch_state.current_batch if cplan.status.batch_state else 0,
+                consecutive_failures=(
+                    cplan.status.batch_state.consecutive_failures if cplan.status.batch_state else 0
+                ),
+                halted=cplan.halt is not None,
+            )
+            for cname, cplan in plan.compartments.items()
+        ]
+        drain_blocked = sum(
+            1
+            for view in views
+            if _condition_reason(view.node, name) in ("Draining", "WaitingForProtectedPods")
+            and view.status is Status.IN_PROGRESS
+        )
+        self.rt.metrics.domain.update_nodewright(
+            name,
+            NodeWrightSnapshot(
+                status=(status or Status.UNKNOWN).value,
+                matched=len(views),
+                nodes_by_status=by_status,
+                package_nodes=count_package_nodes(entries),
+                packages=frozenset(nodewright.spec.packages),
+                compartments=compartments,
+                drain_blocked=drain_blocked,
+                waiting_by_reason=plan.waiting_counts,
+                oldest_stage_started_at=oldest,
+            ),
+        )
+
+    # -- housekeeping -----------------------------------------------------------------------------
+
+    def _enqueue_strays(self, name: str, nodes: Sequence[JSON], matched: Sequence[JSON]) -> None:
+        """Nodes that no longer match but still carry our keys: the node controller cleans them up."""
+        matched_names = {str(n["metadata"]["name"]) for n in matched}
+        state_key = constants.state_annotation(name)
+        label_key = constants.status_label(name)
+        for node in nodes:
+            node_name = str(node["metadata"]["name"])
+            if node_name in matched_names:
+                continue
+            if label_key in node_labels(node) or state_key in node_annotations(node):
+                self.rt.enqueue_node(name, node_name)
+
+    async def _finish_deletion(self, obj: JSON, name: str, nodes: Sequence[JSON]) -> Result | None:
+        """Release the finalizer once no node carries this NodeWright's status or admission."""
+        rt = self.rt
+        label_key = constants.status_label(name)
+        adm_key = admission_annotation(name)
+        pending = [str(n["metadata"]["name"]) for n in nodes if label_key in node_labels(n)]
+        for node_name in pending:
+            rt.enqueue_node(name, node_name)
+        pods = [p for p in rt.pods.objects() if node_labels(p).get(constants.POD_LABEL_NODEWRIGHT) == name]
+        if pending or pods:
+            log.info("deletion in progress", nodewright=name, nodes=len(pending), pods=len(pods))
+            return Result(requeue_after=10.0)
+        for node in nodes:
+            if adm_key in node_annotations(node):
+                written = await rt.client.patch_node_metadata(
+                    str(node["metadata"]["name"]), annotations={adm_key: None}
+                )
+                rt.node_view.record(written)
+        meta = obj["metadata"]
+        finalizers = [f for f in meta.get("finalizers") or [] if f != constants.FINALIZER]
+        if len(finalizers) != len(meta.get("finalizers") or []):
+            await rt.client.patch(
+                NODEWRIGHTS,
+                name,
+                {"metadata": {"finalizers": finalizers or None, "resourceVersion": meta["resourceVersion"]}},
+            )
+            log.info("finalizer released", nodewright=name)
+        return None
+
+
+def _condition_reason(node: JSON, nodewright: str) -> str | None:
+    kind = constants.node_condition_type(nodewright)
+    for cond in (node.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == kind:
+            reason = cond.get("reason")
+            return str(reason) if reason is not None else None
+    return None
+
+
+def compartment_map(plan: RolloutPlan) -> Mapping[str, Any]:
+    """Compartment statuses as JSON (used by `nodewright plan` and tests)."""
+    return {name: c.status.to_json_dict() for name, c in plan.compartments.items()}

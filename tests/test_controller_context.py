@@ -1,0 +1,169 @@
+"""Unit tests of the controller's shared context: admission codec, pod signatures, read-your-writes."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nodewright.api import constants
+from nodewright.api.models import NodeWright
+from nodewright.controller.context import (
+    MalformedAdmission,
+    ModelCache,
+    PodSigner,
+    WriteThrough,
+    decode_admission,
+    effective_nodewright,
+    encode_admission,
+    node_key,
+    parse_taint,
+    split_node_key,
+)
+from nodewright.kube.trim import trim_node
+from nodewright.plan.rollout import Admission
+
+
+@given(
+    compartment=st.text(min_size=1, max_size=20),
+    batch=st.integers(min_value=1, max_value=10_000),
+    order=st.integers(min_value=0, max_value=100_000),
+    fingerprint=st.text(alphabet="0123456789abcdef", min_size=1, max_size=16),
+)
+def test_admission_round_trip(compartment: str, batch: int, order: int, fingerprint: str) -> None:
+    admission = Admission(compartment, batch, order, fingerprint, "2026-01-01T00:00:00Z")
+    assert decode_admission(encode_admission(admission)) == admission
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "[]",
+        '{"c":"a","b":1,"o":0,"f":"x"}',
+        '{"c":"a","b":0,"o":0,"f":"x","at":"t"}',
+        '{"c":"a","b":true,"o":0,"f":"x","at":"t"}',
+        '{"c":"a","b":1,"o":-1,"f":"x","at":"t"}',
+        '{"c":"a","b":1,"o":0,"f":"x","at":"t","extra":1}',
+    ],
+)
+def test_malformed_admissions_are_rejected(text: str) -> None:
+    with pytest.raises(MalformedAdmission):
+        decode_admission(text)
+
+
+def test_node_keys_round_trip() -> None:
+    assert split_node_key(node_key("kernel", "gpu-node-1")) == ("kernel", "gpu-node-1")
+
+
+def test_parse_taint() -> None:
+    assert parse_taint("nodewright.io/runtime-required=true:NoSchedule") == (
+        "nodewright.io/runtime-required",
+        "true",
+        "NoSchedule",
+    )
+    assert parse_taint("k:NoExecute") == ("k", None, "NoExecute")
+    with pytest.raises(ValueError, match=r"NoSchedule"):
+        parse_taint("k=v")
+
+
+def _pod() -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "kernel-sysctl-apply-node-1-1-abcd",
+            "labels": {
+                constants.POD_LABEL_NODEWRIGHT: "kernel",
+                constants.POD_LABEL_PACKAGE: "sysctl",
+                constants.POD_LABEL_VERSION: "1.0.0",
+                constants.POD_LABEL_STAGE: "apply",
+            },
+            "annotations": {constants.POD_ANNOTATION_ATTEMPT: "1", constants.POD_ANNOTATION_SPEC_HASH: "ff"},
+            "ownerReferences": [{"uid": "nw-uid", "controller": True}],
+        },
+        "spec": {"nodeName": "node-1"},
+    }
+
+
+def test_signed_pods_verify_and_tampering_is_detected() -> None:
+    signer = PodSigner(PodSigner.generate_key())
+    pod = signer.sign(_pod())
+    assert signer.verify(pod)
+    for path in (("spec", "nodeName"), ("metadata", "labels", constants.POD_LABEL_STAGE)):
+        forged = copy.deepcopy(pod)
+        target = forged
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = "other"
+        assert not signer.verify(forged)
+    assert not PodSigner(PodSigner.generate_key()).verify(pod)
+    assert not signer.verify(_pod())
+
+
+class _FakeInformer:
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self.objects.get(key)
+
+
+def _node(rv: str, value: str) -> dict[str, Any]:
+    return {"metadata": {"name": "n1", "resourceVersion": rv, "annotations": {"nodewright.io/x": value}}}
+
+
+def test_write_through_prefers_newer_writes_until_the_cache_catches_up() -> None:
+    informer = _FakeInformer()
+    view = WriteThrough(informer, trim_node)  # type: ignore[arg-type]
+    informer.objects["n1"] = trim_node(_node("10", "old"))
+    view.record(_node("12", "mine"))
+    assert view.get("n1")["metadata"]["annotations"]["nodewright.io/x"] == "mine"  # type: ignore[index]
+    informer.objects["n1"] = trim_node(_node("11", "stale"))
+    assert view.get("n1")["metadata"]["annotations"]["nodewright.io/x"] == "mine"  # type: ignore[index]
+    informer.objects["n1"] = trim_node(_node("13", "newer"))
+    assert view.get("n1")["metadata"]["annotations"]["nodewright.io/x"] == "newer"  # type: ignore[index]
+    del informer.objects["n1"]
+    view.record(_node("14", "gone"))
+    assert view.get("n1") is None
+
+
+def _nodewright(**extra: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": constants.API_VERSION,
+        "kind": "NodeWright",
+        "metadata": {"name": "kernel", "resourceVersion": "1", **extra},
+        "spec": {
+            "packages": {
+                "agent": {
+                    "version": "1.0.0",
+                    "image": "r/agent",
+                    "uninstall": {"enabled": True, "apply": False},
+                },
+                "plain": {"version": "2.0.0", "image": "r/plain"},
+            }
+        },
+    }
+
+
+def test_deletion_uninstalls_only_packages_that_support_it() -> None:
+    live = NodeWright.model_validate(_nodewright())
+    assert effective_nodewright(live) is live
+    deleting = NodeWright.model_validate(_nodewright(deletionTimestamp="2026-01-01T00:00:00Z"))
+    effective = effective_nodewright(deleting)
+    agent = effective.spec.packages["agent"].uninstall
+    assert agent is not None and agent.apply
+    assert effective.spec.packages["plain"].uninstall is None
+
+
+def test_model_cache_reports_invalid_specs_instead_of_raising() -> None:
+    cache = ModelCache()
+    bad = _nodewright()
+    bad["spec"]["priority"] = 0
+    model, error = cache.nodewright(bad)
+    assert model is None and error is not None and "priority" in error
+    good = _nodewright()
+    good["metadata"]["resourceVersion"] = "2"
+    model, error = cache.nodewright(good)
+    assert model is not None and error is None
