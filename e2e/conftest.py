@@ -8,6 +8,10 @@ own uniquely named objects and deletes them.
 
 Set NODEWRIGHT_E2E_CLUSTER_DIR to the `--dir` of a cluster started with `nodewright sim up` to reuse it
 (faster iteration); the fixture then neither starts nor stops anything.
+
+`invariants` (function-scoped, requested by rollout tests; not autouse) runs the fleet-safety
+`InvariantMonitor` (e2e/invariants.py, docs/invariants.md) beside the test and fails it at teardown on any
+breach, or when the monitor itself failed.
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from e2e.invariants import InvariantMonitor, MonitorFailure
 from nodewright.sim.binaries import BinariesMissingError, locate
 from nodewright.sim.controlplane import ControlPlane, process_running
 
@@ -58,3 +63,25 @@ def cluster() -> Iterator[ControlPlane]:
 def unique() -> str:
     """A short unique suffix for object names (the session cluster is shared by all tests)."""
     return uuid.uuid4().hex[:6]
+
+
+@pytest.fixture
+async def invariants(cluster: ControlPlane) -> AsyncIterator[InvariantMonitor]:
+    """The invariant monitor, started (baseline listed) before the test body runs.
+
+    At teardown: `final_check()` (sync with the cluster, end-state checks), then the test fails with the
+    monitor's report on any breach or monitor failure. Tests call `expect_uncordon`, `expect_cleanup`,
+    `allow_deletion`/`allow_workload_deletion` for what they do by hand.
+    """
+    monitor = InvariantMonitor(cluster.kubeconfig, namespace=cluster.namespace)
+    try:
+        await monitor.start()
+    except MonitorFailure as err:
+        pytest.fail(f"invariant monitor could not start: {err}", pytrace=False)
+    try:
+        yield monitor
+        await monitor.final_check()
+    finally:
+        await monitor.stop()
+    if monitor.failures or monitor.breaches:
+        pytest.fail(monitor.report(), pytrace=False)

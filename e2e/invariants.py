@@ -1,0 +1,1416 @@
+"""Fleet-safety invariant monitor for e2e tests on the real control plane.
+
+`InvariantMonitor` watches Nodes (cluster-wide), Pods (all namespaces), NodeWrights and
+DeploymentPolicies with raw watch streams and checks, at every event, the invariants I1-I8 documented
+in docs/invariants.md (budget hard cap, every change through batches, no disruption without our cordon,
+protected pods, foreign cordons, cleanup, stage order, halted compartments). A breach is recorded as a
+`Breach` with full context; the e2e fixture `invariants` fails the test on any breach or if the monitor
+itself failed (crashed handler, watch that stayed broken): a monitor that cannot see must never pass.
+
+Independence: the monitor re-derives what it needs from the wire format (labels, the state annotation
+via the codec in `nodewright.api.nodestate`, the CRs' JSON). It does not import `nodewright.plan`:
+compartment assignment and ceilings are computed here from the rules in docs/rollout.md, so a planner
+bug cannot hide itself.
+
+Ordering across streams. Each resource has its own watch, so an event on one stream can be processed
+before an earlier write that arrives on another (the operator records its cordon on the node, then
+evicts a pod; the pod's DELETE may be read first). kube-apiserver resource versions are etcd
+revisions, ordered across resources, so:
+- every node keeps a short history `(rv, exists, unschedulable, NodeWrights claiming the cordon)`;
+- checks that relate a pod event to node state (I3a, I3b) are queued with the pod event's revision and
+  evaluated against the node *as of that revision*, once the node stream has processed an event at or
+  beyond it, or after `SKEW_WAIT` seconds without one (watch delivery is milliseconds; a quiet stream
+  has nothing older pending);
+- I8 compares revisions of halt, reset and admission writes instead of arrival order.
+
+Relists (HTTP 410 / expired watch, reconnects after an outage) are diffed against the store: objects
+that appeared are treated as created, vanished ones as deleted, changed ones as modified (in that
+order: modifications first, so a pod's success is known before its successor's creation). Decisions
+for events inside a gap are made with the state after the gap (documented limitation).
+
+Performance: state annotations are decoded only when their text changes; compartment assignment is
+cached per NodeWright and recomputed only when the NodeWright, its policy, the set of nodes or a node's
+non-status labels change; per-event work is proportional to the nodes of one compartment at most.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import re
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Self
+
+import aiohttp
+
+from nodewright.api import constants as c
+from nodewright.api.nodestate import Admission, MalformedNodeState, NodeState, decode
+from nodewright.sim.fleet import WORKLOAD_JOB_LABEL, TrainingJob
+from nodewright.sim.kubeapi import JSON, ApiError, KubeClient
+
+SKEW_WAIT: Final = 1.0
+"""Seconds a cross-stream check waits for the node stream to reach the pod event's revision."""
+MAX_OUTAGE: Final = 60.0
+"""A watch that cannot list or watch for this long makes the monitor fail (it would be blind)."""
+HISTORY: Final = 64
+MAX_BREACHES: Final = 1000
+WATCH_SECONDS: Final = 50
+CRD_POLL: Final = 2.0
+
+INVARIANTS: Final[Mapping[str, str]] = {
+    "I1": "budget hard cap: in-progress nodes of a compartment never exceed its ceiling",
+    "I2": "every change through batches: nodes with unfinished package pods never exceed the ceiling",
+    "I3": "no eviction or interrupt on a node NodeWright did not cordon first",
+    "I4": "protected pods (podNonInterruptLabels) are never evicted nor interrupted",
+    "I5": "a node cordoned by someone else is never uncordoned",
+    "I6": "complete nodes are not left cordoned; deleted NodeWrights leave no node state behind",
+    "I7": "package stage pods are created in stage order, each after its predecessor succeeded",
+    "I8": "a halted compartment admits no new node until its batch state is reset",
+    "MONITOR": "the monitor itself failed; its verdict cannot be trusted",
+}
+
+OPERATOR_LABELS: Final = {c.POD_OWNER_LABEL: c.POD_OWNER_VALUE}
+INTERRUPT_STAGES: Final = frozenset({"interrupt", "uninstall-interrupt"})
+RUN_START_STAGES: Final = frozenset({"apply", "upgrade", "uninstall"})
+STATUS_IN_PROGRESS: Final = "in_progress"
+STATUS_COMPLETE: Final = "complete"
+_HALT_MESSAGE = re.compile(r"""compartment ['"]([^'"]+)['"] halted""")
+
+PATHS: Final[Mapping[str, str]] = {
+    "nodes": "/api/v1/nodes",
+    "pods": "/api/v1/pods",
+    "nodewrights": f"/apis/{c.GROUP}/{c.VERSION}/{c.PLURAL_NODEWRIGHT}",
+    "policies": f"/apis/{c.GROUP}/{c.VERSION}/{c.PLURAL_POLICY}",
+}
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _rv(obj: Mapping[str, Any]) -> int:
+    """An object's resourceVersion as an int (etcd revision); 0 when missing or not numeric."""
+    text = str(obj.get("metadata", {}).get("resourceVersion", "") or "")
+    return int(text) if text.isdigit() else 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# Breaches
+
+
+@dataclass(frozen=True)
+class Breach:
+    """One observed violation: which invariant, where, and what was seen (for a readable report)."""
+
+    invariant: str
+    summary: str
+    node: str | None = None
+    nodewright: str | None = None
+    pods: tuple[str, ...] = ()
+    resource_version: int = 0
+    observed_at: str = field(default_factory=_now)
+    details: tuple[tuple[str, str], ...] = ()
+
+    def __str__(self) -> str:
+        head = f"[{self.invariant}] {self.summary}"
+        ctx = [f"observed_at={self.observed_at}"]
+        if self.resource_version:
+            ctx.append(f"rv={self.resource_version}")
+        if self.nodewright:
+            ctx.append(f"nodewright={self.nodewright}")
+        if self.node:
+            ctx.append(f"node={self.node}")
+        if self.pods:
+            ctx.append(f"pods={', '.join(self.pods)}")
+        lines = [head, "    " + " ".join(ctx)]
+        lines += [f"    {k}: {v}" for k, v in self.details]
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Label selectors and compartments, re-derived from the wire format (no nodewright.plan import).
+
+
+def selector_empty(selector: Mapping[str, Any] | None) -> bool:
+    return not selector or (not selector.get("matchLabels") and not selector.get("matchExpressions"))
+
+
+def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """metav1.LabelSelector semantics; a nil or empty selector matches everything."""
+    if not selector:
+        return True
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for req in selector.get("matchExpressions") or []:
+        key, op, values = req.get("key", ""), req.get("operator", ""), req.get("values") or []
+        if op == "In" and not (key in labels and labels[key] in values):
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+        if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            return False
+    return True
+
+
+def ceiling(budget: Mapping[str, Any], matched: int) -> int:
+    """`count`, or max(1, floor(matched * percent / 100)); 100% when neither is set; 0 when empty."""
+    if matched <= 0:
+        return 0
+    count = budget.get("count")
+    if count is not None:
+        return int(count)
+    percent = budget.get("percent")
+    percent = 100 if percent is None else int(percent)
+    return max(1, matched * percent // 100)
+
+
+_STRATEGY_SAFETY = {"fixed": 0, "linear": 1, "exponential": 2}
+
+
+def _strategy_rank(strategy: Mapping[str, Any] | None) -> int:
+    """fixed < linear < exponential < no strategy (3): lower grows more slowly, i.e. is safer."""
+    if not strategy:
+        return 3
+    return min((_STRATEGY_SAFETY[k] for k in strategy if k in _STRATEGY_SAFETY), default=3)
+
+
+@dataclass(frozen=True)
+class Compartments:
+    """A NodeWright's matched nodes partitioned into compartments, with each compartment's ceiling."""
+
+    assignment: Mapping[str, str]
+    ceilings: Mapping[str, int]
+    source: str
+
+    def members(self, compartment: str) -> list[str]:
+        return [n for n, comp in self.assignment.items() if comp == compartment]
+
+
+def resolve_compartments(
+    nodewright: Mapping[str, Any],
+    policy: Mapping[str, Any] | None,
+    nodes: Mapping[str, Mapping[str, str]],
+) -> Compartments | None:
+    """Assign the NodeWright's matched nodes (spec.nodeSelectors; empty = all) to compartments.
+
+    Policy: the matching compartment; several → safest strategy, then smaller ceiling over every
+    matched node the selector matches (at least 1), then name; none → `__default__`. No policy: one
+    `__default__` compartment from the legacy interruptionBudget (count 0 counts as 1; unset = 100%).
+    Returns None when the named policy is unknown (nothing can be judged then).
+    """
+    spec = nodewright.get("spec") or {}
+    matched = {
+        n: labels for n, labels in nodes.items() if selector_matches(spec.get("nodeSelectors"), labels)
+    }
+    policy_name = spec.get("deploymentPolicy")
+    if not policy_name:
+        budget = dict(spec.get("interruptionBudget") or {})
+        if budget.get("count") is not None:
+            budget = {"count": max(1, int(budget["count"]))}
+        assignment = dict.fromkeys(matched, c.DEFAULT_COMPARTMENT)
+        return Compartments(
+            assignment,
+            {c.DEFAULT_COMPARTMENT: ceiling(budget, len(matched))},
+            f"legacy budget {budget or '100%'}",
+        )
+    if policy is None or policy.get("metadata", {}).get("name") != policy_name:
+        return None
+    pspec = policy.get("spec") or {}
+    declared = [comp for comp in pspec.get("compartments") or [] if comp.get("name") != c.DEFAULT_COMPARTMENT]
+    found = {
+        n: [comp for comp in declared if selector_matches(comp.get("selector"), lb)]
+        for n, lb in matched.items()
+    }
+    totals = {comp["name"]: sum(comp in f for f in found.values()) for comp in declared}
+
+    def safety(comp: Mapping[str, Any]) -> tuple[int, int, str]:
+        return (
+            _strategy_rank(comp.get("strategy")),
+            ceiling(comp.get("budget") or {}, max(1, totals[comp["name"]])),
+            str(comp["name"]),
+        )
+
+    assignment = {n: (min(f, key=safety)["name"] if f else c.DEFAULT_COMPARTMENT) for n, f in found.items()}
+    budgets = {comp["name"]: comp.get("budget") or {} for comp in declared}
+    budgets[c.DEFAULT_COMPARTMENT] = (pspec.get("default") or {}).get("budget") or {}
+    sizes: dict[str, int] = dict.fromkeys(budgets, 0)
+    for comp_name in assignment.values():
+        sizes[comp_name] += 1
+    ceilings = {name: ceiling(b, sizes[name]) for name, b in budgets.items()}
+    return Compartments(assignment, ceilings, f"policy {policy_name}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pods
+
+
+def pod_outcome(pod: Mapping[str, Any]) -> str | None:
+    """ "succeeded", "failed" or None (still running).
+
+    A package pod has a `pause` main container, so success is "every init container terminated with
+    exit 0" while the pod is Running (it never reaches Succeeded); phase Succeeded also counts.
+    """
+    status = pod.get("status") or {}
+    phase = status.get("phase")
+    if phase == "Failed":
+        return "failed"
+    if phase == "Succeeded":
+        return "succeeded"
+    inits = status.get("initContainerStatuses") or []
+    declared = len((pod.get("spec") or {}).get("initContainers") or [])
+    done = all((s.get("state") or {}).get("terminated", {}).get("exitCode", 1) == 0 for s in inits)
+    if phase == "Running" and inits and len(inits) >= declared and done:
+        return "succeeded"
+    return None
+
+
+@dataclass
+class PodRecord:
+    """What the checks need of a pod; package pods stay in the run history after they are gone."""
+
+    namespace: str
+    name: str
+    uid: str
+    labels: Mapping[str, str]
+    node: str
+    phase: str
+    outcome: str | None
+    deleting: bool
+    created_rv: int
+    created_at: str
+    interrupt_type: str = ""
+    boot_at_create: str | None = None
+    gone: bool = False
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @property
+    def is_package(self) -> bool:
+        return all(self.labels.get(k) == v for k, v in OPERATOR_LABELS.items())
+
+    @property
+    def stage(self) -> str:
+        return self.labels.get(c.POD_LABEL_STAGE, "")
+
+    @property
+    def nodewright(self) -> str:
+        return self.labels.get(c.POD_LABEL_NODEWRIGHT, "")
+
+    @property
+    def unfinished(self) -> bool:
+        return not self.gone and not self.deleting and self.outcome is None
+
+    def describe(self) -> str:
+        state = "gone" if self.gone else ("deleting" if self.deleting else self.phase)
+        out = f"{self.namespace}/{self.name} ({state}"
+        if self.is_package:
+            out += f", stage {self.stage}, outcome {self.outcome or 'none'}"
+        return out + f", created {self.created_at})"
+
+
+def _pod_record(obj: Mapping[str, Any], old: PodRecord | None) -> PodRecord:
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    interrupt_type = ""
+    raw = (meta.get("annotations") or {}).get(c.POD_ANNOTATION_INTERRUPT)
+    if raw:
+        try:
+            interrupt_type = str(json.loads(raw).get("type", ""))
+        except (ValueError, AttributeError):
+            interrupt_type = "unparseable"
+    outcome = pod_outcome(obj)
+    return PodRecord(
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        labels=labels,
+        node=(obj.get("spec") or {}).get("nodeName") or "",
+        phase=(obj.get("status") or {}).get("phase") or "Pending",
+        # A recorded success survives later status changes (a deleted pod does not "unsucceed").
+        outcome=outcome or (old.outcome if old else None),
+        deleting=bool(meta.get("deletionTimestamp")),
+        created_rv=old.created_rv if old else _rv(obj),
+        created_at=meta.get("creationTimestamp", ""),
+        interrupt_type=interrupt_type,
+        boot_at_create=old.boot_at_create if old else None,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Nodes
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    """A node at one revision, for "as of" queries by cross-stream checks."""
+
+    rv: int
+    exists: bool
+    unschedulable: bool
+    cordoning: frozenset[str]
+
+
+@dataclass
+class NodeRecord:
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    unschedulable: bool
+    state_texts: dict[str, str]
+    states: dict[str, NodeState | None]
+    boot_id: str
+    ready: bool
+    conditions: frozenset[str]
+    foreign_cordon: bool = False
+    cordon_owners: frozenset[str] = frozenset()
+
+    @property
+    def cordoning(self) -> frozenset[str]:
+        """NodeWrights whose state annotation says they cordoned the node."""
+        return frozenset(nw for nw, s in self.states.items() if s is not None and s.cordoned)
+
+    def status(self, nodewright: str) -> str | None:
+        return self.labels.get(c.status_label(nodewright))
+
+    def admission(self, nodewright: str) -> Admission | None:
+        s = self.states.get(nodewright)
+        return s.admission if s is not None else None
+
+
+def _selection_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    # Status labels change at every node transition and are no selection input; skipping them keeps
+    # the compartment cache valid through a rollout.
+    return {k: v for k, v in labels.items() if not k.startswith(c.STATUS_LABEL_PREFIX)}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Watches
+
+
+class MonitorFailure(RuntimeError):
+    """The monitor could not observe the cluster (or crashed); its verdict is void."""
+
+
+@dataclass
+class _Watch:
+    kind: str
+    path: str
+    objects: dict[tuple[str, str], JSON] = field(default_factory=dict)
+    rv: str = ""
+    progress: int = 0
+    installed: bool = True
+    synced: asyncio.Event = field(default_factory=asyncio.Event)
+    relist: bool = True
+    relists: int = 0
+    outage_since: float | None = None
+    last_error: str = ""
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return (meta.get("namespace", "") or "", meta.get("name", ""))
+
+
+@dataclass
+class _Pending:
+    rv: int
+    received: float
+    check: Callable[[], None]
+
+
+@dataclass
+class _HaltInterval:
+    """A compartment halted from revision `start` until the reset at revision `end` (None = still)."""
+
+    start: int
+    end: int | None = None
+    observed_at: str = field(default_factory=_now)
+    source: str = ""
+
+
+class InvariantMonitor:
+    """Watches the cluster beside a test and records `Breach`es of I1-I8 (see module docstring)."""
+
+    def __init__(self, kubeconfig: Path, *, namespace: str = "nodewright-system") -> None:
+        self.kubeconfig = Path(kubeconfig)
+        self.namespace = namespace
+        self.breaches: list[Breach] = []
+        self.failures: list[str] = []
+        self.notes: list[str] = []
+        self.dropped = 0
+        self._client: KubeClient | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._watches = {kind: _Watch(kind, path) for kind, path in PATHS.items()}
+        self._nodes: dict[str, NodeRecord] = {}
+        self._node_history: dict[str, deque[NodeSnapshot]] = {}
+        self._pods: dict[tuple[str, str], PodRecord] = {}
+        self._pods_by_node: dict[str, set[tuple[str, str]]] = {}
+        self._runs: dict[tuple[str, str, str, str], list[PodRecord]] = {}
+        self._interrupts: dict[tuple[str, str], list[PodRecord]] = {}
+        self._active: dict[str, dict[str, set[tuple[str, str]]]] = {}
+        self._nodewrights: dict[str, JSON] = {}
+        self._policies: dict[str, JSON] = {}
+        self._compartments: dict[str, Compartments | None] = {}
+        self._halts: dict[tuple[str, str], list[_HaltInterval]] = {}
+        self._resets: dict[str, int] = {}
+        self._suppressed: dict[str, set[str]] = {}
+        # (nw, node) -> (revision, admission, whether it was a new admission seen while monitoring)
+        self._admissions: dict[tuple[str, str], tuple[int, Admission, bool]] = {}
+        self._pending: deque[_Pending] = deque()
+        self._expected_uncordon: set[str] = set()
+        self._expected_cleanup: set[str] = set()
+        self._allowed: set[tuple[str, str | None]] = set()
+        self._started = False
+        self._stopping = False
+        self._start_rv = 0
+
+    # -- public API ------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self, *, within: float = 60.0) -> None:
+        """Start the watches and return once each has its initial list (the baseline)."""
+        if self._started:
+            raise RuntimeError("monitor already started")
+        self._started = True
+        self._client = KubeClient(self.kubeconfig, max_in_flight=8)
+        for watch in self._watches.values():
+            self._tasks.append(asyncio.create_task(self._run_watch(watch), name=f"invariants-{watch.kind}"))
+        self._tasks.append(asyncio.create_task(self._tick(), name="invariants-tick"))
+        try:
+            async with asyncio.timeout(within):
+                for watch in self._watches.values():
+                    await watch.synced.wait()
+        except TimeoutError:
+            await self.stop()
+            raise MonitorFailure(
+                "initial list did not complete: "
+                + "; ".join(
+                    f"{w.kind}: {w.last_error}" for w in self._watches.values() if not w.synced.is_set()
+                )
+            ) from None
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    def expect_uncordon(self, node: str) -> None:
+        """The test is about to uncordon `node` itself (I5 allows the next uncordon of it once)."""
+        self._expected_uncordon.add(node)
+
+    def expect_cleanup(self, nodewright: str) -> None:
+        """The test deleted NodeWright `nodewright`: `final_check` verifies nothing of it is left (I6)."""
+        self._expected_cleanup.add(nodewright)
+
+    def allow_deletion(self, namespace: str, pod: str | None = None) -> None:
+        """The test deletes this pod (None: every pod of the namespace) itself: not an eviction (I3, I4)."""
+        self._allowed.add((namespace, pod))
+
+    def allow_workload_deletion(self, job: TrainingJob) -> None:
+        """`fleet.delete_workloads(job)` is about to run: its pod deletions are the test's own."""
+        for pod in job.pods:
+            self._allowed.add((job.namespace, pod))
+
+    def breaches_of(self, invariant: str, *, node: str | None = None) -> list[Breach]:
+        return [b for b in self.breaches if b.invariant == invariant and (node is None or b.node == node)]
+
+    async def wait_for_breach(
+        self, invariant: str, *, node: str | None = None, within: float = 15.0
+    ) -> Breach:
+        """Wait until a breach of `invariant` (on `node`) is recorded; raise TimeoutError otherwise."""
+        deadline = time.monotonic() + within
+        while True:
+            self._drain_pending(force=False)
+            found = self.breaches_of(invariant, node=node)
+            if found:
+                return found[0]
+            self._raise_if_failed()
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"no {invariant} breach{f' on {node}' if node else ''} within {within}s; "
+                    f"recorded: {[str(b) for b in self.breaches] or 'none'}"
+                )
+            await asyncio.sleep(0.05)
+
+    async def sync(self, *, within: float = 20.0) -> None:
+        """Wait until every watch reflects the cluster as of now, then evaluate every queued check.
+
+        Caught up = a fresh list of the resource equals the store (names and revisions), or the watch
+        has processed an event at or beyond the list's revision.
+        """
+        assert self._client is not None, "monitor not started"
+        deadline = time.monotonic() + within
+        for watch in self._watches.values():
+            while True:
+                self._raise_if_failed()
+                if not watch.installed:
+                    break
+                try:
+                    listed = await self._client.list_all(watch.path)
+                except ApiError as err:
+                    if err.status == 404:
+                        break
+                    raise
+                target = int(listed["resourceVersion"]) if str(listed["resourceVersion"]).isdigit() else 0
+                current = {_key(o): _rv(o) for o in listed["items"]}
+                mine = {k: _rv(o) for k, o in watch.objects.items()}
+                if current == mine or (target and watch.progress >= target):
+                    break
+                if time.monotonic() > deadline:
+                    self._fail(f"{watch.kind} watch did not catch up within {within}s (sync)")
+                    break
+                await asyncio.sleep(0.05)
+        self._drain_pending(force=True)
+        self._raise_if_failed()
+
+    async def final_check(self) -> list[Breach]:
+        """Sync, then check the end-state invariants (I6); returns every breach recorded so far."""
+        if self.failures:
+            return self.breaches
+        try:
+            await self.sync()
+        except MonitorFailure:
+            return self.breaches
+        for node in sorted(self._nodes.values(), key=lambda n: n.name):
+            self._check_complete_uncordoned(node)
+        for nw in sorted(self._expected_cleanup):
+            self._check_cleanup(nw)
+        return self.breaches
+
+    @property
+    def crashed(self) -> bool:
+        return bool(self.failures)
+
+    def report(self) -> str:
+        lines: list[str] = []
+        if self.failures:
+            lines.append("INVARIANT MONITOR FAILED (its verdict cannot be trusted):")
+            lines += [f"  {f}" for f in self.failures]
+        if self.breaches:
+            lines.append(f"{len(self.breaches) + self.dropped} fleet-safety breach(es):")
+            for b in self.breaches:
+                lines += ["  " + line for line in str(b).splitlines()]
+            if self.dropped:
+                lines.append(f"  ... and {self.dropped} more not recorded")
+        return "\n".join(lines) if lines else "no breach"
+
+    def assert_clean(self) -> None:
+        if self.failures or self.breaches:
+            raise AssertionError(self.report())
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+
+    def _breach(self, breach: Breach) -> None:
+        if len(self.breaches) >= MAX_BREACHES:
+            self.dropped += 1
+            return
+        self.breaches.append(breach)
+
+    def _fail(self, message: str) -> None:
+        self.failures.append(f"{_now()} {message}")
+
+    def _raise_if_failed(self) -> None:
+        if self.failures:
+            raise MonitorFailure("; ".join(self.failures))
+
+    def _allowed_deletion(self, pod: PodRecord) -> bool:
+        return (pod.namespace, pod.name) in self._allowed or (pod.namespace, None) in self._allowed
+
+    # -- watch machinery -----------------------------------------------------------------------
+
+    async def _run_watch(self, watch: _Watch) -> None:
+        assert self._client is not None
+        backoff = 0.2
+        while not self._stopping:
+            try:
+                if watch.relist:
+                    listed = await self._client.list_all(watch.path)
+                    watch.installed = True
+                    self._apply_list(watch, listed["items"], str(listed["resourceVersion"]))
+                    watch.relist = False
+                    watch.synced.set()
+                async for event in self._client.watch(
+                    watch.path, resource_version=watch.rv, timeout_s=WATCH_SECONDS
+                ):
+                    if not self._handle_event(watch, event):
+                        break
+                watch.outage_since = None
+                backoff = 0.2
+            except asyncio.CancelledError:
+                raise
+            except ApiError as err:
+                if err.status == 410:
+                    watch.relist = True
+                    continue
+                if err.status == 404 and watch.kind in ("nodewrights", "policies"):
+                    # CRDs not installed (yet): nothing to watch; poll until they are.
+                    watch.installed = False
+                    watch.relist = True
+                    if watch.objects:
+                        self._apply_list(watch, [], watch.rv)
+                    watch.synced.set()
+                    await asyncio.sleep(CRD_POLL)
+                    continue
+                if not self._outage(watch, f"HTTP {err.status}: {str(err)[:200]}"):
+                    return
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            except (aiohttp.ClientError, TimeoutError, ConnectionError, ValueError) as err:
+                # ValueError: a truncated JSON line when the server cut the stream.
+                if not self._outage(watch, f"{type(err).__name__}: {err}"):
+                    return
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            except Exception:  # a bug in a check: report it, never pass silently
+                self._fail(f"{watch.kind} handler crashed:\n{traceback.format_exc()}")
+                return
+
+    def _outage(self, watch: _Watch, error: str) -> bool:
+        """Record a failed list/watch attempt; False once the watch has been blind for MAX_OUTAGE."""
+        now = time.monotonic()
+        watch.last_error = error
+        if watch.outage_since is None:
+            watch.outage_since = now
+            self.notes.append(f"{_now()} {watch.kind} watch interrupted: {error}")
+        if now - watch.outage_since > MAX_OUTAGE:
+            self._fail(f"{watch.kind} watch could not list or watch for {MAX_OUTAGE:.0f}s (last: {error})")
+            return False
+        return True
+
+    def _handle_event(self, watch: _Watch, event: JSON) -> bool:
+        """Apply one watch event; False when the stream must be restarted with a relist."""
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            code = obj.get("code")
+            watch.relist = True
+            watch.relists += 1
+            if code not in (410, None):
+                self.notes.append(f"{_now()} {watch.kind} watch error {code}: {obj.get('message', '')}")
+            return False
+        rv_text = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        if kind == "BOOKMARK":
+            watch.rv = rv_text
+            watch.progress = max(watch.progress, _rv(obj))
+            self._drain_pending(force=False)
+            return True
+        key = _key(obj)
+        old = watch.objects.get(key)
+        if kind == "DELETED":
+            watch.objects.pop(key, None)
+        else:
+            watch.objects[key] = obj
+        watch.rv = rv_text
+        self._dispatch(watch.kind, str(kind), obj, old, rv=_rv(obj), baseline=False)
+        watch.progress = max(watch.progress, _rv(obj))
+        if watch.kind == "nodes":
+            self._drain_pending(force=False)
+        return True
+
+    def _apply_list(self, watch: _Watch, items: list[JSON], rv: str) -> None:
+        """Make the store equal a fresh list, dispatching the differences as events."""
+        baseline = not watch.synced.is_set()
+        fresh = {_key(o): o for o in items}
+        old = watch.objects
+        watch.objects = dict(fresh)
+        changed = [(o, old[k]) for k, o in fresh.items() if k in old and _rv(o) != _rv(old[k])]
+        added = [o for k, o in fresh.items() if k not in old]
+        removed = [o for k, o in old.items() if k not in fresh]
+        for obj, before in changed:
+            self._dispatch(watch.kind, "MODIFIED", obj, before, rv=_rv(obj), baseline=False)
+        # Creation order matters for stage order (I7): process additions by revision.
+        for obj in sorted(added, key=_rv):
+            self._dispatch(watch.kind, "ADDED", obj, None, rv=_rv(obj), baseline=baseline)
+        # A vanished object was deleted somewhere in the gap; the list's revision bounds when.
+        gone_rv = int(rv) if rv.isdigit() else 0
+        for obj in removed:
+            self._dispatch(watch.kind, "DELETED", obj, obj, rv=gone_rv, baseline=False)
+        watch.rv = rv
+        if rv.isdigit():
+            watch.progress = max(watch.progress, int(rv))
+            self._start_rv = self._start_rv or int(rv)
+        if not baseline:
+            watch.relists += 1
+            self.notes.append(
+                f"{_now()} {watch.kind} relisted: {len(added)} added, {len(changed)} changed,"
+                f" {len(removed)} removed"
+            )
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            try:
+                self._drain_pending(force=False)
+            except Exception:
+                self._fail(f"queued check crashed:\n{traceback.format_exc()}")
+                return
+
+    def _defer(self, rv: int, check: Callable[[], None]) -> None:
+        self._pending.append(_Pending(rv, time.monotonic(), check))
+        self._drain_pending(force=False)
+
+    def _drain_pending(self, *, force: bool) -> None:
+        progress = self._watches["nodes"].progress
+        now = time.monotonic()
+        while self._pending:
+            item = self._pending[0]
+            if not (force or progress >= item.rv or now - item.received >= SKEW_WAIT):
+                return
+            self._pending.popleft()
+            item.check()
+
+    def _dispatch(
+        self, kind: str, event: str, obj: JSON, old: JSON | None, *, rv: int, baseline: bool
+    ) -> None:
+        if kind == "nodes":
+            self._on_node(event, obj, rv=rv, baseline=baseline)
+        elif kind == "pods":
+            self._on_pod(event, obj, rv=rv, baseline=baseline)
+        elif kind == "nodewrights":
+            self._on_nodewright(event, obj, old, rv=rv)
+        else:
+            self._on_policy(event, obj)
+
+    # -- nodes ---------------------------------------------------------------------------------
+
+    def _node_at(self, name: str, rv: int) -> NodeSnapshot | None:
+        """The node as of revision `rv` (None: it did not exist then, as far as the monitor knows)."""
+        found = None
+        for snap in self._node_history.get(name, ()):
+            if snap.rv <= rv:
+                found = snap
+            else:
+                break
+        if found is None or not found.exists:
+            return None
+        return found
+
+    def _remember(self, name: str, snap: NodeSnapshot) -> None:
+        hist = self._node_history.setdefault(name, deque(maxlen=HISTORY))
+        if hist and (hist[-1].exists, hist[-1].unschedulable, hist[-1].cordoning) == (
+            snap.exists,
+            snap.unschedulable,
+            snap.cordoning,
+        ):
+            return
+        hist.append(snap)
+
+    def _on_node(self, event: str, obj: JSON, *, rv: int, baseline: bool) -> None:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name", "")
+        old = self._nodes.get(name)
+        if event == "DELETED":
+            self._nodes.pop(name, None)
+            self._remember(name, NodeSnapshot(rv, False, False, frozenset()))
+            self._invalidate_all()
+            return
+        labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        texts = {
+            k[len(c.STATE_ANNOTATION_PREFIX) :]: v
+            for k, v in annotations.items()
+            if k.startswith(c.STATE_ANNOTATION_PREFIX)
+        }
+        states: dict[str, NodeState | None] = {}
+        for nw, text in texts.items():
+            if old is not None and old.state_texts.get(nw) == text:
+                states[nw] = old.states.get(nw)
+                continue
+            try:
+                states[nw] = decode(text)
+            except MalformedNodeState as err:
+                states[nw] = None
+                self.notes.append(f"{_now()} node {name}: malformed state of {nw}: {err}")
+        status = obj.get("status") or {}
+        conditions = status.get("conditions") or []
+        rec = NodeRecord(
+            name=name,
+            labels=labels,
+            annotations=annotations,
+            unschedulable=bool((obj.get("spec") or {}).get("unschedulable")),
+            state_texts=texts,
+            states=states,
+            boot_id=(status.get("nodeInfo") or {}).get("bootID", ""),
+            ready=any(x.get("type") == "Ready" and x.get("status") == "True" for x in conditions),
+            conditions=frozenset(str(x.get("type", "")) for x in conditions),
+        )
+        self._nodes[name] = rec
+        self._remember(name, NodeSnapshot(rv, True, rec.unschedulable, rec.cordoning))
+        if old is None or _selection_labels(old.labels) != _selection_labels(labels):
+            self._invalidate_all()
+        self._track_cordon(rec, old, rv, baseline=baseline)
+        if baseline:
+            for nw in rec.states:
+                adm = rec.admission(nw)
+                if adm is not None:
+                    self._admissions[(nw, name)] = (rv, adm, False)
+            return
+        self._check_budget_on_node(rec, old, rv)
+        self._check_admissions(rec, old, rv)
+
+    def _track_cordon(self, rec: NodeRecord, old: NodeRecord | None, rv: int, *, baseline: bool) -> None:
+        """I5: ownership of a cordon is decided when the node becomes unschedulable.
+
+        The operator writes its state (`cordoned: true`) in the same or an earlier write than the cordon
+        (state first, then actions), so a node that turns unschedulable without any NodeWright claiming
+        it was cordoned by someone else, and must stay cordoned until the test says otherwise.
+        """
+        was = old.unschedulable if old is not None else None
+        if rec.unschedulable and not was:
+            rec.cordon_owners = rec.cordoning
+            rec.foreign_cordon = not rec.cordoning
+        elif rec.unschedulable and old is not None:
+            rec.foreign_cordon = old.foreign_cordon
+            # A NodeWright claiming a foreign cordon later does not make it ours.
+            rec.cordon_owners = old.cordon_owners | (frozenset() if old.foreign_cordon else rec.cordoning)
+        elif not rec.unschedulable and was and old is not None and not baseline and old.foreign_cordon:
+            if rec.name in self._expected_uncordon:
+                self._expected_uncordon.discard(rec.name)
+            else:
+                self._breach(
+                    Breach(
+                        "I5",
+                        "node cordoned by someone else was uncordoned",
+                        node=rec.name,
+                        resource_version=rv,
+                        details=(
+                            ("cordon", "became unschedulable without any NodeWright's cordoned flag"),
+                            ("now claiming cordon", ", ".join(sorted(rec.cordoning)) or "none"),
+                            ("history", self._history_text(rec.name)),
+                        ),
+                    )
+                )
+
+    def _history_text(self, name: str) -> str:
+        return "; ".join(
+            f"rv {s.rv}: "
+            + (
+                "deleted"
+                if not s.exists
+                else f"unschedulable={s.unschedulable} cordoned_by={sorted(s.cordoning)}"
+            )
+            for s in list(self._node_history.get(name, ()))[-6:]
+        )
+
+    # -- compartments, I1, I2 ---------------------------------------------------------------------
+
+    def _invalidate_all(self) -> None:
+        self._compartments.clear()
+
+    def _resolved(self, nw: str) -> Compartments | None:
+        if nw not in self._compartments:
+            obj = self._nodewrights.get(nw)
+            if obj is None:
+                self._compartments[nw] = None
+            else:
+                policy_name = (obj.get("spec") or {}).get("deploymentPolicy")
+                policy = self._policies.get(policy_name) if policy_name else None
+                self._compartments[nw] = resolve_compartments(
+                    obj, policy, {n: r.labels for n, r in self._nodes.items()}
+                )
+        return self._compartments[nw]
+
+    def _check_budget_on_node(self, rec: NodeRecord, old: NodeRecord | None, rv: int) -> None:
+        """I1, checked when a node enters in_progress: a shrinking ceiling is not the operator's start."""
+        for key, value in rec.labels.items():
+            if not key.startswith(c.STATUS_LABEL_PREFIX) or value != STATUS_IN_PROGRESS:
+                continue
+            if old is not None and old.labels.get(key) == STATUS_IN_PROGRESS:
+                continue
+            nw = key[len(c.STATUS_LABEL_PREFIX) :]
+            comps = self._resolved(nw)
+            if comps is None or rec.name not in comps.assignment:
+                continue
+            comp = comps.assignment[rec.name]
+            members = comps.members(comp)
+            busy = sorted(n for n in members if self._nodes[n].status(nw) == STATUS_IN_PROGRESS)
+            cap = comps.ceilings.get(comp, 0)
+            if len(busy) > cap:
+                self._breach(
+                    Breach(
+                        "I1",
+                        f"{len(busy)} nodes in progress in compartment {comp!r}, ceiling {cap}",
+                        node=rec.name,
+                        nodewright=nw,
+                        resource_version=rv,
+                        details=(
+                            ("compartment", f"{comp} ({comps.source}; {len(members)} matched nodes)"),
+                            ("in progress", ", ".join(busy[:20])),
+                        ),
+                    )
+                )
+
+    def _check_batch_pods(self, pod: PodRecord) -> None:
+        """I2: a new package pod must not raise the compartment's busy nodes above its ceiling."""
+        nw = pod.nodewright
+        active = self._active.setdefault(nw, {})
+        already = bool(active.get(pod.node))
+        active.setdefault(pod.node, set()).add(pod.key)
+        if already:
+            return
+        comps = self._resolved(nw)
+        if comps is None or pod.node not in comps.assignment:
+            return
+        comp = comps.assignment[pod.node]
+        busy = sorted(n for n, keys in active.items() if keys and comps.assignment.get(n) == comp)
+        cap = comps.ceilings.get(comp, 0)
+        if len(busy) > cap:
+            pods = [self._pods[k].describe() for n in busy for k in sorted(active[n]) if k in self._pods]
+            self._breach(
+                Breach(
+                    "I2",
+                    f"package pods unfinished on {len(busy)} nodes of compartment {comp!r}, ceiling {cap}",
+                    node=pod.node,
+                    nodewright=nw,
+                    pods=tuple(pods[:20]),
+                    resource_version=pod.created_rv,
+                    details=(("compartment", f"{comp} ({comps.source})"), ("nodes", ", ".join(busy[:20]))),
+                )
+            )
+
+    def _settle_active(self, pod: PodRecord) -> None:
+        if pod.unfinished:
+            return
+        keys = self._active.get(pod.nodewright, {}).get(pod.node)
+        if keys is not None:
+            keys.discard(pod.key)
+
+    # -- pods ------------------------------------------------------------------------------------
+
+    def _on_pod(self, event: str, obj: JSON, *, rv: int, baseline: bool) -> None:
+        key = _key(obj)
+        old = self._pods.get(key)
+        if old is not None and old.uid != (obj.get("metadata") or {}).get("uid", ""):
+            # Same name, new pod (a retry reusing the name; its DELETE fell into a watch gap).
+            old.gone = True
+            self._settle_active(old)
+            old = None
+        rec = _pod_record(obj, old)
+        if event == "DELETED":
+            rec.gone = True
+            self._pods.pop(key, None)
+            self._pods_by_node.get(rec.node, set()).discard(key)
+        else:
+            self._pods[key] = rec
+            self._pods_by_node.setdefault(rec.node, set()).add(key)
+        if rec.is_package and rec.namespace == self.namespace:
+            self._on_package_pod(rec, old, baseline=baseline)
+        else:
+            self._on_other_pod(event, rec, old, rv=rv, baseline=baseline)
+
+    def _on_package_pod(self, rec: PodRecord, old: PodRecord | None, *, baseline: bool) -> None:
+        run_key = (
+            rec.nodewright,
+            rec.node,
+            rec.labels.get(c.POD_LABEL_PACKAGE, ""),
+            rec.labels.get(c.POD_LABEL_VERSION, ""),
+        )
+        history = self._runs.setdefault(run_key, [])
+        if old is None:
+            node = self._nodes.get(rec.node)
+            rec.boot_at_create = node.boot_id if node is not None else None
+            if not baseline and not rec.gone:
+                self._check_stage_order(rec, history)
+            history.append(rec)
+            if rec.stage in INTERRUPT_STAGES:
+                self._interrupts.setdefault((rec.nodewright, rec.node), []).append(rec)
+            if rec.unfinished:
+                if baseline:
+                    self._active.setdefault(rec.nodewright, {}).setdefault(rec.node, set()).add(rec.key)
+                else:
+                    self._check_batch_pods(rec)
+            if not baseline and rec.stage in INTERRUPT_STAGES:
+                self._check_interrupt_protected(rec)
+                self._defer(rec.created_rv, lambda: self._check_interrupt_cordon(rec))
+            return
+        # Update in place: the run history holds the same record objects.
+        for i, h in enumerate(history):
+            if h is old:
+                history[i] = rec
+        for i, h in enumerate(self._interrupts.get((rec.nodewright, rec.node), [])):
+            if h is old:
+                self._interrupts[(rec.nodewright, rec.node)][i] = rec
+        self._settle_active(rec)
+
+    def _interrupt_done(self, pod: PodRecord) -> bool:
+        """An interrupt succeeded: its pod did, or (reboot) the node came back Ready with a new bootID."""
+        if pod.outcome == "succeeded":
+            return True
+        node = self._nodes.get(pod.node)
+        return (
+            pod.interrupt_type == "reboot"
+            and node is not None
+            and node.ready
+            and pod.boot_at_create is not None
+            and node.boot_id != pod.boot_at_create
+        )
+
+    def _check_stage_order(self, rec: PodRecord, history: list[PodRecord]) -> None:
+        """I7 at the creation of a stage pod (see docs/invariants.md for the successor table)."""
+        problem = ""
+        running = [p for p in history if p.unfinished]
+        if running:
+            problem = f"created while {running[-1].describe()} of the same package is unfinished"
+        last = history[-1] if history else None
+        stage = rec.stage
+        if not problem and last is not None and stage not in RUN_START_STAGES:
+            ok_last = last.outcome == "succeeded"
+            if stage == "config":
+                if last.stage in ("apply", "upgrade") and not ok_last:
+                    problem = f"config before {last.stage} succeeded (last: {last.describe()})"
+                elif last.stage in ("uninstall", "uninstall-interrupt"):
+                    problem = f"config after {last.stage} without a new apply (last: {last.describe()})"
+            elif stage == "interrupt":
+                if not (last.stage == "config" and ok_last) and last.stage != "interrupt":
+                    problem = f"interrupt not preceded by a successful config (last: {last.describe()})"
+            elif stage == "post-interrupt":
+                carriers = self._interrupts.get((rec.nodewright, rec.node), [])
+                since = [
+                    p for p in carriers if p.created_rv > (last.created_rv if last.stage == "config" else 0)
+                ]
+                if last.stage == "post-interrupt":
+                    pass  # a retry
+                elif last.stage not in ("config", "interrupt") or (last.stage == "config" and not ok_last):
+                    problem = f"post-interrupt not preceded by config and interrupt (last: {last.describe()})"
+                elif not since:
+                    problem = f"post-interrupt without an interrupt pod on the node (last: {last.describe()})"
+                elif not self._interrupt_done(since[-1]):
+                    problem = f"post-interrupt before the interrupt succeeded ({since[-1].describe()})"
+            elif (
+                stage == "uninstall-interrupt"
+                and not (last.stage == "uninstall" and ok_last)
+                and last.stage != "uninstall-interrupt"
+            ):
+                problem = (
+                    f"uninstall-interrupt without a successful uninstall before (last: {last.describe()})"
+                )
+        if problem:
+            self._breach(
+                Breach(
+                    "I7",
+                    f"stage {stage} out of order: {problem}",
+                    node=rec.node,
+                    nodewright=rec.nodewright,
+                    pods=(rec.describe(),),
+                    resource_version=rec.created_rv,
+                    details=(
+                        (
+                            "run history",
+                            " -> ".join(
+                                f"{p.stage}:{p.outcome or ('gone' if p.gone else 'running')}"
+                                for p in history[-8:]
+                            )
+                            or "none",
+                        ),
+                    ),
+                )
+            )
+
+    def _check_interrupt_cordon(self, pod: PodRecord) -> None:
+        """I3b, evaluated against the node as of the pod's creation revision."""
+        snap = self._node_at(pod.node, pod.created_rv)
+        if snap is None:
+            return
+        if snap.unschedulable and snap.cordoning:
+            return
+        self._breach(
+            Breach(
+                "I3",
+                "interrupt pod created on a node NodeWright had not cordoned",
+                node=pod.node,
+                nodewright=pod.nodewright,
+                pods=(pod.describe(),),
+                resource_version=pod.created_rv,
+                details=(
+                    (
+                        "node at creation",
+                        f"unschedulable={snap.unschedulable} cordoned_by={sorted(snap.cordoning)}",
+                    ),
+                    ("history", self._history_text(pod.node)),
+                ),
+            )
+        )
+
+    def _protecting(self, pod: PodRecord) -> list[str]:
+        """NodeWrights whose non-empty podNonInterruptLabels match `pod` and which select its node."""
+        node = self._nodes.get(pod.node)
+        out = []
+        for nw, obj in self._nodewrights.items():
+            spec = obj.get("spec") or {}
+            sel = spec.get("podNonInterruptLabels")
+            if selector_empty(sel) or not selector_matches(sel, pod.labels):
+                continue
+            if node is not None and not selector_matches(spec.get("nodeSelectors"), node.labels):
+                continue
+            out.append(nw)
+        return sorted(out)
+
+    def _check_interrupt_protected(self, pod: PodRecord) -> None:
+        """I4b: the pod stream is ordered, so the node's pods are known exactly at this creation."""
+        obj = self._nodewrights.get(pod.nodewright)
+        sel = (obj.get("spec") or {}).get("podNonInterruptLabels") if obj else None
+        if selector_empty(sel):
+            return
+        blocking = sorted(
+            p.describe()
+            for k in self._pods_by_node.get(pod.node, set())
+            if (p := self._pods[k]) is not pod
+            and not p.is_package
+            and not p.deleting
+            and p.phase in ("Running", "Pending")
+            and selector_matches(sel, p.labels)
+        )
+        if blocking:
+            self._breach(
+                Breach(
+                    "I4",
+                    "interrupt pod created while protected pods run on the node",
+                    node=pod.node,
+                    nodewright=pod.nodewright,
+                    pods=(pod.describe(), *blocking[:10]),
+                    resource_version=pod.created_rv,
+                    details=(("podNonInterruptLabels", json.dumps(sel, sort_keys=True)),),
+                )
+            )
+
+    def _on_other_pod(
+        self, event: str, rec: PodRecord, old: PodRecord | None, *, rv: int, baseline: bool
+    ) -> None:
+        """I3a and I4a: a workload or protected pod deleted/evicted while not finished."""
+        if baseline or old is None or old.deleting:
+            return
+        if not (rec.deleting or event == "DELETED"):
+            return
+        if self._allowed_deletion(rec):
+            return
+        when = rv or self._watches["pods"].progress
+        if old.phase in ("Running", "Pending") and rec.namespace != self.namespace:
+            protecting = self._protecting(old)
+            if protecting:
+                self._breach(
+                    Breach(
+                        "I4",
+                        f"protected pod evicted/deleted while {old.phase}",
+                        node=old.node,
+                        nodewright=", ".join(protecting),
+                        pods=(rec.describe(),),
+                        resource_version=when,
+                    )
+                )
+        if (
+            WORKLOAD_JOB_LABEL in old.labels
+            and old.phase not in ("Succeeded", "Failed")
+            and rec.namespace != self.namespace
+        ):
+            self._defer(when, lambda: self._check_eviction_cordon(rec, old.phase, when))
+
+    def _check_eviction_cordon(self, pod: PodRecord, phase: str, rv: int) -> None:
+        snap = self._node_at(pod.node, rv)
+        if snap is None or (snap.unschedulable and snap.cordoning):
+            return
+        self._breach(
+            Breach(
+                "I3",
+                f"workload pod evicted/deleted while {phase} on a node NodeWright had not cordoned",
+                node=pod.node,
+                pods=(pod.describe(),),
+                resource_version=rv,
+                details=(
+                    (
+                        "node at deletion",
+                        f"unschedulable={snap.unschedulable} cordoned_by={sorted(snap.cordoning)}",
+                    ),
+                    ("history", self._history_text(pod.node)),
+                ),
+            )
+        )
+
+    # -- NodeWrights, policies, I8 ------------------------------------------------------------------
+
+    def _on_policy(self, event: str, obj: JSON) -> None:
+        name = (obj.get("metadata") or {}).get("name", "")
+        if event == "DELETED":
+            self._policies.pop(name, None)
+        else:
+            self._policies[name] = obj
+        self._invalidate_all()
+
+    def _on_nodewright(self, event: str, obj: JSON, old: JSON | None, *, rv: int) -> None:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name", "")
+        if event == "DELETED":
+            self._nodewrights.pop(name, None)
+            self._compartments.pop(name, None)
+            return
+        self._nodewrights[name] = obj
+        if old is None or old.get("spec") != obj.get("spec"):
+            self._compartments.pop(name, None)
+        suppressed = self._suppressed.setdefault(name, set())
+        halted = halted_compartments(obj)
+        if c.ANNOTATION_RESET_BATCH in (meta.get("annotations") or {}):
+            # The test asked for a reset: close every open halt; a compartment halts again only after
+            # the status has shown it un-halted (a stale status must not re-arm the check).
+            self._resets[name] = rv
+            for (nw, _comp), intervals in self._halts.items():
+                if nw == name and intervals and intervals[-1].end is None:
+                    intervals[-1].end = rv
+            suppressed.update(halted)
+        suppressed.intersection_update(halted)
+        for comp, source in halted.items():
+            if comp in suppressed:
+                continue
+            intervals = self._halts.setdefault((name, comp), [])
+            if intervals and intervals[-1].end is None:
+                continue
+            interval = _HaltInterval(start=rv, source=source)
+            intervals.append(interval)
+            # Admissions processed before this status (other stream) but written after it.
+            for (nw, node), (arv, adm, new) in sorted(self._admissions.items()):
+                if new and nw == name and adm.compartment == comp and arv > rv:
+                    self._report_halt_admission(nw, node, adm, arv, interval)
+
+    def _check_admissions(self, rec: NodeRecord, old: NodeRecord | None, rv: int) -> None:
+        """I8: a node's admission appearing (or its batch increasing) while its compartment is halted."""
+        for nw in rec.states:
+            new = rec.admission(nw)
+            before = old.admission(nw) if old is not None else None
+            if new is None:
+                self._admissions.pop((nw, rec.name), None)
+                continue
+            if before is not None and new.batch <= before.batch and new.compartment == before.compartment:
+                continue
+            self._admissions[(nw, rec.name)] = (rv, new, True)
+            for interval in self._halts.get((nw, new.compartment), []):
+                if interval.start < rv and (interval.end is None or rv < interval.end):
+                    self._report_halt_admission(nw, rec.name, new, rv, interval)
+                    break
+
+    def _report_halt_admission(
+        self, nw: str, node: str, adm: Admission, rv: int, interval: _HaltInterval
+    ) -> None:
+        self._breach(
+            Breach(
+                "I8",
+                f"node admitted into halted compartment {adm.compartment!r} (batch {adm.batch})",
+                node=node,
+                nodewright=nw,
+                resource_version=rv,
+                details=(
+                    (
+                        "halted",
+                        f"since rv {interval.start} ({interval.source}), observed {interval.observed_at}",
+                    ),
+                    (
+                        "admission",
+                        f"compartment={adm.compartment} batch={adm.batch} order={adm.order} at={adm.at}",
+                    ),
+                ),
+            )
+        )
+
+    # -- end-state checks (I6) ----------------------------------------------------------------------
+
+    def _check_complete_uncordoned(self, node: NodeRecord) -> None:
+        for nw, state in sorted(node.states.items()):
+            if node.status(nw) != STATUS_COMPLETE or state is None:
+                continue
+            if state.cordoned:
+                self._breach(
+                    Breach(
+                        "I6", "node complete but its state still says cordoned", node=node.name, nodewright=nw
+                    )
+                )
+            elif node.unschedulable and nw in node.cordon_owners and not node.cordoning:
+                self._breach(
+                    Breach(
+                        "I6",
+                        "node complete but left unschedulable after NodeWright cordoned it",
+                        node=node.name,
+                        nodewright=nw,
+                        details=(("history", self._history_text(node.name)),),
+                    )
+                )
+
+    def _check_cleanup(self, nw: str) -> None:
+        if nw in self._nodewrights:
+            self._breach(Breach("I6", "NodeWright declared deleted still exists", nodewright=nw))
+            return
+        for node in sorted(self._nodes.values(), key=lambda n: n.name):
+            left: list[str] = []
+            if c.status_label(nw) in node.labels:
+                left.append(f"label {c.status_label(nw)}={node.labels[c.status_label(nw)]}")
+            if c.node_condition_type(nw) in node.conditions:
+                left.append(f"condition {c.node_condition_type(nw)}")
+            owners = [x.strip() for x in node.annotations.get(c.CORDON_ANNOTATION, "").split(",")]
+            if nw in owners:
+                left.append(f"annotation {c.CORDON_ANNOTATION}")
+            if nw in node.state_texts:
+                state = node.states.get(nw)
+                # Package entries mean "files of this version may remain on the host" and are kept.
+                if state is None:
+                    left.append("malformed state annotation")
+                elif state.admission is not None or state.cordoned or not state.packages:
+                    left.append(f"state annotation beyond package entries: {node.state_texts[nw][:200]}")
+            if node.unschedulable and nw in node.cordon_owners and not node.cordoning:
+                left.append("node still unschedulable from its cordon")
+            if left:
+                self._breach(
+                    Breach(
+                        "I6",
+                        "node keeps state of a deleted NodeWright",
+                        node=node.name,
+                        nodewright=nw,
+                        details=tuple(("left", x) for x in left),
+                    )
+                )
+
+
+def halted_compartments(nodewright: Mapping[str, Any]) -> dict[str, str]:
+    """Compartments the status shows halted: `Halted` condition True naming them, or `shouldStop`."""
+    status = nodewright.get("status") or {}
+    out: dict[str, str] = {}
+    for name, cs in (status.get("compartmentStatuses") or {}).items():
+        if ((cs or {}).get("batchState") or {}).get("shouldStop"):
+            out[name] = "batchState.shouldStop"
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "Halted" and cond.get("status") == "True":
+            for name in _HALT_MESSAGE.findall(str(cond.get("message", ""))):
+                out.setdefault(name, "condition Halted")
+    return out
+
+
+def summarize(breaches: Iterable[Breach]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for b in breaches:
+        counts[b.invariant] = counts.get(b.invariant, 0) + 1
+    return counts
