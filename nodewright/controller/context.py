@@ -215,11 +215,11 @@ def _rv(obj: JSON) -> int:
 
 
 class WriteThrough:
-    """The newest node objects this process wrote, until the informer cache has caught up."""
+    """The newest objects this process wrote, until the informer cache has caught up."""
 
-    def __init__(self, nodes: Informer, transform: Any) -> None:
-        self._nodes = nodes
-        self._transform = transform
+    def __init__(self, informer: Informer, transform: Any = None) -> None:
+        self._nodes = informer
+        self._transform = transform or (lambda obj: obj)
         self._written: dict[str, JSON] = {}
 
     def record(self, node: JSON) -> None:
@@ -423,6 +423,7 @@ class Runtime:
     pods: Informer
     models: ModelCache
     node_view: WriteThrough
+    nodewright_view: WriteThrough
     signer: PodSigner
     metrics: OperatorMetrics
     tracer: RolloutTracer
@@ -434,7 +435,7 @@ class Runtime:
 
     def nodewright(self, name: str) -> tuple[JSON | None, NodeWright | None, str | None]:
         """(raw object, parsed model or None, validation error or None) of a cached NodeWright."""
-        obj = self.nodewrights.get(name)
+        obj = self.nodewright_view.get(name)
         if obj is None:
             return None, None, None
         model, error = self.models.nodewright(obj)

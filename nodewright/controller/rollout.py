@@ -385,25 +385,28 @@ class RolloutReconciler:
             )
 
     async def _clear_reset_annotation(self, name: str) -> None:
-        await self.rt.client.patch(
+        written = await self.rt.client.patch(
             NODEWRIGHTS, name, {"metadata": {"annotations": {constants.ANNOTATION_RESET_BATCH: None}}}
         )
+        self.rt.nodewright_view.record(written)
 
     async def _add_finalizer(self, obj: JSON) -> None:
         meta = obj["metadata"]
         finalizers = [*(meta.get("finalizers") or []), constants.FINALIZER]
-        await self.rt.client.patch(
+        written = await self.rt.client.patch(
             NODEWRIGHTS,
             meta["name"],
             {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}},
         )
+        self.rt.nodewright_view.record(written)
 
     async def _write_status(self, obj: JSON, status: dict[str, Any]) -> None:
         previous = obj.get("status") or {}
         patch = _merge_patch(previous, status)
         if patch is None:
             return
-        await self.rt.client.patch_status(NODEWRIGHTS, obj["metadata"]["name"], {"status": patch})
+        written = await self.rt.client.patch_status(NODEWRIGHTS, obj["metadata"]["name"], {"status": patch})
+        self.rt.nodewright_view.record(written)
 
     async def _report_invalid(self, obj: JSON, error: str) -> None:
         """A spec the models reject (webhook bypassed, older CRD): say so, touch no node."""

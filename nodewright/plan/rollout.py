@@ -341,6 +341,7 @@ def _plan_compartment(
     ceiling = ctx.compartments.ceiling(name)
     state = prior.batch_state if prior is not None and prior.batch_state is not None else BatchState()
     state = _apply_resets(ctx, name, state=state, members=members)
+    state = _catch_up(ctx, name, state=state, members=members)
 
     # Evaluate the open batch once all its members have settled.
     batch = _batch_members(ctx, name, state.current_batch, members)
@@ -434,6 +435,29 @@ def _apply_resets(
         state = BatchState()
     if ctx.reset_requested:
         return batches.fresh_state(current_batch=state.current_batch)
+    return state
+
+
+def _catch_up(ctx: _Context, name: str, *, state: BatchState, members: Sequence[RolloutNode]) -> BatchState:
+    """Never re-open a batch number that admissions on the nodes already moved past.
+
+    The batch state is persisted in the NodeWright status and the admissions on the nodes, in two
+    writes. If the status write was lost (crash between the two, or a stale cached status), the state
+    names an older batch whose members have all settled: evaluating it again would open a second batch
+    under the same number and double the batch size. The admissions are the more recent record, so
+    the current batch is raised to the highest admitted one (that batch's evaluation is then the one
+    that counts; the lost one is not replayed).
+    """
+    admitted = [
+        n.admission.batch
+        for n in members
+        if n.admission is not None
+        and n.admission.fingerprint == ctx.fingerprint
+        and n.admission.compartment == name
+    ]
+    highest = max(admitted, default=0)
+    if highest > state.current_batch:
+        return state.model_copy(update={"current_batch": highest})
     return state
 
 
