@@ -1,0 +1,261 @@
+"""Pure parts of the scale benchmark: metric parsing, quantiles, the write minimum, the ideal makespan input.
+
+Everything here is a function of its arguments (no clock, no I/O) and is unit-tested in
+`tests/test_bench_units.py`. The derivations are explained in `docs/benchmarks.md`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+# ----------------------------------------------------------------------------------------------------
+# Prometheus text exposition
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+Labels = tuple[tuple[str, str], ...]
+Samples = dict[str, dict[Labels, float]]
+
+
+def _unescape(value: str) -> str:
+    return value.replace(r"\"", '"').replace(r"\n", "\n").replace("\\\\", "\\")
+
+
+def parse_prometheus(text: str) -> Samples:
+    """`{metric: {sorted label pairs: value}}` from the text exposition format (comments skipped)."""
+    out: Samples = defaultdict(dict)
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        name, _, label_text, value = match.group(1), match.group(2), match.group(3), match.group(4)
+        labels = tuple(sorted((k, _unescape(v)) for k, v in _LABEL.findall(label_text or "")))
+        try:
+            out[name][labels] = float(value)
+        except ValueError:
+            continue
+    return dict(out)
+
+
+def delta(after: Samples, before: Samples | None) -> Samples:
+    """Counter/histogram increase between two scrapes (a series absent before counts from 0)."""
+    if before is None:
+        return after
+    out: Samples = {}
+    for name, series in after.items():
+        old = before.get(name, {})
+        out[name] = {labels: value - old.get(labels, 0.0) for labels, value in series.items()}
+    return out
+
+
+def sum_by(samples: Samples, metric: str, keys: Sequence[str]) -> dict[tuple[str, ...], float]:
+    """Sum of a metric's series grouped by the given label names (like PromQL `sum by`)."""
+    grouped: dict[tuple[str, ...], float] = defaultdict(float)
+    for labels, value in samples.get(metric, {}).items():
+        as_dict = dict(labels)
+        grouped[tuple(as_dict.get(k, "") for k in keys)] += value
+    return dict(grouped)
+
+
+def histogram_buckets(samples: Samples, metric: str) -> list[tuple[float, float]]:
+    """Cumulative `(le, count)` of a histogram, summed over all label sets, sorted by `le`."""
+    totals: dict[float, float] = defaultdict(float)
+    for labels, value in samples.get(f"{metric}_bucket", {}).items():
+        le = dict(labels).get("le")
+        if le is None:
+            continue
+        totals[math.inf if le in ("+Inf", "Inf", "inf") else float(le)] += value
+    return sorted(totals.items())
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """PromQL `histogram_quantile`: linear interpolation inside the bucket holding the q-quantile.
+
+    Returns None with no observations. A quantile in the +Inf bucket returns the largest finite bound
+    (as Prometheus does). The lower bound of the first bucket is 0 (durations are non-negative).
+    """
+    if not buckets or not 0.0 <= q <= 1.0:
+        return None
+    total = buckets[-1][1]
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_le, prev_count = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if math.isinf(le):
+                return prev_le
+            if count == prev_count:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_count) / (count - prev_count)
+        prev_le, prev_count = le, count
+    return prev_le
+
+
+# ----------------------------------------------------------------------------------------------------
+# Plain percentiles (controller latency samples)
+
+
+def percentile(values: Iterable[float], p: float) -> float | None:
+    """The p-th percentile (0..100) with linear interpolation between closest ranks; None if empty."""
+    data = sorted(values)
+    if not data:
+        return None
+    if len(data) == 1:
+        return data[0]
+    position = (len(data) - 1) * min(100.0, max(0.0, p)) / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(data) - 1)
+    return data[low] + (data[high] - data[low]) * (position - low)
+
+
+# ----------------------------------------------------------------------------------------------------
+# API requests
+
+
+READ_VERBS = frozenset({"GET", "LIST", "WATCH"})
+
+
+def requests_table(samples: Samples, metric: str = "rest_client_requests_total") -> dict[str, dict[str, int]]:
+    """`{verb: {resource: count}}` from `rest_client_requests_total` (all codes)."""
+    table: dict[str, dict[str, int]] = defaultdict(dict)
+    for (verb, resource), value in sum_by(samples, metric, ("verb", "resource")).items():
+        if value:
+            table[verb][resource] = table[verb].get(resource, 0) + round(value)
+    return {v: dict(sorted(r.items())) for v, r in sorted(table.items())}
+
+
+@dataclass(frozen=True, slots=True)
+class WriteCounts:
+    node_and_pod: int
+    """Writes the stage machine is measured on: nodes (incl. status/eviction subresources) and pods."""
+    nodewright_status: int
+    events: int
+    other: int
+
+    @property
+    def total(self) -> int:
+        return self.node_and_pod + self.nodewright_status + self.events + self.other
+
+
+def classify_writes(table: Mapping[str, Mapping[str, int]]) -> WriteCounts:
+    """Split the operator's writes (every verb but GET/LIST/WATCH) by what they are for."""
+    node_pod = status = events = other = 0
+    for verb, resources in table.items():
+        if verb.upper() in READ_VERBS:
+            continue
+        for resource, count in resources.items():
+            base = resource.split("/")[0].split(".")[0]
+            if base in ("nodes", "pods"):
+                node_pod += count
+            elif base == "nodewrights":
+                status += count
+            elif base == "events":
+                events += count
+            else:
+                other += count
+    return WriteCounts(node_pod, status, events, other)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The minimum number of writes the stage machine needs
+
+
+@dataclass(frozen=True, slots=True)
+class PackageShape:
+    """One package as the benchmark installs it: its stage count and whether it reboots the node."""
+
+    name: str
+    stages: int
+    depends_on: tuple[str, ...] = ()
+    interrupt: bool = False
+
+
+def stages_for(*, interrupt: bool) -> int:
+    """Stages of a fresh install: apply, config, and interrupt, post-interrupt when it interrupts."""
+    return 4 if interrupt else 2
+
+
+@dataclass(frozen=True, slots=True)
+class WriteMinimum:
+    per_node: int
+    per_node_package: float
+    breakdown: Mapping[str, int]
+
+
+def minimum_writes(packages: Sequence[PackageShape], *, workload_pods_per_node: int = 0) -> WriteMinimum:
+    """The fewest node/pod writes one node needs to install `packages` (derivation in docs/benchmarks.md).
+
+    Per node:
+    - 1 admission (the rollout controller records batch membership on the node);
+    - per stage: 1 pod create and 1 pod delete (every stage is its own pod; a package pod's pause
+      container never exits, so the pod must be removed);
+    - state annotation writes: the start of a node's work must be durable before the first pod exists
+      (1 write: all root packages start together once admitted), and every stage completion is a
+      durable transition (1 write each), which also records the next stage's start, or the package's
+      completion and the start of the packages depending on it. So `stages + 1`. (Completions that
+      happen to coincide could share a write; the minimum does not count on lucky timing.)
+    - 1 node condition write (`nodewright.io/<nw>` becomes True when the node completes);
+    - with an interrupt: cordon and uncordon (2), and one eviction per workload pod.
+    The NodeWright status and Events are per rollout / optional and are reported separately.
+    """
+    stages = sum(p.stages for p in packages)
+    interrupts = any(p.interrupt for p in packages)
+    breakdown = {
+        "admission": 1,
+        "pod_create": stages,
+        "pod_delete": stages,
+        "state": stages + 1,
+        "condition": 1,
+        "cordon_uncordon": 2 if interrupts else 0,
+        "evictions": workload_pods_per_node if interrupts else 0,
+    }
+    per_node = sum(breakdown.values())
+    return WriteMinimum(
+        per_node=per_node,
+        per_node_package=per_node / max(1, len(packages)),
+        breakdown=breakdown,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Ideal makespan inputs
+
+
+def node_duration(
+    packages: Sequence[PackageShape], *, stage_seconds: float, reboot_seconds: float = 0.0
+) -> float:
+    """Critical path through the package DAG on one node: each package takes stages * stage_seconds
+    (plus the reboot when it interrupts); a package starts when all its dependencies completed."""
+    by_name = {p.name: p for p in packages}
+    memo: dict[str, float] = {}
+
+    def finish(name: str, trail: frozenset[str]) -> float:
+        if name in memo:
+            return memo[name]
+        if name in trail:
+            raise ValueError(f"dependency cycle through {name}")
+        pkg = by_name[name]
+        start = max((finish(d, trail | {name}) for d in pkg.depends_on if d in by_name), default=0.0)
+        own = pkg.stages * stage_seconds + (reboot_seconds if pkg.interrupt else 0.0)
+        memo[name] = start + own
+        return memo[name]
+
+    return max((finish(p.name, frozenset()) for p in packages), default=0.0)
+
+
+def in_progress_peaks(samples: Sequence[tuple[float, Mapping[str, int]]]) -> dict[str, int]:
+    """Largest observed in-progress count per compartment over a time series."""
+    peaks: dict[str, int] = {}
+    for _, counts in samples:
+        for name, value in counts.items():
+            peaks[name] = max(peaks.get(name, 0), value)
+    return peaks

@@ -1,0 +1,772 @@
+"""Scale benchmark: one rollout over N simulated GPU nodes, measured against the policy-ideal makespan.
+
+    python -m benchmarks.run --nodes N [--packages P] [--compartments K] [--stage-seconds S]
+                             [--smoke] [--kubeconfig K] [--out DIR] [--no-plot]
+
+Starts a simulated control plane (or uses `--kubeconfig` / `$KUBECONFIG`), creates N nodes (~70
+realistic GPU labels each) spread over K compartments (label `bench.nodewright.io/compartment`),
+starts the operator as a separate process, applies a DeploymentPolicy and a NodeWright with P chained
+packages (`NODEWRIGHT_SIM_DURATION`), and measures until every node is complete. What is measured and
+how is in `docs/benchmarks.md`. Writes `<out>/<N>-nodes.json`, `<out>/<N>-nodes.png` and regenerates
+`<out>/README.md` (a table over every JSON in `<out>` plus the machine description).
+
+`--smoke`: 50 nodes, 2 packages, 2 compartments, 0.5 s stages, output under `.sim/bench-smoke/` (not
+the committed results), no plot; what `make test` runs so the harness cannot rot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from benchmarks import analysis
+from nodewright.api import constants
+from nodewright.sim.demo import (
+    REPO_ROOT,
+    DemoError,
+    FleetTracker,
+    NodeGroup,
+    OperatorProcess,
+    create_groups,
+    get_nodewright,
+    install_crds,
+    kubectl_apply,
+    split_evenly,
+)
+from nodewright.sim.kubeapi import ApiError, KubeClient
+
+RESULTS = Path(__file__).parent / "results"
+NODEWRIGHT = "bench"
+POLICY = "bench-policy"
+COMPARTMENT_LABEL = "bench.nodewright.io/compartment"
+FLEET_SELECTOR = "sim.nodewright.io/fleet=bench"
+NAMESPACE = "nodewright-system"
+STRATEGIES = ("exponential", "linear", "fixed")
+
+
+@dataclass
+class Config:
+    nodes: int
+    packages: int
+    compartments: int
+    stage_seconds: float
+    budget_percent: int
+    smoke: bool
+    out: Path
+    plot: bool
+    kubeconfig: Path | None
+    timeout_minutes: float
+    stall_minutes: float
+
+
+# ----------------------------------------------------------------------------------------------------
+# Manifests
+
+
+def policy_manifest(cfg: Config) -> dict[str, Any]:
+    """K compartments cycling exponential (x2 from 1), linear (+2 from 2), fixed (ceiling-sized)."""
+    comps = []
+    for k in range(cfg.compartments):
+        kind = STRATEGIES[k % len(STRATEGIES)]
+        strategy: dict[str, Any]
+        if kind == "exponential":
+            strategy = {"exponential": {"initialBatch": 1, "growthFactor": 2}}
+        elif kind == "linear":
+            strategy = {"linear": {"initialBatch": 2, "delta": 2}}
+        else:
+            strategy = {
+                "fixed": {"initialBatch": max(1, cfg.nodes // cfg.compartments * cfg.budget_percent // 100)}
+            }
+        comps.append(
+            {
+                "name": f"c{k}",
+                "selector": {"matchLabels": {COMPARTMENT_LABEL: f"c{k}"}},
+                "budget": {"percent": cfg.budget_percent},
+                "strategy": strategy,
+            }
+        )
+    return {
+        "apiVersion": constants.API_VERSION,
+        "kind": constants.KIND_POLICY,
+        "metadata": {"name": POLICY},
+        "spec": {
+            "default": {"budget": {"count": 1}, "strategy": {"fixed": {"initialBatch": 1}}},
+            "compartments": comps,
+            "resetBatchStateOnCompletion": True,
+        },
+    }
+
+
+def package_name(index: int) -> str:
+    """`pkg-a`, `pkg-b`, … `pkg-z`, `pkg-ba`, … (package names must end with a letter)."""
+    letters = ""
+    index += 1
+    while index:
+        index, rest = divmod(index - 1, 26)
+        letters = chr(ord("a") + rest) + letters
+    return f"pkg-{letters}"
+
+
+def package_shapes(cfg: Config) -> list[analysis.PackageShape]:
+    """P chained packages (pkg-a <- pkg-b <- ...), no interrupt: apply + config each."""
+    return [
+        analysis.PackageShape(
+            name=package_name(i),
+            stages=analysis.stages_for(interrupt=False),
+            depends_on=(package_name(i - 1),) if i > 0 else (),
+        )
+        for i in range(cfg.packages)
+    ]
+
+
+def go_duration(seconds: float) -> str:
+    return f"{round(seconds * 1000)}ms"
+
+
+def nodewright_manifest(cfg: Config) -> dict[str, Any]:
+    packages: dict[str, Any] = {}
+    for shape in package_shapes(cfg):
+        pkg: dict[str, Any] = {
+            "version": "1.0.0",
+            "image": f"registry.local/bench/{shape.name}",
+            "env": [{"name": "NODEWRIGHT_SIM_DURATION", "value": go_duration(cfg.stage_seconds)}],
+            "configMap": {"settings.conf": f"package={shape.name}\n"},
+        }
+        if shape.depends_on:
+            pkg["dependsOn"] = dict.fromkeys(shape.depends_on, "1.0.0")
+        packages[shape.name] = pkg
+    return {
+        "apiVersion": constants.API_VERSION,
+        "kind": constants.KIND_NODEWRIGHT,
+        "metadata": {"name": NODEWRIGHT},
+        "spec": {
+            "nodeSelectors": {"matchLabels": {"sim.nodewright.io/fleet": "bench"}},
+            "deploymentPolicy": POLICY,
+            "packages": packages,
+        },
+    }
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sampling
+
+
+@dataclass
+class ProcessSampler:
+    """RSS and CPU seconds of the operator process, every `interval` seconds."""
+
+    pid: int
+    interval: float = 0.5
+    peak_rss: int = 0
+    cpu_start: float | None = None
+    cpu_last: float = 0.0
+    rss_series: list[tuple[float, int]] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    def sample(self) -> None:
+        try:
+            proc = psutil.Process(self.pid)
+            with proc.oneshot():
+                rss = int(proc.memory_info().rss)
+                times = proc.cpu_times()
+        except psutil.Error:
+            return
+        cpu = float(times.user + times.system)
+        if self.cpu_start is None:
+            self.cpu_start = cpu
+        self.cpu_last = cpu
+        self.peak_rss = max(self.peak_rss, rss)
+        self.rss_series.append((time.monotonic() - self.started, rss))
+
+    @property
+    def cpu_seconds(self) -> float:
+        return 0.0 if self.cpu_start is None else self.cpu_last - self.cpu_start
+
+    async def run(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(self.interval)
+
+
+def _pod_succeeded(pod: Mapping[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    if status.get("phase") == "Succeeded":
+        return True
+    inits = status.get("initContainerStatuses") or []
+    return bool(inits) and all(
+        ((s.get("state") or {}).get("terminated") or {}).get("exitCode") == 0 for s in inits
+    )
+
+
+@dataclass
+class LatencyProbe:
+    """Controller latency: from a package pod's success (seen on our pod watch) to the node's next
+    action (a new package pod on the node, or a change of the node's state annotation)."""
+
+    kubeconfig: Path
+    nodewright: str
+    pending: dict[str, float] = field(default_factory=dict)  # node -> time its pod was seen succeeded
+    succeeded_pods: set[str] = field(default_factory=set)
+    samples: list[float] = field(default_factory=list)
+    pods_created: int = 0
+
+    def action(self, node: str, now: float) -> None:
+        seen = self.pending.pop(node, None)
+        if seen is not None:
+            self.samples.append(now - seen)
+
+    def on_pod(self, kind: str, pod: Mapping[str, Any], now: float) -> None:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if labels.get(constants.POD_LABEL_NODEWRIGHT) != self.nodewright:
+            return
+        node = str((pod.get("spec") or {}).get("nodeName") or labels.get(constants.POD_LABEL_NODE) or "")
+        name = str(meta.get("name"))
+        if kind == "ADDED" and name not in self.succeeded_pods and not _pod_succeeded(pod):
+            self.pods_created += 1
+            self.action(node, now)
+        elif kind in ("ADDED", "MODIFIED") and name not in self.succeeded_pods and _pod_succeeded(pod):
+            self.succeeded_pods.add(name)
+            self.pending.setdefault(node, now)
+
+    async def run(self) -> None:
+        path = f"/api/v1/namespaces/{NAMESPACE}/pods"
+        params = {"labelSelector": f"{constants.POD_OWNER_LABEL}={constants.POD_OWNER_VALUE}"}
+        async with KubeClient(self.kubeconfig, timeout=120.0) as client:
+            while True:
+                try:
+                    listed = await client.list_all(path, params=params)
+                    now = time.monotonic()
+                    for pod in listed["items"]:
+                        self.on_pod("MODIFIED", pod, now)
+                    rv = str(listed["resourceVersion"])
+                    while True:
+                        async for event in client.watch(path, resource_version=rv, params=params):
+                            if event.get("type") == "ERROR":
+                                raise _Relist
+                            obj = event.get("object") or {}
+                            rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                            self.on_pod(str(event.get("type")), obj, time.monotonic())
+                except _Relist:
+                    continue
+                except (ApiError, OSError, TimeoutError, ValueError):
+                    await asyncio.sleep(1.0)
+
+
+class _Relist(Exception):
+    pass
+
+
+# ----------------------------------------------------------------------------------------------------
+# The run
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "nproc": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "cpu_model": model or platform.processor(),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+    }
+
+
+async def predicted_batches(
+    kubeconfig: Path, nw: dict[str, Any], policy: dict[str, Any]
+) -> dict[str, list[list[str]]]:
+    """The planner's batch sequence for this NodeWright over the cluster's nodes (`nodewright plan`)."""
+    from nodewright.api.models import DeploymentPolicy, NodeWright
+    from nodewright.cli import plan_cmd
+    from nodewright.kube.client import KubeClient as LeanClient
+    from nodewright.kube.config import load_config
+    from nodewright.kube.resources import NODES
+
+    async with LeanClient(load_config(kubeconfig)) as client:
+        nodes = (await client.list(NODES)).items
+    report = plan_cmd.build_report(
+        NodeWright.model_validate(nw), policy=DeploymentPolicy.model_validate(policy), nodes=nodes
+    )
+    from nodewright.plan.preview import batch_sequences
+
+    return batch_sequences(report.preview)
+
+
+async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -> dict[str, Any]:
+    policy, nw = policy_manifest(cfg), nodewright_manifest(cfg)
+    shapes = package_shapes(cfg)
+    created = time.monotonic()
+    sizes = split_evenly(cfg.nodes, cfg.compartments)
+    groups, start = [], 0
+    for k, size in enumerate(sizes):
+        groups.append(NodeGroup(start, size, {COMPARTMENT_LABEL: f"c{k}"}))
+        start += size
+    await create_groups(kubeconfig, groups, profile="mixed", name_prefix="bench")
+    fleet_seconds = time.monotonic() - created
+    log(f"created {cfg.nodes} nodes in {fleet_seconds:.1f}s over {cfg.compartments} compartments")
+    install_crds(bin_dir, kubeconfig)
+    kubectl_apply(bin_dir, kubeconfig, text=json.dumps(policy))
+
+    sequences = await predicted_batches(kubeconfig, nw, policy)
+    per_node = analysis.node_duration(shapes, stage_seconds=cfg.stage_seconds)
+    names = [n for seq in sequences.values() for batch in seq for n in batch]
+    ideal = _ideal(sequences, dict.fromkeys(names, per_node))
+    log(
+        "plan: "
+        + "; ".join(
+            f"{c}: {len(s)} batches {','.join(str(len(b)) for b in s[:10])}" for c, s in sequences.items()
+        )
+        + f"; ideal makespan {ideal:.1f}s"
+    )
+
+    operator = OperatorProcess(
+        kubeconfig=kubeconfig,
+        log_path=log_dir / "operator.log",
+        namespace=NAMESPACE,
+        extra_args=[
+            "--agent-image=registry.local/nodewright/agent:sim",
+            "--pause-image=registry.local/pause:sim",
+        ],
+    )
+    operator.start()
+    log(f"operator pid {operator.pid}, log {operator.log_path}")
+    sampler = ProcessSampler(operator.pid)
+    tracker = FleetTracker(kubeconfig, NODEWRIGHT)
+    probe = LatencyProbe(kubeconfig, NODEWRIGHT)
+    monitor, monitor_note = await _start_monitor(kubeconfig)
+    tasks = [
+        asyncio.create_task(sampler.run()),
+        asyncio.create_task(tracker.run(label_selector=FLEET_SELECTOR)),
+        asyncio.create_task(probe.run()),
+    ]
+    _hook_state_changes(tracker, probe)
+    result: dict[str, Any] = {}
+    try:
+        await asyncio.wait_for(tracker.synced.wait(), 120)
+        before = analysis.parse_prometheus(operator.metrics_text() or "")
+        kubectl_apply(bin_dir, kubeconfig, text=json.dumps(nw))
+        applied = time.monotonic()
+        tracker.started = applied
+        tracker.last_change = applied
+        max_status_bytes, final_obj = await _wait_complete(cfg, kubeconfig, tracker, operator, tasks, applied)
+        wall = time.monotonic() - applied
+        sampler.sample()
+        after = analysis.parse_prometheus(operator.metrics_text() or "")
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        verdict = await _stop_monitor(monitor, monitor_note)
+        operator.stop()
+
+    diff = analysis.delta(after, before)
+    table = analysis.requests_table(diff)
+    writes = analysis.classify_writes(table)
+    minimum = analysis.minimum_writes(shapes)
+    node_packages = cfg.nodes * cfg.packages
+    lag = analysis.histogram_buckets(diff, "nodewright_event_loop_lag_seconds")
+    ceilings = {
+        name: int(c.get("ceiling", 0))
+        for name, c in (((final_obj or {}).get("status") or {}).get("compartmentStatuses") or {}).items()
+    }
+    observed = tracker.batches(((final_obj or {}).get("status") or {}).get("rolloutFingerprint") or None)
+    per_node_write = writes.node_and_pod / node_packages if node_packages else 0.0
+    result = {
+        "run": {
+            "at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "nodes": cfg.nodes,
+            "packages": cfg.packages,
+            "compartments": cfg.compartments,
+            "stage_seconds": cfg.stage_seconds,
+            "budget_percent": cfg.budget_percent,
+            "smoke": cfg.smoke,
+            "git": _git_head(),
+        },
+        "machine": machine(),
+        "fleet_create_seconds": round(fleet_seconds, 2),
+        "wall_seconds": round(wall, 2),
+        "ideal_makespan_seconds": round(ideal, 2),
+        "makespan_ratio": round(wall / ideal, 3) if ideal else None,
+        "per_node_ideal_seconds": per_node,
+        "batches": {
+            "predicted": {c: [len(b) for b in s] for c, s in sequences.items()},
+            "observed": {c: list(b.values()) for c, b in observed.items()},
+        },
+        "operator": {
+            "peak_rss_mib": round(sampler.peak_rss / 2**20, 1),
+            "cpu_seconds": round(sampler.cpu_seconds, 2),
+            "rss_per_node_kib": round(sampler.peak_rss / 1024 / max(1, cfg.nodes), 1),
+        },
+        "api": {
+            "requests": table,
+            "writes": {
+                "node_and_pod": writes.node_and_pod,
+                "nodewright_status": writes.nodewright_status,
+                "events": writes.events,
+                "other": writes.other,
+            },
+            "writes_per_node_package": round(per_node_write, 3),
+            "minimum_per_node_package": round(minimum.per_node_package, 3),
+            "minimum_breakdown_per_node": dict(minimum.breakdown),
+            "writes_vs_minimum": round(per_node_write / minimum.per_node_package, 3),
+        },
+        "nodewright_status_bytes": {"final": _status_bytes(final_obj), "max": max_status_bytes},
+        "event_loop_lag_seconds": {
+            "p50": _round(analysis.histogram_quantile(0.5, lag)),
+            "p99": _round(analysis.histogram_quantile(0.99, lag)),
+            "observations": int(lag[-1][1]) if lag else 0,
+        },
+        "controller_latency_seconds": {
+            "p50": _round(analysis.percentile(probe.samples, 50)),
+            "p99": _round(analysis.percentile(probe.samples, 99)),
+            "max": _round(max(probe.samples, default=None)),
+            "samples": len(probe.samples),
+        },
+        "in_progress": {
+            "peak": analysis.in_progress_peaks(tracker.samples),
+            "ceiling": ceilings,
+            "series": [[round(t, 2), counts] for t, counts in tracker.samples],
+        },
+        "reboots": tracker.reboots(),
+        "node_statuses": tracker.status_counts(),
+        "invariants": verdict,
+    }
+    return result
+
+
+def _ideal(sequences: Mapping[str, Sequence[Sequence[str]]], durations: Mapping[str, float]) -> float:
+    from nodewright.plan.preview import ideal_makespan
+
+    return ideal_makespan(sequences, durations)
+
+
+def _hook_state_changes(tracker: FleetTracker, probe: LatencyProbe) -> None:
+    """Tell the latency probe when a node's state annotation changes (the node's 'next action')."""
+    key = constants.state_annotation(NODEWRIGHT)
+    last: dict[str, str | None] = {}
+
+    def on_node(node: dict[str, Any], now: float) -> None:
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name"))
+        text = (meta.get("annotations") or {}).get(key)
+        if name in last and last[name] != text:
+            probe.action(name, now)
+        last[name] = text
+
+    tracker.on_node = on_node
+
+
+async def _wait_complete(
+    cfg: Config,
+    kubeconfig: Path,
+    tracker: FleetTracker,
+    operator: OperatorProcess,
+    tasks: Sequence[asyncio.Task[None]],
+    applied: float,
+) -> tuple[int, dict[str, Any] | None]:
+    max_bytes = 0
+    obj: dict[str, Any] | None = None
+    last_report = 0.0
+    async with KubeClient(kubeconfig) as client:
+        while True:
+            for task in tasks:
+                if task.done() and task.exception() is not None:
+                    raise DemoError(f"a measuring task failed: {task.exception()!r}")
+            with contextlib.suppress(ApiError, OSError, TimeoutError):
+                obj = await get_nodewright(client, NODEWRIGHT)
+            max_bytes = max(max_bytes, _status_bytes(obj))
+            now = time.monotonic()
+            counts = tracker.status_counts()
+            done = counts.get("complete", 0)
+            if now - last_report >= 10:
+                log(
+                    f"{now - applied:6.0f}s  nodes {dict(sorted(counts.items()))}"
+                    f"  in progress {tracker.in_progress_by_compartment()}"
+                )
+                last_report = now
+            if done == len(tracker.nodes) and ((obj or {}).get("status") or {}).get("status") == "complete":
+                return max_bytes, obj
+            if not operator.alive():
+                raise DemoError(operator.death_message())
+            if now - tracker.last_change > cfg.stall_minutes * 60:
+                raise DemoError(f"no node changed for {cfg.stall_minutes:g} min: {counts}\n{operator.tail()}")
+            if now - applied > cfg.timeout_minutes * 60:
+                raise DemoError(
+                    f"not complete after {cfg.timeout_minutes:g} min: {counts}\n{operator.tail()}"
+                )
+            await asyncio.sleep(1.0)
+
+
+def _status_bytes(obj: Mapping[str, Any] | None) -> int:
+    status = (obj or {}).get("status")
+    return len(json.dumps(status, separators=(",", ":")).encode()) if status else 0
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+async def _start_monitor(kubeconfig: Path) -> tuple[Any, str]:
+    try:
+        from e2e.invariants import InvariantMonitor
+    except ImportError as exc:
+        return None, f"skipped: e2e/invariants.py not importable ({exc})"
+    monitor = InvariantMonitor(kubeconfig, namespace=NAMESPACE)
+    try:
+        await monitor.start()
+    except Exception as exc:  # the verdict must say the monitor could not run, not crash the run
+        return None, f"skipped: the monitor failed to start ({exc!r})"
+    return monitor, ""
+
+
+async def _stop_monitor(monitor: Any, note: str) -> dict[str, Any]:
+    if monitor is None:
+        return {"verdict": "skipped", "note": note}
+    try:
+        breaches = await monitor.final_check()
+    finally:
+        with contextlib.suppress(Exception):
+            await monitor.stop()
+    failures = list(getattr(monitor, "failures", []))
+    verdict = "pass" if not breaches and not failures else "breach" if breaches else "monitor-failed"
+    return {
+        "verdict": verdict,
+        "breaches": [str(b) for b in breaches[:20]],
+        "breach_count": len(breaches),
+        "monitor_failures": failures[:10],
+    }
+
+
+def _git_head() -> str:
+    with contextlib.suppress(OSError):
+        head = (REPO_ROOT / ".git" / "HEAD").read_text().strip()
+        if head.startswith("ref: "):
+            ref = REPO_ROOT / ".git" / head[5:]
+            return ref.read_text().strip()[:12] if ref.exists() else head[5:]
+        return head[:12]
+    return ""
+
+
+def log(text: str) -> None:
+    print(f"[bench] {text}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Output
+
+
+def write_outputs(result: Mapping[str, Any], out: Path, *, plot: bool) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{result['run']['nodes']}-nodes"
+    path = out / f"{stem}.json"
+    path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    if plot:
+        plot_in_progress(result, out / f"{stem}.png")
+    (out / "README.md").write_text(render_readme(_load_results(out)), encoding="utf-8")
+    return path
+
+
+def _load_results(out: Path) -> list[dict[str, Any]]:
+    runs = []
+    for path in sorted(out.glob("*-nodes.json")):
+        with contextlib.suppress(ValueError, OSError):
+            runs.append(json.loads(path.read_text(encoding="utf-8")))
+    return sorted(runs, key=lambda r: int(r["run"]["nodes"]))
+
+
+def render_readme(runs: Sequence[Mapping[str, Any]]) -> str:
+    lines = [
+        "# Scale benchmark results",
+        "",
+        "Generated by `python -m benchmarks.run` (`make bench`); see `docs/benchmarks.md` for what is",
+        "measured and how. One row per run (`<N>-nodes.json`, plot `<N>-nodes.png`).",
+        "",
+        "| nodes | pkgs | comps | wall s | ideal s | ratio | RSS MiB | CPU s | writes/node-pkg (min)"
+        " | status KiB"
+        " | loop lag p50/p99 ms | ctrl latency p50/p99 s | invariants |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in runs:
+        api, lag, lat = r["api"], r["event_loop_lag_seconds"], r["controller_latency_seconds"]
+        lines.append(
+            f"| {r['run']['nodes']} | {r['run']['packages']} | {r['run']['compartments']}"
+            f" | {r['wall_seconds']}"
+            f" | {r['ideal_makespan_seconds']} | {r['makespan_ratio']} | {r['operator']['peak_rss_mib']}"
+            f" | {r['operator']['cpu_seconds']} | {api['writes_per_node_package']}"
+            f" ({api['minimum_per_node_package']})"
+            f" | {round(r['nodewright_status_bytes']['max'] / 1024, 1)}"
+            f" | {_ms(lag['p50'])}/{_ms(lag['p99'])} | {lat['p50']}/{lat['p99']}"
+            f" | {r['invariants']['verdict']} |"
+        )
+    machines = {json.dumps(r["machine"], sort_keys=True) for r in runs}
+    lines += ["", "Machine(s):", ""]
+    for m in sorted(machines):
+        d = json.loads(m)
+        lines.append(
+            f"- {d['cpu_model']}, {d['nproc']} CPUs, {d['memory_gib']} GiB RAM, Python {d['python']},"
+            f" kernel {d.get('kernel', '?')}"
+        )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def plot_in_progress(result: Mapping[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = result["in_progress"]["series"]
+    ceilings = result["in_progress"]["ceiling"]
+    names = sorted({c for _, counts in series for c in counts})
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for i, name in enumerate(names):
+        color = f"C{i}"
+        xs = [t for t, _ in series]
+        ys = [counts.get(name, 0) for _, counts in series]
+        ax.step(xs, ys, where="post", color=color, label=f"{name} in progress")
+        if name in ceilings:
+            ax.axhline(ceilings[name], color=color, linestyle="--", linewidth=1, label=f"{name} ceiling")
+    run = result["run"]
+    ax.set_title(
+        f"{run['nodes']} nodes x {run['packages']} packages: wall {result['wall_seconds']}s,"
+        f" ideal {result['ideal_makespan_seconds']}s"
+    )
+    ax.set_xlabel("seconds since the NodeWright was applied")
+    ax.set_ylabel("nodes in progress")
+    ax.legend(loc="upper right", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Entry point
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Config:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--packages", type=int, default=3)
+    parser.add_argument("--compartments", type=int, default=3)
+    parser.add_argument("--stage-seconds", type=float, default=2.0, help="simulated duration of every stage")
+    parser.add_argument("--budget-percent", type=int, default=10, help="ceiling of every compartment")
+    parser.add_argument("--smoke", action="store_true", help="50 nodes, tiny durations, no plot")
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="use this cluster (default: $KUBECONFIG, else start one)",
+    )
+    parser.add_argument("--out", type=Path, default=None, help=f"results directory (default {RESULTS})")
+    parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--timeout", type=float, default=60.0, help="minutes")
+    parser.add_argument("--stall-minutes", type=float, default=5.0)
+    args = parser.parse_args(argv)
+    kubeconfig = args.kubeconfig or (Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None)
+    if args.smoke:
+        return Config(
+            nodes=50 if args.nodes == 1000 else args.nodes,
+            packages=2,
+            compartments=2,
+            stage_seconds=0.5,
+            budget_percent=20,
+            smoke=True,
+            out=args.out or REPO_ROOT / ".sim" / "bench-smoke",
+            plot=False,
+            kubeconfig=kubeconfig,
+            timeout_minutes=min(args.timeout, 5.0),
+            stall_minutes=min(args.stall_minutes, 2.0),
+        )
+    return Config(
+        nodes=args.nodes,
+        packages=args.packages,
+        compartments=args.compartments,
+        stage_seconds=args.stage_seconds,
+        budget_percent=args.budget_percent,
+        smoke=False,
+        out=args.out or RESULTS,
+        plot=not args.no_plot,
+        kubeconfig=kubeconfig,
+        timeout_minutes=args.timeout,
+        stall_minutes=args.stall_minutes,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from nodewright.sim import binaries
+    from nodewright.sim.controlplane import ControlPlane, ControlPlaneError
+
+    cfg = parse_args(argv)
+    if cfg.nodes < 1 or cfg.packages < 1 or cfg.compartments < 1:
+        print("--nodes, --packages and --compartments must be >= 1", file=sys.stderr)
+        return 2
+    plane = None
+    try:
+        bin_dir = binaries.locate().dir
+        if cfg.kubeconfig is None:
+            directory = (
+                REPO_ROOT / ".sim" / ("bench-smoke" if cfg.smoke else f"bench-{cfg.nodes}") / "cluster"
+            )
+            with contextlib.suppress(ControlPlaneError):
+                ControlPlane.load(directory).down()
+            plane = ControlPlane.create(directory)
+            log(f"control plane up in {plane.up():.1f}s in {plane.dir}")
+            kubeconfig, log_dir = plane.kubeconfig, plane.dir / "logs"
+        else:
+            kubeconfig, log_dir = cfg.kubeconfig, cfg.out / "logs"
+        result = asyncio.run(measure(cfg, kubeconfig, bin_dir, log_dir))
+    except (binaries.BinariesMissingError, ControlPlaneError, DemoError) as exc:
+        print(f"benchmark FAILED: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if plane is not None:
+            plane.down()
+    path = write_outputs(result, cfg.out, plot=cfg.plot)
+    summary = {
+        k: result[k]
+        for k in (
+            "wall_seconds",
+            "ideal_makespan_seconds",
+            "makespan_ratio",
+            "operator",
+            "nodewright_status_bytes",
+        )
+    }
+    summary["writes_per_node_package"] = result["api"]["writes_per_node_package"]
+    summary["minimum_per_node_package"] = result["api"]["minimum_per_node_package"]
+    summary["event_loop_lag_seconds"] = result["event_loop_lag_seconds"]
+    summary["controller_latency_seconds"] = result["controller_latency_seconds"]
+    summary["invariants"] = result["invariants"]["verdict"]
+    print(json.dumps(summary, indent=2))
+    log(f"wrote {path}")
+    ok = result["invariants"]["verdict"] in ("pass", "skipped")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

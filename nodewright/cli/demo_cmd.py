@@ -1,0 +1,346 @@
+"""`nodewright demo` (what `make demo` runs): a real batched rollout on a simulated GPU fleet.
+
+1. A fresh simulated control plane in `--dir` (default `.sim/demo`; one already running there is
+   stopped first) — the binaries come from `make controlplane`.
+2. `--nodes` GPU nodes (default 240) in two zones; a few in each zone are labelled canaries
+   (`demo.nodewright.io/canary=true`). Training jobs with PodDisruptionBudgets on every other rack of 8
+   nodes; every third job is protected by `podNonInterruptLabels`. They finish within about two
+   minutes, so drains first wait for PDBs and protected pods, then go through.
+3. CRDs installed, the operator started as a child process, `manifests/samples/demo-policy.yaml` applied.
+4. `nodewright plan` for `manifests/samples/demo-kernel-tuning.yaml` printed (the prediction), then the
+   NodeWright applied.
+5. Progress per compartment every 2 s until the NodeWright is complete, then a summary (duration,
+   batches per compartment against the plan, reboots, most nodes in progress at once against the
+   ceiling, erroring nodes), and everything is stopped unless `--keep`.
+
+Fails with exit code 1 and the tail of the operator log if the operator dies, the rollout makes no
+progress for `--stall-minutes`, or `--timeout` passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DIR = Path(".sim") / "demo"
+NODEWRIGHT = "kernel-tuning"
+CANARY_LABEL = "demo.nodewright.io/canary"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "demo", help="simulated GPU fleet + operator + a real rollout, to completion"
+    )
+    parser.add_argument("--nodes", type=int, default=240, help="simulated GPU nodes (default 240)")
+    parser.add_argument("--canaries", type=int, default=8, help="canary nodes, half per zone (default 8)")
+    parser.add_argument(
+        "--dir", type=Path, default=DEFAULT_DIR, help=f"cluster state directory ({DEFAULT_DIR})"
+    )
+    parser.add_argument("--keep", action="store_true", help="leave the cluster and operator running")
+    parser.add_argument("--timeout", type=float, default=20.0, help="minutes before giving up (default 20)")
+    parser.add_argument(
+        "--stall-minutes", type=float, default=4.0, help="fail when no node changes for this long (default 4)"
+    )
+    parser.add_argument("--no-workloads", action="store_true", help="skip the training jobs and PDBs")
+    parser.set_defaults(func=run)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pure helpers (unit-tested)
+
+
+def fleet_layout(nodes: int, canaries: int) -> list[tuple[int, int, dict[str, str]]]:
+    """(start, count, labels) ranges: zone-a then zone-b, the first canaries/2 of each zone canaries."""
+    half = (nodes + 1) // 2
+    zones = [("zone-a", 0, half), ("zone-b", half, nodes - half)]
+    per_zone = [canaries - canaries // 2, canaries // 2]
+    out: list[tuple[int, int, dict[str, str]]] = []
+    for (zone, start, count), canary in zip(zones, per_zone, strict=True):
+        canary = min(canary, count)
+        if canary:
+            out.append((start, canary, {ZONE_LABEL: zone, CANARY_LABEL: "true"}))
+        if count - canary:
+            out.append((start + canary, count - canary, {ZONE_LABEL: zone}))
+    return out
+
+
+def batch_comparison(
+    predicted: Mapping[str, Sequence[int]], observed: Mapping[str, Mapping[int, int]]
+) -> list[tuple[str, list[int], list[int], bool]]:
+    """Per compartment: predicted sizes, observed sizes (by batch number), whether they agree."""
+    rows = []
+    for name in sorted(set(predicted) | set(observed)):
+        pred = list(predicted.get(name, ()))
+        obs = [observed[name][b] for b in sorted(observed.get(name, {}))]
+        if not pred and not obs:
+            continue
+        rows.append((name, pred, obs, pred == obs))
+    return rows
+
+
+def sizes_text(sizes: Sequence[int], limit: int = 14) -> str:
+    if not sizes:
+        return "-"
+    text = ",".join(str(s) for s in sizes[:limit])
+    return text + (f",… ({len(sizes)})" if len(sizes) > limit else "")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The run
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    message: str = ""
+
+
+def run(args: argparse.Namespace) -> int:
+    from nodewright.sim import binaries
+    from nodewright.sim.controlplane import ControlPlane, ControlPlaneError
+    from nodewright.sim.demo import DemoError
+
+    if args.nodes < 2:
+        print("--nodes must be at least 2", file=sys.stderr)
+        return 2
+    try:
+        with contextlib.suppress(ControlPlaneError):
+            old = ControlPlane.load(args.dir)
+            if old.running_pids():
+                print(f"stopping the demo cluster still running in {args.dir}", file=sys.stderr)
+            old.down()
+        plane = ControlPlane.create(args.dir)
+        say(f"starting a local control plane in {plane.dir} …")
+        seconds = plane.up()
+        say(f"control plane up in {seconds:.1f}s ({plane.server})")
+    except (binaries.BinariesMissingError, ControlPlaneError) as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 1
+    operator = None
+    code = 1
+    try:
+        outcome, operator = asyncio.run(_demo(args, plane))
+        code = 0 if outcome.ok else 1
+        if not outcome.ok:
+            print(f"\ndemo FAILED: {outcome.message}", file=sys.stderr)
+    except DemoError as exc:
+        print(f"\ndemo FAILED: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        code = 130
+    finally:
+        if args.keep and code == 0:
+            say("")
+            say(f"kept running. kubeconfig: {plane.kubeconfig}")
+            say(f"  export KUBECONFIG={plane.kubeconfig}; alias kubectl={plane.bin_dir / 'kubectl'}")
+            say("  kubectl get nodewrights,deploymentpolicies")
+            say(f"  kubectl get nodes -L nodewright.io/status.{NODEWRIGHT}")
+            say(f"  python -m nodewright.cli.plan_cmd plan {NODEWRIGHT} --kubeconfig {plane.kubeconfig}")
+            if operator is not None:
+                say(f"  operator: pid {operator.pid}, log {operator.log_path}")
+                say(f"  metrics: curl http://127.0.0.1:{operator.metrics_port}/metrics")
+            say(f"  stop it all: nodewright sim down --dir {args.dir} (and kill the operator pid)")
+        else:
+            if operator is not None:
+                operator.stop()
+            plane.down(remove=not args.keep)
+    return code
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+async def _demo(args: argparse.Namespace, plane: Any) -> tuple[Outcome, Any]:
+    from nodewright.sim.demo import (
+        SAMPLES_DIR,
+        NodeGroup,
+        OperatorProcess,
+        create_groups,
+        install_crds,
+        kubectl_apply,
+    )
+
+    kubeconfig: Path = plane.kubeconfig
+    started = time.monotonic()
+    layout = fleet_layout(args.nodes, min(args.canaries, args.nodes))
+    names = await create_groups(kubeconfig, [NodeGroup(s, c, labels) for s, c, labels in layout])
+    say(
+        f"created {len(names)} GPU nodes: zone-a/zone-b, {min(args.canaries, args.nodes)} canaries"
+        f" ({time.monotonic() - started:.1f}s)"
+    )
+    if not args.no_workloads:
+        jobs = await _workloads(kubeconfig, names)
+        say(f"created {len(jobs)} training jobs with PodDisruptionBudgets (every third protected)")
+    install_crds(plane.bin_dir, kubeconfig)
+    policy_path = SAMPLES_DIR / "demo-policy.yaml"
+    nw_path = SAMPLES_DIR / "demo-kernel-tuning.yaml"
+    kubectl_apply(plane.bin_dir, kubeconfig, paths=[policy_path])
+    operator = OperatorProcess(
+        kubeconfig=kubeconfig,
+        log_path=plane.dir / "logs" / "operator.log",
+        namespace=plane.namespace,
+        extra_args=[
+            "--agent-image=registry.local/nodewright/agent:sim",
+            "--pause-image=registry.local/pause:sim",
+        ],
+    )
+    operator.start()
+    say(f"operator running (pid {operator.pid}, log {operator.log_path})")
+
+    predicted = await _plan(kubeconfig, nw_path)
+    kubectl_apply(plane.bin_dir, kubeconfig, paths=[nw_path])
+    say(f"applied NodeWright {NODEWRIGHT} ({nw_path.relative_to(SAMPLES_DIR.parents[1])})\n")
+    outcome, tracker, nw_obj, elapsed = await _follow(args, kubeconfig, operator)
+    _summary(tracker, nw_obj, predicted, elapsed)
+    return outcome, operator
+
+
+async def _workloads(kubeconfig: Path, names: Sequence[str]) -> list[Any]:
+    from nodewright.sim import fleet
+
+    now = dt.datetime.now(dt.UTC)
+    racks = [list(names[i : i + fleet.NODES_PER_RACK]) for i in range(0, len(names), fleet.NODES_PER_RACK)]
+    jobs = [
+        fleet.create_workloads(
+            kubeconfig,
+            nodes=rack,
+            job=f"train-rack-{r:04d}",
+            protected=(r // 2) % 3 == 0,
+            min_available=max(0, len(rack) - 1),
+            finish_at=now + dt.timedelta(seconds=50 + 10 * ((r // 2) % 6)),
+            concurrency=8,
+        )
+        for r, rack in enumerate(racks)
+        if r % 2 == 0
+    ]
+    sem = asyncio.Semaphore(6)
+
+    async def one(coro: Any) -> Any:
+        async with sem:
+            return await coro
+
+    return list(await asyncio.gather(*(one(j) for j in jobs)))
+
+
+async def _plan(kubeconfig: Path, nw_path: Path) -> dict[str, list[int]]:
+    from nodewright.cli import plan_cmd
+
+    ns = argparse.Namespace(filename=nw_path, policy=None, kubeconfig=str(kubeconfig), name=None)
+    inputs = await plan_cmd.gather(ns)
+    report = plan_cmd.build_report(
+        inputs.nodewright,
+        policy=inputs.policy,
+        nodes=inputs.nodes,
+        all_nodewrights=inputs.all_nodewrights,
+        compartment_statuses=inputs.compartment_statuses,
+        exists=inputs.exists,
+    )
+    say("nodewright plan -f manifests/samples/demo-kernel-tuning.yaml:")
+    say("\n".join(f"  {line}" if line else "" for line in plan_cmd.render(report).rstrip("\n").split("\n")))
+    say("")
+    return {c.name: list(c.sizes) for c in report.preview.compartments if c.sizes}
+
+
+async def _follow(
+    args: argparse.Namespace, kubeconfig: Path, operator: Any
+) -> tuple[Outcome, Any, Any, float]:
+    from nodewright.sim.demo import FleetTracker, Screen, get_nodewright, progress_lines
+    from nodewright.sim.kubeapi import ApiError, KubeClient
+
+    tracker = FleetTracker(kubeconfig, NODEWRIGHT)
+    watcher = asyncio.create_task(tracker.run())
+    screen = Screen()
+    started = time.monotonic()
+    nw_obj: Any = None
+    outcome = Outcome(False, "not finished")
+    try:
+        await asyncio.wait_for(tracker.synced.wait(), 60)
+        tracker.last_change = time.monotonic()
+        async with KubeClient(kubeconfig) as client:
+            while True:
+                if watcher.done():
+                    watcher.result()  # re-raises the watch failure
+                with contextlib.suppress(ApiError, OSError, TimeoutError):
+                    nw_obj = await get_nodewright(client, NODEWRIGHT)
+                now = time.monotonic()
+                screen.show(progress_lines(nw_obj, tracker, elapsed=now - started))
+                status = ((nw_obj or {}).get("status") or {}).get("status")
+                counts = tracker.status_counts()
+                if status == "complete" and counts.get("complete", 0) == len(tracker.nodes):
+                    outcome = Outcome(True)
+                    break
+                if not operator.alive():
+                    outcome = Outcome(False, operator.death_message())
+                    break
+                if now - tracker.last_change > args.stall_minutes * 60:
+                    outcome = Outcome(
+                        False,
+                        f"no node changed for {args.stall_minutes:g} min (status {status}, nodes {counts})\n"
+                        + operator.tail(),
+                    )
+                    break
+                if now - started > args.timeout * 60:
+                    outcome = Outcome(False, f"not complete after {args.timeout:g} min\n" + operator.tail())
+                    break
+                await asyncio.sleep(2.0)
+    finally:
+        screen.release()
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher
+    return outcome, tracker, nw_obj, time.monotonic() - started
+
+
+def _summary(tracker: Any, nw_obj: Any, predicted: Mapping[str, Sequence[int]], elapsed: float) -> None:
+    from nodewright.sim.demo import compartment_statuses
+
+    comps = compartment_statuses(nw_obj)
+    fingerprint = ((nw_obj or {}).get("status") or {}).get("rolloutFingerprint") or None
+    observed = tracker.batches(fingerprint)
+    counts = tracker.status_counts()
+    say("")
+    minutes, seconds = divmod(int(elapsed), 60)
+    say(
+        f"summary: {NODEWRIGHT} on {len(tracker.nodes)} nodes in {minutes}m{seconds:02d}s,"
+        f" {tracker.reboots()} reboots (bootID changes), node statuses {dict(sorted(counts.items()))}"
+    )
+    say(
+        f"  {'COMPARTMENT':<12} {'NODES':>5} {'CEILING':>7} {'MAX IN PROGRESS':>15}  BATCHES (observed)  PLAN"
+    )
+    mismatches = 0
+    for name, pred, obs, same in batch_comparison(predicted, observed):
+        comp = comps.get(name, {})
+        ceiling = int(comp.get("ceiling", 0))
+        peak = tracker.max_in_progress.get(name, 0)
+        flag = "" if peak <= ceiling else "  OVER CEILING"
+        verdict = "= plan" if same else "DIFFERS, plan " + sizes_text(pred)
+        say(
+            f"  {name:<12} {int(comp.get('matched', sum(obs))):>5} {ceiling:>7} {peak:>15}  "
+            f"{len(obs)}: {sizes_text(obs):<24} {verdict}{flag}"
+        )
+        mismatches += 0 if same else 1
+    if mismatches:
+        say(
+            f"  note: {mismatches} compartment(s) batched differently from the `nodewright plan` prediction"
+            " (which assumes every node succeeds)"
+        )
+    erroring = sorted(n for n, r in tracker.nodes.items() if r.status == "erroring")
+    if erroring:
+        say(f"  erroring nodes ({len(erroring)}): {', '.join(erroring[:10])}")
+
+
+if __name__ == "__main__":  # `python -m nodewright.cli.demo_cmd demo ...` until it is registered
+    _parser = argparse.ArgumentParser(prog="nodewright")
+    register(_parser.add_subparsers(dest="command", required=True))
+    _parsed = _parser.parse_args()
+    sys.exit(_parsed.func(_parsed))

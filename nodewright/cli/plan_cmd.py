@@ -1,0 +1,426 @@
+"""`nodewright plan`: what a rollout will do, predicted without changing anything.
+
+    nodewright plan -f nodewright.yaml [--policy policy.yaml] [--kubeconfig K] [-o table|json]
+    nodewright plan <name> [--kubeconfig K] [-o table|json]
+
+The command reads (GET/LIST only, through `nodewright.kube`) the nodes, the DeploymentPolicy the
+NodeWright names (unless given with `--policy` or in the `-f` file), every NodeWright (for priorities)
+and, for a NodeWright that already exists, its persisted compartment statuses. Each matched node becomes
+a `RolloutNode` the way the rollout controller sees it:
+
+- `status` from the node label `nodewright.io/status.<nw>` (absent: waiting, or complete without work);
+- `needs_work` from the state annotation `nodewright.io/state.<nw>` (absent: work pending; a malformed
+  state counts as pending work and is reported);
+- `admission` from the annotation `nodewright.io/batch.<nw>`;
+- `unavailable_reason`: cordoned by someone else (or another NodeWright), or NotReady;
+- `blocked_reason`: the ignore label, or taints the NodeWright's pods do not tolerate;
+- `waiting_for_priority`: an enabled NodeWright ordered before this one (priority, name) that targets
+  the node and is not complete there (per node, or everywhere for `sequencing: all`).
+
+Then `preview_rollout` (the planner itself, replayed until every node has finished) gives matched nodes
+and ceilings per compartment, the batch sequence if every node succeeds, and what blocks right now.
+Protected pods and PodDisruptionBudgets are not evaluated here (they only delay a drain; they do not
+change the batch sequence).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from nodewright.api import constants
+from nodewright.api.models import CompartmentStatus, DeploymentPolicy, NodeWright, Status
+from nodewright.api.nodestate import MalformedNodeState, NodeState, decode
+from nodewright.plan import preview as preview_mod
+from nodewright.plan import selectors, sequencing
+from nodewright.plan.node import is_disabled, is_paused, node_complete
+from nodewright.plan.rollout import RolloutNode, spec_fingerprint
+
+JSON = dict[str, Any]
+DEFAULT_RUNTIME_TAINT_KEY = constants.DEFAULT_RUNTIME_REQUIRED_TAINT_KEY
+
+
+class PlanInputError(Exception):
+    """The manifests or the cluster do not give a NodeWright to plan (exit code 2)."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pure part: node objects -> rollout nodes -> report
+
+
+def _labels(node: Mapping[str, Any]) -> dict[str, str]:
+    return dict((node.get("metadata") or {}).get("labels") or {})
+
+
+def _annotations(node: Mapping[str, Any]) -> dict[str, str]:
+    return dict((node.get("metadata") or {}).get("annotations") or {})
+
+
+def node_status(node: Mapping[str, Any], nodewright: str) -> Status | None:
+    """The node's status label for `nodewright`; None when absent or not a known status."""
+    value = _labels(node).get(constants.status_label(nodewright))
+    try:
+        return Status(value) if value else None
+    except ValueError:
+        return None
+
+
+def node_state(node: Mapping[str, Any], nodewright: str) -> tuple[NodeState | None, str | None]:
+    text = _annotations(node).get(constants.state_annotation(nodewright))
+    if text is None:
+        return None, None
+    try:
+        return decode(text), None
+    except MalformedNodeState as exc:
+        return None, str(exc)
+
+
+def rollout_node(
+    nw: NodeWright,
+    node: JSON,
+    *,
+    runtime_taint_key: str = DEFAULT_RUNTIME_TAINT_KEY,
+    all_nodewrights: Sequence[str] = (),
+    waiting_for_priority: str | None = None,
+) -> tuple[RolloutNode, str | None]:
+    """The node as the rollout controller sees it, and the state decoding error if any.
+
+    Same derivation as `RolloutReconciler._rollout_node`, built from the controller's own helpers
+    (imported here so that `nodewright --help` does not load the client stack).
+    """
+    from nodewright.controller.context import node_admission
+    from nodewright.controller.rollout import blocked_reason, unavailable_reason
+
+    name = nw.metadata.name
+    state, error = node_state(node, name)
+    needs_work = state is None or not node_complete(nw, state)
+    if state is None and not nw.spec.packages:
+        needs_work = False
+    status = node_status(node, name) or (Status.WAITING if needs_work else Status.COMPLETE)
+    if not needs_work and status is Status.IN_PROGRESS:
+        status = Status.COMPLETE
+    return (
+        RolloutNode(
+            name=str(node["metadata"]["name"]),
+            labels=_labels(node),
+            creation_timestamp=(node.get("metadata") or {}).get("creationTimestamp"),
+            status=status,
+            needs_work=needs_work,
+            admission=node_admission(node, name),
+            unavailable_reason=unavailable_reason(
+                node, own=state, all_nodewrights=list(all_nodewrights) or [name]
+            ),
+            blocked_reason=blocked_reason(nw, node, runtime_taint_key=runtime_taint_key),
+            waiting_for_priority=waiting_for_priority,
+        ),
+        error,
+    )
+
+
+def priority_facts(
+    nodewrights: Iterable[NodeWright], nodes: Sequence[Mapping[str, Any]]
+) -> list[sequencing.NodeWrightFacts]:
+    """`sequencing.NodeWrightFacts` of every NodeWright, from node labels (what the controller uses)."""
+    out = []
+    for nw in nodewrights:
+        targets: set[str] = set()
+        complete: set[str] = set()
+        for n in nodes:
+            if selectors.matches(nw.spec.node_selectors, _labels(n)):
+                targets.add(str(n["metadata"]["name"]))
+                if node_status(n, nw.metadata.name) is Status.COMPLETE:
+                    complete.add(str(n["metadata"]["name"]))
+        out.append(
+            sequencing.NodeWrightFacts(
+                name=nw.metadata.name,
+                priority=nw.spec.priority,
+                sequencing=nw.spec.sequencing,
+                disabled=is_disabled(nw),
+                paused=is_paused(nw),
+                targets=frozenset(targets),
+                complete_on=frozenset(complete),
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PlanReport:
+    """Everything `nodewright plan` prints."""
+
+    preview: preview_mod.RolloutPreview
+    fingerprint: str
+    now: str
+    exists: bool
+    paused: bool
+    disabled: bool
+    node_statuses: Mapping[str, int]
+    malformed_states: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        doc = self.preview.to_json()
+        doc.update(
+            {
+                "fingerprint": self.fingerprint,
+                "now": self.now,
+                "exists": self.exists,
+                "paused": self.paused,
+                "disabled": self.disabled,
+                "nodeStatuses": dict(sorted(self.node_statuses.items())),
+                "malformedStates": list(self.malformed_states),
+                "notes": list(self.notes),
+            }
+        )
+        return doc
+
+
+def build_report(
+    nw: NodeWright,
+    *,
+    policy: DeploymentPolicy | None,
+    nodes: Sequence[Mapping[str, Any]],
+    all_nodewrights: Sequence[NodeWright] = (),
+    compartment_statuses: Mapping[str, CompartmentStatus] | None = None,
+    exists: bool = False,
+    now: datetime | None = None,
+    runtime_taint_key: str = DEFAULT_RUNTIME_TAINT_KEY,
+) -> PlanReport:
+    """Predict the rollout of `nw` over `nodes` (all cluster nodes; matching happens here)."""
+    stamp = (now or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    name = nw.metadata.name
+    matched = [n for n in nodes if selectors.matches(nw.spec.node_selectors, _labels(n))]
+    others = [o for o in all_nodewrights if o.metadata.name != name]
+    facts = priority_facts([*others, nw], nodes)
+    rollout_nodes: list[RolloutNode] = []
+    malformed: list[str] = []
+    for node in matched:
+        node_name = str(node["metadata"]["name"])
+        blocker = sequencing.blocking(facts, target=name, node=node_name)
+        rnode, error = rollout_node(
+            nw,
+            dict(node),
+            runtime_taint_key=runtime_taint_key,
+            all_nodewrights=[f.name for f in facts],
+            waiting_for_priority=None if blocker is None else blocker.name,
+        )
+        if error is not None:
+            malformed.append(node_name)
+        rollout_nodes.append(rnode)
+    paused, disabled = is_paused(nw), is_disabled(nw)
+    result = preview_mod.preview_rollout(
+        nw,
+        policy=policy,
+        nodes=rollout_nodes,
+        fingerprint=spec_fingerprint(nw),
+        now=stamp,
+        compartment_statuses=compartment_statuses,
+        paused=paused,
+        disabled=disabled,
+    )
+    counts = Counter(n.status.value for n in rollout_nodes)
+    notes: list[str] = []
+    if paused:
+        notes.append(f"paused ({constants.ANNOTATION_PAUSE}): no node starts until the annotation is removed")
+    if disabled:
+        notes.append(f"disabled ({constants.ANNOTATION_DISABLE}): nodes are left alone")
+    if not matched:
+        notes.append("nodeSelectors match no node")
+    if malformed:
+        notes.append(
+            f"{len(malformed)} node(s) with an unreadable state annotation (treated as pending work)"
+        )
+    return PlanReport(
+        preview=result,
+        fingerprint=spec_fingerprint(nw),
+        now=stamp,
+        exists=exists,
+        paused=paused,
+        disabled=disabled,
+        node_statuses=dict(counts),
+        malformed_states=tuple(sorted(malformed)[: preview_mod.MAX_EXAMPLES]),
+        notes=tuple(notes),
+    )
+
+
+def render(report: PlanReport, *, wide: bool = False) -> str:
+    """The human output: the preview table, current node statuses, totals and notes."""
+    lines = [preview_mod.render_table(report.preview).rstrip("\n")]
+    statuses = ", ".join(f"{k} {v}" for k, v in sorted(report.node_statuses.items())) or "none"
+    lines.append("")
+    lines.append(
+        f"nodes now: {statuses}   ({'existing NodeWright' if report.exists else 'not applied yet'},"
+        f" fingerprint {report.fingerprint})"
+    )
+    total_batches = sum(len(c.batches) for c in report.preview.compartments)
+    longest = max((len(c.batches) for c in report.preview.compartments), default=0)
+    admitted = sum(len(b.nodes) for c in report.preview.compartments for b in c.batches)
+    lines.append(
+        f"predicted if every node succeeds: {admitted} node(s) in {total_batches} batch(es);"
+        f" the longest compartment needs {longest} batch(es) (compartments run in parallel)"
+    )
+    if wide:
+        for comp in report.preview.compartments:
+            for batch in comp.batches:
+                shown = ", ".join(batch.nodes[:8]) + (
+                    f", … (+{len(batch.nodes) - 8})" if len(batch.nodes) > 8 else ""
+                )
+                lines.append(f"  {comp.name} batch {batch.number} ({len(batch.nodes)}): {shown}")
+    lines.extend(f"note: {note}" for note in report.notes)
+    if report.malformed_states:
+        lines.append("unreadable state on: " + ", ".join(report.malformed_states))
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Manifests
+
+
+def load_documents(path: Path) -> list[JSON]:
+    import yaml
+
+    text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+    return [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
+
+
+def pick(documents: Sequence[JSON], kind: str) -> list[JSON]:
+    found = []
+    for doc in documents:
+        if doc.get("kind") == "List":
+            found.extend(pick(doc.get("items") or [], kind))
+        elif doc.get("kind") == kind:
+            found.append(doc)
+    return found
+
+
+def parse_nodewright(obj: JSON) -> NodeWright:
+    try:
+        return NodeWright.model_validate(obj)
+    except ValueError as exc:
+        raise PlanInputError(f"invalid NodeWright: {exc}") from exc
+
+
+def parse_policy(obj: JSON) -> DeploymentPolicy:
+    try:
+        return DeploymentPolicy.model_validate(obj)
+    except ValueError as exc:
+        raise PlanInputError(f"invalid DeploymentPolicy: {exc}") from exc
+
+
+# ----------------------------------------------------------------------------------------------------
+# Cluster reads and the command
+
+
+@dataclass
+class Inputs:
+    nodewright: NodeWright
+    policy: DeploymentPolicy | None
+    nodes: list[JSON]
+    all_nodewrights: list[NodeWright]
+    compartment_statuses: dict[str, CompartmentStatus]
+    exists: bool
+
+
+async def gather(args: argparse.Namespace) -> Inputs:
+    from nodewright.kube.client import KubeClient
+    from nodewright.kube.config import load_config
+    from nodewright.kube.resources import DEPLOYMENTPOLICIES, NODES, NODEWRIGHTS, NotFound
+
+    file_nw: NodeWright | None = None
+    file_policies: list[DeploymentPolicy] = []
+    if args.filename is not None:
+        docs = load_documents(args.filename)
+        nws = pick(docs, constants.KIND_NODEWRIGHT)
+        if len(nws) != 1:
+            raise PlanInputError(f"{args.filename}: expected exactly one NodeWright, found {len(nws)}")
+        file_nw = parse_nodewright(nws[0])
+        file_policies = [parse_policy(p) for p in pick(docs, constants.KIND_POLICY)]
+    if args.policy is not None:
+        file_policies += [parse_policy(p) for p in pick(load_documents(args.policy), constants.KIND_POLICY)]
+
+    async with KubeClient(load_config(args.kubeconfig)) as client:
+        listed_nws = (await client.list(NODEWRIGHTS)).items
+        all_nws: list[NodeWright] = []
+        for obj in listed_nws:
+            try:
+                all_nws.append(NodeWright.model_validate(obj))
+            except ValueError:
+                continue  # an invalid object cannot block anyone: the controller skips it too
+        by_name = {n.metadata.name: n for n in all_nws}
+        name = file_nw.metadata.name if file_nw is not None else args.name
+        existing = by_name.get(name)
+        nw = file_nw or existing
+        if nw is None:
+            raise PlanInputError(f"NodeWright {name!r} not found (give -f to plan one that is not applied)")
+        policy: DeploymentPolicy | None = None
+        if nw.spec.deployment_policy:
+            policy = next((p for p in file_policies if p.metadata.name == nw.spec.deployment_policy), None)
+            if policy is None:
+                try:
+                    policy = parse_policy(await client.get(DEPLOYMENTPOLICIES, nw.spec.deployment_policy))
+                except NotFound:
+                    policy = None  # the preview reports PolicyNotFound, like the controller
+        nodes = (await client.list(NODES)).items
+    statuses = dict((existing.status.compartment_statuses or {}) if existing and existing.status else {})
+    # Applying a file to an existing NodeWright keeps its persisted status (a separate subresource).
+    all_nws = [n for n in all_nws if n.metadata.name != nw.metadata.name] + [nw]
+    return Inputs(nw, policy, nodes, all_nws, statuses, existing is not None)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "plan", help="predict a rollout (compartments, ceilings, batches, blockers) without changing anything"
+    )
+    parser.add_argument("name", nargs="?", help="an existing NodeWright (or use -f)")
+    parser.add_argument("-f", "--filename", type=Path, help="a NodeWright manifest ('-' for stdin)")
+    parser.add_argument(
+        "--policy", type=Path, help="a DeploymentPolicy manifest (default: read from the cluster)"
+    )
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default: $KUBECONFIG or in-cluster)")
+    parser.add_argument("-o", "--output", choices=("table", "wide", "json"), default="table")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from nodewright.kube.config import ConfigError
+    from nodewright.kube.resources import ApiError
+
+    if (args.name is None) == (args.filename is None):
+        print("nodewright plan: give either a NodeWright name or -f FILE", file=sys.stderr)
+        return 2
+    try:
+        inputs = asyncio.run(gather(args))
+    except PlanInputError as exc:
+        print(f"nodewright plan: {exc}", file=sys.stderr)
+        return 2
+    except (ConfigError, ApiError, OSError) as exc:
+        print(f"nodewright plan: cannot read the cluster: {exc}", file=sys.stderr)
+        return 1
+    report = build_report(
+        inputs.nodewright,
+        policy=inputs.policy,
+        nodes=inputs.nodes,
+        all_nodewrights=inputs.all_nodewrights,
+        compartment_statuses=inputs.compartment_statuses,
+        exists=inputs.exists,
+    )
+    if args.output == "json":
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        sys.stdout.write(render(report, wide=args.output == "wide"))
+    return 0
+
+
+if __name__ == "__main__":  # `python -m nodewright.cli.plan_cmd plan ...` until it is registered
+    _parser = argparse.ArgumentParser(prog="nodewright")
+    register(_parser.add_subparsers(dest="command", required=True))
+    _parsed = _parser.parse_args()
+    sys.exit(_parsed.func(_parsed))

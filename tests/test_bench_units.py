@@ -1,0 +1,166 @@
+"""Pure parts of the scale benchmark harness: metric parsing, quantiles, the write minimum, durations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from benchmarks import analysis
+from benchmarks.analysis import PackageShape
+
+SCRAPE = """\
+# HELP rest_client_requests_total HTTP requests to the API server, by verb, resource and status code.
+# TYPE rest_client_requests_total counter
+rest_client_requests_total{code="200",resource="nodes",verb="PATCH"} 40.0
+rest_client_requests_total{code="409",resource="nodes",verb="PATCH"} 2.0
+rest_client_requests_total{code="201",resource="pods",verb="POST"} 12.0
+rest_client_requests_total{code="200",resource="pods",verb="DELETE"} 12.0
+rest_client_requests_total{code="200",resource="nodewrights.nodewright.io",verb="PATCH"} 5.0
+rest_client_requests_total{code="201",resource="events",verb="POST"} 7.0
+rest_client_requests_total{code="200",resource="nodes",verb="LIST"} 3.0
+rest_client_requests_total{code="200",resource="leases.coordination.k8s.io",verb="PUT"} 1.0
+# TYPE nodewright_event_loop_lag_seconds histogram
+nodewright_event_loop_lag_seconds_bucket{le="0.001"} 50.0
+nodewright_event_loop_lag_seconds_bucket{le="0.01"} 90.0
+nodewright_event_loop_lag_seconds_bucket{le="0.1"} 99.0
+nodewright_event_loop_lag_seconds_bucket{le="+Inf"} 100.0
+nodewright_event_loop_lag_seconds_count 100.0
+nodewright_event_loop_lag_seconds_sum 0.9
+weird_metric{path="a\\"b"} 1e3
+"""
+
+
+def test_parse_prometheus_labels_values_and_escapes() -> None:
+    samples = analysis.parse_prometheus(SCRAPE)
+    key = (("code", "200"), ("resource", "nodes"), ("verb", "PATCH"))
+    assert samples["rest_client_requests_total"][key] == 40.0
+    assert samples["weird_metric"][(("path", 'a"b'),)] == 1000.0
+    assert samples["nodewright_event_loop_lag_seconds_count"][()] == 100.0
+
+
+def test_requests_table_sums_codes_and_classifies_writes() -> None:
+    table = analysis.requests_table(analysis.parse_prometheus(SCRAPE))
+    assert table["PATCH"]["nodes"] == 42
+    assert table["LIST"] == {"nodes": 3}
+    writes = analysis.classify_writes(table)
+    assert writes.node_and_pod == 42 + 12 + 12
+    assert writes.nodewright_status == 5
+    assert writes.events == 7
+    assert writes.other == 1
+    assert writes.total == 66 + 5 + 7 + 1
+
+
+def test_delta_subtracts_and_keeps_new_series() -> None:
+    before = analysis.parse_prometheus('x_total{a="1"} 5\n')
+    after = analysis.parse_prometheus('x_total{a="1"} 8\nx_total{a="2"} 4\n')
+    d = analysis.delta(after, before)
+    assert d["x_total"] == {(("a", "1"),): 3.0, (("a", "2"),): 4.0}
+    assert analysis.delta(after, None) is after
+
+
+def test_histogram_quantile_interpolates_like_promql() -> None:
+    buckets = analysis.histogram_buckets(
+        analysis.parse_prometheus(SCRAPE), "nodewright_event_loop_lag_seconds"
+    )
+    assert buckets[-1] == (math.inf, 100.0)
+    # rank 50 falls exactly on the first bucket's upper bound
+    assert analysis.histogram_quantile(0.5, buckets) == pytest.approx(0.001)
+    # rank 99 is the top of the 0.1 bucket; rank 95 halfway into (0.01, 0.1] by count 90..99
+    assert analysis.histogram_quantile(0.99, buckets) == pytest.approx(0.1)
+    assert analysis.histogram_quantile(0.95, buckets) == pytest.approx(0.01 + 0.09 * 5 / 9)
+    # in the +Inf bucket: the largest finite bound
+    assert analysis.histogram_quantile(1.0, buckets) == pytest.approx(0.1)
+    assert analysis.histogram_quantile(0.5, []) is None
+    assert analysis.histogram_quantile(0.5, [(1.0, 0.0), (math.inf, 0.0)]) is None
+
+
+def test_percentile_linear_between_ranks() -> None:
+    assert analysis.percentile([], 50) is None
+    assert analysis.percentile([3.0], 99) == 3.0
+    assert analysis.percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
+    assert analysis.percentile([4.0, 1.0, 3.0, 2.0], 100) == 4.0
+    assert analysis.percentile(range(101), 99) == pytest.approx(99.0)
+
+
+def test_minimum_writes_without_interrupt() -> None:
+    chain = [
+        PackageShape("a", 2),
+        PackageShape("b", 2, depends_on=("a",)),
+        PackageShape("c", 2, depends_on=("b",)),
+    ]
+    m = analysis.minimum_writes(chain)
+    # admission 1 + creates 6 + deletes 6 + state (6 stages + 1 start) 7 + condition 1
+    assert m.breakdown == {
+        "admission": 1,
+        "pod_create": 6,
+        "pod_delete": 6,
+        "state": 7,
+        "condition": 1,
+        "cordon_uncordon": 0,
+        "evictions": 0,
+    }
+    assert m.per_node == 21
+    assert m.per_node_package == pytest.approx(7.0)
+
+
+def test_minimum_writes_with_interrupt_counts_cordon_and_evictions() -> None:
+    m = analysis.minimum_writes(
+        [PackageShape("k", analysis.stages_for(interrupt=True), interrupt=True)], workload_pods_per_node=2
+    )
+    # 1 + 4 + 4 + 5 + 1 + 2 + 2
+    assert m.per_node == 19
+    assert m.breakdown["evictions"] == 2
+
+
+def test_node_duration_is_the_critical_path() -> None:
+    independent = [PackageShape("a", 2), PackageShape("b", 2)]
+    assert analysis.node_duration(independent, stage_seconds=1.5) == pytest.approx(3.0)
+    chain = [PackageShape("a", 2), PackageShape("b", 2, depends_on=("a",)), PackageShape("c", 4, ("a",))]
+    assert analysis.node_duration(chain, stage_seconds=1.0) == pytest.approx(6.0)
+    reboot = [PackageShape("k", 4, interrupt=True)]
+    assert analysis.node_duration(reboot, stage_seconds=1.0, reboot_seconds=2.0) == pytest.approx(6.0)
+    with pytest.raises(ValueError, match="cycle"):
+        analysis.node_duration([PackageShape("a", 1, ("b",)), PackageShape("b", 1, ("a",))], stage_seconds=1)
+
+
+def test_in_progress_peaks() -> None:
+    series = [(0.0, {"c0": 1}), (1.0, {"c0": 3, "c1": 2}), (2.0, {"c0": 0, "c1": 5})]
+    assert analysis.in_progress_peaks(series) == {"c0": 3, "c1": 5}
+
+
+def test_bench_manifests_are_valid_models() -> None:
+    from benchmarks import run
+    from nodewright.api.models import DeploymentPolicy, NodeWright
+
+    cfg = run.parse_args(["--nodes", "300", "--packages", "3", "--compartments", "3", "--no-plot"])
+    policy = DeploymentPolicy.model_validate(run.policy_manifest(cfg))
+    nw = NodeWright.model_validate(run.nodewright_manifest(cfg))
+    assert [c.name for c in policy.spec.compartments or []] == ["c0", "c1", "c2"]
+    assert nw.spec.packages["pkg-b"].depends_on == {"pkg-a": "1.0.0"}
+    assert [run.package_name(i) for i in (0, 25, 26, 27)] == ["pkg-a", "pkg-z", "pkg-aa", "pkg-ab"]
+    assert run.go_duration(0.5) == "500ms"
+
+
+def test_readme_table_has_a_row_per_run() -> None:
+    from benchmarks import run
+
+    result = {
+        "run": {"nodes": 50, "packages": 2, "compartments": 2},
+        "machine": {"cpu_model": "x", "nproc": 2, "memory_gib": 4.0, "python": "3.11", "kernel": "6"},
+        "wall_seconds": 30.0,
+        "ideal_makespan_seconds": 20.0,
+        "makespan_ratio": 1.5,
+        "operator": {"peak_rss_mib": 80.0, "cpu_seconds": 5.0},
+        "api": {"writes_per_node_package": 8.0, "minimum_per_node_package": 7.0},
+        "nodewright_status_bytes": {"max": 2048},
+        "event_loop_lag_seconds": {"p50": 0.001, "p99": None},
+        "controller_latency_seconds": {"p50": 0.2, "p99": 0.9},
+        "invariants": {"verdict": "pass"},
+    }
+    text = run.render_readme([result])
+    row = next(line for line in text.splitlines() if line.startswith("| 50 "))
+    assert "| 30.0 | 20.0 | 1.5 |" in row
+    assert "8.0 (7.0)" in row
+    assert "1.0/-" in row
+    assert "x, 2 CPUs, 4.0 GiB RAM" in text

@@ -1,0 +1,184 @@
+"""`nodewright plan`: node objects → rollout nodes → report, rendering and JSON (no cluster)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nodewright.api import constants
+from nodewright.api.models import DeploymentPolicy, NodeWright, Status
+from nodewright.cli import demo_cmd, plan_cmd
+from nodewright.controller.context import admission_annotation, encode_admission
+from nodewright.plan.rollout import Admission, spec_fingerprint
+from nodewright.sim.fleet import node_manifest
+
+SAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "samples"
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def _nodes(count: int, **labels: str) -> list[dict[str, Any]]:
+    nodes = []
+    for i in range(count):
+        node = node_manifest(i, profile="h100", labels_extra=labels)
+        node["metadata"]["creationTimestamp"] = f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}Z"
+        nodes.append(node)
+    return nodes
+
+
+def _demo_fleet(total: int = 40, canaries: int = 4) -> list[dict[str, Any]]:
+    nodes: list[dict[str, Any]] = []
+    for start, count, labels in demo_cmd.fleet_layout(total, canaries):
+        for i in range(start, start + count):
+            node = node_manifest(i, profile="h100", labels_extra=labels)
+            node["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+            nodes.append(node)
+    return nodes
+
+
+def _load(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((SAMPLES / name).read_text())
+    return loaded
+
+
+def _demo_models() -> tuple[NodeWright, DeploymentPolicy]:
+    return (
+        NodeWright.model_validate(_load("demo-kernel-tuning.yaml")),
+        DeploymentPolicy.model_validate(_load("demo-policy.yaml")),
+    )
+
+
+def test_demo_samples_predict_three_compartments() -> None:
+    nw, policy = _demo_models()
+    report = plan_cmd.build_report(nw, policy=policy, nodes=_demo_fleet(40, 4), now=NOW)
+    comps = {c.name: c for c in report.preview.compartments}
+    assert comps["canary"].matched == 4 and comps["canary"].ceiling == 1
+    assert comps["canary"].sizes == (1, 1, 1, 1)
+    assert comps["zone-a"].matched == 18 and comps["zone-a"].ceiling == 3  # 20% of 18
+    assert comps["zone-a"].sizes == (2, 3, 3, 3, 3, 3, 1)  # linear +2 capped by the ceiling
+    assert comps["zone-b"].matched == 18 and comps["zone-b"].ceiling == 4  # 25% of 18
+    assert comps["zone-b"].sizes == (1, 2, 4, 4, 4, 3)
+    assert report.node_statuses == {"waiting": 40}
+    assert not report.exists
+    assert report.fingerprint == spec_fingerprint(nw)
+
+
+def test_render_table_and_totals() -> None:
+    nw, policy = _demo_models()
+    report = plan_cmd.build_report(nw, policy=policy, nodes=_demo_fleet(40, 4), now=NOW)
+    text = plan_cmd.render(report)
+    assert text.startswith("NodeWright kernel-tuning (policy: demo-rollout)\n")
+    assert "zone-b" in text and "1,2,4,4,4,3" in text
+    assert "predicted if every node succeeds: 40 node(s) in 17 batch(es)" in text
+    assert "nodes now: waiting 40" in text
+    wide = plan_cmd.render(report, wide=True)
+    assert "canary batch 1 (1): " in wide
+
+
+def test_json_is_serialisable_and_complete() -> None:
+    nw, policy = _demo_models()
+    report = plan_cmd.build_report(nw, policy=policy, nodes=_demo_fleet(20, 2), now=NOW)
+    doc = json.loads(json.dumps(report.to_json()))
+    assert doc["nodewright"] == "kernel-tuning"
+    assert doc["policy"] == "demo-rollout"
+    assert doc["now"] == "2026-01-01T12:00:00Z"
+    assert doc["nodeStatuses"] == {"waiting": 20}
+    names = {c["name"]: c for c in doc["compartments"]}
+    assert sum(len(b["nodes"]) for c in names.values() for b in c["batches"]) == 20
+    assert names["canary"]["batchSizes"] == [1, 1]
+
+
+def test_policy_not_found_is_reported() -> None:
+    nw, _ = _demo_models()
+    report = plan_cmd.build_report(nw, policy=None, nodes=_demo_fleet(10, 2), now=NOW)
+    assert report.preview.policy_not_found
+    assert "not found: no node will start" in plan_cmd.render(report)
+
+
+def test_blockers_right_now_come_from_the_nodes() -> None:
+    nw = NodeWright.model_validate(
+        {
+            "metadata": {"name": "tune"},
+            "spec": {
+                "interruptionBudget": {"count": 2},
+                "packages": {"sysctl": {"version": "1.0.0", "image": "x/sysctl"}},
+            },
+        }
+    )
+    nodes = _nodes(6)
+    nodes[0]["spec"]["unschedulable"] = True  # cordoned by someone else
+    nodes[1]["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    nodes[2]["metadata"]["labels"][constants.LABEL_IGNORE] = "true"
+    nodes[3]["spec"]["taints"] = [{"key": "maintenance", "effect": "NoSchedule"}]
+    report = plan_cmd.build_report(nw, policy=None, nodes=nodes, now=NOW)
+    reasons = {b.reason: b for b in report.preview.blockers}
+    assert any(r.startswith("NodeUnavailable(cordoned by someone else") for r in reasons)
+    assert any(r.startswith("NodeUnavailable(NotReady") for r in reasons)
+    assert any("nodewright.io/ignore" in r for r in reasons)
+    assert any("maintenance" in r for r in reasons)
+    comp = report.preview.compartments[0]
+    # two of the budget's slots are held by the unavailable nodes: nothing can start at first
+    assert comp.ceiling == 2
+    assert sum(comp.sizes) == 0
+
+
+def test_rollout_node_reads_status_label_state_and_admission() -> None:
+    nw, _ = _demo_models()
+    node = _nodes(1)[0]
+    admission = Admission("zone-a", 3, 7, spec_fingerprint(nw), "2026-01-01T00:00:00Z")
+    node["metadata"]["labels"][constants.status_label(nw.metadata.name)] = "in_progress"
+    node["metadata"].setdefault("annotations", {})[admission_annotation(nw.metadata.name)] = encode_admission(
+        admission
+    )
+    rnode, error = plan_cmd.rollout_node(nw, node)
+    assert error is None
+    assert rnode.status is Status.IN_PROGRESS
+    assert rnode.needs_work
+    assert rnode.admission == admission
+    node["metadata"]["annotations"][constants.state_annotation(nw.metadata.name)] = "{not json"
+    rnode, error = plan_cmd.rollout_node(nw, node)
+    assert error is not None and rnode.needs_work
+
+
+def test_existing_admissions_continue_the_sequence() -> None:
+    nw, policy = _demo_models()
+    nodes = _demo_fleet(20, 2)
+    first = plan_cmd.build_report(nw, policy=policy, nodes=nodes, now=NOW)
+    canary = next(c for c in first.preview.compartments if c.name == "canary")
+    admitted = canary.batches[0].nodes[0]
+    for node in nodes:
+        if node["metadata"]["name"] == admitted:
+            adm = Admission("canary", 1, 0, spec_fingerprint(nw), "2026-01-01T00:00:00Z")
+            node["metadata"].setdefault("annotations", {})[admission_annotation("kernel-tuning")] = (
+                encode_admission(adm)
+            )
+            node["metadata"]["labels"][constants.status_label("kernel-tuning")] = "in_progress"
+    again = plan_cmd.build_report(nw, policy=policy, nodes=nodes, now=NOW)
+    assert again.node_statuses == {"in_progress": 1, "waiting": 19}
+    canary_again = next(c for c in again.preview.compartments if c.name == "canary")
+    assert [len(b.nodes) for b in canary_again.batches] == [1]  # the running node's batch is not re-admitted
+
+
+def test_manifest_picking(tmp_path: Path) -> None:
+    path = tmp_path / "both.yaml"
+    path.write_text(
+        (SAMPLES / "demo-policy.yaml").read_text()
+        + "\n---\n"
+        + (SAMPLES / "demo-kernel-tuning.yaml").read_text()
+    )
+    docs = plan_cmd.load_documents(path)
+    assert len(plan_cmd.pick(docs, "NodeWright")) == 1
+    assert len(plan_cmd.pick(docs, "DeploymentPolicy")) == 1
+    assert len(plan_cmd.pick([{"kind": "List", "items": docs}], "NodeWright")) == 1
+
+
+def test_demo_helpers() -> None:
+    layout = demo_cmd.fleet_layout(11, 3)
+    assert sum(count for _, count, _ in layout) == 11
+    assert sum(count for _, count, labels in layout if labels.get(demo_cmd.CANARY_LABEL)) == 3
+    rows = demo_cmd.batch_comparison({"a": [1, 2], "b": [3]}, {"a": {1: 1, 2: 2}, "b": {1: 2}})
+    assert rows == [("a", [1, 2], [1, 2], True), ("b", [3], [2], False)]
+    assert demo_cmd.sizes_text(list(range(1, 20)), limit=3) == "1,2,3,… (19)"
