@@ -52,7 +52,7 @@ bench: venv controlplane ## scale benchmark (default 1,000 nodes); writes benchm
 	$(PY) -m benchmarks.run --nodes $${NODES:-1000}
 
 .PHONY: test
-test: lint unit e2e ## everything CI runs
+test: lint unit e2e bench-smoke ## everything CI runs
 
 .PHONY: demo
 demo: venv controlplane ## simulated GPU fleet + operator + a real rollout, progress printed until complete
