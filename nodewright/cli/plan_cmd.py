@@ -41,7 +41,7 @@ from nodewright.api.models import CompartmentStatus, DeploymentPolicy, NodeWrigh
 from nodewright.api.nodestate import MalformedNodeState, NodeState, decode
 from nodewright.plan import preview as preview_mod
 from nodewright.plan import selectors, sequencing
-from nodewright.plan.node import is_disabled, is_paused, node_complete
+from nodewright.plan.node import is_disabled, is_paused
 from nodewright.plan.rollout import RolloutNode, spec_fingerprint
 
 JSON = dict[str, Any]
@@ -96,33 +96,18 @@ def rollout_node(
     Same derivation as `RolloutReconciler._rollout_node`, built from the controller's own helpers
     (imported here so that `nodewright --help` does not load the client stack).
     """
-    from nodewright.controller.context import node_admission
-    from nodewright.controller.rollout import blocked_reason, unavailable_reason
+    from nodewright.controller.rollout import rollout_node as controller_view
 
-    name = nw.metadata.name
-    state, error = node_state(node, name)
-    needs_work = state is None or not node_complete(nw, state)
-    if state is None and not nw.spec.packages:
-        needs_work = False
-    status = node_status(node, name) or (Status.WAITING if needs_work else Status.COMPLETE)
-    if not needs_work and status is Status.IN_PROGRESS:
-        status = Status.COMPLETE
-    return (
-        RolloutNode(
-            name=str(node["metadata"]["name"]),
-            labels=_labels(node),
-            creation_timestamp=(node.get("metadata") or {}).get("creationTimestamp"),
-            status=status,
-            needs_work=needs_work,
-            admission=node_admission(node, name),
-            unavailable_reason=unavailable_reason(
-                node, own=state, all_nodewrights=list(all_nodewrights) or [name]
-            ),
-            blocked_reason=blocked_reason(nw, node, runtime_taint_key=runtime_taint_key),
-            waiting_for_priority=waiting_for_priority,
-        ),
-        error,
+    state, error = node_state(node, nw.metadata.name)
+    view = controller_view(
+        nw,
+        dict(node),
+        state=state,
+        runtime_taint_key=runtime_taint_key,
+        all_nodewrights=all_nodewrights,
+        waiting_for_priority=waiting_for_priority,
     )
+    return view, error
 
 
 def priority_facts(

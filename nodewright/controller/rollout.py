@@ -147,6 +147,43 @@ def _merge_patch(old: Any, new: Any) -> Any:
     return None if old == new else new
 
 
+def rollout_node(
+    nodewright: NodeWright,
+    node: JSON,
+    *,
+    state: NodeState | None,
+    runtime_taint_key: str,
+    all_nodewrights: Sequence[str],
+    waiting_for_priority: str | None = None,
+) -> RolloutNode:
+    """A matched node as the rollout planner sees it (shared with `nodewright plan`).
+
+    `needs_work` comes from the state annotation (the node controller's record), not from the status
+    label, because right after a spec change the label still says `complete` until the node controller
+    has looked again; the status label is used for what the node is doing.
+    """
+    name = nodewright.metadata.name
+    needs_work = state is None or not node_complete(nodewright, state)
+    if state is None and not nodewright.spec.packages:
+        needs_work = False
+    status = _status_of(node, name) or (Status.WAITING if needs_work else Status.COMPLETE)
+    if not needs_work and status is Status.IN_PROGRESS:
+        status = Status.COMPLETE
+    return RolloutNode(
+        name=str(node["metadata"]["name"]),
+        labels=node_labels(node),
+        creation_timestamp=(node.get("metadata") or {}).get("creationTimestamp"),
+        status=status,
+        needs_work=needs_work,
+        admission=node_admission(node, name),
+        unavailable_reason=unavailable_reason(
+            node, own=state, all_nodewrights=list(all_nodewrights) or [name]
+        ),
+        blocked_reason=blocked_reason(nodewright, node, runtime_taint_key=runtime_taint_key),
+        waiting_for_priority=waiting_for_priority,
+    )
+
+
 class RolloutReconciler:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
@@ -302,27 +339,16 @@ class RolloutReconciler:
         facts: Sequence[sequencing.NodeWrightFacts],
         all_names: Sequence[str],
     ) -> RolloutNode:
-        name = nodewright.metadata.name
-        node = view.node
-        node_name = str(node["metadata"]["name"])
-        needs_work = view.state is None or not node_complete(nodewright, view.state)
-        if view.state is None and not nodewright.spec.packages:
-            needs_work = False
-        status = view.status or (Status.WAITING if needs_work else Status.COMPLETE)
-        if not needs_work and status is Status.IN_PROGRESS:
-            status = Status.COMPLETE
-        blocker = sequencing.blocking(facts, target=name, node=node_name) if facts else None
-        return RolloutNode(
-            name=node_name,
-            labels=node_labels(node),
-            creation_timestamp=(node.get("metadata") or {}).get("creationTimestamp"),
-            status=status,
-            needs_work=needs_work,
-            admission=node_admission(node, name),
-            unavailable_reason=unavailable_reason(node, own=view.state, all_nodewrights=all_names),
-            blocked_reason=blocked_reason(
-                nodewright, node, runtime_taint_key=self.rt.options.runtime_required_taint_key
-            ),
+        node_name = str(view.node["metadata"]["name"])
+        blocker = (
+            sequencing.blocking(facts, target=nodewright.metadata.name, node=node_name) if facts else None
+        )
+        return rollout_node(
+            nodewright,
+            view.node,
+            state=view.state,
+            runtime_taint_key=self.rt.options.runtime_required_taint_key,
+            all_nodewrights=all_names,
             waiting_for_priority=blocker.name if blocker is not None else None,
         )
 
