@@ -17,7 +17,13 @@ from nodewright.api.validation import (
 )
 from tests.api_corpus import convert_reference, invalid_cases, normalize_path, sample_documents
 
-EXISTING_POLICIES = {"gpu-zones", "ref-rollout"}
+# Policies defined by the samples themselves (a sample NodeWright may reference one of them).
+EXISTING_POLICIES = {
+    doc["metadata"]["name"]
+    for reference in (False, True)
+    for _, doc in sample_documents(reference=reference)
+    if doc.get("kind") == "DeploymentPolicy"
+}
 
 
 def _validate(doc: dict[str, Any]) -> ValidationResult:

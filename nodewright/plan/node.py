@@ -45,10 +45,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
-from nodewright.api import constants
+from nodewright.api import constants, semver
 from nodewright.api.models import Interrupt, InterruptType, NodeWright, Package, Status
 from nodewright.api.nodestate import NodeState, PackageEntry, PackageStage, PackageState
-from nodewright.plan import podspec, semver
+from nodewright.plan import podspec
 from nodewright.plan.configdiff import config_hashes, diff
 from nodewright.plan.dag import Graph
 from nodewright.plan.drain import DrainSelection

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodewright.plan.semver import InvalidVersion, Version, compare, is_valid, parse
+from nodewright.api.semver import InvalidVersion, Version, compare, is_valid, parse
 
 # semver.org §11: 1.0.0-alpha < 1.0.0-alpha.1 < 1.0.0-alpha.beta < 1.0.0-beta < 1.0.0-beta.2
 #                 < 1.0.0-beta.11 < 1.0.0-rc.1 < 1.0.0
