@@ -89,4 +89,5 @@ def effective_image(image: str, version: str, container_sha: str | None = None) 
         return f"{ref.repository}@{container_sha}"
     if ref.digest or ref.tag:
         return str(ref)
-    return f"{ref.repository}:{version}"
+    # '+' (semver build metadata) is not allowed in an image tag; `_` is the usual stand-in.
+    return f"{ref.repository}:{version.replace('+', '_')}"

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from nodewright.api import constants
+from nodewright.api.images import effective_image
 from nodewright.api.models import Interrupt, NodeWright, Package
 from nodewright.api.nodestate import PackageStage
 from nodewright.plan import interrupts as interrupts_mod
@@ -125,23 +126,8 @@ def pod_name(
 
 
 def image_reference(image: str, version: str, container_sha: str | None = None) -> str:
-    """`image:version` unless `image` has a tag or digest; `repo@sha256:...` when containerSHA is set.
-
-    A tag is a ':' in the LAST path component, so `registry:5000/x` is a repository with a port.
-    """
-    slash = image.rfind("/")
-    last = image[slash + 1 :]
-    repo = image
-    has_digest = "@" in image
-    has_tag = not has_digest and ":" in last
-    if has_tag:
-        repo = image[: slash + 1] + last.split(":", 1)[0]
-    if container_sha:
-        return f"{repo.split('@', 1)[0]}@{container_sha}"
-    if has_digest or has_tag:
-        return image
-    # '+' (semver build metadata) is not allowed in an image tag.
-    return f"{image}:{version.replace('+', '_')}"
+    """The image a package pod pulls (rules in `nodewright.api.images`)."""
+    return effective_image(image, version, container_sha)
 
 
 # ----------------------------------------------------------------------------------------------------
