@@ -11,40 +11,26 @@ is not recorded as uninstalled. Decoding is injectable so the node-state codec c
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from nodewright.api import constants
+from nodewright.api import constants, nodestate
 from nodewright.webhook.server import LookupError_
 
 REQUEST_TIMEOUT_S = 5.0
 
 
 def packages_in_state(annotation: str) -> set[str]:
-    """Names of the packages recorded in a node-state annotation (not those recorded as uninstalled)."""
+    """Names of the packages with an entry in a node-state annotation (an entry = files on the host).
+
+    Uses the operator's own codec. A state that cannot be parsed is a lookup failure: the caller fails
+    closed (it cannot prove the package is gone, so an uninstall-protected change is refused).
+    """
     try:
-        data = json.loads(annotation)
-    except json.JSONDecodeError:
-        return set()
-    found: set[str] = set()
-
-    def walk(node: Any, key: str | None) -> None:
-        if isinstance(node, dict):
-            name = node.get("name")
-            state = str(node.get("state", "")) + str(node.get("stage", ""))
-            if isinstance(name, str) and "uninstalled" not in state:
-                found.add(name)
-            elif key and "|" in key and "uninstalled" not in state:
-                found.add(key.split("|", 1)[0])
-            for k, v in node.items():
-                walk(v, str(k))
-        elif isinstance(node, list):
-            for v in node:
-                walk(v, None)
-
-    walk(data, None)
-    return found
+        state = nodestate.decode(annotation)
+    except nodestate.MalformedNodeState as exc:
+        raise LookupError_(f"node state cannot be parsed: {exc}") from exc
+    return {entry.name for entry in state.packages}
 
 
 class KubeFacts:
