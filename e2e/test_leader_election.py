@@ -23,16 +23,6 @@ from nodewright.sim.controlplane import ControlPlane, free_port
 LEASE_DURATION = 15.0
 RETRY_PERIOD = 2.0
 
-# Until `nodewright.cli.commands` lists the operator module, run the command module directly.
-_LAUNCH = (
-    "import argparse, sys\n"
-    "from nodewright.cli import operator_cmd\n"
-    "parser = argparse.ArgumentParser(prog='nodewright')\n"
-    "operator_cmd.register(parser.add_subparsers())\n"
-    "args = parser.parse_args(sys.argv[1:])\n"
-    "sys.exit(args.func(args))\n"
-)
-
 
 @dataclass
 class Operator:
@@ -75,7 +65,7 @@ def _launch(cluster: ControlPlane, lease: str, log: Path) -> Operator:
     ]
     out = log.open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-c", _LAUNCH, *args],
+        [sys.executable, "-m", "nodewright", *args],
         stdout=out,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -1,19 +1,20 @@
 """`nodewright operator`: run the controller manager (kubeconfig or in-cluster).
 
-The wiring of informers and controllers is in `wire()`: that is where reconcilers slot in. Until the
-real reconcilers land, one controller logs each NodeWright key it sees, which exercises caches,
-queue, workers and leader election end to end.
+The wiring of informers and controllers is in `nodewright.controller.operator`; this module parses
+flags, sets up logging, metrics (`--metrics-bind-address`), tracing (OTLP when
+`OTEL_EXPORTER_OTLP_ENDPOINT` is set) and the pod-signing key, then runs the Manager until SIGTERM or
+loss of leadership.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
-from typing import Any
 
-from nodewright.api import constants
+from nodewright.controller.context import OperatorOptions
+
+_DEFAULTS = OperatorOptions()
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,71 +40,57 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--workers", type=int, default=4, help="workers per controller")
     parser.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish in-flight work")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", default="auto", choices=["auto", "json", "console"])
+    parser.add_argument("--agent-image", default=_DEFAULTS.agent_image, help="image of the stage agent")
+    parser.add_argument("--pause-image", default=_DEFAULTS.pause_image, help="main container image")
+    parser.add_argument(
+        "--runtime-required-taint",
+        default=_DEFAULTS.runtime_required_taint,
+        help="taint (key[=value]:Effect) kept on nodes until runtime-required NodeWrights complete",
+    )
+    parser.add_argument("--copy-dir-root", default=_DEFAULTS.copy_dir_root)
+    parser.add_argument("--log-root", default=_DEFAULTS.log_root)
+    parser.add_argument(
+        "--reboot-timeout",
+        type=float,
+        default=_DEFAULTS.reboot_timeout,
+        help="seconds a node may take to come back from a reboot before it is reported erroring",
+    )
+    parser.add_argument(
+        "--reapply-on-reboot",
+        action="store_true",
+        help="re-run every package after a reboot (immutable OS images)",
+    )
+    parser.add_argument("--resync-seconds", type=float, default=_DEFAULTS.resync_seconds)
     parser.set_defaults(func=run)
 
 
-def configure_logging(level: str) -> None:
-    import structlog
-
-    numeric = logging.getLevelName(level.upper())
-    renderer: Any = (
-        structlog.dev.ConsoleRenderer() if sys.stderr.isatty() else structlog.processors.JSONRenderer()
-    )
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.format_exc_info,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
-    )
-
-
 def run(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level)
+    from nodewright.controller.context import parse_taint
+    from nodewright.observability.logging import configure_logging
+
+    fmt = {"auto": None, "json": True, "console": False}[args.log_format]
+    configure_logging(args.log_level, json=fmt)
+    try:
+        parse_taint(args.runtime_required_taint)
+    except ValueError as exc:
+        print(f"nodewright operator: --runtime-required-taint: {exc}", file=sys.stderr)
+        return 2
     return asyncio.run(_main(args))
-
-
-def wire(manager: Any, *, namespace: str, workers: int = 1) -> None:
-    """Informers and controllers of the operator (reconcilers plug in here)."""
-    import structlog
-
-    from nodewright.kube.resources import DEPLOYMENTPOLICIES, NODES, NODEWRIGHTS, PODS
-    from nodewright.kube.trim import trim_node, trim_pod
-    from nodewright.kube.workqueue import Result
-
-    log = structlog.get_logger("nodewright.operator")
-    nodewrights = manager.informer(NODEWRIGHTS)
-    manager.informer(DEPLOYMENTPOLICIES)
-    manager.informer(NODES, transform=trim_node)
-    pods = manager.informer(
-        PODS,
-        namespace=namespace,
-        label_selector=f"{constants.POD_OWNER_LABEL}={constants.POD_OWNER_VALUE}",
-        transform=trim_pod,
-    )
-    pods.add_index("node", lambda pod: [pod["spec"].get("nodeName") or ""])
-
-    async def reconcile(key: str) -> Result | None:
-        obj = nodewrights.get(key)
-        generation = (obj or {}).get("metadata", {}).get("generation")
-        log.info("reconcile", exists=obj is not None, generation=generation)
-        return None
-
-    controller = manager.controller("nodewright", reconcile, workers=workers)
-    controller.watch(nodewrights)
 
 
 async def _main(args: argparse.Namespace) -> int:
     import structlog
 
+    from nodewright.controller.context import PodSigner
     from nodewright.controller.manager import LeaderElectionConfig, Manager
+    from nodewright.controller.operator import Operator, load_signing_key
     from nodewright.kube.client import KubeClient
     from nodewright.kube.config import ConfigError, load_config
+    from nodewright.observability.loop_lag import EventLoopLagMonitor
+    from nodewright.observability.metrics import OperatorMetrics
+    from nodewright.observability.server import parse_bind_address, start_metrics_server
+    from nodewright.observability.tracing import RolloutTracer
 
     log = structlog.get_logger("nodewright.operator")
     try:
@@ -111,7 +98,6 @@ async def _main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         log.error("cannot load cluster configuration", error=str(exc))
         return 2
-    client = KubeClient(config, qps=args.qps, burst=args.burst)
     election = (
         LeaderElectionConfig(
             namespace=args.namespace,
@@ -123,18 +109,58 @@ async def _main(args: argparse.Namespace) -> int:
         if args.leader_elect
         else None
     )
+    identity = election.identity if election else "nodewright-operator"
+    metrics = OperatorMetrics(service_instance=identity)
+    tracer = RolloutTracer.from_environment(service_instance=identity)
+    client = KubeClient(config, qps=args.qps, burst=args.burst, metrics=metrics.requests)
+    options = OperatorOptions(
+        namespace=args.namespace,
+        agent_image=args.agent_image,
+        pause_image=args.pause_image,
+        runtime_required_taint=args.runtime_required_taint,
+        copy_dir_root=args.copy_dir_root,
+        log_root=args.log_root,
+        reboot_timeout=args.reboot_timeout,
+        reapply_on_reboot=args.reapply_on_reboot,
+        resync_seconds=args.resync_seconds,
+    )
     manager = Manager(
         client,
         leader_election=election,
         health_bind_address=args.health_probe_bind_address,
         drain_timeout=args.drain_timeout,
+        watch_metrics=metrics.watches,
+        workqueue_metrics=metrics.workqueues,
+        leader_metrics=metrics.leader,
     )
-    wire(manager, namespace=args.namespace, workers=args.workers)
-    log.info(
-        "starting operator",
-        server=config.server,
-        namespace=args.namespace,
-        leader_elect=args.leader_elect,
-        identity=election.identity if election else None,
-    )
-    return await manager.run()
+    metrics_runner = None
+    bind = parse_bind_address(args.metrics_bind_address)
+    if bind is not None:
+        metrics_runner = await start_metrics_server(metrics, *bind)
+    lag = EventLoopLagMonitor(metrics, interval=0.5)
+    lag.start()
+    try:
+        key = await load_signing_key(client, args.namespace)
+        Operator(
+            manager,
+            options=options,
+            metrics=metrics,
+            tracer=tracer,
+            signer=PodSigner(key),
+            workers=args.workers,
+            instance=identity,
+        )
+        log.info(
+            "starting operator",
+            server=config.server,
+            namespace=args.namespace,
+            leader_elect=args.leader_elect,
+            identity=identity,
+        )
+        return await manager.run()
+    finally:
+        await lag.stop()
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
+        await tracer.aclose()
+        await asyncio.to_thread(metrics.shutdown)

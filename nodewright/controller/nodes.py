@@ -1,0 +1,799 @@
+"""The node controller: actuates the per-node plan of one NodeWright on one node (key `<nw>/<node>`).
+
+Each reconcile reads the caches (NodeWright, the node through the read-your-writes overlay, this
+NodeWright's package pods on the node), plans with `plan.node.plan_node`, and turns the plan into API
+writes in a crash-safe order:
+
+1. **One metadata merge patch** carrying the new state annotation `nodewright.io/state.<nw>`, the status
+   label `nodewright.io/status.<nw>`, the controller's timing annotation (see `controller.drainer`)
+   and, when the plan cordons or uncordons, `spec.unschedulable` — all or nothing, BEFORE any action.
+   A crash after it re-plans from the written state and repeats the (idempotent) actions; a crash
+   before it repeats everything. The patch is made only when something differs.
+2. **The node condition** `nodewright.io/<nw>` via a strategic merge patch on `nodes/status` (merges
+   by `type`, so the kubelet's conditions are untouched), only when status/reason/message changed.
+3. **Actions** in the plan's order: evictions (PDB refusals are reported in the next plan and retried
+   after a few seconds), pod deletions, pod creations (ConfigMap first; every pod signed; a pod name is
+   deterministic, so `409 AlreadyExists` means "already done"), Events.
+
+Rules of trust and ownership:
+
+- The admission annotation `nodewright.io/batch.<nw>` is written by the rollout controller only. It is
+  read here and handed to the planner only when its fingerprint equals the current spec fingerprint; it
+  is never persisted inside the state annotation.
+- A package pod counts only if it carries our NodeWright label, is controller-owned by this
+  NodeWright's uid, and its HMAC signature verifies. A forged pod is logged and reported (one Warning
+  Event per pod) and otherwise ignored: it never changes a node's state.
+- A state annotation that does not decode is never overwritten: the node is left alone and a Warning
+  Event names the problem (the rollout controller reports `NodeStateMalformed` from the same text). Once
+  someone fixes or removes the annotation, the next reconcile continues from it.
+- The node is uncordoned only when the stored state says this NodeWright cordoned it.
+
+Edge cases:
+
+- NodeWright being deleted: the plan uses `effective_nodewright` (uninstall of `uninstall.enabled`
+  packages) restricted to what this node actually has to do — uninstalls, and runs already in flight;
+  nothing new is installed or upgraded on the way out. When that is settled (no pods, nothing active),
+  the node is cleaned: status label, condition and timing annotation removed, uncordoned if we cordoned
+  it; the state annotation is kept if entries remain (files of those packages remain on the host, D2)
+  and removed otherwise. The rollout controller releases the finalizer once no node carries the
+  status label.
+- Node no longer selected: nothing new starts and nothing is deleted; once no package pod of the
+  NodeWright runs there, the node is uncordoned (if we cordoned it) and the status label, condition
+  and timing annotation are removed. The state annotation is kept: it records what is on the host, and
+  if the node is selected again the machine continues from it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Final
+
+import structlog
+
+from nodewright.api import constants
+from nodewright.api.models import NodeWright, Status
+from nodewright.api.nodestate import Admission as StateAdmission
+from nodewright.api.nodestate import MalformedNodeState, NodeState, PackageState, encode
+from nodewright.controller.configmaps import PackageConfigMaps
+from nodewright.controller.context import (
+    Runtime,
+    effective_nodewright,
+    matches_nodewright,
+    node_admission,
+    node_annotations,
+    node_labels,
+    node_state,
+    split_node_key,
+)
+from nodewright.controller.drainer import Drainer, Timing, read_timing, timing_annotation, update_timing
+from nodewright.controller.pods import PodLogs, summarize_with_logs
+from nodewright.kube.client import PatchType
+from nodewright.kube.resources import JSON, NODES, Conflict, NotFound
+from nodewright.kube.trim import node_ready
+from nodewright.kube.workqueue import Result
+from nodewright.observability import events as catalogue
+from nodewright.observability.tracing import NodeRollout
+from nodewright.plan import drain as drain_mod
+from nodewright.plan import podspec, sequencing
+from nodewright.plan.node import (
+    Cordon,
+    CreatePod,
+    DeletePod,
+    Drain,
+    DrainFacts,
+    Event,
+    NodeCondition,
+    NodeFacts,
+    NodeInput,
+    NodePlan,
+    PlanOptions,
+    RequeueAfter,
+    Taint,
+    Uncordon,
+    is_disabled,
+    is_paused,
+    plan_node,
+)
+from nodewright.plan.rollout import spec_fingerprint
+from nodewright.plan.stages import ACTIVE_STATES, INTERRUPT_STAGES, PodSummary, parse_ts, ts
+
+log = structlog.get_logger("nodewright.controller.nodes")
+
+DRAIN_POLL: Final = 2.0  # evictions accepted: look again soon, the pods are terminating
+DRAIN_BLOCKED_POLL: Final = 7.0  # a PDB refused: its budget frees up when another pod is Ready again
+SEQUENCING_FACTS_TTL: Final = 1.0  # seconds; the facts are O(nodes x NodeWrights) to build
+MAX_PASSES: Final = 3  # plan again at once after our own cordon instead of waiting for a requeue
+CONDITION_MESSAGE_LIMIT: Final = 1024
+
+# Plan event reasons → the observability catalogue's reasons (kubectl get events --field-selector).
+_EVENT_REASONS: Final[Mapping[str, str]] = {
+    "PackageComplete": catalogue.Reason.PACKAGE_COMPLETED.value,
+    "PackageRetry": catalogue.Reason.PACKAGE_FAILED.value,
+    "Cordon": catalogue.Reason.NODE_CORDONED.value,
+    "Uncordon": catalogue.Reason.NODE_UNCORDONED.value,
+    "Interrupt": catalogue.Reason.INTERRUPT_STARTED.value,
+}
+# Package-level news that also goes on the NodeWright (a rollout's history in `kubectl describe nw`).
+_NODEWRIGHT_EVENTS: Final = frozenset({"PackageStarted", "PackageComplete", "PackageFailed"})
+
+
+@dataclass
+class _SequencingCache:
+    built_at: float = -1e9
+    facts: tuple[sequencing.NodeWrightFacts, ...] = ()
+
+
+class NodeReconciler:
+    """Reconciles `<nw>/<node>` keys; see the module docstring."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.drainer = Drainer(rt.client)
+        self.configmaps = PackageConfigMaps(rt.client, namespace=rt.options.namespace)
+        self.logs = PodLogs(rt.client)
+        opts = rt.options
+        self.pod_options = podspec.PodOptions(
+            namespace=opts.namespace,
+            agent_image=opts.agent_image,
+            pause_image=opts.pause_image,
+            copy_dir_root=opts.copy_dir_root,
+            log_root=opts.log_root,
+            runtime_required_taint_key=opts.runtime_required_taint_key,
+        )
+        self.plan_options = PlanOptions(
+            pod=self.pod_options,
+            reboot_timeout=opts.reboot_timeout,
+            reapply_on_reboot=opts.reapply_on_reboot,
+        )
+        self._sequencing = _SequencingCache()
+        self._warned: set[tuple[str, str]] = set()  # (key or pod uid, problem) already reported
+        self._pending_warnings: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------------------------------------
+    # Entry point
+
+    async def reconcile(self, key: str) -> Result | None:
+        nw_name, node_name = split_node_key(key)
+        if not nw_name or not node_name:
+            log.warning("malformed node key", key=key)
+            return None
+        requeue: float | None = None
+        for _ in range(MAX_PASSES):
+            outcome = await self._pass(key, nw_name, node_name)
+            if outcome is None:
+                return None
+            again, after = outcome
+            if after is not None:
+                requeue = after if requeue is None else min(requeue, after)
+            if not again:
+                break
+            requeue = None  # the next pass decides afresh
+        return Result(requeue_after=requeue) if requeue is not None else None
+
+    async def _pass(self, key: str, nw_name: str, node_name: str) -> tuple[bool, float | None] | None:
+        """One plan-and-actuate pass: (plan again now?, requeue after), or None when done for good."""
+        rt = self.rt
+        raw, model, error = rt.nodewright(nw_name)
+        if raw is None or model is None:
+            # Gone (finalizer released: nodes already cleaned) or invalid (the rollout controller reports
+            # the validation error on the object): leave nodes alone.
+            if error:
+                log.debug("nodewright invalid, node left alone", nodewright=nw_name, error=error)
+            self.drainer.forget(key)
+            return None
+        node = rt.node(node_name)
+        if node is None:
+            self.drainer.forget(key)
+            return None
+        annotations = node_annotations(node)
+        try:
+            stored = node_state(node, nw_name)
+        except MalformedNodeState as exc:
+            await self._warn_once(
+                key,
+                f"malformed:{annotations.get(constants.state_annotation(nw_name), '')}",
+                kind="Node",
+                name=node_name,
+                uid=node["metadata"].get("uid"),
+                reason=catalogue.Reason.STATE_MALFORMED.value,
+                message=f"[{nw_name}] state annotation left untouched: {exc}",
+            )
+            return None
+        deleting = bool(model.metadata.deletion_timestamp)
+        effective = effective_nodewright(model)
+        pods_raw = self._package_pods(node_name, model)
+        if not deleting and not matches_nodewright(model, node):
+            return await self._unselected(key, nw_name, node, stored, pods_raw)
+        if deleting:
+            plan_nw = _deletion_spec(effective, stored or NodeState())
+        else:
+            plan_nw = effective
+        summaries = await self._summaries(pods_raw, plan_nw, stored)
+        admission = self._admission(node, nw_name, effective)
+        state_in = replace(stored or NodeState(), admission=admission)
+        now = rt.clock()
+        timing = read_timing(annotations, nw_name)
+        inp = NodeInput(
+            nodewright=plan_nw,
+            node=node_facts(node),
+            state=state_in,
+            pods=tuple(summaries),
+            now=now,
+            sequencing_blocker=self._sequencing_blocker(nw_name, node_name),
+            options=self.plan_options,
+        )
+        plan = plan_node(inp)
+        selection: drain_mod.DrainSelection | None = None
+        if plan.needs_drain_facts:
+            workload = await self.drainer.node_pods(node_name)
+            protect = model.spec.pod_non_interrupt_labels
+            selection = drain_mod.select(workload, protect=protect)
+            facts = DrainFacts(
+                selection=selection,
+                protected_since=timing.protected_since,
+                draining_since=timing.draining_since,
+                eviction_blocked=self.drainer.eviction_blocked(key),
+            )
+            plan = plan_node(replace(inp, drain=facts))
+        cordon = any(isinstance(a, Cordon) for a in plan.actions)
+        uncordon = any(isinstance(a, Uncordon) for a in plan.actions) and bool(stored and stored.cordoned)
+        drains = [a for a in plan.actions if isinstance(a, Drain)]
+        new_timing = update_timing(
+            timing,
+            now=now,
+            cordoning=cordon,
+            uncordoning=uncordon,
+            protected=None if selection is None else bool(selection.protected),
+            evicting=bool(drains),
+            drained=None if selection is None else selection.drained,
+        )
+        if plan.status == Status.COMPLETE:
+            new_timing = Timing()  # the maintenance window is over
+        if deleting and self._settled(plan, summaries):
+            # Nothing left to do for a leaving NodeWright: release the node instead of writing status
+            # (a status written now would hold the finalizer forever).
+            await self._cleanup(node, nw_name, plan.state, cordoned=bool(stored and stored.cordoned))
+            self.drainer.forget(key)
+            return None
+        previous_status = node_labels(node).get(constants.status_label(nw_name))
+        node = await self._write(node, nw_name, stored, plan, cordon, uncordon, timing, new_timing)
+        if node is None:
+            self.drainer.forget(key)
+            return None
+        await self._write_condition(node, plan.condition, now)
+        self._observe(
+            model, node_name, stored, plan, state_in.admission, timing, uncordon, now, previous_status
+        )
+        requeue = await self._execute(key, model, plan_nw, node, plan, now)
+        # After our own cordon the overlay already shows the node unschedulable: go on right away.
+        return cordon, requeue
+
+    # ------------------------------------------------------------------------------------------------
+    # Inputs
+
+    def _package_pods(self, node_name: str, nw: NodeWright) -> list[JSON]:
+        """Trusted package pods of this NodeWright on the node (label, owner uid, signature)."""
+        out: list[JSON] = []
+        uid = nw.metadata.uid or ""
+        for pod in self.rt.pods.by_index("node", node_name):
+            meta = pod.get("metadata") or {}
+            if (meta.get("labels") or {}).get(constants.POD_LABEL_NODEWRIGHT) != nw.metadata.name:
+                continue
+            owners = [o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")]
+            if uid not in owners:
+                continue  # a pod of an earlier NodeWright with the same name: the GC removes it
+            if not self.rt.signer.verify(pod):
+                self._forged(pod)
+                continue
+            out.append(pod)
+        return out
+
+    def _forged(self, pod: JSON) -> None:
+        meta = pod.get("metadata") or {}
+        ref = f"{meta.get('namespace')}/{meta.get('name')}"
+        marker = (str(meta.get("uid") or ref), "forged")
+        if marker in self._warned:
+            return
+        self._warned.add(marker)
+        log.warning("ignoring package pod with an invalid signature", pod=ref)
+        # Recorded (awaited) by `_flush_warnings` once the pod scan is done.
+        self._pending_warnings.append(
+            {
+                "kind": "Node",
+                "name": str((pod.get("spec") or {}).get("nodeName") or ""),
+                "uid": None,
+                "reason": "UntrustedPackagePod",
+                "message": f"pod {ref} looks like a package pod but its signature does not verify;"
+                " it is ignored",
+            }
+        )
+
+    async def _flush_warnings(self) -> None:
+        pending, self._pending_warnings = self._pending_warnings, []
+        for w in pending:
+            await self.rt.events.record(event_type="Warning", **w)
+
+    async def _summaries(
+        self, pods: Sequence[JSON], nw: NodeWright, state: NodeState | None
+    ) -> list[PodSummary]:
+        version_of: dict[tuple[str, str], str] = {}
+        for name, pkg in nw.spec.packages.items():
+            version_of[(name, podspec.label_value(pkg.version))] = pkg.version
+        for entry in (state or NodeState()).packages:
+            version_of.setdefault((entry.name, podspec.label_value(entry.version)), entry.version)
+        out: list[PodSummary] = []
+        for pod in pods:
+            summary = await summarize_with_logs(pod, version_of=version_of, logs=self.logs)
+            if summary is not None:
+                out.append(summary)
+        await self._flush_warnings()
+        return out
+
+    def _admission(self, node: JSON, nw_name: str, effective: NodeWright) -> StateAdmission | None:
+        admission = node_admission(node, nw_name)
+        if admission is None or admission.fingerprint != spec_fingerprint(effective):
+            return None
+        return StateAdmission(
+            compartment=admission.compartment, batch=admission.batch, order=admission.order, at=admission.at
+        )
+
+    def _sequencing_blocker(self, nw_name: str, node_name: str) -> str | None:
+        facts = self._sequencing_facts()
+        if nw_name not in {f.name for f in facts}:
+            return None
+        blocker = sequencing.blocking(facts, target=nw_name, node=node_name)
+        return blocker.reason if blocker else None
+
+    def _sequencing_facts(self) -> tuple[sequencing.NodeWrightFacts, ...]:
+        now = time.monotonic()
+        cache = self._sequencing
+        if now - cache.built_at < SEQUENCING_FACTS_TTL:
+            return cache.facts
+        nodes = self.rt.nodes.objects()
+        facts: list[sequencing.NodeWrightFacts] = []
+        for obj in self.rt.nodewrights.objects():
+            model, _ = self.rt.models.nodewright(obj)
+            if model is None or model.metadata.deletion_timestamp:
+                continue  # invalid or leaving: it no longer orders anything
+            label = constants.status_label(model.metadata.name)
+            targets = frozenset(str(n["metadata"]["name"]) for n in nodes if matches_nodewright(model, n))
+            complete = frozenset(
+                str(n["metadata"]["name"])
+                for n in nodes
+                if node_labels(n).get(label) == Status.COMPLETE.value
+            )
+            facts.append(
+                sequencing.NodeWrightFacts(
+                    name=model.metadata.name,
+                    priority=model.spec.priority,
+                    sequencing=model.spec.sequencing,
+                    disabled=is_disabled(model),
+                    paused=is_paused(model),
+                    targets=targets,
+                    complete_on=complete & targets,
+                )
+            )
+        cache.facts, cache.built_at = tuple(facts), now
+        return cache.facts
+
+    # ------------------------------------------------------------------------------------------------
+    # Writes
+
+    async def _write(
+        self,
+        node: JSON,
+        nw_name: str,
+        stored: NodeState | None,
+        plan: NodePlan,
+        cordon: bool,
+        uncordon: bool,
+        timing: Timing,
+        new_timing: Timing,
+    ) -> JSON | None:
+        """The single metadata patch (state, status label, timing, cordon). Returns the newest node."""
+        name = str(node["metadata"]["name"])
+        new_state = replace(plan.state, admission=None)
+        old_state = replace(stored, admission=None) if stored is not None else NodeState()
+        labels: dict[str, str | None] = {}
+        annotations: dict[str, str | None] = {}
+        status_key = constants.status_label(nw_name)
+        if node_labels(node).get(status_key) != plan.status.value:
+            labels[status_key] = plan.status.value
+        if new_state != old_state:
+            annotations[constants.state_annotation(nw_name)] = encode(new_state)
+        if new_timing != timing:
+            annotations[timing_annotation(nw_name)] = new_timing.encode()
+        unschedulable: bool | None = None
+        if cordon and not node.get("spec", {}).get("unschedulable"):
+            unschedulable = True
+        elif uncordon:
+            unschedulable = False
+        if not labels and not annotations and unschedulable is None:
+            return node
+        try:
+            updated = await self.rt.client.patch_node_metadata(
+                name, labels=labels or None, annotations=annotations or None, unschedulable=unschedulable
+            )
+        except NotFound:
+            return None
+        self.rt.node_view.record(updated)
+        if status_key in labels:
+            self.rt.enqueue_rollout(nw_name)
+        return self.rt.node(name) or updated
+
+    async def _write_condition(self, node: JSON, condition: NodeCondition, now: datetime) -> None:
+        message = condition.message[:CONDITION_MESSAGE_LIMIT]
+        current = _condition_of(node, condition.type)
+        if (
+            current is not None
+            and current.get("status") == condition.status
+            and current.get("reason") == condition.reason
+            and current.get("message") == message
+        ):
+            return
+        transition = (
+            current.get("lastTransitionTime")
+            if current is not None and current.get("status") == condition.status
+            else None
+        ) or ts(now)
+        body = {
+            "type": condition.type,
+            "status": condition.status,
+            "reason": condition.reason,
+            "message": message,
+            "lastTransitionTime": transition,
+            "lastHeartbeatTime": ts(now),
+        }
+        try:
+            updated = await self.rt.client.patch_node_conditions(str(node["metadata"]["name"]), [body])
+        except NotFound:
+            return
+        self.rt.node_view.record(updated)
+
+    # ------------------------------------------------------------------------------------------------
+    # Actions
+
+    async def _execute(
+        self, key: str, model: NodeWright, plan_nw: NodeWright, node: JSON, plan: NodePlan, now: datetime
+    ) -> float | None:
+        rt = self.rt
+        node_name = str(node["metadata"]["name"])
+        node_uid = node["metadata"].get("uid")
+        requeue: list[float] = []
+        for action in plan.actions:
+            if isinstance(action, Drain):
+                report = await self.drainer.evict(key, action.pods, force=action.force)
+                if report.evicted:
+                    spec = catalogue.node_draining(model.metadata.name, len(report.evicted))
+                    await rt.events.record(
+                        kind="Node",
+                        name=node_name,
+                        uid=node_uid,
+                        reason=spec.reason.value,
+                        message=spec.message,
+                    )
+                if report.any_blocked:
+                    spec = catalogue.node_drain_blocked(model.metadata.name, "; ".join(report.blocked[:3]))
+                    await rt.events.record(
+                        kind="Node",
+                        name=node_name,
+                        uid=node_uid,
+                        reason=spec.reason.value,
+                        message=spec.message,
+                        event_type="Warning",
+                    )
+                    requeue.append(DRAIN_BLOCKED_POLL)
+                else:
+                    requeue.append(DRAIN_POLL)
+            elif isinstance(action, DeletePod):
+                await self._delete_pod(node_name, action)
+            elif isinstance(action, CreatePod):
+                await self._create_pod(plan_nw, node_name, action)
+            elif isinstance(action, Event):
+                await self._event(model, node_name, node_uid, action)
+            elif isinstance(action, RequeueAfter):
+                requeue.append(action.seconds)
+        return min(requeue) if requeue else None
+
+    async def _delete_pod(self, node_name: str, action: DeletePod) -> None:
+        cached = self.rt.pods.get(f"{self.rt.options.namespace}/{action.name}")
+        if cached is not None and (cached.get("metadata") or {}).get("deletionTimestamp"):
+            return  # already terminating
+        uid = (cached or {}).get("metadata", {}).get("uid")
+        gone = await self.rt.client.delete_pod(self.rt.options.namespace, action.name, uid=uid)
+        log.info("package pod deleted", pod=action.name, node=node_name, reason=action.reason, existed=gone)
+
+    async def _create_pod(self, nw: NodeWright, node_name: str, action: CreatePod) -> None:
+        pkg = nw.spec.packages[action.package]
+        if action.stage not in INTERRUPT_STAGES and pkg.config_map:
+            await self.configmaps.ensure(nw, action.package, pkg)
+        manifest = podspec.build_pod(
+            nw,
+            pkg,
+            package_name=action.package,
+            version=action.version,
+            stage=action.stage,
+            node=node_name,
+            attempt=action.attempt,
+            node_order=action.node_order,
+            options=self.pod_options,
+            interrupt=action.interrupt,
+        )
+        if manifest["metadata"]["name"] != action.name:
+            # The planner and the builder disagree on the pod's identity: creating it would make the
+            # planner treat it as a stranger and delete it, forever. Fail loudly instead.
+            raise RuntimeError(
+                f"pod name mismatch for {action.package}:{action.version} {action.stage.value}: "
+                f"plan {action.name}, built {manifest['metadata']['name']}"
+            )
+        self.rt.signer.sign(manifest)
+        try:
+            await self.rt.client.create_pod(self.rt.options.namespace, manifest)
+        except Conflict as exc:
+            if not exc.already_exists:
+                raise
+            return  # created by an earlier attempt of this same plan step
+        log.info(
+            "package pod created",
+            pod=action.name,
+            node=node_name,
+            package=action.package,
+            version=action.version,
+            stage=action.stage.value,
+            attempt=action.attempt,
+        )
+
+    async def _event(self, model: NodeWright, node_name: str, node_uid: Any, event: Event) -> None:
+        nw_name = model.metadata.name
+        reason = _EVENT_REASONS.get(event.reason, event.reason)
+        message = f"[{nw_name}] {event.message}"
+        await self.rt.events.record(
+            kind="Node", name=node_name, uid=node_uid, reason=reason, message=message, event_type=event.type
+        )
+        if event.reason in _NODEWRIGHT_EVENTS:
+            await self.rt.events.record(
+                kind=constants.KIND_NODEWRIGHT,
+                name=nw_name,
+                uid=model.metadata.uid,
+                reason=reason,
+                message=f"[{node_name}] {event.message}",
+                event_type=event.type,
+            )
+
+    async def _warn_once(
+        self, key: str, problem: str, *, kind: str, name: str, uid: Any, reason: str, message: str
+    ) -> None:
+        marker = (key, problem)
+        if marker in self._warned:
+            return
+        self._warned.add(marker)
+        log.warning(message, key=key)
+        await self.rt.events.record(
+            kind=kind, name=name, uid=uid, reason=reason, message=message, event_type="Warning"
+        )
+
+    # ------------------------------------------------------------------------------------------------
+    # Metrics and traces
+
+    def _observe(
+        self,
+        model: NodeWright,
+        node_name: str,
+        stored: NodeState | None,
+        plan: NodePlan,
+        admission: StateAdmission | None,
+        timing: Timing,
+        uncordon: bool,
+        now: datetime,
+        previous_status: str | None,
+    ) -> None:
+        rt = self.rt
+        nw_name = model.metadata.name
+        domain = rt.metrics.domain
+        old = stored or NodeState()
+        rollout = _rollout_ref(model, node_name, admission or old.admission)
+        for entry in old.packages:
+            if entry.state != PackageState.IN_PROGRESS:
+                continue
+            new = plan.state.entry(entry.name, entry.version)
+            started = _parse(entry.started) or now
+            finished = new is None or new.stage != entry.stage or new.state == PackageState.COMPLETE
+            if finished:
+                domain.observe_stage_duration(
+                    nodewright=nw_name,
+                    package=entry.name,
+                    stage=entry.stage.value,
+                    seconds=(now - started).total_seconds(),
+                )
+                if rollout is not None:
+                    rt.tracer.stage_finished(
+                        rollout,
+                        stage=entry.stage.value,
+                        started_at=started,
+                        finished_at=now,
+                        package=entry.name,
+                        version=entry.version,
+                    )
+                continue
+            if new is None:
+                continue
+            if new.retry_at is not None and entry.retry_at is None:
+                domain.count_retry(nodewright=nw_name, package=entry.name, version=entry.version)
+            if new.state == PackageState.ERRORING or (new.retry_at is not None and entry.retry_at is None):
+                domain.observe_stage_duration(
+                    nodewright=nw_name,
+                    package=entry.name,
+                    stage=entry.stage.value,
+                    seconds=(now - started).total_seconds(),
+                )
+                if rollout is not None:
+                    rt.tracer.stage_finished(
+                        rollout,
+                        stage=entry.stage.value,
+                        started_at=started,
+                        finished_at=now,
+                        package=entry.name,
+                        version=entry.version,
+                        error=new.error or "failed",
+                    )
+        if uncordon and timing.cordoned_at is not None:
+            domain.observe_maintenance(nodewright=nw_name, seconds=(now - timing.cordoned_at).total_seconds())
+        if (
+            plan.status == Status.COMPLETE
+            and previous_status != Status.COMPLETE.value
+            and rollout is not None
+        ):
+            rt.tracer.node_rollout_finished(
+                rollout,
+                finished_at=now,
+                packages={n: p.version for n, p in model.spec.packages.items()},
+            )
+
+    # ------------------------------------------------------------------------------------------------
+    # Leaving nodes
+
+    @staticmethod
+    def _settled(plan: NodePlan, pods: Sequence[PodSummary]) -> bool:
+        """Deletion: nothing of this NodeWright runs or is due on the node."""
+        if pods or plan.status != Status.COMPLETE:
+            return False
+        if any(isinstance(a, (CreatePod, Drain)) for a in plan.actions):
+            return False
+        return not any(e.state in ACTIVE_STATES for e in plan.state.packages)
+
+    async def _unselected(
+        self, key: str, nw_name: str, node: JSON, stored: NodeState | None, pods: Sequence[JSON]
+    ) -> tuple[bool, float | None] | None:
+        if pods:
+            # Work of ours is still running there: let it end (the pod's events bring us back).
+            return False, self.plan_options.poll_interval
+        await self._cleanup(node, nw_name, stored, cordoned=bool(stored and stored.cordoned))
+        self.drainer.forget(key)
+        return None
+
+    async def _cleanup(self, node: JSON, nw_name: str, state: NodeState | None, *, cordoned: bool) -> None:
+        """Remove our condition, status label and timing; uncordon if we cordoned; keep files-remain state.
+
+        The condition goes first: once the status label is gone the rollout controller may release the
+        finalizer, and nothing of ours may be left behind by then.
+        """
+        name = str(node["metadata"]["name"])
+        condition_type = constants.node_condition_type(nw_name)
+        if _condition_of(node, condition_type) is not None:
+            try:
+                updated = await self.rt.client.patch(
+                    NODES,
+                    name,
+                    # Strategic merge: conditions merge by `type`; `$patch: delete` removes that element.
+                    {"status": {"conditions": [{"type": condition_type, "$patch": "delete"}]}},
+                    patch_type=PatchType.STRATEGIC,
+                    subresource="status",
+                )
+            except NotFound:
+                return
+            self.rt.node_view.record(updated)
+            node = self.rt.node(name) or updated
+        labels = node_labels(node)
+        annotations = node_annotations(node)
+        status_key = constants.status_label(nw_name)
+        state_key = constants.state_annotation(nw_name)
+        patch_labels: dict[str, str | None] = {}
+        patch_annotations: dict[str, str | None] = {}
+        if status_key in labels:
+            patch_labels[status_key] = None
+        if timing_annotation(nw_name) in annotations:
+            patch_annotations[timing_annotation(nw_name)] = None
+        if state is not None:
+            kept = replace(state, admission=None, cordoned=False, interrupt_at=None)
+            if not kept.packages:
+                if state_key in annotations:
+                    patch_annotations[state_key] = None
+            elif encode(kept) != annotations.get(state_key):
+                patch_annotations[state_key] = encode(kept)
+        unschedulable = False if cordoned else None
+        if patch_labels or patch_annotations or unschedulable is not None:
+            try:
+                updated = await self.rt.client.patch_node_metadata(
+                    name,
+                    labels=patch_labels or None,
+                    annotations=patch_annotations or None,
+                    unschedulable=unschedulable,
+                )
+            except NotFound:
+                return
+            self.rt.node_view.record(updated)
+            if patch_labels:
+                self.rt.enqueue_rollout(nw_name)
+            log.info("node released by nodewright", node=name, nodewright=nw_name, uncordoned=cordoned)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pure helpers
+
+
+def node_facts(node: JSON) -> NodeFacts:
+    spec = node.get("spec") or {}
+    taints = tuple(
+        Taint(key=str(t.get("key") or ""), effect=str(t.get("effect") or ""), value=t.get("value"))
+        for t in spec.get("taints") or []
+    )
+    return NodeFacts(
+        name=str(node["metadata"]["name"]),
+        labels=dict(node_labels(node)),
+        taints=taints,
+        unschedulable=bool(spec.get("unschedulable")),
+        ready=node_ready(node),
+        boot_id=str(((node.get("status") or {}).get("nodeInfo") or {}).get("bootID") or ""),
+    )
+
+
+def _deletion_spec(effective: NodeWright, state: NodeState) -> NodeWright:
+    """What a node must still do while its NodeWright is deleted: uninstalls and runs in flight only.
+
+    Packages without uninstall support are left as they are on the host (files remain, D2); a package
+    this node never installed is not installed on the way out.
+    """
+    keep = {}
+    for name, pkg in effective.spec.packages.items():
+        entries = state.entries_for(name)
+        uninstall = bool(pkg.uninstall and pkg.uninstall.enabled and pkg.uninstall.apply)
+        in_flight = any(e.state in ACTIVE_STATES for e in entries)
+        if (uninstall and entries) or in_flight:
+            keep[name] = pkg
+    spec = effective.spec.model_copy(update={"packages": keep})
+    return effective.model_copy(update={"spec": spec})
+
+
+def _condition_of(node: JSON, condition_type: str) -> Mapping[str, Any] | None:
+    for cond in (node.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == condition_type:
+            return dict(cond)
+    return None
+
+
+def _parse(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return parse_ts(text)
+    except ValueError:
+        return None
+
+
+def _rollout_ref(model: NodeWright, node: str, admission: StateAdmission | None) -> NodeRollout | None:
+    if admission is None:
+        return None
+    picked = _parse(admission.at)
+    if picked is None:
+        return None
+    return NodeRollout(
+        nodewright=model.metadata.name,
+        nodewright_uid=model.metadata.uid or "",
+        node=node,
+        picked_at=picked,
+        batch=admission.batch,
+        compartment=admission.compartment,
+    )

@@ -1,0 +1,264 @@
+"""Wiring of the operator: caches, the three controllers, and the events that feed their queues.
+
+Caches (one watch each, trimmed before caching):
+- NodeWrights and DeploymentPolicies (cluster-wide, small);
+- Nodes, trimmed to what the controllers read (labels, our annotations, taints, Ready, bootID);
+- package pods in the operator namespace only (label `nodewright.io/managed-by`), indexed by node.
+Workload pods are never cached: the node controller lists a node's pods on demand while it drains it.
+
+Controllers (queues with client-go semantics; see `kube.workqueue`):
+- `rollout` keyed by NodeWright name — `controller.rollout`;
+- `node` keyed by `<nodewright>/<node>` — `controller.nodes`;
+- `policy` keyed by DeploymentPolicy name — writes the policy's status (printer columns).
+
+Event mapping is deliberately narrow, because at 10,000 nodes every spurious key is a reconcile:
+- a NodeWright change enqueues its rollout key; its node keys only when the generation or the
+  annotations (pause, disable, reset) changed, not on our own status writes;
+- a Node change enqueues the node key of every NodeWright that selects the node (or still has state on
+  it), and the rollout key only when something the rollout reads changed (labels, schedulability,
+  readiness, taints, our annotations);
+- a package pod change enqueues the node key named by its labels (trust is checked in the reconcile);
+- a DeploymentPolicy change enqueues the rollout key of every NodeWright that uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import structlog
+
+from nodewright.api import constants
+from nodewright.api.models import policy_status
+from nodewright.controller.context import (
+    SIGNING_SECRET_NAME,
+    EventRecorder,
+    ModelCache,
+    OperatorOptions,
+    PodSigner,
+    Runtime,
+    WriteThrough,
+    matches_nodewright,
+    node_key,
+    split_node_key,
+)
+from nodewright.controller.manager import Controller, Manager
+from nodewright.controller.nodes import NodeReconciler
+from nodewright.controller.rollout import RolloutReconciler
+from nodewright.kube.client import KubeClient
+from nodewright.kube.resources import (
+    DEPLOYMENTPOLICIES,
+    JSON,
+    NODES,
+    NODEWRIGHTS,
+    PODS,
+    SECRETS,
+    Conflict,
+    NotFound,
+)
+from nodewright.kube.trim import node_ready, trim_node, trim_pod
+from nodewright.kube.workqueue import Result
+from nodewright.observability.metrics import OperatorMetrics
+from nodewright.observability.tracing import RolloutTracer
+
+log = structlog.get_logger("nodewright.operator")
+
+
+async def load_signing_key(client: KubeClient, namespace: str) -> bytes:
+    """The HMAC key that marks package pods as ours: read from, or created in, a Secret."""
+    import base64
+
+    try:
+        secret = await client.get(SECRETS, SIGNING_SECRET_NAME, namespace=namespace)
+    except NotFound:
+        key = PodSigner.generate_key()
+        body: JSON = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": SIGNING_SECRET_NAME, "namespace": namespace},
+            "type": "Opaque",
+            "data": {"key": base64.b64encode(key).decode()},
+        }
+        try:
+            await client.create(SECRETS, body, namespace=namespace)
+            return key
+        except Conflict:
+            secret = await client.get(SECRETS, SIGNING_SECRET_NAME, namespace=namespace)
+    return base64.b64decode(secret["data"]["key"])
+
+
+def _meta(obj: JSON) -> JSON:
+    meta: JSON = obj.get("metadata") or {}
+    return meta
+
+
+def _rollout_relevant(old: JSON, new: JSON, nodewrights: Iterable[str]) -> bool:
+    """Did a node change in a way the rollout controller reads?"""
+    if (old.get("spec") or {}) != (new.get("spec") or {}):
+        return True
+    if node_ready(old) != node_ready(new):
+        return True
+    if _meta(old).get("labels") != _meta(new).get("labels"):
+        return True
+    old_ann, new_ann = _meta(old).get("annotations") or {}, _meta(new).get("annotations") or {}
+    return any(
+        old_ann.get(constants.state_annotation(nw)) != new_ann.get(constants.state_annotation(nw))
+        for nw in nodewrights
+    )
+
+
+class Operator:
+    """Builds the Runtime and registers informers and controllers on a Manager."""
+
+    def __init__(
+        self,
+        manager: Manager,
+        *,
+        options: OperatorOptions,
+        metrics: OperatorMetrics,
+        tracer: RolloutTracer,
+        signer: PodSigner,
+        workers: int = 4,
+        instance: str = "nodewright-operator",
+    ) -> None:
+        client = manager.client
+        self.manager = manager
+        nodewrights = manager.informer(NODEWRIGHTS)
+        policies = manager.informer(DEPLOYMENTPOLICIES)
+        nodes = manager.informer(NODES, transform=trim_node)
+        pods = manager.informer(
+            PODS,
+            namespace=options.namespace,
+            label_selector=f"{constants.POD_OWNER_LABEL}={constants.POD_OWNER_VALUE}",
+            transform=trim_pod,
+        )
+        pods.add_index("node", lambda pod: [str((pod.get("spec") or {}).get("nodeName") or "")])
+        self.rt = Runtime(
+            client=client,
+            options=options,
+            nodewrights=nodewrights,
+            policies=policies,
+            nodes=nodes,
+            pods=pods,
+            models=ModelCache(),
+            node_view=WriteThrough(nodes, trim_node),
+            nodewright_view=WriteThrough(nodewrights),
+            signer=signer,
+            metrics=metrics,
+            tracer=tracer,
+            events=EventRecorder(client, clock=lambda: self.rt.clock(), instance=instance),
+        )
+        self.rollout = manager.controller("rollout", RolloutReconciler(self.rt).reconcile, workers=workers)
+        self.node = manager.controller("node", NodeReconciler(self.rt).reconcile, workers=workers * 4)
+        self.policy = manager.controller("policy", self._reconcile_policy, workers=1)
+        for controller in (self.rollout, self.node, self.policy):
+            metrics.init_controller(controller.name)
+        self.rt.enqueue_rollout = self.rollout.queue.add
+        self.rt.enqueue_node = lambda nw, node: self.node.queue.add(node_key(nw, node))
+        self.rt.enqueue_node_after = lambda nw, node, s: self.node.queue.add_after(node_key(nw, node), s)
+        self._wire_events()
+
+    # -- event mapping -----------------------------------------------------------------------------
+
+    def _names(self) -> list[str]:
+        return [str(_meta(o).get("name")) for o in self.rt.nodewrights.objects()]
+
+    def _node_keys(self, node: JSON) -> list[str]:
+        """Node keys of every NodeWright that selects `node` or still has our keys on it."""
+        keys = []
+        name = str(_meta(node).get("name"))
+        labels = _meta(node).get("labels") or {}
+        annotations = _meta(node).get("annotations") or {}
+        for obj in self.rt.nodewrights.objects():
+            nw_name = str(_meta(obj).get("name"))
+            model, _ = self.rt.models.nodewright(obj)
+            selected = model is not None and matches_nodewright(model, node)
+            ours = (
+                constants.status_label(nw_name) in labels
+                or constants.state_annotation(nw_name) in annotations
+            )
+            if selected or ours:
+                keys.append(node_key(nw_name, name))
+        return keys
+
+    def _wire_events(self) -> None:
+        rt = self.rt
+        self.rollout.watch(rt.nodewrights)
+
+        def nodewright_changed(old: JSON, new: JSON) -> None:
+            old_meta, new_meta = _meta(old), _meta(new)
+            if (
+                old_meta.get("generation") == new_meta.get("generation")
+                and old_meta.get("annotations") == new_meta.get("annotations")
+                and old_meta.get("deletionTimestamp") == new_meta.get("deletionTimestamp")
+            ):
+                return
+            self._enqueue_all_nodes(new)
+
+        rt.nodewrights.add_handler(on_add=self._enqueue_all_nodes, on_update=nodewright_changed)
+
+        def policy_keys(policy: JSON) -> list[str]:
+            name = _meta(policy).get("name")
+            return [
+                str(_meta(o).get("name"))
+                for o in rt.nodewrights.objects()
+                if (o.get("spec") or {}).get("deploymentPolicy") == name
+            ]
+
+        self.rollout.watch(rt.policies, policy_keys)
+        self.policy.watch(rt.policies)
+
+        def node_added(node: JSON) -> None:
+            for key in self._node_keys(node):
+                self.node.queue.add(key)
+            for key in self._names():
+                self.rollout.queue.add(key)
+
+        def node_updated(old: JSON, new: JSON) -> None:
+            keys = set(self._node_keys(old)) | set(self._node_keys(new))
+            for key in keys:
+                self.node.queue.add(key)
+            names = self._names()
+            if _rollout_relevant(old, new, names):
+                for nw in {split_node_key(k)[0] for k in keys}:
+                    self.rollout.queue.add(nw)
+
+        rt.nodes.add_handler(on_add=node_added, on_update=node_updated, on_delete=node_added)
+
+        def pod_keys(pod: JSON) -> list[str]:
+            labels = _meta(pod).get("labels") or {}
+            nw = labels.get(constants.POD_LABEL_NODEWRIGHT)
+            node = (pod.get("spec") or {}).get("nodeName")
+            return [node_key(str(nw), str(node))] if nw and node else []
+
+        self.node.watch(rt.pods, pod_keys)
+
+    def _enqueue_all_nodes(self, nodewright: JSON) -> None:
+        name = str(_meta(nodewright).get("name"))
+        model, _ = self.rt.models.nodewright(nodewright)
+        state_key = constants.state_annotation(name)
+        for node in self.rt.nodes.objects():
+            selected = model is not None and matches_nodewright(model, node)
+            if selected or state_key in (_meta(node).get("annotations") or {}):
+                self.node.queue.add(node_key(name, str(_meta(node).get("name"))))
+
+    # -- DeploymentPolicy status -------------------------------------------------------------------
+
+    async def _reconcile_policy(self, name: str) -> Result | None:
+        obj = self.rt.policies.get(name)
+        if obj is None:
+            self.rt.models.forget(constants.KIND_POLICY, name)
+            return None
+        model, _ = self.rt.models.policy(obj)
+        if model is None:
+            return None
+        desired = policy_status(model).to_json_dict()
+        current: Any = obj.get("status") or {}
+        if all(current.get(k) == v for k, v in desired.items()):
+            return None
+        await self.rt.client.patch_status(DEPLOYMENTPOLICIES, name, {"status": desired})
+        return None
+
+
+def registered_controllers(operator: Operator) -> list[Controller]:
+    return [operator.rollout, operator.node, operator.policy]

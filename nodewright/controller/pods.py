@@ -1,0 +1,243 @@
+"""Package pods → `PodSummary`: what the stage machine needs to know about one attempt's pod.
+
+Package pods run their work in init containers (`<pkg>-init` copies the payload, `<pkg>-<stage>` and
+`<pkg>-<stage>check` run the agent) and then a `pause` main container, with `restartPolicy: Never`.
+How the kubelet reports each outcome, and how it is read here:
+
+- **Succeeded**: every init container `terminated` with exit code 0 (the pod is then phase `Running`
+  with `pause` up; it never reaches `Succeeded` because of `pause`, though a pod that somehow did is
+  read the same way).
+- **Failed**: with `restartPolicy: Never` a non-zero init container exit fails the pod (phase
+  `Failed`); the kubelet may report the terminated container a moment before the phase, so either
+  signal counts. The message names the container, exit code and reason, plus the last lines of its log
+  (best effort, see `failure_logs`).
+- **Pull errors**: an init container `waiting` with `ErrImagePull`, `ImagePullBackOff`,
+  `InvalidImageName` or `CreateContainerConfigError`; the planner turns them into a failed attempt only
+  after a grace period, because registries hiccup.
+- **Deadline**: phase `Failed` with `status.reason == DeadlineExceeded` (activeDeadlineSeconds). The
+  trimmed cache does not keep `status.reason`, so in practice this shows as a plain failure.
+- Anything else (Pending, init containers running or `PodInitializing`) is still running.
+
+Only pods that carry a complete, well-formed set of our labels/annotations become summaries; the
+caller has already checked the signature and the owner (see `controller.nodes`).
+
+Logs: `GET /api/v1/namespaces/<ns>/pods/<name>/log?container=<c>&tailLines=20` returns text/plain, not
+JSON, so it is read with a raw GET on the client's session under a short deadline. kwok pods have no
+logs (the API answers 400/404 "container not found"/"no kubelet"): any error yields no log lines,
+never a failed reconcile. Log lines are fetched once per failed pod (cached by uid).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Final
+from urllib.parse import quote
+
+import aiohttp
+import structlog
+
+from nodewright.api import constants
+from nodewright.api.nodestate import PackageStage
+from nodewright.kube.client import KubeClient
+from nodewright.kube.resources import JSON
+from nodewright.plan.stages import PodOutcome, PodSummary
+
+log = structlog.get_logger("nodewright.controller.pods")
+
+PULL_ERROR_REASONS: Final = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"}
+)
+LOG_TAIL_LINES: Final = 20
+LOG_DEADLINE: Final = 3.0
+MAX_LOG_CHARS: Final = 1500
+_LOG_CACHE_SIZE: Final = 512
+
+
+def _parse_time(text: Any) -> datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _init_statuses(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list((pod.get("status") or {}).get("initContainerStatuses") or [])
+
+
+def _init_names(pod: Mapping[str, Any]) -> list[str]:
+    return [str(c.get("name")) for c in (pod.get("spec") or {}).get("initContainers") or []]
+
+
+def _state(status: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+    state = status.get("state") or {}
+    for phase in ("terminated", "waiting", "running"):
+        if phase in state and state[phase] is not None:
+            return phase, state[phase]
+    return "", {}
+
+
+def failed_container(pod: Mapping[str, Any]) -> tuple[str, int, str, str] | None:
+    """(name, exit code, reason, message) of the first init container that exited non-zero."""
+    for status in _init_statuses(pod):
+        phase, detail = _state(status)
+        if phase == "terminated" and int(detail.get("exitCode") or 0) != 0:
+            return (
+                str(status.get("name")),
+                int(detail.get("exitCode") or 0),
+                str(detail.get("reason") or ""),
+                str(detail.get("message") or ""),
+            )
+    return None
+
+
+def classify(pod: Mapping[str, Any]) -> tuple[PodOutcome, str]:
+    """The pod's outcome and a short message (reason, failing container) — without log lines."""
+    status = pod.get("status") or {}
+    phase = str(status.get("phase") or "Pending")
+    if phase == "Failed" and status.get("reason") == "DeadlineExceeded":
+        return PodOutcome.DEADLINE, str(status.get("message") or "pod exceeded its active deadline")
+    failed = failed_container(pod)
+    if failed is not None:
+        name, code, reason, message = failed
+        text = f"container {name} exited {code}" + (f" ({reason})" if reason else "")
+        return PodOutcome.FAILED, text + (f": {message}" if message else "")
+    if phase == "Failed":
+        reason = str(status.get("reason") or "")
+        message = str(status.get("message") or "")
+        return PodOutcome.FAILED, ("pod failed" + (f" ({reason})" if reason else "")) + (
+            f": {message}" if message else ""
+        )
+    statuses = _init_statuses(pod)
+    for st in statuses:
+        state_phase, detail = _state(st)
+        if state_phase == "waiting" and detail.get("reason") in PULL_ERROR_REASONS:
+            message = str(detail.get("message") or "")
+            text = f"{detail['reason']} for container {st.get('name')}"
+            return PodOutcome.PULL_ERROR, text + (f": {message}" if message else "")
+    names = _init_names(pod)
+    done = {
+        str(st.get("name"))
+        for st in statuses
+        if _state(st)[0] == "terminated" and int(_state(st)[1].get("exitCode") or 0) == 0
+    }
+    # Every declared init container must have exited 0; with no spec (never for our pods) fall back to
+    # the statuses we have.
+    expected = set(names) if names else {str(st.get("name")) for st in statuses}
+    if expected and expected <= done:
+        return PodOutcome.SUCCEEDED, ""
+    if phase == "Succeeded":
+        return PodOutcome.SUCCEEDED, ""
+    return PodOutcome.RUNNING, ""
+
+
+def summarize(pod: Mapping[str, Any], *, version_of: Mapping[tuple[str, str], str]) -> PodSummary | None:
+    """The `PodSummary` of a package pod, or None when its labels/annotations are incomplete.
+
+    `version_of` maps (package, version label value) → the real version: the version label is
+    sanitised (`1.2.3+b` becomes `1.2.3_b`), while the planner matches pods to entries by real version.
+    """
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    package = labels.get(constants.POD_LABEL_PACKAGE)
+    version_label = labels.get(constants.POD_LABEL_VERSION)
+    stage_text = labels.get(constants.POD_LABEL_STAGE)
+    attempt_text = annotations.get(constants.POD_ANNOTATION_ATTEMPT)
+    created = _parse_time(meta.get("creationTimestamp"))
+    if not (package and version_label and stage_text and attempt_text and created and meta.get("name")):
+        return None
+    try:
+        stage = PackageStage(stage_text)
+        attempt = int(attempt_text)
+    except ValueError:
+        return None
+    outcome, message = classify(pod)
+    return PodSummary(
+        name=str(meta["name"]),
+        package=str(package),
+        version=version_of.get((str(package), str(version_label)), str(version_label)),
+        stage=stage,
+        attempt=attempt,
+        spec_hash=str(annotations.get(constants.POD_ANNOTATION_SPEC_HASH) or ""),
+        created=created,
+        outcome=outcome,
+        message=message,
+    )
+
+
+class PodLogs:
+    """Best-effort tail of a failed container's log, fetched once per pod uid."""
+
+    def __init__(self, client: KubeClient, *, deadline: float = LOG_DEADLINE) -> None:
+        self._client = client
+        self._deadline = deadline
+        self._cache: OrderedDict[str, str] = OrderedDict()
+
+    async def tail(self, pod: JSON, container: str) -> str:
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or meta.get("name"))
+        key = f"{uid}/{container}"
+        if key in self._cache:
+            return self._cache[key]
+        text = await self._fetch(str(meta.get("namespace") or ""), str(meta.get("name") or ""), container)
+        self._cache[key] = text
+        while len(self._cache) > _LOG_CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return text
+
+    async def _fetch(self, namespace: str, name: str, container: str) -> str:
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/log"
+        params = {"container": container, "tailLines": str(LOG_TAIL_LINES)}
+        client = self._client
+        try:
+            async with asyncio.timeout(self._deadline):
+                # The JSON helpers of KubeClient drop non-JSON bodies; pod logs are text/plain.
+                headers = await client._headers(None)
+                headers["Accept"] = "text/plain, */*"
+                async with client._http().get(
+                    client.config.server + path,
+                    params=params,
+                    headers=headers,
+                    **client._request_kwargs(),
+                ) as resp:
+                    if resp.status != 200:
+                        return ""
+                    body = await resp.text(errors="replace")
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            log.debug("pod log unavailable", pod=f"{namespace}/{name}", container=container, error=str(exc))
+            return ""
+        lines = [line for line in body.splitlines() if line.strip()][-LOG_TAIL_LINES:]
+        text = " | ".join(lines)
+        return text[-MAX_LOG_CHARS:]
+
+
+async def summarize_with_logs(
+    pod: JSON, *, version_of: Mapping[tuple[str, str], str], logs: PodLogs | None
+) -> PodSummary | None:
+    """`summarize`, adding the failed container's last log lines to the message of a failed pod."""
+    summary = summarize(pod, version_of=version_of)
+    if summary is None or summary.outcome != PodOutcome.FAILED or logs is None:
+        return summary
+    failed = failed_container(pod)
+    if failed is None:
+        return summary
+    tail = await logs.tail(pod, failed[0])
+    if not tail:
+        return summary
+    return PodSummary(
+        name=summary.name,
+        package=summary.package,
+        version=summary.version,
+        stage=summary.stage,
+        attempt=summary.attempt,
+        spec_hash=summary.spec_hash,
+        created=summary.created,
+        outcome=summary.outcome,
+        message=f"{summary.message}; log: {tail}",
+    )

@@ -1,0 +1,279 @@
+"""The node controller against the scripted in-memory API server (real client, real HTTP).
+
+Informer stores are filled by hand (no watches), so each test controls exactly what the reconcile
+reads; the writes go through `KubeClient` to `FakeKube` and are asserted there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from nodewright.api import constants
+from nodewright.api.models import NodeWright
+from nodewright.api.nodestate import NodeState, PackageEntry, PackageStage, PackageState, decode, encode
+from nodewright.controller.context import (
+    EventRecorder,
+    ModelCache,
+    OperatorOptions,
+    PodSigner,
+    Runtime,
+    WriteThrough,
+    admission_annotation,
+    effective_nodewright,
+    encode_admission,
+)
+from nodewright.controller.drainer import Timing, update_timing
+from nodewright.controller.nodes import NodeReconciler, _deletion_spec, node_facts
+from nodewright.kube.client import KubeClient
+from nodewright.kube.informer import Informer
+from nodewright.kube.resources import DEPLOYMENTPOLICIES, NODES, NODEWRIGHTS, PODS
+from nodewright.kube.trim import trim_node, trim_pod
+from nodewright.observability.metrics import OperatorMetrics
+from nodewright.observability.tracing import RolloutTracer
+from nodewright.plan.rollout import Admission, spec_fingerprint
+from tests.kubefake import FakeKube, pods_c
+
+NS = "nodewright-system"
+NODES_C = ("api/v1", "", "nodes")
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def nw_obj(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "nodewright.io/v1alpha1",
+        "kind": "NodeWright",
+        "metadata": {"name": "nw", "uid": "nw-uid", "generation": 1, "resourceVersion": "1"},
+        "spec": {"packages": {"tool": {"version": "1.0.0", "image": "ghcr.io/x/tool"}}, **spec},
+    }
+
+
+def node_obj(annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": "n1",
+            "uid": "n1-uid",
+            "labels": {"pool": "a"},
+            "annotations": annotations or {},
+        },
+        "spec": spec,
+        "status": {"conditions": [{"type": "Ready", "status": "True"}], "nodeInfo": {"bootID": "b1"}},
+    }
+
+
+@dataclass
+class Env:
+    kube: FakeKube
+    rt: Runtime
+    reconciler: NodeReconciler
+    rollouts: list[str]
+
+    def put_node(self, node: dict[str, Any]) -> None:
+        stored = self.kube.put(NODES_C, node)
+        self.rt.nodes.upsert(trim_node(stored))
+
+    def admit(self, fingerprint: str | None = None) -> dict[str, str]:
+        model, _ = self.rt.models.nodewright(self.rt.nodewrights.get("nw") or {})
+        assert model is not None
+        fp = fingerprint or spec_fingerprint(effective_nodewright(model))
+        adm = Admission(
+            compartment="__default__", batch=1, order=3, fingerprint=fp, at="2026-01-01T11:00:00Z"
+        )
+        return {admission_annotation("nw"): encode_admission(adm)}
+
+    def node(self) -> dict[str, Any]:
+        node = self.kube.get(NODES_C, "n1")
+        assert node is not None
+        return node
+
+    def pods(self) -> list[dict[str, Any]]:
+        return list(self.kube.objects.get(pods_c(NS), {}).values())
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    kube = await FakeKube().start()
+    client = KubeClient(kube.config(), max_retries=0)
+    nodes = Informer(client, NODES, transform=trim_node)
+    pods = Informer(client, PODS, namespace=NS, transform=trim_pod)
+    pods.add_index("node", lambda p: [str((p.get("spec") or {}).get("nodeName") or "")])
+    nodewrights = Informer(client, NODEWRIGHTS)
+    rollouts: list[str] = []
+    rt = Runtime(
+        client=client,
+        options=OperatorOptions(namespace=NS),
+        nodewrights=nodewrights,
+        policies=Informer(client, DEPLOYMENTPOLICIES),
+        nodes=nodes,
+        pods=pods,
+        models=ModelCache(),
+        node_view=WriteThrough(nodes, trim_node),
+        nodewright_view=WriteThrough(nodewrights),
+        signer=PodSigner(b"k" * 32),
+        metrics=OperatorMetrics(),
+        tracer=RolloutTracer(),
+        events=EventRecorder(client, clock=lambda: NOW, instance="test"),
+        clock=lambda: NOW,
+        enqueue_rollout=rollouts.append,
+    )
+    nodewrights.upsert(nw_obj())
+    try:
+        yield Env(kube, rt, NodeReconciler(rt), rollouts)
+    finally:
+        await client.close()
+        await kube.stop()
+
+
+async def test_admitted_node_gets_state_label_condition_and_a_signed_pod(env: Env) -> None:
+    env.put_node(node_obj(env.admit()))
+    await env.reconciler.reconcile("nw/n1")
+    node = env.node()
+    state = decode(node["metadata"]["annotations"][constants.state_annotation("nw")])
+    entry = state.entry("tool", "1.0.0")
+    assert entry is not None and entry.stage == PackageStage.APPLY and entry.state == PackageState.IN_PROGRESS
+    assert state.admission is None, "the admission is never persisted in the state"
+    assert node["metadata"]["labels"][constants.status_label("nw")] == "in_progress"
+    cond = next(c for c in node["status"]["conditions"] if c["type"] == "nodewright.io/nw")
+    assert cond["status"] == "False"
+    assert any(c["type"] == "Ready" for c in node["status"]["conditions"]), "kubelet condition kept"
+    [pod] = env.pods()
+    assert env.rt.signer.verify(pod)
+    assert pod["spec"]["nodeName"] == "n1"
+    assert env.rollouts == ["nw"], "a status change enqueues the rollout"
+
+
+async def test_admission_for_another_fingerprint_starts_nothing(env: Env) -> None:
+    env.put_node(node_obj(env.admit(fingerprint="0" * 16)))
+    await env.reconciler.reconcile("nw/n1")
+    assert env.pods() == []
+    assert env.node()["metadata"]["labels"][constants.status_label("nw")] == "waiting"
+
+
+async def test_forged_package_pod_does_not_change_state(env: Env) -> None:
+    env.put_node(node_obj(env.admit()))
+    await env.reconciler.reconcile("nw/n1")
+    [real] = env.pods()
+    state_before = env.node()["metadata"]["annotations"][constants.state_annotation("nw")]
+    # Someone else's copy of the pod, reporting success, without a valid signature.
+    forged = dict(real)
+    forged["metadata"] = {**real["metadata"], "annotations": {**real["metadata"]["annotations"]}}
+    forged["metadata"]["annotations"]["nodewright.io/signature"] = "0" * 64
+    forged["status"] = {
+        "phase": "Running",
+        "initContainerStatuses": [
+            {"name": c["name"], "state": {"terminated": {"exitCode": 0}}}
+            for c in real["spec"]["initContainers"]
+        ],
+    }
+    env.rt.nodes.upsert(trim_node(env.node()))
+    env.rt.pods.upsert(trim_pod(forged))
+    await env.reconciler.reconcile("nw/n1")
+    assert env.node()["metadata"]["annotations"][constants.state_annotation("nw")] == state_before
+
+
+async def test_malformed_state_is_never_overwritten(env: Env) -> None:
+    annotations = {**env.admit(), constants.state_annotation("nw"): '{"v": 1, "p": {"x": 1}}'}
+    env.put_node(node_obj(annotations))
+    patches_before = env.kube.count("PATCH")
+    await env.reconciler.reconcile("nw/n1")
+    assert env.kube.count("PATCH") == patches_before
+    assert env.pods() == []
+
+
+async def test_finished_pod_advances_to_config_in_one_patch(env: Env) -> None:
+    env.put_node(node_obj(env.admit()))
+    await env.reconciler.reconcile("nw/n1")
+    [pod] = env.pods()
+    pod["status"] = {
+        "phase": "Running",
+        "initContainerStatuses": [
+            {"name": c["name"], "state": {"terminated": {"exitCode": 0}}}
+            for c in pod["spec"]["initContainers"]
+        ],
+    }
+    env.rt.nodes.upsert(trim_node(env.node()))
+    env.rt.pods.upsert(trim_pod(pod))
+
+    def metadata_patches() -> int:
+        return sum(1 for r in env.kube.requests if r.method == "PATCH" and r.path.endswith("/nodes/n1"))
+
+    patches = metadata_patches()
+    await env.reconciler.reconcile("nw/n1")
+    state = decode(env.node()["metadata"]["annotations"][constants.state_annotation("nw")])
+    entry = state.entry("tool", "1.0.0")
+    assert entry is not None and entry.stage == PackageStage.CONFIG
+    assert metadata_patches() - patches == 1, "state written in one metadata patch"
+    stages = sorted(p["metadata"]["labels"][constants.POD_LABEL_STAGE] for p in env.pods())
+    assert stages == ["config"], "the finished apply pod was deleted and the config pod created"
+
+
+async def test_uncordon_only_when_we_cordoned(env: Env) -> None:
+    done = PackageEntry("tool", "1.0.0", PackageStage.CONFIG, PackageState.COMPLETE)
+    for cordoned in (False, True):
+        state = encode(NodeState(packages=(done,), cordoned=cordoned))
+        env.put_node(node_obj({constants.state_annotation("nw"): state}, unschedulable=True))
+        await env.reconciler.reconcile("nw/n1")
+        assert bool(env.node()["spec"].get("unschedulable")) is (not cordoned)
+
+
+def test_deletion_spec_keeps_only_uninstalls_and_work_in_flight() -> None:
+    obj = nw_obj()
+    obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    obj["spec"]["packages"] = {
+        "gone": {"version": "1.0.0", "image": "x", "uninstall": {"enabled": True}},
+        "never": {"version": "1.0.0", "image": "x", "uninstall": {"enabled": True}},
+        "stays": {"version": "1.0.0", "image": "x"},
+        "flying": {"version": "2.0.0", "image": "x"},
+    }
+    effective = effective_nodewright(NodeWright.model_validate(obj))
+    state = NodeState(
+        packages=(
+            PackageEntry("gone", "1.0.0", PackageStage.CONFIG, PackageState.COMPLETE),
+            PackageEntry("stays", "1.0.0", PackageStage.CONFIG, PackageState.COMPLETE),
+            PackageEntry("flying", "2.0.0", PackageStage.APPLY, PackageState.IN_PROGRESS),
+        )
+    )
+    assert sorted(_deletion_spec(effective, state).spec.packages) == ["flying", "gone"]
+
+
+def test_timing_tracks_cordon_protection_and_drain_and_resets_on_uncordon() -> None:
+    t = update_timing(
+        Timing(), now=NOW, cordoning=True, uncordoning=False, protected=None, evicting=False, drained=None
+    )
+    assert t.cordoned_at == NOW
+    later = NOW + timedelta(seconds=30)
+    t = update_timing(
+        t, now=later, cordoning=False, uncordoning=False, protected=True, evicting=True, drained=False
+    )
+    assert (t.protected_since, t.draining_since) == (later, later)
+    t2 = update_timing(
+        t,
+        now=later + timedelta(seconds=5),
+        cordoning=False,
+        uncordoning=False,
+        protected=True,
+        evicting=True,
+        drained=False,
+    )
+    assert (t2.protected_since, t2.draining_since) == (later, later), "first sighting is kept"
+    assert Timing.decode(t2.encode()) == t2, "survives a restart through the annotation"
+    t3 = update_timing(
+        t2, now=later, cordoning=False, uncordoning=False, protected=False, evicting=False, drained=True
+    )
+    assert (t3.protected_since, t3.draining_since, t3.cordoned_at) == (None, None, NOW)
+    assert update_timing(
+        t3, now=later, cordoning=False, uncordoning=True, protected=None, evicting=False, drained=None
+    ).empty
+    assert Timing.decode("garbage") == Timing()
+
+
+def test_node_facts_from_trimmed_node() -> None:
+    facts = node_facts(trim_node(node_obj(unschedulable=True, taints=[{"key": "k", "effect": "NoSchedule"}])))
+    assert facts.unschedulable and facts.ready and facts.boot_id == "b1"
+    assert [(t.key, t.effect) for t in facts.taints] == [("k", "NoSchedule")]
