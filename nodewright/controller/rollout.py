@@ -63,6 +63,7 @@ from nodewright.plan.status import NodeReport, PackageReport, aggregate_status
 log = structlog.get_logger("nodewright.rollout")
 
 RUNTIME_TAINT_HELD = "RuntimeTaintHeld"
+CORDONED_BY_SOMEONE_ELSE = "cordoned by someone else"
 RESYNC_ACTIVE = 60.0
 """Safety-net resync while nodes are in flight; progress itself is event-driven."""
 
@@ -124,7 +125,7 @@ def unavailable_reason(node: JSON, *, own: NodeState | None, all_nodewrights: Se
     if (node.get("spec") or {}).get("unschedulable"):
         if _cordoned_by_any_of_ours(node, all_nodewrights):
             return "cordoned by another NodeWright"
-        return "cordoned by someone else"
+        return CORDONED_BY_SOMEONE_ELSE
     if not node_ready(node):
         return "NotReady"
     return None
@@ -169,6 +170,7 @@ def rollout_node(
     status = _status_of(node, name) or (Status.WAITING if needs_work else Status.COMPLETE)
     if not needs_work and status is Status.IN_PROGRESS:
         status = Status.COMPLETE
+    unavailable = unavailable_reason(node, own=state, all_nodewrights=list(all_nodewrights) or [name])
     return RolloutNode(
         name=str(node["metadata"]["name"]),
         labels=node_labels(node),
@@ -176,9 +178,9 @@ def rollout_node(
         status=status,
         needs_work=needs_work,
         admission=node_admission(node, name),
-        unavailable_reason=unavailable_reason(
-            node, own=state, all_nodewrights=list(all_nodewrights) or [name]
-        ),
+        unavailable_reason=unavailable,
+        # An admin-cordoned node is out of service anyway: it may be worked on and stays cordoned.
+        may_start_while_unavailable=unavailable == CORDONED_BY_SOMEONE_ELSE,
         blocked_reason=blocked_reason(nodewright, node, runtime_taint_key=runtime_taint_key),
         waiting_for_priority=waiting_for_priority,
     )

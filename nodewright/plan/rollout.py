@@ -142,6 +142,7 @@ class RolloutNode:
     unavailable_reason: str | None = None
     blocked_reason: str | None = None
     waiting_for_priority: str | None = None
+    may_start_while_unavailable: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,7 +474,10 @@ def _batch_members(ctx: _Context, name: str, batch: int, members: Iterable[Rollo
 
 
 def _eligible(node: RolloutNode) -> bool:
-    return not (node.unavailable_reason or node.blocked_reason or node.waiting_for_priority)
+    """May this pending node be picked? A node cordoned by an admin may (it is out of service anyway,
+    and it stays cordoned afterwards); a NotReady node or one held by another NodeWright may not."""
+    unavailable = node.unavailable_reason is not None and not node.may_start_while_unavailable
+    return not (unavailable or node.blocked_reason or node.waiting_for_priority)
 
 
 def _why_waiting(
