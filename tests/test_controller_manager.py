@@ -114,3 +114,30 @@ def test_parse_bind_address() -> None:
     assert parse_bind_address("127.0.0.1:0") == ("127.0.0.1", 0)
     assert parse_bind_address("[::1]:9") == ("::1", 9)
     assert parse_bind_address("0") is None
+
+
+async def test_controller_records_reconcile_metrics() -> None:
+    from nodewright.controller.manager import Controller
+    from nodewright.kube.workqueue import WorkQueue
+    from nodewright.observability.metrics import OperatorMetrics
+
+    metrics = OperatorMetrics(otlp=False)
+    outcomes: list[Result | None] = [None, Result(requeue_after=5.0)]
+
+    async def reconcile(key: str) -> Result | None:
+        if not outcomes:
+            raise RuntimeError("boom")
+        return outcomes.pop(0)
+
+    controller = Controller("rollout", reconcile, workers=1, queue=WorkQueue("rollout"), metrics=metrics)
+    assert await controller.reconcile("a") is None
+    assert await controller.reconcile("a") == Result(requeue_after=5.0)
+    with pytest.raises(RuntimeError):
+        await controller.reconcile("a")
+    text = metrics.render().decode()
+    for result in ("success", "requeue_after", "error"):
+        assert f'controller_runtime_reconcile_total{{controller="rollout",result="{result}"}} 1.0' in text, (
+            text
+        )
+    assert 'controller_runtime_reconcile_errors_total{controller="rollout"} 1.0' in text
+    assert 'controller_runtime_reconcile_time_seconds_count{controller="rollout"} 3.0' in text

@@ -270,6 +270,13 @@ def test_oldest_stage_age_uses_clock() -> None:
     assert value(metrics, "nodewright_oldest_stage_age_seconds", nodewright="idle") == 0
 
 
+def test_workqueue_gauges_exist_from_queue_creation(metrics: OperatorMetrics) -> None:
+    metrics.workqueues.for_queue("idle")
+    assert value(metrics, "workqueue_depth", name="idle") == 0
+    assert value(metrics, "workqueue_unfinished_work_seconds", name="idle") == 0
+    assert value(metrics, "workqueue_longest_running_processor_seconds", name="idle") == 0
+
+
 def test_workqueue_hooks_move_series(metrics: OperatorMetrics) -> None:
     q = metrics.workqueues.for_queue("node")
     assert metrics.workqueues.for_queue("node") is q

@@ -132,6 +132,7 @@ async def _main(args: argparse.Namespace) -> int:
         watch_metrics=metrics.watches,
         workqueue_metrics=metrics.workqueues,
         leader_metrics=metrics.leader,
+        reconcile_metrics=metrics,
     )
     metrics_runner = None
     bind = parse_bind_address(args.metrics_bind_address)

@@ -49,7 +49,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +71,7 @@ from nodewright.kube.leaderelection import LeaderElector, default_identity
 from nodewright.kube.reflector import TransformFunc
 from nodewright.kube.resources import JSON, Resource, object_key
 from nodewright.kube.workqueue import Result, WorkQueue, run_workers
+from nodewright.observability.logging import ReconcileRecorder, reconcile_context
 
 log = structlog.get_logger("nodewright.manager")
 
@@ -96,11 +96,20 @@ def _own_key(obj: JSON) -> Iterable[str]:
 class Controller:
     """A named work queue, a reconcile function, and the informer events that feed the queue."""
 
-    def __init__(self, name: str, reconcile: Reconcile, *, workers: int, queue: WorkQueue[str]) -> None:
+    def __init__(
+        self,
+        name: str,
+        reconcile: Reconcile,
+        *,
+        workers: int,
+        queue: WorkQueue[str],
+        metrics: ReconcileRecorder | None = None,
+    ) -> None:
         self.name = name
         self.workers = workers
         self.queue = queue
         self._reconcile = reconcile
+        self._metrics = metrics
         self.reconciles = 0
 
     def watch(self, informer: Informer, mapper: KeyMapper = _own_key) -> None:
@@ -117,14 +126,14 @@ class Controller:
         informer.add_handler(on_add=enqueue, on_update=on_update, on_delete=enqueue)
 
     async def reconcile(self, key: str) -> Result | None:
-        structlog.contextvars.bind_contextvars(
-            controller=self.name, key=key, reconcile_id=uuid.uuid4().hex[:12]
-        )
-        try:
-            self.reconciles += 1
-            return await self._reconcile(key)
-        finally:
-            structlog.contextvars.unbind_contextvars("controller", "key", "reconcile_id")
+        """One reconcile with the `reconcile_context` of docs/observability.md: log keys, one summary
+        line, and the `controller_runtime_reconcile_*` series when the Manager has reconcile metrics."""
+        self.reconciles += 1
+        with reconcile_context(controller=self.name, key=key, metrics=self._metrics) as scope:
+            result = await self._reconcile(key)
+            if result is not None and result.requeue_after is not None:
+                scope.requeue(after=result.requeue_after)
+            return result
 
 
 class Manager:
@@ -140,8 +149,10 @@ class Manager:
         watch_metrics: WatchMetrics | None = None,
         workqueue_metrics: WorkqueueMetricsProvider | None = None,
         leader_metrics: LeaderMetrics | None = None,
+        reconcile_metrics: ReconcileRecorder | None = None,
     ) -> None:
         self.client = client
+        self._reconcile_metrics = reconcile_metrics
         self.sync_timeout = sync_timeout
         self.drain_timeout = drain_timeout
         self.clock = clock
@@ -197,7 +208,9 @@ class Manager:
         if any(c.name == name for c in self._controllers):
             raise ValueError(f"controller {name!r} already registered")
         queue: WorkQueue[str] = WorkQueue(name, clock=self.clock, metrics=self._queue_metrics.for_queue(name))
-        controller = Controller(name, reconcile, workers=workers, queue=queue)
+        controller = Controller(
+            name, reconcile, workers=workers, queue=queue, metrics=self._reconcile_metrics
+        )
         self._controllers.append(controller)
         return controller
 

@@ -555,6 +555,10 @@ class WorkqueueMetricsProvider:
         queue = self._queues.get(name)
         if queue is None:
             queue = self._queues[name] = QueueMetrics(name, self)
+            # Like client-go: a queue's gauges exist (at 0) from its creation, not from its first add,
+            # so `workqueue_depth{name=...}` is scrapeable for an idle queue.
+            queue.depth(0)
+            queue.unfinished(total_seconds=0.0, longest_seconds=0.0)
         return queue
 
 
