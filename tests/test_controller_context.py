@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 from nodewright.api import constants
 from nodewright.api.models import NodeWright
 from nodewright.controller.context import (
+    EventRecorder,
     MalformedAdmission,
     ModelCache,
     PodSigner,
@@ -167,3 +170,53 @@ def test_model_cache_reports_invalid_specs_instead_of_raising() -> None:
     good["metadata"]["resourceVersion"] = "2"
     model, error = cache.nodewright(good)
     assert model is not None and error is None
+
+
+class _EventSink:
+    def __init__(self, *, fail: bool = False) -> None:
+        self.created: list[tuple[str, str]] = []
+        self.fail = fail
+        self.gate: asyncio.Event | None = None
+
+    async def create_event(self, namespace: str, **kwargs: Any) -> dict[str, Any]:
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail:
+            raise RuntimeError("apiserver down")
+        self.created.append((namespace, kwargs["reason"]))
+        return {}
+
+
+def _recorder(sink: _EventSink, **kwargs: Any) -> EventRecorder:
+    return EventRecorder(sink, clock=lambda: datetime.now(UTC), instance="t", **kwargs)  # type: ignore[arg-type]
+
+
+async def test_events_are_sent_in_the_background_and_deduplicated() -> None:
+    sink = _EventSink()
+    recorder = _recorder(sink)
+    for reason in ("A", "A", "B"):
+        await recorder.record(kind="Node", name="n1", uid=None, reason=reason, message="m")
+    async with asyncio.timeout(5):
+        await recorder.flush()
+    assert sink.created == [("default", "A"), ("default", "B")]
+    await recorder.close()
+
+
+async def test_a_full_queue_drops_events_instead_of_blocking() -> None:
+    sink = _EventSink()
+    sink.gate = asyncio.Event()
+    recorder = _recorder(sink, queue_size=2)
+    for i in range(6):
+        async with asyncio.timeout(1):
+            await recorder.record(kind="Node", name="n1", uid=None, reason=f"R{i}", message="m")
+    assert recorder.dropped >= 3
+    sink.gate.set()
+    await recorder.close()
+    assert 1 <= len(sink.created) <= 3
+
+
+async def test_event_failures_never_raise() -> None:
+    recorder = _recorder(_EventSink(fail=True))
+    await recorder.record(kind="NodeWright", name="nw", uid="u", reason="X", message="m")
+    await recorder.close()
+    assert recorder.sent == 0

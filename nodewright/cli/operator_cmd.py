@@ -38,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--qps", type=float, default=50.0, help="client-side write QPS limit")
     parser.add_argument("--burst", type=int, default=100, help="client-side write burst")
     parser.add_argument("--workers", type=int, default=4, help="workers per controller")
+    parser.add_argument(
+        "--event-qps", type=float, default=10.0, help="Event write rate (separate from --qps; best effort)"
+    )
     parser.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish in-flight work")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="auto", choices=["auto", "json", "console"])
@@ -113,6 +116,10 @@ async def _main(args: argparse.Namespace) -> int:
     metrics = OperatorMetrics(service_instance=identity)
     tracer = RolloutTracer.from_environment(service_instance=identity)
     client = KubeClient(config, qps=args.qps, burst=args.burst, metrics=metrics.requests)
+    # Events get their own client and rate limit: a burst of events must not delay state transitions.
+    event_client = KubeClient(
+        config, qps=args.event_qps, burst=max(1, int(args.event_qps * 2)), metrics=metrics.requests
+    )
     options = OperatorOptions(
         namespace=args.namespace,
         agent_image=args.agent_image,
@@ -140,9 +147,10 @@ async def _main(args: argparse.Namespace) -> int:
         metrics_runner = await start_metrics_server(metrics, *bind)
     lag = EventLoopLagMonitor(metrics, interval=0.5)
     lag.start()
+    operator: Operator | None = None
     try:
         key = await load_signing_key(client, args.namespace)
-        Operator(
+        operator = Operator(
             manager,
             options=options,
             metrics=metrics,
@@ -150,6 +158,7 @@ async def _main(args: argparse.Namespace) -> int:
             signer=PodSigner(key),
             workers=args.workers,
             instance=identity,
+            event_client=event_client,
         )
         log.info(
             "starting operator",
@@ -160,6 +169,9 @@ async def _main(args: argparse.Namespace) -> int:
         )
         return await manager.run()
     finally:
+        if operator is not None:
+            await operator.rt.events.close()
+        await event_client.close()
         await lag.stop()
         if metrics_runner is not None:
             await metrics_runner.cleanup()

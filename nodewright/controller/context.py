@@ -25,6 +25,8 @@ node's state.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -350,11 +352,13 @@ class PodSigner:
 
 
 class EventRecorder:
-    """Creates core/v1 Events, dropping exact repeats within `dedupe_seconds`.
+    """Creates core/v1 Events in the background, dropping exact repeats within `dedupe_seconds`.
 
     Events about cluster-scoped objects (Nodes, NodeWrights) live in the `default` namespace, as
-    client-go's recorder puts them. Event writes are best effort: a failure is logged, never raised,
-    so an Event can never block a node's progress.
+    client-go's recorder puts them. Events are best effort and must never slow a node down: `record`
+    only queues (bounded; when full, the event is dropped and counted), and one background task sends
+    them through a client with its own rate limit, so a burst of events never takes write budget from
+    state transitions. A failure is logged, never raised.
     """
 
     def __init__(
@@ -364,12 +368,17 @@ class EventRecorder:
         clock: Callable[[], datetime],
         instance: str,
         dedupe_seconds: float = 600.0,
+        queue_size: int = 2000,
     ) -> None:
         self._client = client
         self._clock = clock
         self._instance = instance
         self._dedupe = dedupe_seconds
         self._recent: dict[tuple[str, str, str, str], datetime] = {}
+        self._queue: asyncio.Queue[tuple[JSON, str, str, str, datetime]] = asyncio.Queue(queue_size)
+        self._task: asyncio.Task[None] | None = None
+        self.dropped = 0
+        self.sent = 0
 
     async def record(
         self, *, kind: str, name: str, uid: str | None, reason: str, message: str, event_type: str = "Normal"
@@ -390,17 +399,51 @@ class EventRecorder:
             "metadata": {"name": name, "uid": uid or ""},
         }
         try:
-            await self._client.create_event(
-                "default",
-                involved=involved,
-                reason=reason,
-                message=message,
-                event_type=event_type,
-                instance=self._instance,
-                now=now,
-            )
-        except Exception as exc:  # best effort by design (see class docstring)
-            log.warning("event not recorded", kind=kind, name=name, reason=reason, error=str(exc))
+            self._queue.put_nowait((involved, reason, message, event_type, now))
+        except asyncio.QueueFull:
+            self.dropped += 1
+            if self.dropped % 100 == 1:
+                log.warning("event queue full, dropping events", dropped=self.dropped)
+            return
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._send(), name="event-recorder")
+
+    async def _send(self) -> None:
+        while True:
+            involved, reason, message, event_type, now = await self._queue.get()
+            try:
+                await self._client.create_event(
+                    "default",
+                    involved=involved,
+                    reason=reason,
+                    message=message,
+                    event_type=event_type,
+                    instance=self._instance,
+                    now=now,
+                )
+                self.sent += 1
+            except Exception as exc:  # best effort by design (see class docstring)
+                name = involved["metadata"]["name"]
+                log.warning(
+                    "event not recorded", kind=involved["kind"], name=name, reason=reason, error=str(exc)
+                )
+            finally:
+                self._queue.task_done()
+
+    async def flush(self) -> None:
+        """Wait until every queued event was handled (callers bound it with `asyncio.timeout`)."""
+        await self._queue.join()
+
+    async def close(self, *, grace: float = 5.0) -> None:
+        """Send what is queued (for at most `grace` seconds), then stop the sender."""
+        if self._task is not None and not self._task.done():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace):
+                    await self.flush()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
 
 # ----------------------------------------------------------------------------------------------------

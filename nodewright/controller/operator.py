@@ -120,6 +120,7 @@ class Operator:
         signer: PodSigner,
         workers: int = 4,
         instance: str = "nodewright-operator",
+        event_client: KubeClient | None = None,
     ) -> None:
         client = manager.client
         self.manager = manager
@@ -146,7 +147,7 @@ class Operator:
             signer=signer,
             metrics=metrics,
             tracer=tracer,
-            events=EventRecorder(client, clock=lambda: self.rt.clock(), instance=instance),
+            events=EventRecorder(event_client or client, clock=lambda: self.rt.clock(), instance=instance),
         )
         self.rollout = manager.controller("rollout", RolloutReconciler(self.rt).reconcile, workers=workers)
         self.node = manager.controller("node", NodeReconciler(self.rt).reconcile, workers=workers * 4)
