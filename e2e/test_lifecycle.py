@@ -8,11 +8,15 @@ made while the operator still runs (so the finalizer is released). Simulated sta
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from typing import Any
+
+import yaml
 
 from e2e import operator_fixture
 from e2e.invariants import InvariantMonitor
 from e2e.operator_fixture import (
+    REPO,
     OperatorProcess,
     PodCreations,
     condition_of,
@@ -249,3 +253,340 @@ async def test_delete_with_uninstall_cleans_nodes(
             state = state_of(node, nw)  # files of "stays" remain on the host (D2)
             assert [e.name for e in state.packages] == ["stays"], state
             assert not node["spec"].get("unschedulable")
+
+
+# -- issue 5: ordering, downgrade, sequencing, pause/disable, eligibility, uninstall ------------------------
+
+
+def _time(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def first_pods(watch: PodCreations, node: str) -> dict[str, dt.datetime]:
+    """Per package: creation time of its first pod on `node`."""
+    out: dict[str, dt.datetime] = {}
+    for name, on, pkg, _, _ in watch.created:
+        if on == node:
+            at = _time(watch.created_at[name])
+            out[pkg] = min(out.get(pkg, at), at)
+    return out
+
+
+def completed_at(node: dict[str, Any], nw: str, pkg: str, version: str = "1.0.0") -> dt.datetime:
+    entry = state_of(node, nw).entry(pkg, version)
+    assert entry is not None and entry.state.value == "complete" and entry.updated, entry
+    return _time(entry.updated)
+
+
+async def test_depends_on_diamond(
+    cluster: ControlPlane,
+    operator: OperatorProcess,
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    """A and B run side by side; C starts on a node only after both completed there."""
+    prefix, nw = f"dia-{unique}", f"dia-{unique}"
+    async with fleet_of(cluster, prefix, 2), PodCreations(kube, nw) as watch:
+        packages = {
+            "pa": package(duration="2s"),
+            "pb": package(duration="2s"),
+            "pc": package(dependsOn={"pa": "1.0.0", "pb": "1.0.0"}),
+        }
+        await create_nodewright(kube, nodewright_manifest(nw, fleet_prefix=prefix, packages=packages))
+        nodes = await wait_statuses(kube, prefix, nw, "complete", within=120)
+        for node in nodes:
+            first = first_pods(watch, node["metadata"]["name"])
+            a_done, b_done = completed_at(node, nw, "pa"), completed_at(node, nw, "pb")
+            assert first["pc"] >= max(a_done, b_done), (first, a_done, b_done)
+            assert first["pa"] < b_done and first["pb"] < a_done, ("A and B did not overlap", first)
+        await delete_nodewright(kube, nw)
+
+
+async def test_priority_sequencing_node_then_all(
+    cluster: ControlPlane,
+    operator: OperatorProcess,
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    """hi (priority 1, one node at a time) before lo (priority 2). `sequencing: node`: lo starts on a node
+    once hi completed there, before hi completed everywhere; `all`: only once hi completed everywhere."""
+    prefix = f"seq-{unique}"
+    async with fleet_of(cluster, prefix, 2) as names:
+        for mode in ("node", "all"):
+            hi, lo = f"hi{mode}-{unique}", f"lo{mode}-{unique}"
+            async with PodCreations(kube, lo) as watch:
+                await create_nodewright(
+                    kube,
+                    nodewright_manifest(
+                        hi,
+                        fleet_prefix=prefix,
+                        packages={"base": package(duration="2s")},
+                        priority=1,
+                        sequencing=mode,
+                        interruptionBudget={"count": 1},
+                    ),
+                )
+                await create_nodewright(
+                    kube,
+                    nodewright_manifest(lo, fleet_prefix=prefix, packages={"app": package()}, priority=2),
+                )
+                await wait_statuses(kube, prefix, hi, "complete", within=90)
+                nodes = await wait_statuses(kube, prefix, lo, "complete", within=90)
+            hi_done = {n["metadata"]["name"]: completed_at(n, hi, "base") for n in nodes}
+            lo_first = {name: first_pods(watch, name)["app"] for name in names}
+            for name in names:
+                assert lo_first[name] >= hi_done[name], (mode, name, lo_first, hi_done)
+            if mode == "all":
+                assert min(lo_first.values()) >= max(hi_done.values()), (lo_first, hi_done)
+            else:
+                assert min(lo_first.values()) < max(hi_done.values()), (
+                    "lo waited for all",
+                    lo_first,
+                    hi_done,
+                )
+            await delete_nodewright(kube, lo)
+            await delete_nodewright(kube, hi)
+
+
+async def test_pause_stops_new_starts_and_resume_continues_disable_blocks_nothing(
+    cluster: ControlPlane,
+    operator: OperatorProcess,
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    prefix = f"pd-{unique}"
+    nw, off, later = f"pd-{unique}", f"off-{unique}", f"later-{unique}"
+    async with fleet_of(cluster, prefix, 2), PodCreations(kube, nw) as watch:
+        await create_nodewright(
+            kube,
+            nodewright_manifest(
+                nw,
+                fleet_prefix=prefix,
+                packages={"pa": package(duration="2s"), "pb": package(dependsOn={"pa": "1.0.0"})},
+                interruptionBudget={"count": 1},
+            ),
+        )
+
+        async def started() -> bool:
+            return len(watch.created) >= 1
+
+        await fleet.wait_for(started, within=30, what="first pod")
+        await patch_nodewright(kube, nw, {"metadata": {"annotations": {"nodewright.io/pause": "true"}}})
+        await wait_statuses(kube, prefix, nw, "paused", within=30)
+        before = len(watch.created)
+        await asyncio.sleep(4)  # nothing may start while paused: give it time to (wrongly) happen
+        assert len(watch.created) == before, watch.created[before:]
+        await patch_nodewright(kube, nw, {"metadata": {"annotations": {"nodewright.io/pause": "false"}}})
+        await wait_statuses(kube, prefix, nw, "complete", within=90)
+        assert len(watch.created) > before
+        # Disabled: status disabled, nothing started, and it does not hold back a later NodeWright.
+        async with PodCreations(kube, off) as off_watch:
+            await create_nodewright(
+                kube,
+                nodewright_manifest(
+                    off,
+                    fleet_prefix=prefix,
+                    packages={"px": package()},
+                    priority=1,
+                    sequencing="all",
+                    annotations={"nodewright.io/disable": "true"},
+                ),
+            )
+            await create_nodewright(
+                kube, nodewright_manifest(later, fleet_prefix=prefix, packages={"py": package()}, priority=5)
+            )
+            await wait_statuses(kube, prefix, later, "complete", within=90)
+            await wait_statuses(kube, prefix, off, "disabled", within=30)
+
+            async def nw_disabled() -> bool:
+                obj = await get_nodewright(kube, off)
+                return bool((obj or {}).get("status", {}).get("status") == "disabled")
+
+            await fleet.wait_for(nw_disabled, within=30, what="NodeWright status disabled")
+            assert off_watch.created == []
+        for name in (later, off, nw):
+            await delete_nodewright(kube, name)
+
+
+async def test_ignore_label_and_untolerated_taint_block_until_tolerated(
+    cluster: ControlPlane,
+    operator: OperatorProcess,
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    prefix, nw = f"elig-{unique}", f"elig-{unique}"
+    async with fleet_of(cluster, prefix, 3) as names:
+        ignored, tainted, free = names
+        await kube.merge_patch(
+            f"/api/v1/nodes/{ignored}", {"metadata": {"labels": {"nodewright.io/ignore": "true"}}}
+        )
+        taint = {"key": "dedicated", "value": "infer", "effect": "NoSchedule"}
+        await kube.merge_patch(f"/api/v1/nodes/{tainted}", {"spec": {"taints": [taint]}})
+        await create_nodewright(
+            kube, nodewright_manifest(nw, fleet_prefix=prefix, packages={"tool": package()})
+        )
+        await wait_statuses(kube, prefix, nw, "complete", within=90, count=1)
+        nodes = await wait_statuses(kube, prefix, nw, "blocked", within=30, count=2)
+        by_name = {n["metadata"]["name"]: n for n in nodes}
+        assert status_of(by_name[free], nw) == "complete"
+        assert "nodewright.io/ignore=true" in (condition_of(by_name[ignored], nw) or {}).get("message", "")
+        assert "dedicated=infer:NoSchedule" in (condition_of(by_name[tainted], nw) or {}).get("message", "")
+        assert not any(p["spec"]["nodeName"] in (ignored, tainted) for p in await package_pods(kube, nw))
+        await patch_nodewright(
+            kube,
+            nw,
+            {
+                "spec": {
+                    "additionalTolerations": [{"key": "dedicated", "operator": "Equal", "value": "infer"}]
+                }
+            },
+        )
+        await wait_statuses(kube, prefix, nw, "complete", within=90, count=2)
+        node = await kube.get(f"/api/v1/nodes/{tainted}")
+        assert status_of(node, nw) == "complete"
+        node = await kube.get(f"/api/v1/nodes/{ignored}")
+        assert status_of(node, nw) == "blocked"
+        await delete_nodewright(kube, nw)
+
+
+async def test_downgrade_installs_lower_version_and_keeps_the_newer_entry(
+    cluster: ControlPlane,
+    operator: OperatorProcess,
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    """uninstall.enabled=false: the lower version is installed with `apply`, the newer entry stays.
+    uninstall.enabled=true: the operator refuses (blocked, "requires uninstalling 2.0.0 first") — the
+    webhook would refuse the edit, but the operator must not act on it either."""
+    free_prefix, guarded_prefix = f"dg-{unique}", f"dgu-{unique}"
+    free_nw, guarded_nw = f"dg-{unique}", f"dgu-{unique}"
+    async with fleet_of(cluster, free_prefix, 1), fleet_of(cluster, guarded_prefix, 1):
+        await create_nodewright(
+            kube, nodewright_manifest(free_nw, fleet_prefix=free_prefix, packages={"pkg": package("2.0.0")})
+        )
+        await create_nodewright(
+            kube,
+            nodewright_manifest(
+                guarded_nw,
+                fleet_prefix=guarded_prefix,
+                packages={"pkg": package("2.0.0", uninstall={"enabled": True})},
+            ),
+        )
+        await wait_statuses(kube, free_prefix, free_nw, "complete", within=90)
+        await wait_statuses(kube, guarded_prefix, guarded_nw, "complete", within=90)
+        async with PodCreations(kube, free_nw) as watch, PodCreations(kube, guarded_nw) as guarded_watch:
+            await patch_nodewright(kube, free_nw, {"spec": {"packages": {"pkg": {"version": "1.0.0"}}}})
+            await patch_nodewright(kube, guarded_nw, {"spec": {"packages": {"pkg": {"version": "1.0.0"}}}})
+            nodes = await wait_statuses(
+                kube,
+                free_prefix,
+                free_nw,
+                "complete",
+                within=90,
+                generation=await generation_of(kube, free_nw),
+            )
+            assert {(pkg, stage) for _, _, pkg, stage, _ in watch.created} == {
+                ("pkg", "apply"),
+                ("pkg", "config"),
+            }
+            state = state_of(nodes[0], free_nw)
+            assert sorted(e.version for e in state.packages) == ["1.0.0", "2.0.0"], state
+            guarded = await wait_statuses(kube, guarded_prefix, guarded_nw, "blocked", within=30)
+            message = (condition_of(guarded[0], guarded_nw) or {}).get("message", "")
+            assert "requires uninstalling 2.0.0 first" in message, message
+            assert guarded_watch.created == []
+        await delete_nodewright(kube, free_nw)
+        await delete_nodewright(kube, guarded_nw)
+
+
+async def test_uninstall_removes_the_entry_and_cancel_reinstalls(
+    cluster: ControlPlane,
+    operator: OperatorProcess,
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    prefix, nw = f"un-{unique}", f"un-{unique}"
+    async with fleet_of(cluster, prefix, 1):
+        await create_nodewright(
+            kube,
+            nodewright_manifest(
+                nw, fleet_prefix=prefix, packages={"pkg": package(uninstall={"enabled": True})}
+            ),
+        )
+        await wait_statuses(kube, prefix, nw, "complete", within=90)
+        # Uninstall: the entry goes.
+        async with PodCreations(kube, nw) as watch:
+            await patch_nodewright(kube, nw, {"spec": {"packages": {"pkg": {"uninstall": {"apply": True}}}}})
+            nodes = await wait_statuses(
+                kube, prefix, nw, "complete", within=90, generation=await generation_of(kube, nw)
+            )
+            assert [stage for _, _, _, stage, _ in watch.created] == ["uninstall"]
+        assert state_of(nodes[0], nw).packages == ()
+        # Reinstall, then a slow uninstall cancelled while its pod runs: reinstalled from apply.
+        await patch_nodewright(kube, nw, {"spec": {"packages": {"pkg": {"uninstall": {"apply": False}}}}})
+        await wait_statuses(kube, prefix, nw, "complete", within=90, generation=await generation_of(kube, nw))
+        async with PodCreations(kube, nw) as watch:
+            slow = [{"name": "NODEWRIGHT_SIM_DURATION", "value": "20s"}]
+            await patch_nodewright(
+                kube, nw, {"spec": {"packages": {"pkg": {"uninstall": {"apply": True}, "env": slow}}}}
+            )
+
+            async def uninstalling() -> bool:
+                return any(stage == "uninstall" for _, _, _, stage, _ in watch.created)
+
+            await fleet.wait_for(uninstalling, within=30, what="uninstall pod")
+            fast = [{"name": "NODEWRIGHT_SIM_DURATION", "value": "1s"}]
+            await patch_nodewright(
+                kube, nw, {"spec": {"packages": {"pkg": {"uninstall": {"apply": False}, "env": fast}}}}
+            )
+            nodes = await wait_statuses(
+                kube, prefix, nw, "complete", within=90, generation=await generation_of(kube, nw)
+            )
+            stages = [stage for _, _, _, stage, _ in watch.created]
+            assert stages == ["uninstall", "apply", "config"], stages
+        entry = state_of(nodes[0], nw).entry("pkg", "1.0.0")
+        assert entry is not None and entry.state.value == "complete"
+        await delete_nodewright(kube, nw)
+
+
+async def test_reference_skyhook_manifest_converted_completes(
+    cluster: ControlPlane,
+    operator: OperatorProcess,
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    """manifests/samples/reference/skyhook-gpu-stack.yaml, written for the reference system, converted by
+    changing apiVersion and kind. Changed beyond that, for a shared test cluster only: metadata.name
+    (unique per run) and spec.nodeSelectors (this test's fleet instead of every GPU node). Stages run
+    with the simulator's default duration (2 s); the TOKEN secret is never resolved (no kubelet)."""
+    doc = yaml.safe_load((REPO / "manifests/samples/reference/skyhook-gpu-stack.yaml").read_text())
+    doc["apiVersion"], doc["kind"] = "nodewright.io/v1alpha1", "NodeWright"
+    prefix = nw = f"ref-{unique}"
+    doc["metadata"]["name"] = nw
+    doc["spec"]["nodeSelectors"] = {"matchLabels": {fleet.FLEET_LABEL: prefix}}
+    async with fleet_of(cluster, prefix, 2):
+        await create_nodewright(kube, doc)
+        nodes = await wait_statuses(kube, prefix, nw, "complete", within=150)
+        for node in nodes:
+            state = state_of(node, nw)
+            assert {(e.name, e.version) for e in state.packages} == {("tuning", "1.1.2"), ("spencer", "3.2")}
+            assert not node["spec"].get("unschedulable")
+
+        async def untainted() -> bool:
+            # runtimeRequired (+ autoTaintNewNodes): the rollout controller lifts the taint once a node
+            # is complete, right after the status label this test waited for.
+            return not any(
+                t["key"] == "nodewright.io/runtime-required"
+                for n in await nodes_of(kube, prefix)
+                for t in n["spec"].get("taints") or []
+            )
+
+        await fleet.wait_for(untainted, within=30, what="runtime-required taints lifted")
+        await delete_nodewright(kube, nw, within=120)

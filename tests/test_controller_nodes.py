@@ -277,3 +277,39 @@ def test_node_facts_from_trimmed_node() -> None:
     facts = node_facts(trim_node(node_obj(unschedulable=True, taints=[{"key": "k", "effect": "NoSchedule"}])))
     assert facts.unschedulable and facts.ready and facts.boot_id == "b1"
     assert [(t.key, t.effect) for t in facts.taints] == [("k", "NoSchedule")]
+
+
+def test_timing_keeps_the_drain_skip_memory_across_uncordon_and_round_trips() -> None:
+    from nodewright.plan.node import DrainSkip
+
+    skip = DrainSkip(at=NOW, message="drain timed out after 5s (policy skip): team/web-0")
+    t = Timing(cordoned_at=NOW, draining_since=NOW).with_drain_skip(skip)
+    assert Timing.decode(t.encode()) == t and t.drain_skip == skip
+    after = update_timing(
+        t, now=NOW, cordoning=False, uncordoning=True, protected=None, evicting=False, drained=None
+    )
+    assert after.drain_skip == skip and after.cordoned_at is None and after.draining_since is None
+    assert after.with_drain_skip(None).empty
+    assert Timing.decode('{"s": "garbage"}') == Timing()
+
+
+def test_eviction_refusal_message_names_the_pdb_from_the_causes() -> None:
+    from nodewright.controller.drainer import _with_causes
+    from nodewright.kube.resources import api_error
+
+    body = {
+        "kind": "Status",
+        "reason": "TooManyRequests",
+        "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+        "details": {
+            "causes": [
+                {
+                    "reason": "DisruptionBudget",
+                    "message": "The disruption budget web needs 1 healthy pods and has 1 currently",
+                }
+            ]
+        },
+    }
+    text = _with_causes(api_error(429, body))
+    assert text.startswith("The disruption budget web needs 1") and "Cannot evict" in text
+    assert _with_causes(api_error(429, {"message": "plain"})) == "plain"

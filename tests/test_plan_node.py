@@ -561,3 +561,162 @@ def test_failed_interrupt_retries_after_spec_change() -> None:
     plan = node.run()
     assert plan.status == Status.COMPLETE and not node.unschedulable
     assert [c.stage for c in node.created][-2:] == [PackageStage.INTERRUPT, PackageStage.POST_INTERRUPT]
+
+
+# -- admin cordon and drain timeout policies (issue 6) ------------------------------------------------
+
+
+def test_node_already_unschedulable_at_cordon_time_records_no_ownership() -> None:
+    nw = reboot_nw()
+    admin = NodeFacts(name="n1", labels={}, unschedulable=True, boot_id="b0")
+    first = plan_node(inp(nw, NodeState(admission=ADMIT), node=admin))
+    assert not any(isinstance(a, Cordon) for a in first.actions)
+    assert first.needs_drain_facts and not first.state.cordoned
+    # The run is recorded as started (work in flight), but the cordon is not ours.
+    assert first.state.entry("pa", "1.0.0") is not None
+    node = FakeNode(nw, cordoned_by_other=True)
+    final = node.run()
+    assert final.status == Status.COMPLETE and node.unschedulable
+    assert not any(p.state.cordoned for p in node.plans)
+    assert [c.stage for c in node.created][-2:] == [PackageStage.INTERRUPT, PackageStage.POST_INTERRUPT]
+
+
+def drain_nw(policy: str, timeout: str = "5s", **spec: Any) -> NodeWright:
+    from nodewright.api.models import Drain as DrainSpec
+
+    drain = DrainSpec(timeout=timeout, policy=policy)  # type: ignore[arg-type]
+    if "packages" in spec:
+        return make_nw(drain=drain, **spec)
+    return reboot_nw(drain=drain, **spec)
+
+
+def draining(*, since_seconds: float, blocked: bool = True) -> Any:
+    from nodewright.plan.drain import DrainSelection
+    from nodewright.plan.node import DrainFacts
+
+    return DrainFacts(
+        selection=DrainSelection(evict=("team/web-0",), terminating=(), protected=()),
+        draining_since=T0 - timedelta(seconds=since_seconds),
+        eviction_blocked=(
+            ("team/web-0: The disruption budget web-pdb needs 1 healthy pods and has 1 currently",)
+            if blocked
+            else ()
+        ),
+    )
+
+
+HEAD = PackageEntry(name="pa", version="1.0.0", stage=PackageStage.APPLY, state=PackageState.PENDING)
+CORDONED = NodeFacts(name="n1", labels={}, unschedulable=True, boot_id="b0")
+
+
+def test_drain_timeout_wait_keeps_evicting_and_names_the_pdb() -> None:
+    state = NodeState(packages=(HEAD,), admission=ADMIT, cordoned=True)
+    plan = plan_node(inp(drain_nw("wait"), state, node=CORDONED, drain=draining(since_seconds=60)))
+    drains = [a for a in plan.actions if isinstance(a, Drain)]
+    assert drains == [Drain(("team/web-0",), force=False)]
+    assert plan.status == Status.IN_PROGRESS and plan.condition.reason == "Draining"
+    assert "web-pdb" in plan.condition.message and "team/web-0" in plan.condition.message
+    assert "timeout 5s exceeded (policy wait)" in plan.condition.message
+    assert plan.state.cordoned and not creates(plan) and not plan.drain_skipped
+
+
+def test_drain_timeout_force_deletes_after_the_timeout_only() -> None:
+    state = NodeState(packages=(HEAD,), admission=ADMIT, cordoned=True)
+    before = plan_node(inp(drain_nw("force"), state, node=CORDONED, drain=draining(since_seconds=2)))
+    assert [a for a in before.actions if isinstance(a, Drain)] == [Drain(("team/web-0",), force=False)]
+    after = plan_node(inp(drain_nw("force"), state, node=CORDONED, drain=draining(since_seconds=6)))
+    assert [a for a in after.actions if isinstance(a, Drain)] == [Drain(("team/web-0",), force=True)]
+    assert after.status == Status.IN_PROGRESS and not creates(after)
+
+
+def test_drain_timeout_skip_releases_the_node_until_admitted_again() -> None:
+    nw = drain_nw("skip")
+    state = NodeState(packages=(HEAD,), admission=ADMIT, cordoned=True)
+    # Before the timeout: an ordinary drain.
+    early = plan_node(inp(nw, state, node=CORDONED, drain=draining(since_seconds=2)))
+    assert any(isinstance(a, Drain) for a in early.actions) and not early.drain_skipped
+    # After it: uncordon, the unstarted run undone, blocked with the reason, nothing evicted or created.
+    plan = plan_node(inp(nw, state, node=CORDONED, drain=draining(since_seconds=6)))
+    assert plan.drain_skipped and plan.drain_skip is not None and plan.drain_skip.at == T0
+    assert [a for a in plan.actions if isinstance(a, (Cordon, Uncordon, Drain, CreatePod))] == [Uncordon()]
+    assert plan.status == Status.BLOCKED and plan.condition.reason == "DrainTimeout"
+    assert "web-pdb" in plan.condition.message and "team/web-0" in plan.condition.message
+    assert not plan.state.cordoned and plan.state.entry("pa", "1.0.0") is None
+    # Still admitted under the same admission (the rollout has not released it yet): stays released.
+    uncordoned = NodeFacts(name="n1", labels={}, boot_id="b0")
+    later = T0 + timedelta(seconds=3)
+    held = plan_node(inp(nw, plan.state, node=uncordoned, now=later, drain_skip=plan.drain_skip))
+    assert held.status == Status.BLOCKED and held.condition.reason == "DrainTimeout"
+    assert not any(isinstance(a, (Cordon, CreatePod)) for a in held.actions)
+    assert held.drain_skip == plan.drain_skip and not held.state_changed
+    # Released by the rollout (no admission): still blocked with the reason, nothing starts.
+    released = replace(plan.state, admission=None)
+    idle = plan_node(inp(nw, released, node=uncordoned, now=later, drain_skip=plan.drain_skip))
+    assert idle.status == Status.BLOCKED and not any(isinstance(a, (Cordon, CreatePod)) for a in idle.actions)
+    # Admitted again later: the memory is dropped and the drain is tried afresh (cordon first).
+    again = replace(released, admission=Admission("__default__", 2, 4, "2025-01-01T00:00:30Z"))
+    retry = plan_node(
+        inp(nw, again, node=uncordoned, now=T0 + timedelta(seconds=31), drain_skip=plan.drain_skip)
+    )
+    assert retry.drain_skip is None and any(isinstance(a, Cordon) for a in retry.actions)
+    assert retry.status == Status.IN_PROGRESS
+
+
+def test_drain_timeout_skip_never_releases_a_node_mid_run() -> None:
+    """Once a stage of the interrupt-bearing run executed, skip would leave the node half-done: it
+    keeps draining like `wait`."""
+    nw = drain_nw("skip")
+    mid = replace(HEAD, stage=PackageStage.INTERRUPT, attempts=0)
+    state = NodeState(packages=(mid,), admission=ADMIT, cordoned=True)
+    plan = plan_node(inp(nw, state, node=CORDONED, drain=draining(since_seconds=60)))
+    assert not plan.drain_skipped and plan.status == Status.IN_PROGRESS
+    assert any(isinstance(a, Drain) for a in plan.actions) and not any(
+        isinstance(a, Uncordon) for a in plan.actions
+    )
+
+
+def test_drain_timeout_skip_on_an_admin_cordoned_node_keeps_the_cordon() -> None:
+    nw = drain_nw("skip")
+    state = NodeState(packages=(HEAD,), admission=ADMIT, cordoned=False)
+    plan = plan_node(inp(nw, state, node=CORDONED, drain=draining(since_seconds=6)))
+    assert plan.drain_skipped and plan.status == Status.BLOCKED
+    assert not any(isinstance(a, (Uncordon, Cordon, Drain)) for a in plan.actions)
+
+
+def test_drain_timeout_skip_of_a_config_run_keeps_the_package_complete() -> None:
+    pkg = Package(
+        version="1.0.0",
+        image="x",
+        config_map={"a": "2"},
+        config_interrupts={"a": REBOOT},
+    )
+    nw = drain_nw("skip", packages={"pa": pkg})
+    done = replace(
+        complete_entry(pkg.model_copy(update={"config_map": {"a": "1"}})),
+        stage=PackageStage.CONFIG,
+        state=PackageState.PENDING,
+        changed=("a",),
+        started=None,
+    )
+    state = NodeState(packages=(done,), admission=ADMIT, cordoned=True)
+    plan = plan_node(inp(nw, state, node=CORDONED, drain=draining(since_seconds=6)))
+    assert plan.drain_skipped
+    entry = plan.state.entry("pa", "1.0.0")
+    assert entry is not None and entry.state == PackageState.COMPLETE and entry.changed == ()
+    assert entry.config == config_hashes({"a": "1"})  # the new config was never applied
+
+
+def test_cancelled_uninstall_whose_pod_was_replaced_reinstalls() -> None:
+    """A spec change replaces the running uninstall pod (attempts back to 0): it may have removed files,
+    so cancelling it then reinstalls from apply rather than declaring the package complete."""
+    pkg = Package(version="1.0.0", image="x", uninstall=Uninstall(enabled=True, apply=False))
+    replaced = replace(
+        complete_entry(pkg),
+        stage=PackageStage.UNINSTALL,
+        state=PackageState.PENDING,
+        attempts=0,
+        started="2025-01-01T00:00:00Z",
+    )
+    plan = plan_node(inp(make_nw(packages={"pa": pkg}), NodeState(packages=(replaced,), admission=ADMIT)))
+    entry = plan.state.entry("pa", "1.0.0")
+    assert entry is not None and entry.stage == PackageStage.APPLY and entry.state != PackageState.COMPLETE

@@ -20,10 +20,11 @@ Kubernetes behaviour handled here:
 operator restart, or a restart would silently extend every timeout. They are persisted in the node
 annotation `nodewright.io/timing.<nw>` (written by the node controller in the same patch as the state
 annotation, so there is no extra write), together with `cordoned_at` (the start of the maintenance
-window, for the `nodewright_maintenance_seconds` histogram). The state annotation itself has a strict
-schema shared with the rollout controller; these are the node controller's private bookkeeping, so
-they live next to it rather than in it. Eviction refusal messages are kept in memory only: they are
-re-learnt by the next eviction attempt.
+window, for the `nodewright_maintenance_seconds` histogram) and the drain-skip memory (`s`, `m`:
+when and why `drain.policy: skip` released the node, see `plan.node.DrainSkip`). The state annotation
+itself has a strict schema shared with the rollout controller; these are the node controller's
+private bookkeeping, so they live next to it rather than in it. Eviction refusal messages are kept
+in memory only: they are re-learnt by the next eviction attempt.
 """
 
 from __future__ import annotations
@@ -37,13 +38,15 @@ from typing import Any, Final
 import structlog
 
 from nodewright.api import constants
-from nodewright.kube.client import EvictionOutcome, KubeClient
-from nodewright.kube.resources import JSON, PODS
+from nodewright.kube.client import EvictionOutcome, EvictionResult, KubeClient
+from nodewright.kube.resources import JSON, PODS, ApiError, NotFound, TooManyRequests
+from nodewright.plan.node import DrainSkip
 from nodewright.plan.stages import parse_ts, ts
 
 log = structlog.get_logger("nodewright.controller.drainer")
 
 TIMING_ANNOTATION_PREFIX: Final = f"{constants.PREFIX}timing."
+SKIP_MESSAGE_LIMIT: Final = 512
 
 
 def timing_annotation(nodewright: str) -> str:
@@ -57,18 +60,36 @@ class Timing:
     cordoned_at: datetime | None = None
     protected_since: datetime | None = None
     draining_since: datetime | None = None
+    skipped_at: datetime | None = None  # drain.policy skip released the node then (plan.node.DrainSkip)
+    skip_message: str = ""
 
     @property
     def empty(self) -> bool:
-        return self.cordoned_at is None and self.protected_since is None and self.draining_since is None
+        return self.encode() is None
+
+    @property
+    def drain_skip(self) -> DrainSkip | None:
+        return DrainSkip(self.skipped_at, self.skip_message) if self.skipped_at is not None else None
+
+    def with_drain_skip(self, skip: DrainSkip | None) -> Timing:
+        if skip is None:
+            return replace(self, skipped_at=None, skip_message="")
+        return replace(self, skipped_at=skip.at, skip_message=skip.message[:SKIP_MESSAGE_LIMIT])
 
     def encode(self) -> str | None:
         """Compact JSON; None when empty (the annotation is then removed)."""
-        doc = {
+        doc: dict[str, str] = {
             k: ts(v)
-            for k, v in (("c", self.cordoned_at), ("p", self.protected_since), ("d", self.draining_since))
+            for k, v in (
+                ("c", self.cordoned_at),
+                ("p", self.protected_since),
+                ("d", self.draining_since),
+                ("s", self.skipped_at),
+            )
             if v is not None
         }
+        if self.skipped_at is not None and self.skip_message:
+            doc["m"] = self.skip_message
         return json.dumps(doc, sort_keys=True, separators=(",", ":")) if doc else None
 
     @staticmethod
@@ -80,10 +101,19 @@ class Timing:
             doc = json.loads(text)
             if not isinstance(doc, dict):
                 return Timing()
-            values = {k: parse_ts(v) for k, v in doc.items() if k in ("c", "p", "d") and isinstance(v, str)}
+            values = {
+                k: parse_ts(v) for k, v in doc.items() if k in ("c", "p", "d", "s") and isinstance(v, str)
+            }
+            message = doc.get("m")
         except ValueError:
             return Timing()
-        return Timing(values.get("c"), values.get("p"), values.get("d"))
+        return Timing(
+            values.get("c"),
+            values.get("p"),
+            values.get("d"),
+            values.get("s"),
+            message if isinstance(message, str) and values.get("s") is not None else "",
+        )
 
 
 def read_timing(annotations: Mapping[str, str], nodewright: str) -> Timing:
@@ -100,9 +130,11 @@ def update_timing(
     evicting: bool,
     drained: bool | None,
 ) -> Timing:
-    """The timestamps after this plan. `protected`/`drained` are None when no drain facts were built."""
+    """The timestamps after this plan. `protected`/`drained` are None when no drain facts were built.
+
+    The drain-skip memory is not touched here: it follows the plan (`Timing.with_drain_skip`)."""
     if uncordoning:
-        return Timing()
+        return Timing(skipped_at=timing.skipped_at, skip_message=timing.skip_message)
     t = timing
     if cordoning and t.cordoned_at is None:
         t = replace(t, cordoned_at=now)
@@ -155,7 +187,7 @@ class Drainer:
                 log.info("pod force-deleted for drain", pod=ref, existed=gone)
                 evicted.append(ref)
                 continue
-            result = await self._client.evict(namespace, name)
+            result = await self._evict(namespace, name)
             if result.outcome in (EvictionOutcome.ACCEPTED, EvictionOutcome.NOT_FOUND):
                 evicted.append(ref)
             else:
@@ -166,6 +198,39 @@ class Drainer:
         else:
             self._blocked.pop(key, None)
         return EvictionReport(tuple(evicted), tuple(blocked))
+
+    async def _evict(self, namespace: str, name: str) -> EvictionResult:
+        """policy/v1 Eviction, like `KubeClient.evict`, but a refusal's message carries its causes: the
+        API server names the PodDisruptionBudget only there ("The disruption budget web needs 2
+        healthy pods and has 2 currently"), and that name is what an operator needs to see."""
+        body: JSON = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        try:
+            await self._client.request(
+                "POST",
+                PODS.item_path(name, namespace, "eviction"),
+                resource="pods/eviction",
+                body=body,
+                repeatable=False,
+                retry_429=False,
+            )
+        except NotFound as exc:
+            return EvictionResult(EvictionOutcome.NOT_FOUND, 404, exc.message)
+        except TooManyRequests as exc:
+            return EvictionResult(EvictionOutcome.BLOCKED, 429, _with_causes(exc), exc.retry_after)
+        except ApiError as exc:
+            return EvictionResult(EvictionOutcome.FAILED, exc.status, _with_causes(exc))
+        return EvictionResult(EvictionOutcome.ACCEPTED, 201)
+
+
+def _with_causes(exc: ApiError) -> str:
+    details = exc.body.get("details") if isinstance(exc.body, dict) else None
+    causes = details.get("causes") if isinstance(details, dict) else None
+    texts = [str(c.get("message")) for c in causes or () if isinstance(c, dict) and c.get("message")]
+    return "; ".join([*texts, exc.message]) if texts else exc.message
 
 
 def _short(message: Any, limit: int = 200) -> str:

@@ -29,7 +29,6 @@ never a failed reconcile. Log lines are fetched once per failed pod (cached by u
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -42,7 +41,7 @@ import structlog
 from nodewright.api import constants
 from nodewright.api.nodestate import PackageStage
 from nodewright.kube.client import KubeClient
-from nodewright.kube.resources import JSON
+from nodewright.kube.resources import JSON, ApiError
 from nodewright.plan.stages import PodOutcome, PodSummary
 
 log = structlog.get_logger("nodewright.controller.pods")
@@ -194,22 +193,9 @@ class PodLogs:
     async def _fetch(self, namespace: str, name: str, container: str) -> str:
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/log"
         params = {"container": container, "tailLines": str(LOG_TAIL_LINES)}
-        client = self._client
         try:
-            async with asyncio.timeout(self._deadline):
-                # The JSON helpers of KubeClient drop non-JSON bodies; pod logs are text/plain.
-                headers = await client._headers(None)
-                headers["Accept"] = "text/plain, */*"
-                async with client._http().get(
-                    client.config.server + path,
-                    params=params,
-                    headers=headers,
-                    **client._request_kwargs(),
-                ) as resp:
-                    if resp.status != 200:
-                        return ""
-                    body = await resp.text(errors="replace")
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            body = await self._client.get_text(path, params=params, timeout=self._deadline)
+        except (TimeoutError, aiohttp.ClientError, OSError, ApiError) as exc:
             log.debug("pod log unavailable", pod=f"{namespace}/{name}", container=container, error=str(exc))
             return ""
         lines = [line for line in body.splitlines() if line.strip()][-LOG_TAIL_LINES:]

@@ -266,6 +266,41 @@ class KubeClient:
 
     # -- reads --------------------------------------------------------------------------------------
 
+    async def get_text(
+        self,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        timeout: float = 10.0,  # noqa: ASYNC109 - the HTTP request's own deadline, handed to aiohttp
+    ) -> str:
+        """GET a body that is not JSON (pod logs are text/plain), once, within `timeout` seconds.
+
+        Raises `ApiError` (or a subclass) for HTTP >= 400 and aiohttp/timeout errors on transport
+        failures; no retries: callers of text endpoints are best effort.
+        """
+        resource = "pods/log" if path.endswith("/log") else "text"
+        started = time.perf_counter()
+        code = "<error>"
+        try:
+            headers = await self._headers(None)
+            headers["Accept"] = "text/plain, */*"
+            async with self._http().get(
+                self.config.server + path,
+                params=params,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, self.connect_timeout)),
+                **self._request_kwargs(),
+            ) as resp:
+                code = str(resp.status)
+                text = await resp.text(errors="replace")
+        finally:
+            self.metrics.observe(
+                verb="GET", resource=resource, code=code, seconds=time.perf_counter() - started
+            )
+        if int(code) >= 400:
+            raise api_error(int(code), _decode(text))
+        return text
+
     async def get(self, resource: Resource, name: str, *, namespace: str | None = None) -> JSON:
         return await self.request("GET", resource.item_path(name, namespace), resource=resource.label)
 

@@ -21,6 +21,11 @@ Safety rules (anchor §2.9 plus our fixes, §11.3):
 - Before any pre-interrupt stage pod (apply/upgrade/config/uninstall) of a run with an interrupt, the
   node is cordoned (recorded in `state.cordoned` only when WE made it unschedulable), protected pods
   (podNonInterruptLabels) are waited for, and the node is drained: evicted pods must be gone.
+- A node already unschedulable when the cordon is due (an admin cordoned it) is worked on without
+  taking ownership: `state.cordoned` stays false and it is never uncordoned by us.
+- `drain.timeout` expired: `wait` keeps evicting and says so; `force` deletes the remaining pods;
+  `skip` releases the node while its interrupt-bearing runs have not executed anything (runs undone,
+  uncordoned if ours, status `blocked`/`DrainTimeout`, memory in `DrainSkip` until a newer admission).
 - Right before the interrupt pod, protected pods and drain are checked again.
 - The interrupt pod never runs alongside other stage pods of this NodeWright on the node, and no
   stage pod starts while an interrupt is in progress.
@@ -104,6 +109,19 @@ class DrainFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class DrainSkip:
+    """The node controller's memory of a drain that timed out under `drain.policy: skip`.
+
+    The node was released (uncordoned if we cordoned it, the run not started) at `at`. It stays
+    `blocked` (reason `DrainTimeout`) until the rollout admits it again with an admission newer than
+    `at`; then the drain is tried afresh (new timer).
+    """
+
+    at: datetime
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class PlanOptions:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     pod: podspec.PodOptions = field(default_factory=podspec.PodOptions)
@@ -122,6 +140,7 @@ class NodeInput:
     drain: DrainFacts | None = None
     sequencing_blocker: str | None = None  # from sequencing.blocking(...).reason
     options: PlanOptions = field(default_factory=PlanOptions)
+    drain_skip: DrainSkip | None = None  # persisted by the controller (see DrainSkip)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -200,6 +219,8 @@ class NodePlan:
     actions: tuple[Action, ...]
     needs_drain_facts: bool = False
     state_changed: bool = False
+    drain_skip: DrainSkip | None = None  # the skip memory after this plan (None: none / cleared)
+    drain_skipped: bool = False  # this plan skipped the drain (the controller resets its drain timer)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -315,6 +336,9 @@ class _Planner:
         self.needs_drain = False
         self.cordon_requested = False
         self.node_gate_ok = False  # cordoned + no protected pods + drained, this plan
+        self.skip: DrainSkip | None = inp.drain_skip  # drain.policy skip memory (see DrainSkip)
+        self.skipped_now = False  # this plan released the node after a drain timeout
+        self.skip_blocked: str | None = None  # status message while released for a drain timeout
 
     # -- small utilities ------------------------------------------------------------------------
 
@@ -574,8 +598,14 @@ class _Planner:
             for entry in self.state.entries_for(name):
                 if entry.stage != PackageStage.UNINSTALL or entry.state == PackageState.COMPLETE:
                     continue
-                if entry.state == PackageState.PENDING and entry.attempts == 0 and not entry.error:
-                    # Nothing ran yet: the package is still installed as it was.
+                if (
+                    entry.state == PackageState.PENDING
+                    and entry.attempts == 0
+                    and entry.started is None
+                    and not entry.error
+                ):
+                    # Nothing ran yet: the package is still installed as it was. (`started` survives a
+                    # pod replaced for a spec change, which resets `attempts`: that pod may have run.)
                     last = PackageStage.POST_INTERRUPT if pkg.interrupt else PackageStage.CONFIG
                     self.put(replace(entry, stage=last, state=PackageState.COMPLETE, updated=ts(self.now)))
                 else:
@@ -686,6 +716,8 @@ class _Planner:
         """Cordon -> protected pods -> drain. True when the node is ready for interrupt-bearing work."""
         if self.node_gate_ok:
             return True
+        if self.skipped_now:
+            return False
         if not self.node.unschedulable:
             if not self.cordon_requested:
                 self.cordon_requested = True
@@ -730,20 +762,92 @@ class _Planner:
                 and self.now
                 >= facts.draining_since + timedelta(seconds=podspec.parse_duration_seconds(timeout_text))
             )
-            if not (expired and policy == "skip"):
-                force = expired and policy == "force"
-                if sel.evict:
-                    self.actions.append(Drain(sel.evict, force=force))
-                blocked = (
-                    f" (eviction blocked: {'; '.join(facts.eviction_blocked[:3])})"
-                    if facts.eviction_blocked
-                    else ""
+            blocked = (
+                f" (eviction blocked: {'; '.join(facts.eviction_blocked[:3])})"
+                if facts.eviction_blocked
+                else ""
+            )
+            left = len(sel.evict) + len(sel.terminating)
+            if (
+                expired
+                and policy == "skip"
+                and not for_interrupt
+                and self.skip_drain(
+                    f"drain timed out after {timeout_text} (policy skip): {left} pod(s) left"
+                    f" ({', '.join((*sel.evict, *sel.terminating)[:5])}){blocked};"
+                    " released, retried when the rollout admits the node again"
                 )
-                left = len(sel.evict) + len(sel.terminating)
-                self.waiting.append(f"draining: {left} pod(s) left{blocked}")
-                self.requeue(self.opts.poll_interval, "drain")
+            ):
                 return False
+            force = expired and policy == "force"
+            if sel.evict:
+                self.actions.append(Drain(sel.evict, force=force))
+            late = f"drain timeout {timeout_text} exceeded (policy {policy}); " if expired else ""
+            self.waiting.append(f"draining: {late}{left} pod(s) left{blocked}")
+            self.requeue(self.opts.poll_interval, "drain")
+            return False
         self.node_gate_ok = True
+        return True
+
+    def run_heads(self) -> list[PackageEntry]:
+        """Interrupt-bearing runs recorded as started (to own the cordon) whose first pod never ran."""
+        return [
+            e
+            for e in self.state.packages
+            if self.in_spec(e)
+            and e.state == PackageState.PENDING
+            and e.attempts == 0
+            and e.started is None
+            and not e.error
+            and (
+                e.stage in (PackageStage.APPLY, PackageStage.UPGRADE, PackageStage.UNINSTALL)
+                or (e.stage == PackageStage.CONFIG and bool(e.changed))
+            )
+            and self.stage_interrupt(e) is not None
+        ]
+
+    def skip_drain(self, message: str) -> bool:
+        """drain.policy skip after the timeout: give the node back (uncordon if we cordoned it, runs not
+        started are undone) and report it `blocked`, so the rollout releases it and moves on. Only
+        possible while nothing of the interrupt-bearing runs has executed on the node; otherwise False
+        (the caller keeps draining, like `wait`: a node is never left half-done)."""
+        heads = self.run_heads()
+        busy = [
+            e
+            for e in self.state.packages
+            if self.in_spec(e) and e.state in ACTIVE_STATES and e not in heads and self.stage_interrupt(e)
+        ]
+        if busy or not heads:
+            return False
+        for e in heads:
+            pkg = _package(self.nw, e.name)
+            if e.stage in (PackageStage.APPLY, PackageStage.UPGRADE):
+                self.state = self.state.without(e.name, e.version)  # never ran: as if never started
+            elif e.stage == PackageStage.CONFIG:
+                self.put(replace(e, state=PackageState.COMPLETE, changed=(), updated=ts(self.now)))
+            else:  # uninstall not started: still installed as it was
+                last = PackageStage.POST_INTERRUPT if pkg.interrupt else PackageStage.CONFIG
+                self.put(replace(e, stage=last, state=PackageState.COMPLETE, updated=ts(self.now)))
+        if self.state.cordoned:
+            self.actions.append(Uncordon())
+            self.state = replace(self.state, cordoned=False)
+        self.skip = DrainSkip(at=self.now, message=message)
+        self.skipped_now = True
+        self.skip_blocked = message
+        self.events.append(Event("DrainTimeout", message, "Warning"))
+        return True
+
+    def drain_skip_holds(self) -> bool:
+        """A drain was skipped and the rollout has not admitted the node again since: stay released."""
+        if self.skipped_now:
+            return True
+        if self.skip is None:
+            return False
+        admission = self.state.admission
+        if admission is not None and parse_ts(admission.at) > self.skip.at:
+            self.skip = None  # admitted again: try afresh (the controller starts a new drain timer)
+            return False
+        self.skip_blocked = self.skip.message
         return True
 
     def fail_active(self, message: str) -> None:
@@ -890,6 +994,8 @@ class _Planner:
         runs = self.new_runs()
         if not runs:
             return
+        if self.drain_skip_holds():
+            return
         if self.state.admission is None:
             self.waiting.append("waiting for the rollout to admit this node")
             return
@@ -969,6 +1075,8 @@ class _Planner:
             self.events.append(
                 Event("Uncordon", "no work in flight and not admitted: uncordoning while waiting")
             )
+        if complete:
+            self.skip = None
         status, reason, message = self.status(complete)
         actions: list[Action] = [a for a in self.actions if isinstance(a, (Cordon, Uncordon))]
         actions += [a for a in self.actions if isinstance(a, (WaitForProtectedPods, Drain))]
@@ -986,6 +1094,8 @@ class _Planner:
             actions=tuple(actions),
             needs_drain_facts=self.needs_drain,
             state_changed=self.state != (self.inp.state or NodeState()),
+            drain_skip=self.skip,
+            drain_skipped=self.skipped_now,
         )
 
     def idle(self) -> bool:
@@ -1013,6 +1123,12 @@ class _Planner:
         if errors:
             text = "; ".join(f"{e.name}:{e.version} {e.stage.value}: {e.error}" for e in errors[:3])
             return Status.ERRORING, "Erroring", text
+        if self.skip_blocked and not self.state.cordoned:
+            return (
+                Status.BLOCKED,
+                "DrainTimeout",
+                self.skip_blocked + (f"; in flight: {doing}" if doing else ""),
+            )
         if active or self.creates or self.state.cordoned:
             reason = "InProgress"
             if any(isinstance(a, WaitForProtectedPods) for a in self.actions):
