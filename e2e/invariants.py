@@ -1141,12 +1141,12 @@ class InvariantMonitor:
         snap = self._node_at(pod.node, pod.created_rv)
         if snap is None:
             return
-        if snap.unschedulable and snap.cordoning:
+        if snap.unschedulable:
             return
         self._breach(
             Breach(
                 "I3",
-                "interrupt pod created on a node NodeWright had not cordoned",
+                "interrupt pod created on a node that was not cordoned",
                 node=pod.node,
                 nodewright=pod.nodewright,
                 pods=(pod.describe(),),
@@ -1236,12 +1236,12 @@ class InvariantMonitor:
 
     def _check_eviction_cordon(self, pod: PodRecord, phase: str, rv: int) -> None:
         snap = self._node_at(pod.node, rv)
-        if snap is None or (snap.unschedulable and snap.cordoning):
+        if snap is None or snap.unschedulable:
             return
         self._breach(
             Breach(
                 "I3",
-                f"workload pod evicted/deleted while {phase} on a node NodeWright had not cordoned",
+                f"workload pod evicted/deleted while {phase} on a node that was not cordoned",
                 node=pod.node,
                 pods=(pod.describe(),),
                 resource_version=rv,

@@ -234,15 +234,7 @@ async def test_admin_cordoned_node_is_processed_and_keeps_its_cordon(
             await delete_nodewright(kube, nw)
             await invariants.sync()
             assert not invariants.breaches_of("I5"), invariants.report()
-            # KNOWN MONITOR GAP (reported to the lead, e2e/invariants.py is not ours to edit): I3 demands
-            # "cordoned by NodeWright" (a state claiming the cordon) for any eviction or interrupt, which
-            # predates the rule that an admin-cordoned node may be worked on without taking ownership.
-            # Exactly these expected I3 reports are removed here; anything else still fails the test.
-            foreign = invariants.breaches_of("I3", node=admin)
-            assert foreign, "expected the monitor's I3 reports for the admin-cordoned node"
-            assert all(b.pods and (admin in b.pods[0] or job.name in b.pods[0]) for b in foreign), foreign
-            for breach in foreign:
-                invariants.breaches.remove(breach)
+            assert not invariants.breaches_of("I3"), invariants.report()
         finally:
             invariants.allow_workload_deletion(job)
             await fleet.delete_workloads(cluster.kubeconfig, job)

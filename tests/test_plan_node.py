@@ -720,3 +720,16 @@ def test_cancelled_uninstall_whose_pod_was_replaced_reinstalls() -> None:
     plan = plan_node(inp(make_nw(packages={"pa": pkg}), NodeState(packages=(replaced,), admission=ADMIT)))
     entry = plan.state.entry("pa", "1.0.0")
     assert entry is not None and entry.stage == PackageStage.APPLY and entry.state != PackageState.COMPLETE
+
+
+def test_a_version_bump_mid_run_supersedes_the_unfinished_old_run() -> None:
+    """The spec moves to 2.0.0 while 1.0.0 is still at config: 2.0.0 installs, the 1.0.0 run is gone."""
+    node = FakeNode(make_nw())
+    while not any(c.stage == PackageStage.CONFIG for c in node.created):
+        node.step()
+    assert [(e.version, e.stage) for e in node.state.packages] == [("1.0.0", PackageStage.CONFIG)]  # type: ignore[union-attr]
+    node.nodewright = make_nw(packages={"pa": Package(version="2.0.0", image="ghcr.io/x/pa")})
+    plan = node.run()
+    assert plan.status.value == "complete"
+    assert node.state is not None
+    assert [(e.version, e.state) for e in node.state.packages] == [("2.0.0", PackageState.COMPLETE)]

@@ -374,8 +374,10 @@ class Drain(_Model):
         "How long to wait for evicted pods to terminate (Go duration, e.g. 10m).", default="10m"
     )
     policy: DrainPolicy = _text(
-        "What to do when the timeout expires: wait (keep the node cordoned and keep waiting), skip (interrupt"
-        " without waiting further) or force (delete the remaining pods, then interrupt).",
+        "What to do when the timeout expires: wait (keep the node cordoned and keep evicting, reporting the"
+        " blocking PodDisruptionBudget), skip (release the node: uncordon it if we cordoned it, report it"
+        " blocked, let the rollout continue with other nodes and retry it later) or force (delete the"
+        " remaining pods bypassing PodDisruptionBudgets, then continue).",
         default=DrainPolicy.WAIT,
         strict=False,
     )

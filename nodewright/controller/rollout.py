@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 import structlog
@@ -45,6 +45,7 @@ from nodewright.controller.context import (
     node_labels,
     try_node_state,
 )
+from nodewright.controller.drainer import read_timing
 from nodewright.kube.resources import JSON, NODEWRIGHTS
 from nodewright.kube.trim import node_ready
 from nodewright.kube.workqueue import Result
@@ -56,6 +57,7 @@ from nodewright.observability.metrics import (
 )
 from nodewright.plan import sequencing
 from nodewright.plan.node import NodeFacts, Taint, is_disabled, is_paused, node_complete, untolerated_taints
+from nodewright.plan.podspec import parse_duration_seconds
 from nodewright.plan.rollout import RolloutNode, RolloutPlan, plan_rollout, spec_fingerprint
 from nodewright.plan.stages import ts
 from nodewright.plan.status import NodeReport, PackageReport, aggregate_status
@@ -63,6 +65,7 @@ from nodewright.plan.status import NodeReport, PackageReport, aggregate_status
 log = structlog.get_logger("nodewright.rollout")
 
 RUNTIME_TAINT_HELD = "RuntimeTaintHeld"
+SKIP_RETRY_MIN = 10.0
 CORDONED_BY_SOMEONE_ELSE = "cordoned by someone else"
 RESYNC_ACTIVE = 60.0
 """Safety-net resync while nodes are in flight; progress itself is event-driven."""
@@ -148,6 +151,31 @@ def _merge_patch(old: Any, new: Any) -> Any:
     return None if old == new else new
 
 
+def node_reported_block(
+    nodewright: NodeWright, node: JSON, *, status: Status | None, now: datetime | None
+) -> tuple[str | None, datetime | None]:
+    """A block the node controller reported (status `blocked`): (reason, when it may be retried).
+
+    A drain that timed out under `drain.policy: skip` is retried once as long as the drain timeout has
+    passed again (at least `SKIP_RETRY_MIN` seconds) — "come back to it later" — so a stuck
+    PodDisruptionBudget does not make the rollout spin on one node. Other node-level blocks (e.g. a
+    downgrade that needs an uninstall first) last until the node controller reports something else,
+    which it does as soon as the spec changes.
+    """
+    if status is not Status.BLOCKED:
+        return None, None
+    name = nodewright.metadata.name
+    skip = read_timing(node_annotations(node), name).drain_skip
+    if skip is not None:
+        delay = max(SKIP_RETRY_MIN, parse_duration_seconds(nodewright.spec.effective_drain().timeout))
+        retry_at = skip.at + timedelta(seconds=delay)
+        if now is not None and now >= retry_at:
+            return None, None
+        return f"drain timed out, retried after {ts(retry_at)}: {skip.message}"[:300], retry_at
+    message = _condition_message(node, name) or "blocked on the node"
+    return message[:300], None
+
+
 def rollout_node(
     nodewright: NodeWright,
     node: JSON,
@@ -156,6 +184,7 @@ def rollout_node(
     runtime_taint_key: str,
     all_nodewrights: Sequence[str],
     waiting_for_priority: str | None = None,
+    now: datetime | None = None,
 ) -> RolloutNode:
     """A matched node as the rollout planner sees it (shared with `nodewright plan`).
 
@@ -181,7 +210,10 @@ def rollout_node(
         unavailable_reason=unavailable,
         # An admin-cordoned node is out of service anyway: it may be worked on and stays cordoned.
         may_start_while_unavailable=unavailable == CORDONED_BY_SOMEONE_ELSE,
-        blocked_reason=blocked_reason(nodewright, node, runtime_taint_key=runtime_taint_key),
+        blocked_reason=(
+            blocked_reason(nodewright, node, runtime_taint_key=runtime_taint_key)
+            or node_reported_block(nodewright, node, status=_status_of(node, name), now=now)[0]
+        ),
         waiting_for_priority=waiting_for_priority,
     )
 
@@ -242,10 +274,11 @@ class RolloutReconciler:
             disabled=disabled,
             next_order_hint=previous.next_order if previous.rollout_fingerprint == fingerprint else 0,
         )
+        # Taints first: a new node must be tainted before its admission marks it as touched.
+        taint_report = await taints.reconcile_runtime_taints(rt, nodewright, matched, all_names=all_names)
         await self._apply_admissions(name, plan, views)
         if reset and plan.reset_applied:
             await self._clear_reset_annotation(name)
-        taint_report = await taints.reconcile_runtime_taints(rt, nodewright, matched, all_names=all_names)
 
         sequencing_blocker = self._global_sequencing_blocker(name, facts)
         summary = aggregate_status(
@@ -271,7 +304,12 @@ class RolloutReconciler:
         if deleting:
             return await self._finish_deletion(obj, name, nodes)
         in_flight = any(v.status in (Status.IN_PROGRESS, Status.ERRORING) for v in views)
-        return Result(requeue_after=RESYNC_ACTIVE if in_flight else rt.options.resync_seconds)
+        requeue = RESYNC_ACTIVE if in_flight else rt.options.resync_seconds
+        for view in views:
+            _, retry_at = node_reported_block(nodewright, view.node, status=view.status, now=now)
+            if retry_at is not None:
+                requeue = min(requeue, max(1.0, (retry_at - now).total_seconds() + 0.5))
+        return Result(requeue_after=requeue)
 
     # -- inputs -----------------------------------------------------------------------------------
 
@@ -352,6 +390,7 @@ class RolloutReconciler:
             runtime_taint_key=self.rt.options.runtime_required_taint_key,
             all_nodewrights=all_names,
             waiting_for_priority=blocker.name if blocker is not None else None,
+            now=self.rt.clock(),
         )
 
     def _report(self, view: _NodeView, node: RolloutNode) -> NodeReport:
@@ -386,16 +425,17 @@ class RolloutReconciler:
     async def _apply_admissions(self, name: str, plan: RolloutPlan, views: Sequence[_NodeView]) -> None:
         rt = self.rt
         key = admission_annotation(name)
+        # Releases first: a node released and picked again in one plan must end up admitted.
+        for released in plan.releases:
+            written = await rt.client.patch_node_metadata(released, annotations={key: None})
+            rt.node_view.record(written)
+            rt.enqueue_node(name, released)
         for admitted in plan.admissions:
             written = await rt.client.patch_node_metadata(
                 admitted.node, annotations={key: encode_admission(admitted.admission)}
             )
             rt.node_view.record(written)
             rt.enqueue_node(name, admitted.node)
-        for released in plan.releases:
-            written = await rt.client.patch_node_metadata(released, annotations={key: None})
-            rt.node_view.record(written)
-            rt.enqueue_node(name, released)
         started: dict[tuple[str, int], list[str]] = {}
         for admitted in plan.admissions:
             started.setdefault((admitted.admission.compartment, admitted.admission.batch), []).append(
@@ -624,6 +664,15 @@ class RolloutReconciler:
             )
             log.info("finalizer released", nodewright=name)
         return None
+
+
+def _condition_message(node: JSON, nodewright: str) -> str | None:
+    kind = constants.node_condition_type(nodewright)
+    for cond in (node.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == kind:
+            reason, message = cond.get("reason") or "", cond.get("message") or ""
+            return f"{reason}: {message}" if message else str(reason) or None
+    return None
 
 
 def _condition_reason(node: JSON, nodewright: str) -> str | None:

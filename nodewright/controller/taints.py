@@ -26,6 +26,7 @@ import structlog
 from nodewright.api import constants
 from nodewright.api.models import NodeWright, Status
 from nodewright.controller.context import (
+    ADMISSION_ANNOTATION_PREFIX,
     Runtime,
     matches_nodewright,
     node_annotations,
@@ -51,7 +52,11 @@ def _has_taint(node: JSON, key: str, effect: str) -> bool:
 
 
 def _never_touched(node: JSON) -> bool:
-    return not any(k.startswith(constants.PREFIX) for k in node_annotations(node))
+    """No NodeWright has done anything here (an admission alone is only a decision, not work)."""
+    return not any(
+        k.startswith(constants.PREFIX) and not k.startswith(ADMISSION_ANNOTATION_PREFIX)
+        for k in node_annotations(node)
+    )
 
 
 def _complete_on(nodewright: str, node: JSON) -> bool:

@@ -538,6 +538,12 @@ class _Planner:
             for old in self.state.entries_for(entry.name):
                 if old.version != entry.version and _version_key(old.version) < mine:
                     self.state = self.state.without(old.name, old.version)
+        if entry.stage in (PackageStage.APPLY, PackageStage.UPGRADE):
+            # Runs of other versions that never completed were superseded when the spec version changed
+            # mid-run (their pods were removed); this version now owns the package on the host.
+            for old in self.state.entries_for(entry.name):
+                if old.version != entry.version and old.state != PackageState.COMPLETE:
+                    self.state = self.state.without(old.name, old.version)
         if new is None:
             self.state = self.state.without(entry.name, entry.version)
             self.events.append(Event("PackageUninstalled", f"{entry.name}:{entry.version} uninstalled"))
