@@ -63,6 +63,9 @@ from nodewright.observability.tracing import RolloutTracer
 
 log = structlog.get_logger("nodewright.operator")
 
+ROLLOUT_DEBOUNCE = 1.0
+"""Seconds by which node events delay the rollout pass they trigger (see `Operator._rollout_soon`)."""
+
 
 async def load_signing_key(client: KubeClient, namespace: str) -> bytes:
     """The HMAC key that marks package pods as ours: read from, or created in, a Secret."""
@@ -154,7 +157,7 @@ class Operator:
         self.policy = manager.controller("policy", self._reconcile_policy, workers=1)
         for controller in (self.rollout, self.node, self.policy):
             metrics.init_controller(controller.name)
-        self.rt.enqueue_rollout = self.rollout.queue.add
+        self.rt.enqueue_rollout = self._rollout_soon
         self.rt.enqueue_node = lambda nw, node: self.node.queue.add(node_key(nw, node))
         self.rt.enqueue_node_after = lambda nw, node, s: self.node.queue.add_after(node_key(nw, node), s)
         self._wire_events()
@@ -213,7 +216,7 @@ class Operator:
             for key in self._node_keys(node):
                 self.node.queue.add(key)
             for key in self._names():
-                self.rollout.queue.add(key)
+                self._rollout_soon(key)
 
         def node_updated(old: JSON, new: JSON) -> None:
             keys = set(self._node_keys(old)) | set(self._node_keys(new))
@@ -222,7 +225,7 @@ class Operator:
             names = self._names()
             if _rollout_relevant(old, new, names):
                 for nw in {split_node_key(k)[0] for k in keys}:
-                    self.rollout.queue.add(nw)
+                    self._rollout_soon(nw)
 
         rt.nodes.add_handler(on_add=node_added, on_update=node_updated, on_delete=node_added)
 
@@ -233,6 +236,16 @@ class Operator:
             return [node_key(str(nw), str(node))] if nw and node else []
 
         self.node.watch(rt.pods, pod_keys)
+
+    def _rollout_soon(self, name: str) -> None:
+        """Node-driven rollout passes are coalesced: one pass per NodeWright per `ROLLOUT_DEBOUNCE`.
+
+        A rollout pass reads every matched node, so running one per node event would cost
+        O(events x nodes); delaying by a second lets a burst of node completions share one pass (the
+        queue keeps the earliest pending time), at the price of up to a second before the next batch
+        opens. Changes to the NodeWright itself are not delayed.
+        """
+        self.rollout.queue.add_after(name, ROLLOUT_DEBOUNCE)
 
     def _enqueue_all_nodes(self, nodewright: JSON) -> None:
         name = str(_meta(nodewright).get("name"))
