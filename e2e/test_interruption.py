@@ -12,8 +12,6 @@ import contextlib
 import datetime as dt
 from typing import Any
 
-import pytest
-
 from e2e import operator_fixture
 from e2e.invariants import InvariantMonitor
 from e2e.operator_fixture import (
@@ -450,11 +448,6 @@ async def test_runtime_required_taints_removed_per_node(
         await delete_nodewright(kube, nw)
 
 
-@pytest.mark.xfail(
-    strict=False,  # a race: the auto-taint sometimes wins, so an XPASS is possible until fixed
-    reason="rollout controller: a new node is admitted (admission annotation written) before the auto-taint"
-    " is applied from the stale node (409), and the retry sees the admission as 'touched': never tainted",
-)
 async def test_auto_taint_new_nodes_taints_a_new_node_until_it_completes(
     cluster: ControlPlane,
     operator: OperatorProcess,
