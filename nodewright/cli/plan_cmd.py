@@ -30,7 +30,7 @@ import asyncio
 import json
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -110,33 +110,6 @@ def rollout_node(
     return view, error
 
 
-def priority_facts(
-    nodewrights: Iterable[NodeWright], nodes: Sequence[Mapping[str, Any]]
-) -> list[sequencing.NodeWrightFacts]:
-    """`sequencing.NodeWrightFacts` of every NodeWright, from node labels (what the controller uses)."""
-    out = []
-    for nw in nodewrights:
-        targets: set[str] = set()
-        complete: set[str] = set()
-        for n in nodes:
-            if selectors.matches(nw.spec.node_selectors, _labels(n)):
-                targets.add(str(n["metadata"]["name"]))
-                if node_status(n, nw.metadata.name) is Status.COMPLETE:
-                    complete.add(str(n["metadata"]["name"]))
-        out.append(
-            sequencing.NodeWrightFacts(
-                name=nw.metadata.name,
-                priority=nw.spec.priority,
-                sequencing=nw.spec.sequencing,
-                disabled=is_disabled(nw),
-                paused=is_paused(nw),
-                targets=frozenset(targets),
-                complete_on=frozenset(complete),
-            )
-        )
-    return out
-
-
 @dataclass(frozen=True, slots=True)
 class PlanReport:
     """Everything `nodewright plan` prints."""
@@ -184,7 +157,7 @@ def build_report(
     name = nw.metadata.name
     matched = [n for n in nodes if selectors.matches(nw.spec.node_selectors, _labels(n))]
     others = [o for o in all_nodewrights if o.metadata.name != name]
-    facts = priority_facts([*others, nw], nodes)
+    facts = sequencing.facts_for([*others, nw], nodes)
     rollout_nodes: list[RolloutNode] = []
     malformed: list[str] = []
     for node in matched:

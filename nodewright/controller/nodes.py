@@ -56,7 +56,7 @@ import structlog
 from nodewright.api import constants
 from nodewright.api.models import NodeWright, Status
 from nodewright.api.nodestate import Admission as StateAdmission
-from nodewright.api.nodestate import MalformedNodeState, NodeState, PackageState, encode
+from nodewright.api.nodestate import MalformedNodeState, NodeState, PackageEntry, PackageState, encode
 from nodewright.controller.configmaps import PackageConfigMaps
 from nodewright.controller.context import (
     Runtime,
@@ -94,7 +94,6 @@ from nodewright.plan.node import (
     Taint,
     Uncordon,
     is_disabled,
-    is_paused,
     plan_node,
 )
 from nodewright.plan.rollout import spec_fingerprint
@@ -380,30 +379,9 @@ class NodeReconciler:
         cache = self._sequencing
         if now - cache.built_at < SEQUENCING_FACTS_TTL:
             return cache.facts
-        nodes = self.rt.nodes.objects()
-        facts: list[sequencing.NodeWrightFacts] = []
-        for obj in self.rt.nodewrights.objects():
-            model, _ = self.rt.models.nodewright(obj)
-            if model is None or model.metadata.deletion_timestamp:
-                continue  # invalid or leaving: it no longer orders anything
-            label = constants.status_label(model.metadata.name)
-            targets = frozenset(str(n["metadata"]["name"]) for n in nodes if matches_nodewright(model, n))
-            complete = frozenset(
-                str(n["metadata"]["name"])
-                for n in nodes
-                if node_labels(n).get(label) == Status.COMPLETE.value
-            )
-            facts.append(
-                sequencing.NodeWrightFacts(
-                    name=model.metadata.name,
-                    priority=model.spec.priority,
-                    sequencing=model.spec.sequencing,
-                    disabled=is_disabled(model),
-                    paused=is_paused(model),
-                    targets=targets,
-                    complete_on=complete & targets,
-                )
-            )
+        parsed = (self.rt.models.nodewright(obj)[0] for obj in self.rt.nodewrights.objects())
+        models = [model for model in parsed if model is not None]
+        facts = sequencing.facts_for(models, self.rt.nodes.objects())
         cache.facts, cache.built_at = tuple(facts), now
         return cache.facts
 
@@ -623,6 +601,24 @@ class NodeReconciler:
         domain = rt.metrics.domain
         old = stored or NodeState()
         rollout = _rollout_ref(model, node_name, admission or old.admission)
+
+        def stage_ended(entry: PackageEntry, started: datetime, error: str | None) -> None:
+            """One stage attempt ended (done, or failed): its duration and its span."""
+            seconds = (now - started).total_seconds()
+            domain.observe_stage_duration(
+                nodewright=nw_name, package=entry.name, stage=entry.stage.value, seconds=seconds
+            )
+            if rollout is not None:
+                rt.tracer.stage_finished(
+                    rollout,
+                    stage=entry.stage.value,
+                    started_at=started,
+                    finished_at=now,
+                    package=entry.name,
+                    version=entry.version,
+                    error=error,
+                )
+
         for entry in old.packages:
             if entry.state != PackageState.IN_PROGRESS:
                 continue
@@ -630,43 +626,14 @@ class NodeReconciler:
             started = _parse(entry.started) or now
             finished = new is None or new.stage != entry.stage or new.state == PackageState.COMPLETE
             if finished:
-                domain.observe_stage_duration(
-                    nodewright=nw_name,
-                    package=entry.name,
-                    stage=entry.stage.value,
-                    seconds=(now - started).total_seconds(),
-                )
-                if rollout is not None:
-                    rt.tracer.stage_finished(
-                        rollout,
-                        stage=entry.stage.value,
-                        started_at=started,
-                        finished_at=now,
-                        package=entry.name,
-                        version=entry.version,
-                    )
+                stage_ended(entry, started, None)
                 continue
             if new is None:
                 continue
             if new.retry_at is not None and entry.retry_at is None:
                 domain.count_retry(nodewright=nw_name, package=entry.name, version=entry.version)
             if new.state == PackageState.ERRORING or (new.retry_at is not None and entry.retry_at is None):
-                domain.observe_stage_duration(
-                    nodewright=nw_name,
-                    package=entry.name,
-                    stage=entry.stage.value,
-                    seconds=(now - started).total_seconds(),
-                )
-                if rollout is not None:
-                    rt.tracer.stage_finished(
-                        rollout,
-                        stage=entry.stage.value,
-                        started_at=started,
-                        finished_at=now,
-                        package=entry.name,
-                        version=entry.version,
-                        error=new.error or "failed",
-                    )
+                stage_ended(entry, started, new.error or "failed")
         if uncordon and timing.cordoned_at is not None:
             domain.observe_maintenance(nodewright=nw_name, seconds=(now - timing.cordoned_at).total_seconds())
         if (

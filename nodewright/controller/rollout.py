@@ -333,30 +333,8 @@ class RolloutReconciler:
     def _sequencing_facts(
         self, all_names: Sequence[str], nodes: Sequence[JSON]
     ) -> list[sequencing.NodeWrightFacts]:
-        facts: list[sequencing.NodeWrightFacts] = []
-        for other in all_names:
-            _, model, _ = self.rt.nodewright(other)
-            if model is None:
-                continue
-            targets = frozenset(str(n["metadata"]["name"]) for n in nodes if matches_nodewright(model, n))
-            label = constants.status_label(other)
-            complete = frozenset(
-                str(n["metadata"]["name"])
-                for n in nodes
-                if node_labels(n).get(label) == Status.COMPLETE.value
-            )
-            facts.append(
-                sequencing.NodeWrightFacts(
-                    name=other,
-                    priority=model.spec.priority,
-                    sequencing=model.spec.sequencing,
-                    disabled=is_disabled(model),
-                    paused=is_paused(model),
-                    targets=targets,
-                    complete_on=complete,
-                )
-            )
-        return facts
+        models = [m for m in (self.rt.nodewright(name)[1] for name in all_names) if m is not None]
+        return sequencing.facts_for(models, nodes)
 
     def _global_sequencing_blocker(
         self, name: str, facts: Sequence[sequencing.NodeWrightFacts]

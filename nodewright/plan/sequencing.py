@@ -6,16 +6,20 @@ on that node, or has `sequencing: all` and is complete on ALL its nodes. Disable
 block; paused ones do block successors on the nodes where they are incomplete (pausing must not let
 later work overtake unfinished infrastructure).
 
-The controller builds one `NodeWrightFacts` per NodeWright from its caches (targeted node set, per-node
-completion from the status labels); this module only decides.
+`facts_for` builds one `NodeWrightFacts` per NodeWright from node objects (targeted node set, per-node
+completion from the status labels); `blocking` decides.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from nodewright.api.models import Sequencing
+from nodewright.api import constants
+from nodewright.api.models import NodeWright, Sequencing, Status
+from nodewright.plan import selectors
+from nodewright.plan.node import is_disabled, is_paused
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +64,40 @@ def blocking(nodewrights: Iterable[NodeWrightFacts], *, target: str, node: str) 
             suffix = " (paused)" if nw.paused else ""
             return Blocker(nw.name, f"{nw.name}{suffix} is not complete on this node")
     return None
+
+
+def facts_for(nodewrights: Iterable[NodeWright], nodes: Iterable[Mapping[str, Any]]) -> list[NodeWrightFacts]:
+    """The facts of every NodeWright from node objects: targets by `nodeSelectors`, completion by the
+    node's status label `nodewright.io/status.<name>` (what the node controller writes).
+
+    One builder for the rollout controller, the node controller and `nodewright plan`, so they can never
+    disagree about who waits for whom. A NodeWright being deleted orders nothing any more: it only
+    uninstalls, and must not hold back the NodeWrights after it.
+    """
+    nodes = list(nodes)
+    facts = []
+    for nw in nodewrights:
+        if nw.metadata.deletion_timestamp:
+            continue
+        label = constants.status_label(nw.metadata.name)
+        targets: set[str] = set()
+        complete: set[str] = set()
+        for node in nodes:
+            labels = (node.get("metadata") or {}).get("labels") or {}
+            if selectors.matches(nw.spec.node_selectors, labels):
+                name = str(node["metadata"]["name"])
+                targets.add(name)
+                if labels.get(label) == Status.COMPLETE.value:
+                    complete.add(name)
+        facts.append(
+            NodeWrightFacts(
+                name=nw.metadata.name,
+                priority=nw.spec.priority,
+                sequencing=nw.spec.sequencing,
+                disabled=is_disabled(nw),
+                paused=is_paused(nw),
+                targets=frozenset(targets),
+                complete_on=frozenset(complete),
+            )
+        )
+    return facts
