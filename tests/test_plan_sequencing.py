@@ -46,3 +46,10 @@ def test_a_deleting_nodewright_holds_nothing_back() -> None:
     assert blocking(facts_for(nws, nodes), target="app", node="a") is not None
     leaving = [_nw("infra", 10, sequencing="all", deleting=True), _nw("app", 200)]
     assert blocking(facts_for(leaving, nodes), target="app", node="a") is None
+
+
+def test_a_deleting_nodewright_is_itself_blocked_by_nobody() -> None:
+    # Its nodes only uninstall; the rollout controller asks about it until the finalizer is released.
+    nodes = [_node("a", "gpu")]
+    nws = [_nw("infra", 10, sequencing="all"), _nw("app", 200, deleting=True)]
+    assert blocking(facts_for(nws, nodes), target="app", node="a") is None

@@ -48,11 +48,15 @@ class Blocker:
 
 
 def blocking(nodewrights: Iterable[NodeWrightFacts], *, target: str, node: str) -> Blocker | None:
-    """The first NodeWright that keeps `node` from being ready for `target`, or None if ready."""
+    """The first NodeWright that keeps `node` from being ready for `target`, or None if ready.
+
+    A target missing from the facts is one `facts_for` left out because it is being deleted: its nodes
+    only uninstall, which waits for nobody, so nothing blocks it.
+    """
     ordered = order(nodewrights)
     names = [n.name for n in ordered]
     if target not in names:
-        raise KeyError(target)
+        return None
     for nw in ordered[: names.index(target)]:
         if nw.disabled:
             continue
