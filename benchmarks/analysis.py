@@ -11,6 +11,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # ----------------------------------------------------------------------------------------------------
 # Prometheus text exposition
@@ -203,7 +204,10 @@ def minimum_writes(packages: Sequence[PackageShape], *, workload_pods_per_node: 
       durable transition (1 write each), which also records the next stage's start, or the package's
       completion and the start of the packages depending on it. So `stages + 1`. (Completions that
       happen to coincide could share a write; the minimum does not count on lucky timing.)
-    - 1 node condition write (`nodewright.io/<nw>` becomes True when the node completes);
+    - the node condition `nodewright.io/<nw>` costs no request of its own without an interrupt: the
+      node status subresource takes metadata too, so it rides on the state writes (the last one sets
+      it True). With an interrupt the last state write also uncordons, which is `spec` and cannot go
+      through `nodes/status`, so the condition needs 1 write of its own;
     - with an interrupt: cordon and uncordon (2), and one eviction per workload pod.
     The NodeWright status and Events are per rollout / optional and are reported separately.
     """
@@ -214,7 +218,7 @@ def minimum_writes(packages: Sequence[PackageShape], *, workload_pods_per_node: 
         "pod_create": stages,
         "pod_delete": stages,
         "state": stages + 1,
-        "condition": 1,
+        "condition": 1 if interrupts else 0,
         "cordon_uncordon": 2 if interrupts else 0,
         "evictions": workload_pods_per_node if interrupts else 0,
     }
@@ -259,3 +263,45 @@ def in_progress_peaks(samples: Sequence[tuple[float, Mapping[str, int]]]) -> dic
         for name, value in counts.items():
             peaks[name] = max(peaks.get(name, 0), value)
     return peaks
+
+
+# ----------------------------------------------------------------------------------------------------
+# Profiles
+
+
+def profile_summary(collapsed: str, *, top: int = 25) -> dict[str, Any]:
+    """Rank functions in py-spy's collapsed stacks (`frame;frame;... count` per line).
+
+    inclusive: share of samples with the function anywhere on the stack (counted once per sample);
+    self: share of samples with it on top. Frames are `function (file:line)`; the line is dropped so
+    one function is one row.
+    """
+    inclusive: dict[str, int] = {}
+    own: dict[str, int] = {}
+    total = 0
+    for line in collapsed.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        total += count
+        frames = [_frame_name(f) for f in stack.split(";") if f]
+        for name in set(frames):
+            inclusive[name] = inclusive.get(name, 0) + count
+        if frames:
+            own[frames[-1]] = own.get(frames[-1], 0) + count
+
+    def ranked(table: Mapping[str, int]) -> list[list[Any]]:
+        rows = sorted(table.items(), key=lambda kv: -kv[1])[:top]
+        return [[name, round(100.0 * n / total, 1)] for name, n in rows]
+
+    return {"samples": total, "inclusive_percent": ranked(inclusive), "self_percent": ranked(own)}
+
+
+def _frame_name(frame: str) -> str:
+    """`reconcile (/x/nodewright/controller/nodes.py:123)` -> `reconcile (controller/nodes.py)`."""
+    head, sep, rest = frame.partition(" (")
+    if not sep:
+        return frame
+    path = rest.rstrip(")").rsplit(":", 1)[0]
+    return f"{head} ({'/'.join(path.split('/')[-2:])})"

@@ -23,6 +23,9 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -70,6 +73,45 @@ class Config:
     kubeconfig: Path | None
     timeout_minutes: float
     stall_minutes: float
+    profile: bool = False
+
+
+# ----------------------------------------------------------------------------------------------------
+# Profiling
+
+
+class Profiler:
+    """`py-spy record` on the operator for the measured part of the run (`--profile`).
+
+    py-spy samples the process from outside (ptrace), so the operator runs unmodified; `--nonblocking`
+    keeps the sampling from pausing it. Collapsed stacks go to `path`; `summary` ranks functions by
+    the share of samples in which they are on the stack (inclusive) and on top (self).
+    """
+
+    def __init__(self, pid: int, path: Path, *, rate: int = 25) -> None:
+        exe = shutil.which("py-spy")
+        if exe is None:
+            raise DemoError("--profile needs py-spy on PATH (it is in the dev dependencies: make venv)")
+        self.path = path
+        self.proc = subprocess.Popen(
+            [exe, "record", "--pid", str(pid), "--rate", str(rate), "--nonblocking",
+             "--format", "raw", "--output", str(path)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def summary(self, top: int = 25) -> dict[str, Any]:
+        if not self.path.exists():
+            err = self.proc.stderr.read().decode(errors="replace")[-500:] if self.proc.stderr else ""
+            return {"error": f"py-spy wrote no profile: {err}"}
+        return analysis.profile_summary(self.path.read_text(), top=top) | {"stacks": str(self.path)}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -348,6 +390,7 @@ async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -
     )
     operator.start()
     log(f"operator pid {operator.pid}, log {operator.log_path}")
+    profiler = Profiler(operator.pid, log_dir / "operator.pyspy.txt") if cfg.profile else None
     sampler = ProcessSampler(operator.pid)
     tracker = FleetTracker(kubeconfig, NODEWRIGHT)
     probe = LatencyProbe(kubeconfig, NODEWRIGHT)
@@ -377,6 +420,8 @@ async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         verdict = await _stop_monitor(monitor, monitor_note)
+        if profiler is not None:
+            profiler.stop()
         operator.stop()
 
     diff = analysis.delta(after, before)
@@ -451,6 +496,8 @@ async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -
         "node_statuses": tracker.status_counts(),
         "invariants": verdict,
     }
+    if profiler is not None:
+        result["profile"] = profiler.summary()
     return result
 
 
@@ -686,6 +733,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--timeout", type=float, default=60.0, help="minutes")
     parser.add_argument("--stall-minutes", type=float, default=5.0)
+    parser.add_argument(
+        "--profile", action="store_true", help="sample the operator with py-spy; top functions in the JSON"
+    )
     args = parser.parse_args(argv)
     kubeconfig = args.kubeconfig or (Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None)
     if args.smoke:
@@ -714,6 +764,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         kubeconfig=kubeconfig,
         timeout_minutes=args.timeout,
         stall_minutes=args.stall_minutes,
+        profile=args.profile,
     )
 
 

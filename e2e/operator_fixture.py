@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,7 +34,7 @@ import pytest
 
 from nodewright.api.nodestate import decode
 from nodewright.sim import fleet
-from nodewright.sim.controlplane import ControlPlane
+from nodewright.sim.controlplane import ControlPlane, free_port
 from nodewright.sim.kubeapi import JSON, ApiError, KubeClient
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,12 +42,6 @@ NAMESPACE = "nodewright-system"
 NW_PATH = "/apis/nodewright.io/v1alpha1/nodewrights"
 AGENT_IMAGE = "ghcr.io/nvidia/skyhook/agent:6.4.1"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class OperatorProcess:

@@ -117,6 +117,10 @@ class FakeKube:
         self.faults: list[Fault] = []
         self.requests: list[Req] = []
         self.evictions: dict[str, tuple[int, str]] = {}  # pod name -> (status, message) to answer
+        # The node status strategy keeps metadata changes on `/status`; False plays an API server that
+        # resets them (as the CRD status subresource does).
+        self.status_keeps_metadata = True
+        self.creation_timestamp = "2026-01-01T00:00:00Z"
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -150,7 +154,7 @@ class FakeKube:
         obj = copy.deepcopy(obj)
         meta = obj["metadata"]
         meta.setdefault("uid", str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", "2026-01-01T00:00:00Z")
+        meta.setdefault("creationTimestamp", self.creation_timestamp)
         if collection[1]:
             meta["namespace"] = collection[1]
         return self._commit(collection, event or ("MODIFIED" if existed else "ADDED"), obj)
@@ -253,6 +257,10 @@ class FakeKube:
         if request.method == "PUT":
             return self._replace(collection, name, body or {})
         if request.method == "PATCH":
+            if sub == "status" and isinstance(body, dict):
+                body = {k: v for k, v in body.items() if k != "spec"}  # `/status` never changes spec
+                if not self.status_keeps_metadata:
+                    body.pop("metadata", None)
             return self._patch(collection, name, body, request.content_type)
         if request.method == "DELETE":
             return self._delete(collection, name, body)

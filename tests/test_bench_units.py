@@ -90,18 +90,18 @@ def test_minimum_writes_without_interrupt() -> None:
         PackageShape("c", 2, depends_on=("b",)),
     ]
     m = analysis.minimum_writes(chain)
-    # admission 1 + creates 6 + deletes 6 + state (6 stages + 1 start) 7 + condition 1
+    # admission 1 + creates 6 + deletes 6 + state (6 stages + 1 start) 7; the condition rides on state
     assert m.breakdown == {
         "admission": 1,
         "pod_create": 6,
         "pod_delete": 6,
         "state": 7,
-        "condition": 1,
+        "condition": 0,
         "cordon_uncordon": 0,
         "evictions": 0,
     }
-    assert m.per_node == 21
-    assert m.per_node_package == pytest.approx(7.0)
+    assert m.per_node == 20
+    assert m.per_node_package == pytest.approx(20 / 3)
 
 
 def test_minimum_writes_with_interrupt_counts_cordon_and_evictions() -> None:
@@ -164,3 +164,26 @@ def test_readme_table_has_a_row_per_run() -> None:
     assert "8.0 (7.0)" in row
     assert "1.0/-" in row
     assert "x, 2 CPUs, 4.0 GiB RAM" in text
+
+
+def test_profile_summary_ranks_inclusive_and_self_time() -> None:
+    collapsed = "\n".join(
+        [
+            "main (/a/nodewright/cli/main.py:1);reconcile (/a/nodewright/controller/nodes.py:10) 6",
+            "main (/a/nodewright/cli/main.py:1);reconcile (/a/nodewright/controller/nodes.py:12);"
+            "decode (/a/nodewright/api/nodestate.py:5) 3",
+            "main (/a/nodewright/cli/main.py:2) 1",
+            "garbage line",
+        ]
+    )
+    summary = analysis.profile_summary(collapsed)
+    assert summary["samples"] == 10
+    inclusive = dict(map(tuple, summary["inclusive_percent"]))
+    assert inclusive["main (cli/main.py)"] == 100.0
+    assert inclusive["reconcile (controller/nodes.py)"] == 90.0, "two lines of one function are one row"
+    own = dict(map(tuple, summary["self_percent"]))
+    assert own == {
+        "reconcile (controller/nodes.py)": 60.0,
+        "decode (api/nodestate.py)": 30.0,
+        "main (cli/main.py)": 10.0,
+    }

@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 from nodewright.api import constants
 from nodewright.api.models import NodeWright
 from nodewright.controller.context import (
+    POD_EXPECTATION_TTL,
     EventRecorder,
     MalformedAdmission,
     ModelCache,
+    PodExpectations,
     PodSigner,
     WriteThrough,
     decode_admission,
@@ -220,3 +222,43 @@ async def test_event_failures_never_raise() -> None:
     await recorder.record(kind="NodeWright", name="nw", uid="u", reason="X", message="m")
     await recorder.close()
     assert recorder.sent == 0
+
+
+def _package_pod(name: str, node: str, uid: str, *, deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "ns", "uid": uid}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "spec": {"nodeName": node}}
+
+
+def test_pod_expectations_until_the_watch_reports_them() -> None:
+    now = [0.0]
+    exp = PodExpectations(clock=lambda: now[0])
+    a, b = _package_pod("a", "n1", "ua"), _package_pod("b", "n2", "ub")
+    exp.created(a)
+    exp.created(b)
+    assert exp.pending_on("n1", []) == [a]
+    assert exp.pending_on("n1", [a]) == [], "the informer lists it: no duplicate"
+    exp.observed(a)
+    assert exp.pending_on("n1", []) == [], "a watch event settles the expectation"
+    exp.deleted("ub")
+    assert exp.deletion_pending("ub") and not exp.deletion_pending(None)
+    exp.observed(b)
+    assert exp.deletion_pending("ub"), "an update without deletionTimestamp is not the deletion"
+    exp.observed(_package_pod("b", "n2", "ub", deleting=True))
+    assert not exp.deletion_pending("ub")
+    exp.deleted("ux")
+    exp.observed_delete(_package_pod("x", "n3", "ux"))
+    assert not exp.deletion_pending("ux")
+
+
+def test_pod_expectations_expire_when_the_event_never_comes() -> None:
+    now = [0.0]
+    exp = PodExpectations(clock=lambda: now[0])
+    exp.created(_package_pod("a", "n1", "ua"))
+    exp.deleted("ub")
+    now[0] = POD_EXPECTATION_TTL + 10
+    exp.created(_package_pod("c", "n9", "uc"))  # any new expectation prunes the old ones
+    assert exp.pending_on("n1", []) == []
+    assert not exp.deletion_pending("ub")
+    assert len(exp.pending_on("n9", [])) == 1

@@ -20,6 +20,7 @@ from nodewright.controller.context import (
     EventRecorder,
     ModelCache,
     OperatorOptions,
+    PodExpectations,
     PodSigner,
     Runtime,
     WriteThrough,
@@ -64,6 +65,17 @@ def node_obj(annotations: dict[str, str] | None = None, **spec: Any) -> dict[str
         },
         "spec": spec,
         "status": {"conditions": [{"type": "Ready", "status": "True"}], "nodeInfo": {"bootID": "b1"}},
+    }
+
+
+def _finish_init_containers(pod: dict[str, Any], *, like: dict[str, Any] | None = None) -> None:
+    """Every init container of `pod` (named as in `like`) exited 0: the stage is done."""
+    pod["status"] = {
+        "phase": "Running",
+        "initContainerStatuses": [
+            {"name": c["name"], "state": {"terminated": {"exitCode": 0}}}
+            for c in (like or pod)["spec"]["initContainers"]
+        ],
     }
 
 
@@ -121,6 +133,7 @@ async def env() -> AsyncIterator[Env]:
         events=EventRecorder(client, clock=lambda: NOW, instance="test"),
         clock=lambda: NOW,
         enqueue_rollout=rollouts.append,
+        pod_expectations=PodExpectations(trim_pod),
     )
     nodewrights.upsert(nw_obj())
     try:
@@ -164,13 +177,7 @@ async def test_forged_package_pod_does_not_change_state(env: Env) -> None:
     forged = dict(real)
     forged["metadata"] = {**real["metadata"], "annotations": {**real["metadata"]["annotations"]}}
     forged["metadata"]["annotations"]["nodewright.io/signature"] = "0" * 64
-    forged["status"] = {
-        "phase": "Running",
-        "initContainerStatuses": [
-            {"name": c["name"], "state": {"terminated": {"exitCode": 0}}}
-            for c in real["spec"]["initContainers"]
-        ],
-    }
+    _finish_init_containers(forged, like=real)
     env.rt.nodes.upsert(trim_node(env.node()))
     env.rt.pods.upsert(trim_pod(forged))
     await env.reconciler.reconcile("nw/n1")
@@ -190,25 +197,27 @@ async def test_finished_pod_advances_to_config_in_one_patch(env: Env) -> None:
     env.put_node(node_obj(env.admit()))
     await env.reconciler.reconcile("nw/n1")
     [pod] = env.pods()
-    pod["status"] = {
-        "phase": "Running",
-        "initContainerStatuses": [
-            {"name": c["name"], "state": {"terminated": {"exitCode": 0}}}
-            for c in pod["spec"]["initContainers"]
-        ],
-    }
+    _finish_init_containers(pod)
     env.rt.nodes.upsert(trim_node(env.node()))
     env.rt.pods.upsert(trim_pod(pod))
 
-    def metadata_patches() -> int:
-        return sum(1 for r in env.kube.requests if r.method == "PATCH" and r.path.endswith("/nodes/n1"))
+    def node_writes() -> int:
+        return sum(
+            1
+            for r in env.kube.requests
+            if r.method == "PATCH" and r.path.endswith(("/nodes/n1", "/nodes/n1/status"))
+        )
 
-    patches = metadata_patches()
+    patches = node_writes()
     await env.reconciler.reconcile("nw/n1")
     state = decode(env.node()["metadata"]["annotations"][constants.state_annotation("nw")])
     entry = state.entry("tool", "1.0.0")
     assert entry is not None and entry.stage == PackageStage.CONFIG
-    assert metadata_patches() - patches == 1, "state written in one metadata patch"
+    assert node_writes() - patches == 1, "state, status label and condition written in one patch"
+    condition = next(
+        c for c in env.node()["status"]["conditions"] if c["type"] == constants.node_condition_type("nw")
+    )
+    assert "config" in condition["message"]
     stages = sorted(p["metadata"]["labels"][constants.POD_LABEL_STAGE] for p in env.pods())
     assert stages == ["config"], "the finished apply pod was deleted and the config pod created"
 
@@ -313,3 +322,56 @@ def test_eviction_refusal_message_names_the_pdb_from_the_causes() -> None:
     text = _with_causes(api_error(429, body))
     assert text.startswith("The disruption budget web needs 1") and "Cannot evict" in text
     assert _with_causes(api_error(429, {"message": "plain"})) == "plain"
+
+
+async def test_a_created_pod_is_not_created_again_before_the_watch_shows_it(env: Env) -> None:
+    env.kube.creation_timestamp = "2026-01-01T11:59:00Z"  # a minute before NOW: within its deadline
+    env.put_node(node_obj(env.admit()))
+    await env.reconciler.reconcile("nw/n1")
+    # Our own state patch brings the key back before the pod informer has seen the new pod.
+    env.rt.nodes.upsert(trim_node(env.node()))
+    await env.reconciler.reconcile("nw/n1")
+    assert env.kube.count("POST", "/pods") == 1
+    [pod] = env.pods()
+    env.rt.pods.upsert(trim_pod(pod))
+    env.rt.pod_expectations.observed(trim_pod(pod))
+    await env.reconciler.reconcile("nw/n1")
+    assert env.kube.count("POST", "/pods") == 1
+
+
+async def test_a_deleted_pod_is_not_deleted_again_before_the_watch_shows_it(env: Env) -> None:
+    env.kube.creation_timestamp = "2026-01-01T11:59:00Z"
+    env.put_node(node_obj(env.admit()))
+    await env.reconciler.reconcile("nw/n1")
+    [pod] = env.pods()
+    _finish_init_containers(pod)
+    env.rt.nodes.upsert(trim_node(env.node()))
+    env.rt.pods.upsert(trim_pod(pod))
+    await env.reconciler.reconcile("nw/n1")
+    assert env.kube.count("DELETE", "/pods/") == 1
+    # The informer still lists the finished apply pod, without a deletionTimestamp.
+    env.rt.nodes.upsert(trim_node(env.node()))
+    await env.reconciler.reconcile("nw/n1")
+    assert env.kube.count("DELETE", "/pods/") == 1
+    assert env.kube.count("POST", "/pods") == 2
+
+
+async def test_node_metadata_falls_back_to_its_own_patch_when_status_drops_it(env: Env) -> None:
+    env.kube.status_keeps_metadata = False
+    env.put_node(node_obj(env.admit()))
+    await env.reconciler.reconcile("nw/n1")
+    node = env.node()
+    assert constants.state_annotation("nw") in node["metadata"]["annotations"]
+    assert node["metadata"]["labels"][constants.status_label("nw")] == "in_progress"
+    assert any(c["type"] == constants.node_condition_type("nw") for c in node["status"]["conditions"])
+    status_patches = env.kube.count("PATCH", "/nodes/n1/status")
+    [pod] = env.pods()
+    _finish_init_containers(pod)
+    env.rt.nodes.upsert(trim_node(env.node()))
+    env.rt.pods.upsert(trim_pod(pod))
+    await env.reconciler.reconcile("nw/n1")
+    state = decode(env.node()["metadata"]["annotations"][constants.state_annotation("nw")])
+    entry = state.entry("tool", "1.0.0")
+    assert entry is not None and entry.stage == PackageStage.CONFIG
+    # From now on: metadata by merge patch, the condition alone on /status.
+    assert env.kube.count("PATCH", "/nodes/n1/status") == status_patches + 1

@@ -31,6 +31,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -248,6 +249,82 @@ class WriteThrough:
 
     def forget(self, name: str) -> None:
         self._written.pop(name, None)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Expectations for package pods
+
+
+POD_EXPECTATION_TTL: Final = 60.0
+"""Seconds after which an unobserved expectation is dropped (a watch that lost the event relists)."""
+
+
+class PodExpectations:
+    """Package pods this process created or deleted that the pod informer has not reported yet.
+
+    The same idea as client-go's ReplicaSet expectations: a state patch and a pod create are two
+    events, and the node update often arrives first. Without this, the next reconcile sees the new
+    state, no pod for it, and sends the create again (a 409) — or sends a second DELETE for a pod whose
+    deletion is still on its way. Any watch event for a pod (add, update, delete) settles what we
+    expected of it; the TTL only bounds memory when a watch restart swallowed that event.
+    """
+
+    def __init__(self, transform: Any = None, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._transform = transform or (lambda obj: obj)
+        self._clock = clock
+        self._created: dict[str, tuple[float, JSON]] = {}  # "<ns>/<name>" -> (when, trimmed pod)
+        self._deleted: dict[str, float] = {}  # pod uid -> when the DELETE was accepted
+        self._pruned_at = self._clock()
+
+    @staticmethod
+    def _key(pod: JSON) -> str:
+        meta = pod.get("metadata") or {}
+        return f"{meta.get('namespace')}/{meta.get('name')}"
+
+    def created(self, pod: JSON) -> None:
+        """A create succeeded: `pod` is the API server's answer."""
+        self._prune()
+        self._created[self._key(pod)] = (self._clock(), self._transform(pod))
+
+    def deleted(self, uid: str) -> None:
+        self._prune()
+        self._deleted[uid] = self._clock()
+
+    def observed(self, pod: JSON) -> None:
+        """A watch event for `pod`: the informer knows it now."""
+        if self._created:
+            self._created.pop(self._key(pod), None)
+        if self._deleted and (meta := pod.get("metadata") or {}).get("deletionTimestamp"):
+            self._deleted.pop(str(meta.get("uid")), None)
+
+    def observed_delete(self, pod: JSON) -> None:
+        self.observed(pod)
+        self._deleted.pop(str((pod.get("metadata") or {}).get("uid")), None)
+
+    def deletion_pending(self, uid: str | None) -> bool:
+        return uid is not None and uid in self._deleted
+
+    def pending_on(self, node: str, known: Iterable[JSON]) -> list[JSON]:
+        """Pods created on `node` that `known` (the informer's pods there) does not list yet."""
+        if not self._created:
+            return []
+        names = {self._key(p) for p in known}
+        out = []
+        for key, (_, pod) in self._created.items():
+            if key not in names and (pod.get("spec") or {}).get("nodeName") == node:
+                out.append(pod)
+        return out
+
+    def _prune(self) -> None:
+        now = self._clock()
+        if now - self._pruned_at < POD_EXPECTATION_TTL / 10:
+            return
+        self._pruned_at = now
+        horizon = now - POD_EXPECTATION_TTL
+        for key in [k for k, (at, _) in self._created.items() if at < horizon]:
+            del self._created[key]
+        for uid in [u for u, at in self._deleted.items() if at < horizon]:
+            del self._deleted[uid]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -475,6 +552,7 @@ class Runtime:
     enqueue_rollout: Callable[[str], None] = field(default=lambda name: None)
     enqueue_node: Callable[[str, str], None] = field(default=lambda nw, node: None)
     enqueue_node_after: Callable[[str, str, float], None] = field(default=lambda nw, node, s: None)
+    pod_expectations: PodExpectations = field(default_factory=PodExpectations)
 
     def nodewright(self, name: str) -> tuple[JSON | None, NodeWright | None, str | None]:
         """(raw object, parsed model or None, validation error or None) of a cached NodeWright."""

@@ -70,7 +70,7 @@ from nodewright.controller.context import (
 )
 from nodewright.controller.drainer import Drainer, Timing, read_timing, timing_annotation, update_timing
 from nodewright.controller.pods import PodLogs, summarize_with_logs
-from nodewright.kube.client import PatchType
+from nodewright.kube.client import PatchType, metadata_applied
 from nodewright.kube.resources import JSON, NODES, Conflict, NotFound
 from nodewright.kube.trim import node_ready
 from nodewright.kube.workqueue import Result
@@ -150,6 +150,7 @@ class NodeReconciler:
         self._sequencing = _SequencingCache()
         self._warned: set[tuple[str, str]] = set()  # (key or pod uid, problem) already reported
         self._pending_warnings: list[dict[str, Any]] = []
+        self._metadata_via_status = True  # see `_write`; off if the API server ignores it
 
     # ------------------------------------------------------------------------------------------------
     # Entry point
@@ -265,11 +266,10 @@ class NodeReconciler:
             self.drainer.forget(key)
             return None
         previous_status = node_labels(node).get(constants.status_label(nw_name))
-        node = await self._write(node, nw_name, stored, plan, cordon, uncordon, timing, new_timing)
+        node = await self._write(node, nw_name, stored, plan, cordon, uncordon, timing, new_timing, now)
         if node is None:
             self.drainer.forget(key)
             return None
-        await self._write_condition(node, plan.condition, now)
         self._observe(
             model, node_name, stored, plan, state_in.admission, timing, uncordon, now, previous_status
         )
@@ -290,7 +290,8 @@ class NodeReconciler:
         """Trusted package pods of this NodeWright on the node (label, owner uid, signature)."""
         out: list[JSON] = []
         uid = nw.metadata.uid or ""
-        for pod in self.rt.pods.by_index("node", node_name):
+        known = self.rt.pods.by_index("node", node_name)
+        for pod in [*known, *self.rt.pod_expectations.pending_on(node_name, known)]:
             meta = pod.get("metadata") or {}
             if (meta.get("labels") or {}).get(constants.POD_LABEL_NODEWRIGHT) != nw.metadata.name:
                 continue
@@ -398,8 +399,15 @@ class NodeReconciler:
         uncordon: bool,
         timing: Timing,
         new_timing: Timing,
+        now: datetime,
     ) -> JSON | None:
-        """The single metadata patch (state, status label, timing, cordon). Returns the newest node."""
+        """State, status label, timing, cordon and the node condition, in as few requests as possible.
+
+        Without a cordon change everything goes in one strategic merge patch on `nodes/status` (one
+        write per transition instead of two); a cordon needs `spec`, which that subresource ignores, so
+        then the metadata patch carries the cordon and the condition follows in its own patch. Either
+        way the state is durable before any action. Returns the newest node, None if it is gone.
+        """
         name = str(node["metadata"]["name"])
         new_state = replace(plan.state, admission=None)
         old_state = replace(stored, admission=None) if stored is not None else NodeState()
@@ -417,47 +425,44 @@ class NodeReconciler:
             unschedulable = True
         elif uncordon:
             unschedulable = False
-        if not labels and not annotations and unschedulable is None:
+        condition = _condition_body(node, plan.condition, now)
+        if not labels and not annotations and unschedulable is None and condition is None:
             return node
         try:
-            updated = await self.rt.client.patch_node_metadata(
-                name, labels=labels or None, annotations=annotations or None, unschedulable=unschedulable
-            )
+            if unschedulable is None and self._metadata_via_status:
+                updated = await self.rt.client.patch_node_status_metadata(
+                    name,
+                    labels=labels or None,
+                    annotations=annotations or None,
+                    conditions=[condition] if condition is not None else (),
+                )
+                if not metadata_applied(updated, labels=labels, annotations=annotations):
+                    log.warning(
+                        "the API server ignored metadata in a nodes/status patch;"
+                        " writing node metadata and conditions separately from now on",
+                        node=name,
+                    )
+                    self._metadata_via_status = False
+                    updated = await self.rt.client.patch_node_metadata(
+                        name, labels=labels or None, annotations=annotations or None
+                    )
+            else:
+                if labels or annotations or unschedulable is not None:
+                    updated = await self.rt.client.patch_node_metadata(
+                        name,
+                        labels=labels or None,
+                        annotations=annotations or None,
+                        unschedulable=unschedulable,
+                    )
+                    self.rt.node_view.record(updated)
+                if condition is not None:
+                    updated = await self.rt.client.patch_node_conditions(name, [condition])
         except NotFound:
             return None
         self.rt.node_view.record(updated)
         if status_key in labels:
             self.rt.enqueue_rollout(nw_name)
         return self.rt.node(name) or updated
-
-    async def _write_condition(self, node: JSON, condition: NodeCondition, now: datetime) -> None:
-        message = condition.message[:CONDITION_MESSAGE_LIMIT]
-        current = _condition_of(node, condition.type)
-        if (
-            current is not None
-            and current.get("status") == condition.status
-            and current.get("reason") == condition.reason
-            and current.get("message") == message
-        ):
-            return
-        transition = (
-            current.get("lastTransitionTime")
-            if current is not None and current.get("status") == condition.status
-            else None
-        ) or ts(now)
-        body = {
-            "type": condition.type,
-            "status": condition.status,
-            "reason": condition.reason,
-            "message": message,
-            "lastTransitionTime": transition,
-            "lastHeartbeatTime": ts(now),
-        }
-        try:
-            updated = await self.rt.client.patch_node_conditions(str(node["metadata"]["name"]), [body])
-        except NotFound:
-            return
-        self.rt.node_view.record(updated)
 
     # ------------------------------------------------------------------------------------------------
     # Actions
@@ -509,7 +514,11 @@ class NodeReconciler:
         if cached is not None and (cached.get("metadata") or {}).get("deletionTimestamp"):
             return  # already terminating
         uid = (cached or {}).get("metadata", {}).get("uid")
+        if self.rt.pod_expectations.deletion_pending(uid):
+            return  # our DELETE was accepted; the watch has not shown the pod terminating yet
         gone = await self.rt.client.delete_pod(self.rt.options.namespace, action.name, uid=uid)
+        if gone and uid:
+            self.rt.pod_expectations.deleted(uid)
         log.info("package pod deleted", pod=action.name, node=node_name, reason=action.reason, existed=gone)
 
     async def _create_pod(self, nw: NodeWright, node_name: str, action: CreatePod) -> None:
@@ -537,11 +546,12 @@ class NodeReconciler:
             )
         self.rt.signer.sign(manifest)
         try:
-            await self.rt.client.create_pod(self.rt.options.namespace, manifest)
+            created = await self.rt.client.create_pod(self.rt.options.namespace, manifest)
         except Conflict as exc:
             if not exc.already_exists:
                 raise
             return  # created by an earlier attempt of this same plan step
+        self.rt.pod_expectations.created(created)
         log.info(
             "package pod created",
             pod=action.name,
@@ -760,6 +770,32 @@ def _deletion_spec(effective: NodeWright, state: NodeState) -> NodeWright:
             keep[name] = pkg
     spec = effective.spec.model_copy(update={"packages": keep})
     return effective.model_copy(update={"spec": spec})
+
+
+def _condition_body(node: JSON, condition: NodeCondition, now: datetime) -> JSON | None:
+    """The condition entry to write, or None when the node already says the same thing."""
+    message = condition.message[:CONDITION_MESSAGE_LIMIT]
+    current = _condition_of(node, condition.type)
+    if (
+        current is not None
+        and current.get("status") == condition.status
+        and current.get("reason") == condition.reason
+        and current.get("message") == message
+    ):
+        return None
+    transition = (
+        current.get("lastTransitionTime")
+        if current is not None and current.get("status") == condition.status
+        else None
+    ) or ts(now)
+    return {
+        "type": condition.type,
+        "status": condition.status,
+        "reason": condition.reason,
+        "message": message,
+        "lastTransitionTime": transition,
+        "lastHeartbeatTime": ts(now),
+    }
 
 
 def _condition_of(node: JSON, condition_type: str) -> Mapping[str, Any] | None:

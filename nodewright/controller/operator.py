@@ -35,6 +35,7 @@ from nodewright.controller.context import (
     EventRecorder,
     ModelCache,
     OperatorOptions,
+    PodExpectations,
     PodSigner,
     Runtime,
     WriteThrough,
@@ -65,6 +66,9 @@ log = structlog.get_logger("nodewright.operator")
 
 ROLLOUT_DEBOUNCE = 1.0
 """Seconds by which node events delay the rollout pass they trigger (see `Operator._rollout_soon`)."""
+ROLLOUT_LOOP_SHARE = 0.25
+"""At most this share of the event loop goes to node-triggered rollout passes of one NodeWright."""
+ROLLOUT_DEBOUNCE_MAX = 10.0
 
 
 async def load_signing_key(client: KubeClient, namespace: str) -> bytes:
@@ -151,8 +155,10 @@ class Operator:
             metrics=metrics,
             tracer=tracer,
             events=EventRecorder(event_client or client, clock=lambda: self.rt.clock(), instance=instance),
+            pod_expectations=PodExpectations(trim_pod),
         )
-        self.rollout = manager.controller("rollout", RolloutReconciler(self.rt).reconcile, workers=workers)
+        self.rollouts = RolloutReconciler(self.rt)
+        self.rollout = manager.controller("rollout", self.rollouts.reconcile, workers=workers)
         self.node = manager.controller("node", NodeReconciler(self.rt).reconcile, workers=workers * 4)
         self.policy = manager.controller("policy", self._reconcile_policy, workers=1)
         for controller in (self.rollout, self.node, self.policy):
@@ -235,17 +241,28 @@ class Operator:
             node = (pod.get("spec") or {}).get("nodeName")
             return [node_key(str(nw), str(node))] if nw and node else []
 
+        expectations = rt.pod_expectations
+        rt.pods.add_handler(
+            on_add=expectations.observed,
+            on_update=lambda old, new: expectations.observed(new),
+            on_delete=expectations.observed_delete,
+        )
         self.node.watch(rt.pods, pod_keys)
 
     def _rollout_soon(self, name: str) -> None:
-        """Node-driven rollout passes are coalesced: one pass per NodeWright per `ROLLOUT_DEBOUNCE`.
+        """Node-driven rollout passes are coalesced: at most one pass per NodeWright per debounce.
 
         A rollout pass reads every matched node, so running one per node event would cost
-        O(events x nodes); delaying by a second lets a burst of node completions share one pass (the
-        queue keeps the earliest pending time), at the price of up to a second before the next batch
-        opens. Changes to the NodeWright itself are not delayed.
+        O(events x nodes); delaying it lets a burst of node completions share one pass (the queue
+        keeps the earliest pending time), at the price of that delay before the next batch opens. The
+        delay is a second, or longer when the last pass's computation was long: with a pass costing
+        c seconds of loop time, waiting c/share - c keeps rollout passes at `ROLLOUT_LOOP_SHARE` of
+        the loop, so the node controller keeps its share however large the fleet. Changes to the
+        NodeWright itself are not delayed.
         """
-        self.rollout.queue.add_after(name, ROLLOUT_DEBOUNCE)
+        cost = self.rollouts.compute_seconds(name)
+        delay = cost * (1 / ROLLOUT_LOOP_SHARE - 1)
+        self.rollout.queue.add_after(name, min(ROLLOUT_DEBOUNCE_MAX, max(ROLLOUT_DEBOUNCE, delay)))
 
     def _enqueue_all_nodes(self, nodewright: JSON) -> None:
         name = str(_meta(nodewright).get("name"))

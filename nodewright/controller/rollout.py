@@ -17,6 +17,7 @@ enqueues this controller again, so batches settle as soon as their last node fin
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -223,16 +224,23 @@ class RolloutReconciler:
         self.rt = rt
         self._halted: dict[str, frozenset[str]] = {}
         self._last_status: dict[str, str] = {}
+        self._compute: dict[str, float] = {}
+
+    def compute_seconds(self, name: str) -> float:
+        """Event-loop time the last pass of `name` spent computing (its awaits not counted)."""
+        return self._compute.get(name, 0.0)
 
     # -- entry ------------------------------------------------------------------------------------
 
     async def reconcile(self, name: str) -> Result | None:
         rt = self.rt
+        started = time.monotonic()
         obj, model, error = rt.nodewright(name)
         if obj is None:
             rt.metrics.domain.remove_nodewright(name)
             self._halted.pop(name, None)
             self._last_status.pop(name, None)
+            self._compute.pop(name, None)
             return None
         if model is None:
             await self._report_invalid(obj, error or "invalid spec")
@@ -274,12 +282,14 @@ class RolloutReconciler:
             disabled=disabled,
             next_order_hint=previous.next_order if previous.rollout_fingerprint == fingerprint else 0,
         )
+        compute = time.monotonic() - started
         # Taints first: a new node must be tainted before its admission marks it as touched.
         taint_report = await taints.reconcile_runtime_taints(rt, nodewright, matched, all_names=all_names)
         await self._apply_admissions(name, plan, views)
         if reset and plan.reset_applied:
             await self._clear_reset_annotation(name)
 
+        started = time.monotonic()
         sequencing_blocker = self._global_sequencing_blocker(name, facts)
         summary = aggregate_status(
             nodewright,
@@ -297,6 +307,7 @@ class RolloutReconciler:
         status["rolloutFingerprint"] = fingerprint
         status["nextOrder"] = plan.next_order
         self._add_compartment_details(status, plan)
+        self._compute[name] = compute + time.monotonic() - started
         await self._write_status(obj, status)
         await self._emit_transitions(model, plan, summary.status.status, malformed)
         self._update_metrics(name, nodewright, views, plan, summary.status.status, policy_name)

@@ -516,6 +516,31 @@ class KubeClient:
             subresource="status",
         )
 
+    async def patch_node_status_metadata(
+        self,
+        name: str,
+        *,
+        labels: Mapping[str, str | None] | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+        conditions: Sequence[JSON] = (),
+    ) -> JSON:
+        """Labels, annotations and conditions in ONE strategic merge patch on `nodes/status`.
+
+        The node status strategy resets `spec` on this subresource but keeps metadata changes (the
+        NodeRestriction admission plugin polices kubelets' label changes made this way). Callers must
+        check the answer with `metadata_applied` and fall back to `patch_node_metadata` if a future API
+        server drops them. A None value deletes the key (strategic merge treats null as delete).
+        """
+        metadata: JSON = {}
+        if labels:
+            metadata["labels"] = dict(labels)
+        if annotations:
+            metadata["annotations"] = dict(annotations)
+        patch: JSON = {"metadata": metadata} if metadata else {}
+        if conditions:
+            patch["status"] = {"conditions": list(conditions)}
+        return await self.patch(NODES, name, patch, patch_type=PatchType.STRATEGIC, subresource="status")
+
     # -- pods ---------------------------------------------------------------------------------------
 
     async def create_pod(self, namespace: str, body: JSON) -> JSON:
@@ -777,3 +802,15 @@ class WatchStream:
             code = status.get("code") if isinstance(status, dict) else None
             raise api_error(int(code) if isinstance(code, int) else 500, status)
         return event
+
+
+def metadata_applied(
+    obj: JSON, *, labels: Mapping[str, str | None] | None, annotations: Mapping[str, str | None] | None
+) -> bool:
+    """Whether `obj` (a write's answer) carries these label/annotation values (None: key absent)."""
+    meta = obj.get("metadata") or {}
+    for wanted, have in ((labels, meta.get("labels") or {}), (annotations, meta.get("annotations") or {})):
+        for key, value in (wanted or {}).items():
+            if have.get(key) != value:
+                return False
+    return True

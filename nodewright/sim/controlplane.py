@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -73,11 +74,29 @@ class ControlPlaneError(RuntimeError):
     """A component failed to start, died, or the state directory is unusable."""
 
 
+_LISTEN_PORTS = range(20000, 32000)
+"""Where listening ports are picked: below Linux's default ephemeral range (32768-60999). A port the
+kernel hands out for `bind(0)` comes from the ephemeral range, where any outgoing connection (an
+apiserver dialling etcd, a watch) may take it between our check and the component's own bind."""
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1 (the kernel picks it; racing users are unlikely)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that is free now, outside the ephemeral range, never handed out twice by
+    this process (several components are started from one batch of picks)."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.choice(_LISTEN_PORTS)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise ControlPlaneError(f"no free TCP port in {_LISTEN_PORTS.start}-{_LISTEN_PORTS.stop - 1}")
 
 
 def _proc_start_ticks(pid: int) -> int | None:
