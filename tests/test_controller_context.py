@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -262,3 +262,31 @@ def test_pod_expectations_expire_when_the_event_never_comes() -> None:
     assert exp.pending_on("n1", []) == []
     assert not exp.deletion_pending("ub")
     assert len(exp.pending_on("n9", [])) == 1
+
+
+async def test_event_dedupe_expires_by_age_and_forgets_the_oldest_when_full() -> None:
+    sink = _EventSink()
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+    recorder = EventRecorder(
+        sink,  # type: ignore[arg-type]
+        clock=lambda: now[0],
+        instance="t",
+        dedupe_seconds=60,
+        dedupe_size=3,
+    )
+
+    async def send(reason: str) -> None:
+        await recorder.record(kind="Node", name="n1", uid=None, reason=reason, message="m")
+
+    for reason in ("A", "B", "C", "A"):
+        await send(reason)
+    now[0] += timedelta(seconds=61)
+    await send("A")  # older than the window: sent again
+    for reason in ("D", "E", "F"):
+        await send(reason)  # the map holds 3 keys: A goes out
+    await send("A")
+    await send("F")  # still remembered
+    async with asyncio.timeout(5):
+        await recorder.flush()
+    assert [r for _, r in sink.created] == ["A", "B", "C", "A", "D", "E", "F", "A"]
+    await recorder.close()

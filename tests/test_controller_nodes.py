@@ -99,6 +99,16 @@ class Env:
         )
         return {admission_annotation("nw"): encode_admission(adm)}
 
+    async def first_stage_done(self) -> None:
+        """Admit n1, let the node controller start the apply pod, and let that pod succeed (informers
+        up to date)."""
+        self.put_node(node_obj(self.admit()))
+        await self.reconciler.reconcile("nw/n1")
+        [pod] = self.pods()
+        _finish_init_containers(pod)
+        self.rt.nodes.upsert(trim_node(self.node()))
+        self.rt.pods.upsert(trim_pod(pod))
+
     def node(self) -> dict[str, Any]:
         node = self.kube.get(NODES_C, "n1")
         assert node is not None
@@ -194,12 +204,7 @@ async def test_malformed_state_is_never_overwritten(env: Env) -> None:
 
 
 async def test_finished_pod_advances_to_config_in_one_patch(env: Env) -> None:
-    env.put_node(node_obj(env.admit()))
-    await env.reconciler.reconcile("nw/n1")
-    [pod] = env.pods()
-    _finish_init_containers(pod)
-    env.rt.nodes.upsert(trim_node(env.node()))
-    env.rt.pods.upsert(trim_pod(pod))
+    await env.first_stage_done()
 
     def node_writes() -> int:
         return sum(
@@ -341,12 +346,7 @@ async def test_a_created_pod_is_not_created_again_before_the_watch_shows_it(env:
 
 async def test_a_deleted_pod_is_not_deleted_again_before_the_watch_shows_it(env: Env) -> None:
     env.kube.creation_timestamp = "2026-01-01T11:59:00Z"
-    env.put_node(node_obj(env.admit()))
-    await env.reconciler.reconcile("nw/n1")
-    [pod] = env.pods()
-    _finish_init_containers(pod)
-    env.rt.nodes.upsert(trim_node(env.node()))
-    env.rt.pods.upsert(trim_pod(pod))
+    await env.first_stage_done()
     await env.reconciler.reconcile("nw/n1")
     assert env.kube.count("DELETE", "/pods/") == 1
     # The informer still lists the finished apply pod, without a deletionTimestamp.

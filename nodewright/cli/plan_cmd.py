@@ -93,8 +93,8 @@ def rollout_node(
 ) -> tuple[RolloutNode, str | None]:
     """The node as the rollout controller sees it, and the state decoding error if any.
 
-    Same derivation as `RolloutReconciler._rollout_node`, built from the controller's own helpers
-    (imported here so that `nodewright --help` does not load the client stack).
+    Same derivation as `RolloutReconciler._entry` and `_with_priority`, built from the controller's own
+    helpers (imported here so that `nodewright --help` does not load the client stack).
     """
     from nodewright.controller.rollout import rollout_node as controller_view
 

@@ -445,12 +445,14 @@ class EventRecorder:
         clock: Callable[[], datetime],
         instance: str,
         dedupe_seconds: float = 600.0,
+        dedupe_size: int = 10_000,
         queue_size: int = 2000,
     ) -> None:
         self._client = client
         self._clock = clock
         self._instance = instance
         self._dedupe = dedupe_seconds
+        self._dedupe_size = dedupe_size
         self._recent: dict[tuple[str, str, str, str], datetime] = {}
         self._queue: asyncio.Queue[tuple[JSON, str, str, str, datetime]] = asyncio.Queue(queue_size)
         self._task: asyncio.Task[None] | None = None
@@ -465,10 +467,16 @@ class EventRecorder:
         last = self._recent.get(key)
         if last is not None and (now - last).total_seconds() < self._dedupe:
             return
+        # Oldest first (a re-sent key moves to the end), so expiry only ever looks at the front:
+        # O(1) per event, where rebuilding the map on every event once it was full cost O(map).
+        self._recent.pop(key, None)
         self._recent[key] = now
-        if len(self._recent) > 10_000:
-            cutoff = now - timedelta(seconds=self._dedupe)
-            self._recent = {k: t for k, t in self._recent.items() if t >= cutoff}
+        cutoff = now - timedelta(seconds=self._dedupe)
+        while self._recent:
+            oldest_key = next(iter(self._recent))
+            if self._recent[oldest_key] >= cutoff and len(self._recent) <= self._dedupe_size:
+                break
+            del self._recent[oldest_key]
         api_version = "v1" if kind == "Node" else constants.API_VERSION
         involved: JSON = {
             "apiVersion": api_version,

@@ -380,7 +380,11 @@ class NodeReconciler:
         cache = self._sequencing
         if now - cache.built_at < SEQUENCING_FACTS_TTL:
             return cache.facts
-        parsed = (self.rt.models.nodewright(obj)[0] for obj in self.rt.nodewrights.objects())
+        objects = self.rt.nodewrights.objects()
+        if len(objects) < 2:
+            cache.facts, cache.built_at = (), now  # a lone NodeWright waits for nobody
+            return cache.facts
+        parsed = (self.rt.models.nodewright(obj)[0] for obj in objects)
         models = [model for model in parsed if model is not None]
         facts = sequencing.facts_for(models, self.rt.nodes.objects())
         cache.facts, cache.built_at = tuple(facts), now

@@ -1,0 +1,127 @@
+"""The rollout controller re-derives only the nodes that changed since its last pass.
+
+Real client and HTTP against `FakeKube`; informer stores are filled by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from nodewright.api import constants
+from nodewright.controller import rollout as rollout_mod
+from nodewright.controller.context import (
+    EventRecorder,
+    ModelCache,
+    OperatorOptions,
+    PodSigner,
+    Runtime,
+    WriteThrough,
+)
+from nodewright.controller.rollout import RolloutReconciler
+from nodewright.kube.client import KubeClient
+from nodewright.kube.informer import Informer
+from nodewright.kube.resources import DEPLOYMENTPOLICIES, NODES, NODEWRIGHTS, PODS
+from nodewright.kube.trim import trim_node
+from nodewright.observability.metrics import OperatorMetrics
+from nodewright.observability.tracing import RolloutTracer
+from tests.kubefake import FakeKube
+from tests.test_controller_nodes import NOW, nw_obj
+
+NODES_C = ("api/v1", "", "nodes")
+NW_C = ("apis/nodewright.io/v1alpha1", "", "nodewrights")
+
+
+def _node(name: str, pool: str = "a") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "uid": f"{name}-uid", "labels": {"pool": pool}},
+        "spec": {},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}], "nodeInfo": {"bootID": "b"}},
+    }
+
+
+class _Env:
+    def __init__(self, kube: FakeKube, rt: Runtime) -> None:
+        self.kube, self.rt = kube, rt
+        self.reconciler = RolloutReconciler(rt)
+
+    def put_node(self, node: dict[str, Any]) -> None:
+        self.rt.nodes.upsert(trim_node(self.kube.put(NODES_C, node)))
+
+    def put_nodewright(self, obj: dict[str, Any]) -> None:
+        self.rt.nodewrights.upsert(self.kube.put(NW_C, obj))
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[_Env]:
+    kube = await FakeKube().start()
+    client = KubeClient(kube.config(), max_retries=0)
+    nodes = Informer(client, NODES, transform=trim_node)
+    nodewrights = Informer(client, NODEWRIGHTS)
+    rt = Runtime(
+        client=client,
+        options=OperatorOptions(namespace="nodewright-system"),
+        nodewrights=nodewrights,
+        policies=Informer(client, DEPLOYMENTPOLICIES),
+        nodes=nodes,
+        pods=Informer(client, PODS, namespace="nodewright-system"),
+        models=ModelCache(),
+        node_view=WriteThrough(nodes, trim_node),
+        nodewright_view=WriteThrough(nodewrights),
+        signer=PodSigner(b"k" * 32),
+        metrics=OperatorMetrics(),
+        tracer=RolloutTracer(),
+        events=EventRecorder(client, clock=lambda: NOW, instance="test"),
+        clock=lambda: NOW,
+    )
+    try:
+        yield _Env(kube, rt)
+    finally:
+        await rt.events.close(grace=0.1)
+        await client.close()
+        await kube.stop()
+
+
+async def test_only_changed_nodes_are_derived_again(env: _Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    derived: list[str] = []
+    original = rollout_mod.rollout_node
+
+    def counting(nodewright: Any, node: Any, **kwargs: Any) -> Any:
+        derived.append(str(node["metadata"]["name"]))
+        return original(nodewright, node, **kwargs)
+
+    monkeypatch.setattr(rollout_mod, "rollout_node", counting)
+    env.put_nodewright(nw_obj(nodeSelectors={"matchLabels": {"pool": "a"}}))
+    for i in range(5):
+        env.put_node(_node(f"n{i}"))
+    env.put_node(_node("other", pool="b"))
+
+    await env.reconciler.reconcile("nw")
+    assert sorted(derived) == ["n0", "n1", "n2", "n3", "n4"], "unselected nodes are never derived"
+    # The first pass admitted nodes (new resourceVersions): those are derived again, once.
+    derived.clear()
+    for name in [f"n{i}" for i in range(5)]:
+        env.rt.nodes.upsert(trim_node(env.kube.get(NODES_C, name) or {}))
+    await env.reconciler.reconcile("nw")
+    changed = set(derived)
+    derived.clear()
+    await env.reconciler.reconcile("nw")
+    assert derived == [], f"nothing changed, nothing derived (second pass derived {sorted(changed)})"
+
+    node = env.kube.get(NODES_C, "n3") or {}
+    node["metadata"]["labels"][constants.status_label("nw")] = "complete"
+    env.put_node(node)
+    await env.reconciler.reconcile("nw")
+    assert derived == ["n3"]
+
+    derived.clear()
+    obj = env.kube.get(NW_C, "nw") or {}
+    obj["metadata"]["generation"] = 2
+    obj["spec"]["packages"]["tool"]["version"] = "1.1.0"
+    env.put_nodewright(obj)
+    await env.reconciler.reconcile("nw")
+    assert sorted(derived) == ["n0", "n1", "n2", "n3", "n4"], "a new spec invalidates every entry"
