@@ -146,7 +146,7 @@ def test_readme_table_has_a_row_per_run() -> None:
     from benchmarks import run
 
     result = {
-        "run": {"nodes": 50, "packages": 2, "compartments": 2},
+        "run": {"nodes": 50, "packages": 2, "compartments": 2, "stage_seconds": 0.5},
         "machine": {"cpu_model": "x", "nproc": 2, "memory_gib": 4.0, "python": "3.11", "kernel": "6"},
         "wall_seconds": 30.0,
         "ideal_makespan_seconds": 20.0,
@@ -156,11 +156,12 @@ def test_readme_table_has_a_row_per_run() -> None:
         "nodewright_status_bytes": {"max": 2048},
         "event_loop_lag_seconds": {"p50": 0.001, "p99": None},
         "controller_latency_seconds": {"p50": 0.2, "p99": 0.9},
+        "pod_runtime_seconds": {"p50": 0.734},
         "invariants": {"verdict": "pass"},
     }
     text = run.render_readme([result])
     row = next(line for line in text.splitlines() if line.startswith("| 50 "))
-    assert "| 30.0 | 20.0 | 1.5 |" in row
+    assert "| 0.5 (0.73) | 30.0 | 20.0 | 1.5 |" in row
     assert "8.0 (7.0)" in row
     assert "1.0/-" in row
     assert "x, 2 CPUs, 4.0 GiB RAM" in text

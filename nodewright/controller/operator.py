@@ -64,8 +64,9 @@ from nodewright.observability.tracing import RolloutTracer
 
 log = structlog.get_logger("nodewright.operator")
 
-ROLLOUT_DEBOUNCE = 1.0
-"""Seconds by which node events delay the rollout pass they trigger (see `Operator._rollout_soon`)."""
+ROLLOUT_DEBOUNCE = 0.25
+"""Seconds by which node events at least delay the rollout pass they trigger (`Operator._rollout_soon`):
+enough to let a burst of completions share one pass, short enough that the next batch opens at once."""
 ROLLOUT_LOOP_SHARE = 0.25
 """At most this share of the event loop goes to node-triggered rollout passes of one NodeWright."""
 ROLLOUT_DEBOUNCE_MAX = 10.0
@@ -255,10 +256,10 @@ class Operator:
         A rollout pass reads every matched node, so running one per node event would cost
         O(events x nodes); delaying it lets a burst of node completions share one pass (the queue
         keeps the earliest pending time), at the price of that delay before the next batch opens. The
-        delay is a second, or longer when the last pass's computation was long: with a pass costing
-        c seconds of loop time, waiting c/share - c keeps rollout passes at `ROLLOUT_LOOP_SHARE` of
-        the loop, so the node controller keeps its share however large the fleet. Changes to the
-        NodeWright itself are not delayed.
+        delay is `ROLLOUT_DEBOUNCE`, or longer when the last pass computed for long: with a pass
+        costing c seconds of loop time, waiting c/share - c keeps rollout passes at
+        `ROLLOUT_LOOP_SHARE` of the loop, so the node controller keeps its share however large the
+        fleet. Changes to the NodeWright itself are not delayed.
         """
         cost = self.rollouts.compute_seconds(name)
         delay = cost * (1 / ROLLOUT_LOOP_SHARE - 1)
