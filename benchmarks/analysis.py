@@ -265,6 +265,20 @@ def in_progress_peaks(samples: Sequence[tuple[float, Mapping[str, int]]]) -> dic
     return peaks
 
 
+def replay_makespan(admissions: Mapping[str, tuple[str, int]], node_seconds: Mapping[str, float]) -> float:
+    """The makespan of the observed batches if every batch had started the moment the previous one
+    ended: per compartment, the sum over its batches of the slowest node's time; the slowest
+    compartment wins. `admissions`: node -> (compartment, batch); `node_seconds`: the node's own time
+    (e.g. the sum of its pods' runtimes). Nodes without a time count as 0.
+    """
+    slowest: dict[str, dict[int, float]] = defaultdict(dict)
+    for node, (compartment, batch) in admissions.items():
+        seconds = node_seconds.get(node, 0.0)
+        batches = slowest[compartment]
+        batches[batch] = max(batches.get(batch, 0.0), seconds)
+    return max((sum(b.values()) for b in slowest.values()), default=0.0)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Profiles
 

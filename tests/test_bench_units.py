@@ -161,7 +161,7 @@ def test_readme_table_has_a_row_per_run() -> None:
     }
     text = run.render_readme([result])
     row = next(line for line in text.splitlines() if line.startswith("| 50 "))
-    assert "| 0.5 (0.73) | 30.0 | 20.0 | 1.5 |" in row
+    assert "| 0.5 (0.73) | 30.0 | 20.0 | 1.5 | - (-) |" in row
     assert "8.0 (7.0)" in row
     assert "1.0/-" in row
     assert "x, 2 CPUs, 4.0 GiB RAM" in text
@@ -188,3 +188,11 @@ def test_profile_summary_ranks_inclusive_and_self_time() -> None:
         "decode (api/nodestate.py)": 30.0,
         "main (cli/main.py)": 10.0,
     }
+
+
+def test_replay_makespan_sums_the_slowest_node_of_each_batch_per_compartment() -> None:
+    admissions = {"a": ("c0", 1), "b": ("c0", 1), "c": ("c0", 2), "d": ("c1", 1), "e": ("c1", 2)}
+    seconds = {"a": 3.0, "b": 5.0, "c": 4.0, "d": 2.0, "e": 2.5}
+    assert analysis.replay_makespan(admissions, seconds) == 9.0  # c0: max(3, 5) + 4; c1: 4.5
+    assert analysis.replay_makespan({}, seconds) == 0.0
+    assert analysis.replay_makespan({"x": ("c0", 1)}, {}) == 0.0

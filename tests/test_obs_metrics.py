@@ -488,3 +488,13 @@ def test_hook_implementations_satisfy_kube_protocols(metrics: OperatorMetrics) -
     watches.relist(resource="nodes")
     leader.set_leader(name="l", leading=True)
     assert value(metrics, "workqueue_adds_total", name="q") == 1
+
+
+def test_otlp_interval_from_the_opentelemetry_variable() -> None:
+    from nodewright.observability.metrics import DEFAULT_OTLP_INTERVAL_MILLIS, otlp_export_interval_millis
+
+    assert otlp_export_interval_millis({}) == DEFAULT_OTLP_INTERVAL_MILLIS
+    assert otlp_export_interval_millis({"OTEL_METRIC_EXPORT_INTERVAL": "5000"}) == 5000.0
+    for bad in ("soon", "0", "-5", "nan"):
+        interval = otlp_export_interval_millis({"OTEL_METRIC_EXPORT_INTERVAL": bad})
+        assert interval == DEFAULT_OTLP_INTERVAL_MILLIS

@@ -242,6 +242,9 @@ def test_outcome_rule_is_written_once_and_documented() -> None:
 def test_rendered_stages_are_one_document_each_with_templates_defined(tmp_path: Path) -> None:
     out = write_kwok_stages(tmp_path / "stages.yaml")
     docs = [d for d in yaml.safe_load_all(out.read_text(encoding="utf-8")) if d]
+    config = [d for d in docs if d["kind"] == "KwokConfiguration"]
+    assert len(config) == 1 and config[0]["options"]["podPlayStageParallelism"] > 4
+    docs = [d for d in docs if d["kind"] == "Stage"]
     assert {d["metadata"]["name"] for d in docs} == EXPECTED_STAGES
     for d in docs:
         template = d["spec"].get("next", {}).get("statusTemplate", "")

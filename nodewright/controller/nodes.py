@@ -4,16 +4,22 @@ Each reconcile reads the caches (NodeWright, the node through the read-your-writ
 NodeWright's package pods on the node), plans with `plan.node.plan_node`, and turns the plan into API
 writes in a crash-safe order:
 
-1. **One metadata merge patch** carrying the new state annotation `nodewright.io/state.<nw>`, the status
-   label `nodewright.io/status.<nw>`, the controller's timing annotation (see `controller.drainer`)
-   and, when the plan cordons or uncordons, `spec.unschedulable` — all or nothing, BEFORE any action.
-   A crash after it re-plans from the written state and repeats the (idempotent) actions; a crash
-   before it repeats everything. The patch is made only when something differs.
-2. **The node condition** `nodewright.io/<nw>` via a strategic merge patch on `nodes/status` (merges
-   by `type`, so the kubelet's conditions are untouched), only when status/reason/message changed.
-3. **Actions** in the plan's order: evictions (PDB refusals are reported in the next plan and retried
+1. **One patch** carrying the new state annotation `nodewright.io/state.<nw>`, the status label
+   `nodewright.io/status.<nw>`, the controller's timing annotation (see `controller.drainer`) and the
+   node condition `nodewright.io/<nw>` — all or nothing, BEFORE any action. It is a strategic merge
+   patch on `nodes/status`: conditions merge by `type` (the kubelet's are untouched) and the node
+   status strategy keeps metadata changes, so a stage transition costs one write. (If an API server
+   ever drops metadata there, the answer shows it and the controller switches to a metadata merge
+   patch plus a condition patch for good.) When the plan cordons or uncordons, `spec.unschedulable`
+   cannot go through `nodes/status`: then a metadata merge patch carries state, label and cordon
+   together, and the condition follows. A crash after the state write re-plans from it and repeats
+   the (idempotent) actions; a crash before it repeats everything. Nothing is written when nothing
+   differs.
+2. **Actions** in the plan's order: evictions (PDB refusals are reported in the next plan and retried
    after a few seconds), pod deletions, pod creations (ConfigMap first; every pod signed; a pod name is
-   deterministic, so `409 AlreadyExists` means "already done"), Events.
+   deterministic, so `409 AlreadyExists` means "already done"), Events. Pods created or deleted
+   are remembered until the pod watch reports them (`PodExpectations`), so a reconcile that runs
+   before the watch catches up neither creates a pod twice nor deletes it twice.
 
 Rules of trust and ownership:
 

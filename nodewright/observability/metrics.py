@@ -42,6 +42,7 @@ small mutable maps are guarded by a lock, so callbacks never see a dict change s
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import threading
 from collections import Counter
@@ -49,6 +50,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, NamedTuple
 
+import structlog
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
@@ -678,6 +680,32 @@ class _FilteringExporter(MetricExporter):
 OTLP_ENDPOINT_ENV: Final = "OTEL_EXPORTER_OTLP_ENDPOINT"
 
 
+log = structlog.get_logger("nodewright.metrics")
+
+OTLP_INTERVAL_ENV = "OTEL_METRIC_EXPORT_INTERVAL"
+DEFAULT_OTLP_INTERVAL_MILLIS = 30_000.0
+
+
+def otlp_export_interval_millis(env: Mapping[str, str]) -> float:
+    """The OTLP push interval: `OTEL_METRIC_EXPORT_INTERVAL` (milliseconds, the OpenTelemetry
+    variable), else 30 s. A value that is not a positive number is reported and ignored."""
+    text = env.get(OTLP_INTERVAL_ENV, "").strip()
+    if not text:
+        return DEFAULT_OTLP_INTERVAL_MILLIS
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value <= 0:
+        log.warning(
+            f"{OTLP_INTERVAL_ENV} must be a positive number of milliseconds; using the default",
+            value=text,
+            default_millis=DEFAULT_OTLP_INTERVAL_MILLIS,
+        )
+        return DEFAULT_OTLP_INTERVAL_MILLIS
+    return value
+
+
 class OperatorMetrics:
     """All of the operator's metrics; create one at start-up (tests create private ones freely).
 
@@ -691,7 +719,7 @@ class OperatorMetrics:
         registry: CollectorRegistry | None = None,
         otlp: bool | None = None,
         otlp_exporter: MetricExporter | None = None,
-        otlp_interval_seconds: float = 30.0,
+        otlp_interval_seconds: float | None = None,
         service_instance: str | None = None,
         now: Callable[[], datetime] = _now_utc,
     ) -> None:
@@ -708,7 +736,11 @@ class OperatorMetrics:
             readers.append(
                 PeriodicExportingMetricReader(
                     _FilteringExporter(otlp_exporter, self._keeps),
-                    export_interval_millis=otlp_interval_seconds * 1000,
+                    export_interval_millis=(
+                        otlp_export_interval_millis(os.environ)
+                        if otlp_interval_seconds is None
+                        else otlp_interval_seconds * 1000
+                    ),
                 )
             )
         attributes: dict[str, str] = {"service.name": "nodewright-operator"}

@@ -556,8 +556,20 @@ def write_kwok_stages(path: Path) -> Path:
         template = nxt.get("statusTemplate")
         if template and "{{ template " in template:
             nxt["statusTemplate"] = defines + template
-    path.write_text(yaml.dump_all(stages, Dumper=_LiteralDumper, sort_keys=False), encoding="utf-8")
+    documents: list[dict[str, Any]] = [KWOK_CONFIGURATION, *stages]
+    path.write_text(yaml.dump_all(documents, Dumper=_LiteralDumper, sort_keys=False), encoding="utf-8")
     return path
+
+
+KWOK_CONFIGURATION: dict[str, Any] = {
+    "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+    "kind": "KwokConfiguration",
+    # kwok plays every pod's and node's stages through a few shared workers (4 by default), while a
+    # real fleet has a kubelet per node: with hundreds of package pods in flight the shared workers
+    # became the queue every stage waited in (about 1 s per stage at 1,000 nodes). More workers make
+    # the simulated kubelets behave more like independent ones.
+    "options": {"podPlayStageParallelism": 32, "nodePlayStageParallelism": 16},
+}
 
 
 class _LiteralDumper(yaml.SafeDumper):
