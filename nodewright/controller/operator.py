@@ -233,8 +233,13 @@ class Operator:
                 self.node.queue.add(key)
             names = self._names()
             if _rollout_relevant(old, new, names):
+                node_name = str(_meta(new).get("name"))
+                labels = _meta(new).get("labels") or {}
                 for nw in {split_node_key(k)[0] for k in keys}:
-                    self._rollout_soon(nw)
+                    if self.rollouts.settles_batch(nw, node_name, labels):
+                        self.rollout.queue.add(nw)  # the next batch waits for exactly this event
+                    else:
+                        self._rollout_soon(nw)
 
         rt.nodes.add_handler(on_add=node_added, on_update=node_updated, on_delete=node_added)
 

@@ -256,6 +256,25 @@ class RolloutReconciler:
         self._last_status: dict[str, str] = {}
         self._compute: dict[str, float] = {}
         self._memo: dict[str, _Memo] = {}
+        # NodeWright -> compartment -> admitted nodes still working on the current spec: the open batch.
+        self._open: dict[str, dict[str, set[str]]] = {}
+
+    def settles_batch(self, name: str, node: str, labels: Mapping[str, str]) -> bool:
+        """Whether this node update ends the last in-flight node of its batch (as of the last pass).
+
+        Node events delay the rollout pass to coalesce bursts (see `Operator._rollout_soon`), but the
+        event that settles a batch is the one the next batch waits for: it gets a pass at once.
+        """
+        compartments = self._open.get(name)
+        if not compartments:
+            return False
+        if labels.get(constants.status_label(name)) in (Status.IN_PROGRESS.value, Status.WAITING.value):
+            return False
+        for members in compartments.values():
+            if node in members:
+                members.discard(node)
+                return not members
+        return False
 
     def compute_seconds(self, name: str) -> float:
         """Event-loop time the last pass of `name` spent computing (its awaits not counted)."""
@@ -273,6 +292,7 @@ class RolloutReconciler:
             self._last_status.pop(name, None)
             self._compute.pop(name, None)
             self._memo.pop(name, None)
+            self._open.pop(name, None)
             return None
         if model is None:
             await self._report_invalid(obj, error or "invalid spec")
@@ -344,6 +364,7 @@ class RolloutReconciler:
         await self._emit_transitions(model, plan, summary.status.status, malformed)
         self._update_metrics(name, nodewright, views, plan, summary.status.status, policy_name)
 
+        self._open[name] = _open_batches(rollout_nodes, fingerprint)
         if deleting:
             return await self._finish_deletion(obj, name, nodes)
         in_flight = any(v.status in (Status.IN_PROGRESS, Status.ERRORING) for v in views)
@@ -721,6 +742,19 @@ class RolloutReconciler:
             )
             log.info("finalizer released", nodewright=name)
         return None
+
+
+def _open_batches(nodes: Sequence[RolloutNode], fingerprint: str) -> dict[str, set[str]]:
+    """Per compartment, the nodes admitted for this spec that have not settled yet (not complete,
+    erroring or blocked): when the last of them settles, the next batch may start."""
+    out: dict[str, set[str]] = {}
+    for node in nodes:
+        adm = node.admission
+        if adm is None or adm.fingerprint != fingerprint or not node.needs_work:
+            continue
+        if node.status in (Status.IN_PROGRESS, Status.WAITING):
+            out.setdefault(adm.compartment, set()).add(node.name)
+    return out
 
 
 def _condition_message(node: JSON, nodewright: str) -> str | None:

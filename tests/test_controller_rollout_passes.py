@@ -1,4 +1,4 @@
-"""The rollout controller re-derives only the nodes that changed since its last pass.
+"""Rollout passes: only changed nodes are derived again, and the event that settles a batch is known.
 
 Real client and HTTP against `FakeKube`; informer stores are filled by hand.
 """
@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from nodewright.api import constants
+from nodewright.api.models import Status
 from nodewright.controller import rollout as rollout_mod
 from nodewright.controller.context import (
     EventRecorder,
@@ -27,6 +28,7 @@ from nodewright.kube.resources import DEPLOYMENTPOLICIES, NODES, NODEWRIGHTS, PO
 from nodewright.kube.trim import trim_node
 from nodewright.observability.metrics import OperatorMetrics
 from nodewright.observability.tracing import RolloutTracer
+from nodewright.plan.rollout import Admission, RolloutNode
 from tests.kubefake import FakeKube
 from tests.test_controller_nodes import NOW, nw_obj
 
@@ -125,3 +127,37 @@ async def test_only_changed_nodes_are_derived_again(env: _Env, monkeypatch: pyte
     env.put_nodewright(obj)
     await env.reconciler.reconcile("nw")
     assert sorted(derived) == ["n0", "n1", "n2", "n3", "n4"], "a new spec invalidates every entry"
+
+
+def _rnode(name: str, status: Status, *, compartment: str = "c0", fingerprint: str = "fp") -> RolloutNode:
+    return RolloutNode(
+        name=name,
+        labels={},
+        creation_timestamp=None,
+        status=status,
+        needs_work=status is not Status.COMPLETE,
+        admission=Admission(compartment, 1, 0, fingerprint, "2026-01-01T00:00:00Z"),
+    )
+
+
+async def test_the_last_node_of_a_batch_to_settle_is_recognised(env: _Env) -> None:
+    open_batches = rollout_mod._open_batches(
+        [
+            _rnode("a", Status.IN_PROGRESS),
+            _rnode("b", Status.WAITING),
+            _rnode("c", Status.COMPLETE),
+            _rnode("d", Status.ERRORING),
+            _rnode("e", Status.IN_PROGRESS, fingerprint="old"),
+            _rnode("f", Status.IN_PROGRESS, compartment="c1"),
+        ],
+        "fp",
+    )
+    assert open_batches == {"c0": {"a", "b"}, "c1": {"f"}}
+    env.reconciler._open["nw"] = open_batches
+    label = constants.status_label("nw")
+    assert not env.reconciler.settles_batch("nw", "a", {label: "in_progress"})
+    assert not env.reconciler.settles_batch("nw", "a", {label: "complete"}), "b still works"
+    assert env.reconciler.settles_batch("nw", "b", {label: "erroring"}), "an erroring node settles too"
+    assert env.reconciler.settles_batch("nw", "f", {label: "complete"})
+    assert not env.reconciler.settles_batch("nw", "zz", {label: "complete"})
+    assert not env.reconciler.settles_batch("other", "a", {label: "complete"})
