@@ -175,6 +175,15 @@ async def test_admission_for_another_fingerprint_starts_nothing(env: Env) -> Non
     env.put_node(node_obj(env.admit(fingerprint="0" * 16)))
     await env.reconciler.reconcile("nw/n1")
     assert env.pods() == []
+    # Untouched and waiting: no label, no condition, no write at all (no label reads as waiting).
+    assert constants.status_label("nw") not in env.node()["metadata"]["labels"]
+    assert env.kube.count("PATCH", "/nodes/") == 0
+
+
+async def test_a_node_with_history_is_labelled_waiting(env: Env) -> None:
+    done = PackageEntry("tool", "0.9.0", PackageStage.CONFIG, PackageState.COMPLETE)
+    env.put_node(node_obj({constants.state_annotation("nw"): encode(NodeState(packages=(done,)))}))
+    await env.reconciler.reconcile("nw/n1")
     assert env.node()["metadata"]["labels"][constants.status_label("nw")] == "waiting"
 
 

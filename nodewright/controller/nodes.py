@@ -424,7 +424,13 @@ class NodeReconciler:
         labels: dict[str, str | None] = {}
         annotations: dict[str, str | None] = {}
         status_key = constants.status_label(nw_name)
-        if node_labels(node).get(status_key) != plan.status.value:
+        current_status = node_labels(node).get(status_key)
+        # A node this NodeWright has never touched and that is only waiting for its batch gets no
+        # label and no condition: "no label" reads as waiting (rollout status, metrics, `nodewright
+        # plan`), and labelling every node of a 10,000-node fleet the moment a NodeWright appears
+        # would be 10,000 writes queued in front of the first batch's (N / --qps seconds of delay).
+        untouched = stored is None and current_status is None and plan.status is Status.WAITING
+        if current_status != plan.status.value and not untouched:
             labels[status_key] = plan.status.value
         if new_state != old_state:
             annotations[constants.state_annotation(nw_name)] = encode(new_state)
@@ -435,7 +441,7 @@ class NodeReconciler:
             unschedulable = True
         elif uncordon:
             unschedulable = False
-        condition = _condition_body(node, plan.condition, now)
+        condition = None if untouched else _condition_body(node, plan.condition, now)
         if not labels and not annotations and unschedulable is None and condition is None:
             return node
         try:

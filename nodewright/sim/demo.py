@@ -326,7 +326,8 @@ class FleetTracker:
         return {c: counts.get(c, 0) for c in sorted(comps)}
 
     def status_counts(self) -> dict[str, int]:
-        return dict(Counter(r.status or "none" for r in self.nodes.values()))
+        # No status label: not touched yet, which the operator reports as waiting.
+        return dict(Counter(r.status or "waiting" for r in self.nodes.values()))
 
     def batches(self, fingerprint: str | None = None) -> dict[str, dict[int, int]]:
         """Observed batch sizes per compartment (admissions of `fingerprint`, default: all)."""
