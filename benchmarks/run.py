@@ -815,6 +815,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nodewright.sim.controlplane import ControlPlane, ControlPlaneError
 
     cfg = parse_args(argv)
+
+    def terminated(signum: int, frame: Any) -> None:
+        # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the operator and the control plane
+        # started below are stopped by the `finally` blocks instead of outliving the benchmark.
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, terminated)
     if cfg.nodes < 1 or cfg.packages < 1 or cfg.compartments < 1:
         print("--nodes, --packages and --compartments must be >= 1", file=sys.stderr)
         return 2
