@@ -28,7 +28,7 @@ from nodewright.kube.resources import DEPLOYMENTPOLICIES, NODES, NODEWRIGHTS, PO
 from nodewright.kube.trim import trim_node
 from nodewright.observability.metrics import OperatorMetrics
 from nodewright.observability.tracing import RolloutTracer
-from nodewright.plan.rollout import Admission, RolloutNode
+from nodewright.plan.rollout import Admission, NewAdmission, RolloutNode, RolloutPlan
 from tests.kubefake import FakeKube
 from tests.test_controller_nodes import NOW, nw_obj
 
@@ -161,3 +161,20 @@ async def test_the_last_node_of_a_batch_to_settle_is_recognised(env: _Env) -> No
     assert env.reconciler.settles_batch("nw", "f", {label: "complete"})
     assert not env.reconciler.settles_batch("nw", "zz", {label: "complete"})
     assert not env.reconciler.settles_batch("other", "a", {label: "complete"})
+
+
+def test_nodes_admitted_or_released_by_the_pass_itself_count() -> None:
+    plan = RolloutPlan(
+        policy_name=None,
+        policy_not_found=None,
+        compartments={},
+        admissions=(NewAdmission("new", Admission("c2", 3, 0, "fp", "2026-01-01T00:00:00Z")),),
+        releases=("a",),
+        active=(),
+        waiting=(),
+        halts=(),
+        reset_applied=False,
+        next_order=0,
+    )
+    nodes = [_rnode("a", Status.IN_PROGRESS), _rnode("b", Status.IN_PROGRESS)]
+    assert rollout_mod._open_batches(nodes, "fp", plan) == {"c0": {"b"}, "c2": {"new"}}

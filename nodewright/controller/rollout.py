@@ -364,7 +364,7 @@ class RolloutReconciler:
         await self._emit_transitions(model, plan, summary.status.status, malformed)
         self._update_metrics(name, nodewright, views, plan, summary.status.status, policy_name)
 
-        self._open[name] = _open_batches(rollout_nodes, fingerprint)
+        self._open[name] = _open_batches(rollout_nodes, fingerprint, plan)
         if deleting:
             return await self._finish_deletion(obj, name, nodes)
         in_flight = any(v.status in (Status.IN_PROGRESS, Status.ERRORING) for v in views)
@@ -744,9 +744,12 @@ class RolloutReconciler:
         return None
 
 
-def _open_batches(nodes: Sequence[RolloutNode], fingerprint: str) -> dict[str, set[str]]:
+def _open_batches(
+    nodes: Sequence[RolloutNode], fingerprint: str, plan: RolloutPlan | None = None
+) -> dict[str, set[str]]:
     """Per compartment, the nodes admitted for this spec that have not settled yet (not complete,
-    erroring or blocked): when the last of them settles, the next batch may start."""
+    erroring or blocked), including those `plan` admits or releases now: when the last of them
+    settles, the next batch may start."""
     out: dict[str, set[str]] = {}
     for node in nodes:
         adm = node.admission
@@ -754,6 +757,12 @@ def _open_batches(nodes: Sequence[RolloutNode], fingerprint: str) -> dict[str, s
             continue
         if node.status in (Status.IN_PROGRESS, Status.WAITING):
             out.setdefault(adm.compartment, set()).add(node.name)
+    if plan is not None:
+        released = set(plan.releases)
+        for members in out.values():
+            members -= released
+        for admitted in plan.admissions:
+            out.setdefault(admitted.admission.compartment, set()).add(admitted.node)
     return out
 
 
