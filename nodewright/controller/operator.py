@@ -39,13 +39,14 @@ from nodewright.controller.context import (
     PodSigner,
     Runtime,
     WriteThrough,
+    admission_annotation,
     matches_nodewright,
     node_key,
     split_node_key,
 )
 from nodewright.controller.manager import Controller, Manager
 from nodewright.controller.nodes import NodeReconciler
-from nodewright.controller.rollout import RolloutReconciler
+from nodewright.controller.rollout import RolloutReconciler, blocked_reason
 from nodewright.kube.client import KubeClient
 from nodewright.kube.resources import (
     DEPLOYMENTPOLICIES,
@@ -61,6 +62,7 @@ from nodewright.kube.trim import node_ready, trim_node, trim_pod
 from nodewright.kube.workqueue import Result
 from nodewright.observability.metrics import OperatorMetrics
 from nodewright.observability.tracing import RolloutTracer
+from nodewright.plan.node import is_disabled, is_paused
 
 log = structlog.get_logger("nodewright.operator")
 
@@ -273,13 +275,30 @@ class Operator:
         self.rollout.queue.add_after(name, min(ROLLOUT_DEBOUNCE_MAX, max(ROLLOUT_DEBOUNCE, delay)))
 
     def _enqueue_all_nodes(self, nodewright: JSON) -> None:
+        """A NodeWright appeared or changed: reconcile every node that has something to do for it.
+
+        That is every node carrying its state, status label or admission, and every selected node
+        that would get a status of its own (blocked by a taint or the ignore label; all of them
+        while paused or disabled). A selected node that would only be `waiting` is left out: its
+        reconcile writes nothing, and on a large fleet thousands of such keys would sit in the queue
+        in front of the first batch; the rollout controller enqueues it when it admits it.
+        """
         name = str(_meta(nodewright).get("name"))
         model, _ = self.rt.models.nodewright(nodewright)
-        state_key = constants.state_annotation(name)
+        keys = (constants.state_annotation(name), admission_annotation(name))
+        label = constants.status_label(name)
+        quiet = model is not None and not is_paused(model) and not is_disabled(model)
+        taint_key = self.rt.options.runtime_required_taint_key
         for node in self.rt.nodes.objects():
-            selected = model is not None and matches_nodewright(model, node)
-            if selected or state_key in (_meta(node).get("annotations") or {}):
-                self.node.queue.add(node_key(name, str(_meta(node).get("name"))))
+            meta = _meta(node)
+            annotations = meta.get("annotations") or {}
+            ours = label in (meta.get("labels") or {}) or any(k in annotations for k in keys)
+            if not ours:
+                if model is None or not matches_nodewright(model, node):
+                    continue
+                if quiet and blocked_reason(model, node, runtime_taint_key=taint_key) is None:
+                    continue
+            self.node.queue.add(node_key(name, str(meta.get("name"))))
 
     # -- DeploymentPolicy status -------------------------------------------------------------------
 
