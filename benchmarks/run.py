@@ -362,6 +362,7 @@ async def predicted_batches(
 
 
 async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -> dict[str, Any]:
+    git_head = _git_head()  # the code the operator runs: read before it starts, not after the run
     policy, nw = policy_manifest(cfg), nodewright_manifest(cfg)
     shapes = package_shapes(cfg)
     created = time.monotonic()
@@ -463,7 +464,7 @@ async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -
             "stage_seconds": cfg.stage_seconds,
             "budget_percent": cfg.budget_percent,
             "smoke": cfg.smoke,
-            "git": _git_head(),
+            "git": git_head,
         },
         "machine": machine(),
         "fleet_create_seconds": round(fleet_seconds, 2),
