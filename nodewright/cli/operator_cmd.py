@@ -37,7 +37,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--metrics-bind-address", default=":8080", help="Prometheus metrics address")
     parser.add_argument("--qps", type=float, default=50.0, help="client-side write QPS limit")
     parser.add_argument("--burst", type=int, default=100, help="client-side write burst")
-    parser.add_argument("--workers", type=int, default=4, help="workers per controller")
+    parser.add_argument("--workers", type=int, default=4, help="workers of the rollout controller")
+    parser.add_argument(
+        "--node-workers",
+        type=int,
+        default=64,
+        help="concurrent node reconciles: each mostly awaits the API server (writes stay under --qps)",
+    )
     parser.add_argument(
         "--event-qps", type=float, default=10.0, help="Event write rate (separate from --qps; best effort)"
     )
@@ -157,6 +163,7 @@ async def _main(args: argparse.Namespace) -> int:
             tracer=tracer,
             signer=PodSigner(key),
             workers=args.workers,
+            node_workers=args.node_workers,
             instance=identity,
             event_client=event_client,
         )

@@ -131,6 +131,7 @@ class Operator:
         tracer: RolloutTracer,
         signer: PodSigner,
         workers: int = 4,
+        node_workers: int = 64,
         instance: str = "nodewright-operator",
         event_client: KubeClient | None = None,
     ) -> None:
@@ -164,7 +165,10 @@ class Operator:
         )
         self.rollouts = RolloutReconciler(self.rt)
         self.rollout = manager.controller("rollout", self.rollouts.reconcile, workers=workers)
-        self.node = manager.controller("node", NodeReconciler(self.rt).reconcile, workers=workers * 4)
+        # Node reconciles spend their time awaiting API calls (~3 per stage hand-off), so concurrency,
+        # not CPU, bounds their throughput: at 5,000 nodes 16 workers left 200+ keys queued while the
+        # API server answered in ~0.2 s. Coroutines are cheap; the write rate limit still applies.
+        self.node = manager.controller("node", NodeReconciler(self.rt).reconcile, workers=node_workers)
         self.policy = manager.controller("policy", self._reconcile_policy, workers=1)
         for controller in (self.rollout, self.node, self.policy):
             metrics.init_controller(controller.name)
