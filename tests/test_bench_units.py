@@ -165,6 +165,9 @@ def test_readme_table_has_a_row_per_run() -> None:
     assert "8.0 (7.0)" in row
     assert "1.0/-" in row
     assert "x, 2 CPUs, 4.0 GiB RAM" in text
+    stopped = {**result, "run": {**result["run"], "nodes": 60}, "completed": False, "nodes_complete": 12}
+    row = next(line for line in run.render_readme([stopped]).splitlines() if line.startswith("| 60 "))
+    assert "30.0 (stopped: 12/60 complete)" in row
 
 
 def test_profile_summary_ranks_inclusive_and_self_time() -> None:
