@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -145,7 +146,7 @@ def test_bench_manifests_are_valid_models() -> None:
 def test_readme_table_has_a_row_per_run() -> None:
     from benchmarks import run
 
-    result = {
+    result: dict[str, Any] = {
         "run": {"nodes": 50, "packages": 2, "compartments": 2, "stage_seconds": 0.5},
         "machine": {"cpu_model": "x", "nproc": 2, "memory_gib": 4.0, "python": "3.11", "kernel": "6"},
         "wall_seconds": 30.0,
