@@ -474,12 +474,13 @@ async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -
         "fleet_create_seconds": round(fleet_seconds, 2),
         "wall_seconds": round(wall, 2),
         "ideal_makespan_seconds": round(ideal, 2),
-        "makespan_ratio": round(wall / ideal, 3) if ideal else None,
+        # A stopped run's ratios would compare part of a rollout with the whole: left out.
+        "makespan_ratio": round(wall / ideal, 3) if ideal and completed else None,
         # The same batches replayed with the pod runtimes the simulator actually delivered: what a
         # zero-latency operator would have achieved on this simulator; wall / this is the operator's
         # own factor (controller latency and batch hand-over), makespan_ratio / this the simulator's.
         "simulator_makespan_seconds": round(simulated, 2),
-        "operator_makespan_ratio": round(wall / simulated, 3) if simulated else None,
+        "operator_makespan_ratio": round(wall / simulated, 3) if simulated and completed else None,
         "per_node_ideal_seconds": per_node,
         "batches": {
             "predicted": {c: [len(b) for b in s] for c, s in sequences.items()},
@@ -498,10 +499,10 @@ async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -
                 "events": writes.events,
                 "other": writes.other,
             },
-            "writes_per_node_package": round(per_node_write, 3),
+            "writes_per_node_package": round(per_node_write, 3) if completed else None,
             "minimum_per_node_package": round(minimum.per_node_package, 3),
             "minimum_breakdown_per_node": dict(minimum.breakdown),
-            "writes_vs_minimum": round(per_node_write / minimum.per_node_package, 3),
+            "writes_vs_minimum": round(per_node_write / minimum.per_node_package, 3) if completed else None,
         },
         "nodewright_status_bytes": {"final": _status_bytes(final_obj), "max": max_status_bytes},
         "event_loop_lag_seconds": {
@@ -696,14 +697,16 @@ def render_readme(runs: Sequence[Mapping[str, Any]]) -> str:
     for r in runs:
         api, lag, lat = r["api"], r["event_loop_lag_seconds"], r["controller_latency_seconds"]
         pod = (r.get("pod_runtime_seconds") or {}).get("p50")
+        done = r.get("completed", True)
+        replay = r.get("simulator_makespan_seconds") if done else None
         lines.append(
             f"| {r['run']['nodes']} | {r['run']['packages']} | {r['run']['compartments']}"
             f" | {r['run']['stage_seconds']:g} ({'-' if pod is None else round(pod, 2)})"
             f" | {r['wall_seconds']}{_incomplete(r)}"
-            f" | {r['ideal_makespan_seconds']} | {r['makespan_ratio']}"
-            f" | {r.get('simulator_makespan_seconds', '-')} ({r.get('operator_makespan_ratio', '-')})"
+            f" | {r['ideal_makespan_seconds']} | {_or_dash(r['makespan_ratio'])}"
+            f" | {_or_dash(replay)} ({_or_dash(r.get('operator_makespan_ratio'))})"
             f" | {r['operator']['peak_rss_mib']}"
-            f" | {r['operator']['cpu_seconds']} | {api['writes_per_node_package']}"
+            f" | {r['operator']['cpu_seconds']} | {_or_dash(api['writes_per_node_package'])}"
             f" ({api['minimum_per_node_package']})"
             f" | {round(r['nodewright_status_bytes']['max'] / 1024, 1)}"
             f" | {_ms(lag['p50'])}/{_ms(lag['p99'])} | {lat['p50']}/{lat['p99']}"
@@ -719,6 +722,10 @@ def render_readme(runs: Sequence[Mapping[str, Any]]) -> str:
         )
     lines.append("")
     return "\n".join(lines)
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
 
 
 def _incomplete(run: Mapping[str, Any]) -> str:
