@@ -118,16 +118,11 @@ class Env:
         return list(self.kube.objects.get(pods_c(NS), {}).values())
 
 
-@pytest.fixture
-async def env() -> AsyncIterator[Env]:
-    kube = await FakeKube().start()
-    client = KubeClient(kube.config(), max_retries=0)
-    nodes = Informer(client, NODES, transform=trim_node)
-    pods = Informer(client, PODS, namespace=NS, transform=trim_pod)
-    pods.add_index("node", lambda p: [str((p.get("spec") or {}).get("nodeName") or "")])
-    nodewrights = Informer(client, NODEWRIGHTS)
-    rollouts: list[str] = []
-    rt = Runtime(
+def make_runtime(
+    client: KubeClient, *, nodes: Informer, nodewrights: Informer, pods: Informer, **extra: Any
+) -> Runtime:
+    """A Runtime over hand-filled informers, with the test clock `NOW`."""
+    return Runtime(
         client=client,
         options=OperatorOptions(namespace=NS),
         nodewrights=nodewrights,
@@ -142,6 +137,24 @@ async def env() -> AsyncIterator[Env]:
         tracer=RolloutTracer(),
         events=EventRecorder(client, clock=lambda: NOW, instance="test"),
         clock=lambda: NOW,
+        **extra,
+    )
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    kube = await FakeKube().start()
+    client = KubeClient(kube.config(), max_retries=0)
+    nodes = Informer(client, NODES, transform=trim_node)
+    pods = Informer(client, PODS, namespace=NS, transform=trim_pod)
+    pods.add_index("node", lambda p: [str((p.get("spec") or {}).get("nodeName") or "")])
+    nodewrights = Informer(client, NODEWRIGHTS)
+    rollouts: list[str] = []
+    rt = make_runtime(
+        client,
+        nodes=nodes,
+        nodewrights=nodewrights,
+        pods=pods,
         enqueue_rollout=rollouts.append,
         pod_expectations=PodExpectations(trim_pod),
     )

@@ -14,23 +14,16 @@ from nodewright.api import constants
 from nodewright.api.models import Status
 from nodewright.controller import rollout as rollout_mod
 from nodewright.controller.context import (
-    EventRecorder,
-    ModelCache,
-    OperatorOptions,
-    PodSigner,
     Runtime,
-    WriteThrough,
 )
 from nodewright.controller.rollout import RolloutReconciler
 from nodewright.kube.client import KubeClient
 from nodewright.kube.informer import Informer
-from nodewright.kube.resources import DEPLOYMENTPOLICIES, NODES, NODEWRIGHTS, PODS
+from nodewright.kube.resources import NODES, NODEWRIGHTS, PODS
 from nodewright.kube.trim import trim_node
-from nodewright.observability.metrics import OperatorMetrics
-from nodewright.observability.tracing import RolloutTracer
 from nodewright.plan.rollout import Admission, NewAdmission, RolloutNode, RolloutPlan
 from tests.kubefake import FakeKube
-from tests.test_controller_nodes import NOW, nw_obj
+from tests.test_controller_nodes import NS, make_runtime, nw_obj
 
 NODES_C = ("api/v1", "", "nodes")
 NW_C = ("apis/nodewright.io/v1alpha1", "", "nodewrights")
@@ -64,22 +57,7 @@ async def env() -> AsyncIterator[_Env]:
     client = KubeClient(kube.config(), max_retries=0)
     nodes = Informer(client, NODES, transform=trim_node)
     nodewrights = Informer(client, NODEWRIGHTS)
-    rt = Runtime(
-        client=client,
-        options=OperatorOptions(namespace="nodewright-system"),
-        nodewrights=nodewrights,
-        policies=Informer(client, DEPLOYMENTPOLICIES),
-        nodes=nodes,
-        pods=Informer(client, PODS, namespace="nodewright-system"),
-        models=ModelCache(),
-        node_view=WriteThrough(nodes, trim_node),
-        nodewright_view=WriteThrough(nodewrights),
-        signer=PodSigner(b"k" * 32),
-        metrics=OperatorMetrics(),
-        tracer=RolloutTracer(),
-        events=EventRecorder(client, clock=lambda: NOW, instance="test"),
-        clock=lambda: NOW,
-    )
+    rt = make_runtime(client, nodes=nodes, nodewrights=nodewrights, pods=Informer(client, PODS, namespace=NS))
     try:
         yield _Env(kube, rt)
     finally:
