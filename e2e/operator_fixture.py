@@ -157,14 +157,12 @@ def crds(cluster: ControlPlane) -> None:
     )
 
 
-@pytest.fixture
-def operator_factory(
-    cluster: ControlPlane, crds: None, tmp_path: Path
-) -> Iterator[Callable[..., OperatorProcess]]:
+def started_operators(build: Callable[..., OperatorProcess]) -> Iterator[Callable[..., OperatorProcess]]:
+    """Fixture body: yields a factory that builds and starts operators; stops them all afterwards."""
     started: list[OperatorProcess] = []
 
-    def make(*extra_args: str) -> OperatorProcess:
-        op = OperatorProcess(cluster, tmp_path, extra_args=extra_args)
+    def make(*args: str) -> OperatorProcess:
+        op = build(*args)
         started.append(op)
         op.start()
         return op
@@ -174,6 +172,15 @@ def operator_factory(
         op.stop()
         # pytest shows captured teardown output only for failing tests: the tail costs nothing otherwise.
         print(f"\n----- operator log tail ({op.log_path}) -----\n{op.tail(120)}")
+
+
+@pytest.fixture
+def operator_factory(
+    cluster: ControlPlane, crds: None, tmp_path: Path
+) -> Iterator[Callable[..., OperatorProcess]]:
+    yield from started_operators(
+        lambda *extra_args: OperatorProcess(cluster, tmp_path, extra_args=extra_args)
+    )
 
 
 @pytest.fixture

@@ -40,6 +40,7 @@ from e2e.operator_fixture import (
     nodes_of,
     nodewright_manifest,
     package,
+    started_operators,
     status_of,
     wait_statuses,
 )
@@ -258,23 +259,16 @@ class TracingOperator(OperatorProcess):
 def tracing_operator(
     cluster: ControlPlane, crds: None, tmp_path: Path, collector: Collector
 ) -> Iterator[Callable[[], OperatorProcess]]:
-    started: list[OperatorProcess] = []
-
-    def make() -> OperatorProcess:
+    def build() -> OperatorProcess:
         op = TracingOperator(cluster, tmp_path)
         op.otel_env = {
             "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
             "OTEL_BSP_SCHEDULE_DELAY": "200",
             "OTEL_EXPORTER_OTLP_TIMEOUT": "5",
         }
-        started.append(op)
-        op.start()
         return op
 
-    yield make
-    for op in started:
-        op.stop()
-        print(f"\n----- operator log tail ({op.log_path}) -----\n{op.tail(120)}")
+    yield from started_operators(build)
 
 
 async def test_one_trace_per_node_rollout(
