@@ -156,3 +156,19 @@ def test_nodes_admitted_or_released_by_the_pass_itself_count() -> None:
     )
     nodes = [_rnode("a", Status.IN_PROGRESS), _rnode("b", Status.IN_PROGRESS)]
     assert rollout_mod._open_batches(nodes, "fp", plan) == {"c0": {"b"}, "c2": {"new"}}
+
+
+def test_the_rollout_debounce_keeps_passes_to_their_share_of_the_loop() -> None:
+    from nodewright.controller.operator import (
+        ROLLOUT_DEBOUNCE,
+        ROLLOUT_DEBOUNCE_MAX,
+        ROLLOUT_LOOP_SHARE,
+        rollout_debounce,
+    )
+
+    assert rollout_debounce(0.0) == ROLLOUT_DEBOUNCE, "a cheap pass waits the floor"
+    cost = 0.8
+    delay = rollout_debounce(cost)
+    assert delay > ROLLOUT_DEBOUNCE
+    assert cost / (cost + delay) <= ROLLOUT_LOOP_SHARE + 1e-9
+    assert rollout_debounce(60.0) == ROLLOUT_DEBOUNCE_MAX, "never longer than the cap"

@@ -104,6 +104,13 @@ def _meta(obj: JSON) -> JSON:
     return meta
 
 
+def rollout_debounce(pass_compute_seconds: float) -> float:
+    """How long node events wait for the rollout pass they trigger, given the last pass's compute time:
+    long enough that passes take at most `ROLLOUT_LOOP_SHARE` of the loop, within the bounds."""
+    delay = pass_compute_seconds * (1 / ROLLOUT_LOOP_SHARE - 1)
+    return min(ROLLOUT_DEBOUNCE_MAX, max(ROLLOUT_DEBOUNCE, delay))
+
+
 def _rollout_relevant(old: JSON, new: JSON, nodewrights: Iterable[str]) -> bool:
     """Did a node change in a way the rollout controller reads?"""
     if (old.get("spec") or {}) != (new.get("spec") or {}):
@@ -274,9 +281,7 @@ class Operator:
         `ROLLOUT_LOOP_SHARE` of the loop, so the node controller keeps its share however large the
         fleet. Changes to the NodeWright itself are not delayed.
         """
-        cost = self.rollouts.compute_seconds(name)
-        delay = cost * (1 / ROLLOUT_LOOP_SHARE - 1)
-        self.rollout.queue.add_after(name, min(ROLLOUT_DEBOUNCE_MAX, max(ROLLOUT_DEBOUNCE, delay)))
+        self.rollout.queue.add_after(name, rollout_debounce(self.rollouts.compute_seconds(name)))
 
     def _enqueue_all_nodes(self, nodewright: JSON) -> None:
         """A NodeWright appeared or changed: reconcile every node that has something to do for it.
