@@ -1,9 +1,11 @@
 """Fleet-safety invariant monitor for e2e tests on the real control plane.
 
 `InvariantMonitor` watches Nodes (cluster-wide), Pods (all namespaces), NodeWrights and
-DeploymentPolicies with raw watch streams and checks, at every event, the invariants I1-I8 documented
+DeploymentPolicies with raw watch streams and checks, at every event, the invariants I1-I9 documented
 in docs/invariants.md (budget hard cap, every change through batches, no disruption without our cordon,
-protected pods, foreign cordons, cleanup, stage order, halted compartments). A breach is recorded as a
+protected pods, foreign cordons, cleanup, stage order, halted compartments, one pod per node and
+package at a time: a terminating package pod may still be running on the host, so no pod of the same
+package starts on that node before it is gone). A breach is recorded as a
 `Breach` with full context; the e2e fixture `invariants` fails the test on any breach or if the monitor
 itself failed (crashed handler, watch that stayed broken): a monitor that cannot see must never pass.
 
@@ -23,10 +25,12 @@ revisions, ordered across resources, so:
   has nothing older pending);
 - I8 compares revisions of halt, reset and admission writes instead of arrival order.
 
-Relists (HTTP 410 / expired watch, reconnects after an outage) are diffed against the store: objects
-that appeared are treated as created, vanished ones as deleted, changed ones as modified (in that
-order: modifications first, so a pod's success is known before its successor's creation). Decisions
-for events inside a gap are made with the state after the gap (documented limitation).
+Relists (HTTP 410 / expired watch, reconnects after an outage, every kube-apiserver restart) are
+diffed against the store: changed objects are treated as modified, vanished ones as deleted, objects
+that appeared as created, in that order (a pod's success is known, and a vanished predecessor gone,
+before its successor's creation: the state after the gap). Decisions for events inside a gap are made
+with that state (documented limitation); a package pod that vanished before its outcome was seen is
+marked `vanished`, and checks that would need that outcome (I7) do not judge its successor.
 
 Performance: state annotations are decoded only when their text changes; compartment assignment is
 cached per NodeWright and recomputed only when the NodeWright, its policy, the set of nodes or a node's
@@ -60,6 +64,9 @@ SKEW_WAIT: Final = 1.0
 """Seconds a cross-stream check waits for the node stream to reach the pod event's revision."""
 MAX_OUTAGE: Final = 60.0
 """A watch that cannot list or watch for this long makes the monitor fail (it would be blind)."""
+RETRY_MAX: Final = 0.5
+"""Longest wait between list/watch attempts in an outage: the API server is local, and every second of
+waiting after it is back widens the gap whose events only a relist shows (after a restart, always)."""
 HISTORY: Final = 64
 MAX_BREACHES: Final = 1000
 WATCH_SECONDS: Final = 50
@@ -74,6 +81,7 @@ INVARIANTS: Final[Mapping[str, str]] = {
     "I6": "complete nodes are not left cordoned; deleted NodeWrights leave no node state behind",
     "I7": "package stage pods are created in stage order, each after its predecessor succeeded",
     "I8": "a halted compartment admits no new node until its batch state is reset",
+    "I9": "one pod per node, NodeWright and package at a time: none created while another runs or terminates",
     "MONITOR": "the monitor itself failed; its verdict cannot be trusted",
 }
 
@@ -294,6 +302,8 @@ class PodRecord:
     interrupt_type: str = ""
     boot_at_create: str | None = None
     gone: bool = False
+    vanished: bool = False
+    """Deleted inside a watch gap: the outcome is the last one seen, which may not be the final one."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -312,15 +322,41 @@ class PodRecord:
         return self.labels.get(c.POD_LABEL_NODEWRIGHT, "")
 
     @property
+    def package(self) -> str:
+        return self.labels.get(c.POD_LABEL_PACKAGE, "")
+
+    @property
     def unfinished(self) -> bool:
         return not self.gone and not self.deleting and self.outcome is None
 
+    @property
+    def outcome_unknown(self) -> bool:
+        """Gone before any outcome was seen, inside a watch gap: it may have succeeded or failed."""
+        return self.vanished and self.outcome is None
+
     def describe(self) -> str:
-        state = "gone" if self.gone else ("deleting" if self.deleting else self.phase)
+        state = "gone" if self.gone else ("terminating" if self.deleting else self.phase)
         out = f"{self.namespace}/{self.name} ({state}"
         if self.is_package:
             out += f", stage {self.stage}, outcome {self.outcome or 'none'}"
         return out + f", created {self.created_at})"
+
+
+@dataclass(frozen=True)
+class StagePod:
+    """A package pod as the monitor saw it over its life, for tests that count stage runs."""
+
+    name: str
+    uid: str
+    node: str
+    package: str
+    version: str
+    stage: str
+    outcome: str | None
+    """"succeeded" (for a reboot interrupt also: the node came back Ready with a new bootID), "failed",
+    or None: it never finished while the monitor saw it (deleted while running, or still running)."""
+    outcome_unknown: bool
+    """It vanished inside a watch gap before an outcome was seen."""
 
 
 def _pod_record(obj: Mapping[str, Any], old: PodRecord | None) -> PodRecord:
@@ -444,7 +480,7 @@ class _HaltInterval:
 
 
 class InvariantMonitor:
-    """Watches the cluster beside a test and records `Breach`es of I1-I8 (see module docstring)."""
+    """Watches the cluster beside a test and records `Breach`es of I1-I9 (see module docstring)."""
 
     def __init__(self, kubeconfig: Path, *, namespace: str = "nodewright-system") -> None:
         self.kubeconfig = Path(kubeconfig)
@@ -540,6 +576,30 @@ class InvariantMonitor:
         """`fleet.delete_workloads(job)` is about to run: its pod deletions are the test's own."""
         for pod in job.pods:
             self._allowed.add((job.namespace, pod))
+
+    def stage_pods(self, nodewright: str) -> list[StagePod]:
+        """Every package pod of `nodewright` seen since `start()` (deleted ones included), by creation."""
+        pods = sorted(
+            (p for (nw, *_), history in self._runs.items() if nw == nodewright for p in history),
+            key=lambda p: p.created_rv,
+        )
+        out = []
+        for p in pods:
+            done = p.stage in INTERRUPT_STAGES and self._interrupt_done(p)
+            outcome = "succeeded" if done else p.outcome
+            out.append(
+                StagePod(
+                    name=p.name,
+                    uid=p.uid,
+                    node=p.node,
+                    package=p.package,
+                    version=p.labels.get(c.POD_LABEL_VERSION, ""),
+                    stage=p.stage,
+                    outcome=outcome,
+                    outcome_unknown=p.vanished and outcome is None,
+                )
+            )
+        return out
 
     def breaches_of(self, invariant: str, *, node: str | None = None) -> list[Breach]:
         return [b for b in self.breaches if b.invariant == invariant and (node is None or b.node == node)]
@@ -684,13 +744,13 @@ class InvariantMonitor:
                 if not self._outage(watch, f"HTTP {err.status}: {str(err)[:200]}"):
                     return
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, RETRY_MAX)
             except (aiohttp.ClientError, TimeoutError, ConnectionError, ValueError) as err:
                 # ValueError: a truncated JSON line when the server cut the stream.
                 if not self._outage(watch, f"{type(err).__name__}: {err}"):
                     return
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, RETRY_MAX)
             except Exception:  # a bug in a check: report it, never pass silently
                 self._fail(f"{watch.kind} handler crashed:\n{traceback.format_exc()}")
                 return
@@ -748,13 +808,15 @@ class InvariantMonitor:
         removed = [o for k, o in old.items() if k not in fresh]
         for obj, before in changed:
             self._dispatch(watch.kind, "MODIFIED", obj, before, rv=_rv(obj), baseline=False)
+        # A vanished object was deleted somewhere in the gap; the list's revision bounds when. Removals
+        # come before additions: a successor created in the gap is judged against the state after the
+        # gap, in which its predecessor is gone (I2, I9), not against the predecessor still running.
+        gone_rv = int(rv) if rv.isdigit() else 0
+        for obj in removed:
+            self._dispatch(watch.kind, "DELETED", obj, obj, rv=gone_rv, baseline=False, vanished=True)
         # Creation order matters for stage order (I7): process additions by revision.
         for obj in sorted(added, key=_rv):
             self._dispatch(watch.kind, "ADDED", obj, None, rv=_rv(obj), baseline=baseline)
-        # A vanished object was deleted somewhere in the gap; the list's revision bounds when.
-        gone_rv = int(rv) if rv.isdigit() else 0
-        for obj in removed:
-            self._dispatch(watch.kind, "DELETED", obj, obj, rv=gone_rv, baseline=False)
         watch.rv = rv
         if rv.isdigit():
             watch.progress = max(watch.progress, int(rv))
@@ -790,12 +852,20 @@ class InvariantMonitor:
             item.check()
 
     def _dispatch(
-        self, kind: str, event: str, obj: JSON, old: JSON | None, *, rv: int, baseline: bool
+        self,
+        kind: str,
+        event: str,
+        obj: JSON,
+        old: JSON | None,
+        *,
+        rv: int,
+        baseline: bool,
+        vanished: bool = False,
     ) -> None:
         if kind == "nodes":
             self._on_node(event, obj, rv=rv, baseline=baseline)
         elif kind == "pods":
-            self._on_pod(event, obj, rv=rv, baseline=baseline)
+            self._on_pod(event, obj, rv=rv, baseline=baseline, vanished=vanished)
         elif kind == "nodewrights":
             self._on_nodewright(event, obj, old, rv=rv)
         else:
@@ -1007,17 +1077,20 @@ class InvariantMonitor:
 
     # -- pods ------------------------------------------------------------------------------------
 
-    def _on_pod(self, event: str, obj: JSON, *, rv: int, baseline: bool) -> None:
+    def _on_pod(self, event: str, obj: JSON, *, rv: int, baseline: bool, vanished: bool = False) -> None:
         key = _key(obj)
         old = self._pods.get(key)
         if old is not None and old.uid != (obj.get("metadata") or {}).get("uid", ""):
             # Same name, new pod (a retry reusing the name; its DELETE fell into a watch gap).
-            old.gone = True
+            old.gone = old.vanished = True
             self._settle_active(old)
+            self._pods.pop(key, None)
+            self._pods_by_node.get(old.node, set()).discard(key)
             old = None
         rec = _pod_record(obj, old)
         if event == "DELETED":
             rec.gone = True
+            rec.vanished = vanished
             self._pods.pop(key, None)
             self._pods_by_node.get(rec.node, set()).discard(key)
         else:
@@ -1041,6 +1114,7 @@ class InvariantMonitor:
             rec.boot_at_create = node.boot_id if node is not None else None
             if not baseline and not rec.gone:
                 self._check_stage_order(rec, history)
+                self._check_one_pod_per_package(rec)
             history.append(rec)
             if rec.stage in INTERRUPT_STAGES:
                 self._interrupts.setdefault((rec.nodewright, rec.node), []).append(rec)
@@ -1075,6 +1149,49 @@ class InvariantMonitor:
             and node.boot_id != pod.boot_at_create
         )
 
+    def _check_one_pod_per_package(self, rec: PodRecord) -> None:
+        """I9 at a package pod's creation: no other pod of its (node, NodeWright, package) may still run.
+
+        A pod that has not finished (no outcome yet) may be doing host work, also while it terminates
+        (deletionTimestamp set, containers not stopped yet), whatever its version or stage. One that
+        finished (init containers exited 0, or phase Failed) runs nothing but `pause` and does not count.
+        The pod stream is ordered, so the store holds exactly the pods that existed at this creation.
+        """
+        busy = sorted(
+            (
+                p
+                for k in self._pods_by_node.get(rec.node, set())
+                if (p := self._pods[k]) is not rec
+                and p.is_package
+                and p.namespace == rec.namespace
+                and p.nodewright == rec.nodewright
+                and p.package == rec.package
+                and p.outcome is None
+            ),
+            key=lambda p: p.created_rv,
+        )
+        if not busy:
+            return
+        other = busy[-1]
+        doing = "still terminating" if other.deleting else "still running"
+        self._breach(
+            Breach(
+                "I9",
+                f"{rec.stage} pod of package {rec.package!r} created while its {other.stage} pod is {doing}",
+                node=rec.node,
+                nodewright=rec.nodewright,
+                pods=(rec.describe(), *(p.describe() for p in busy[-5:])),
+                resource_version=rec.created_rv,
+                details=(
+                    (
+                        "versions",
+                        f"new {rec.labels.get(c.POD_LABEL_VERSION, '')}, other "
+                        + ", ".join(p.labels.get(c.POD_LABEL_VERSION, "") for p in busy[-5:]),
+                    ),
+                ),
+            )
+        )
+
     def _check_stage_order(self, rec: PodRecord, history: list[PodRecord]) -> None:
         """I7 at the creation of a stage pod (see docs/invariants.md for the successor table)."""
         problem = ""
@@ -1083,6 +1200,9 @@ class InvariantMonitor:
             problem = f"created while {running[-1].describe()} of the same package is unfinished"
         last = history[-1] if history else None
         stage = rec.stage
+        if last is not None and last.outcome_unknown:
+            # Its outcome fell into a watch gap: whether this successor may follow cannot be judged.
+            last = None
         if not problem and last is not None and stage not in RUN_START_STAGES:
             ok_last = last.outcome == "succeeded"
             if stage == "config":
@@ -1104,6 +1224,8 @@ class InvariantMonitor:
                     problem = f"post-interrupt not preceded by config and interrupt (last: {last.describe()})"
                 elif not since:
                     problem = f"post-interrupt without an interrupt pod on the node (last: {last.describe()})"
+                elif since[-1].outcome_unknown and since[-1].interrupt_type != "reboot":
+                    pass  # the interrupt's outcome fell into a watch gap
                 elif not self._interrupt_done(since[-1]):
                     problem = f"post-interrupt before the interrupt succeeded ({since[-1].describe()})"
             elif (

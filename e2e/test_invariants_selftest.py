@@ -37,7 +37,7 @@ from nodewright.plan.policy import Compartments, NodeRef
 from nodewright.plan.policy import resolve_compartments as plan_resolve
 from nodewright.sim import fleet
 from nodewright.sim.controlplane import ControlPlane
-from nodewright.sim.kubeapi import JSON, KubeClient
+from nodewright.sim.kubeapi import JSON, ApiError, KubeClient
 
 CRDS = Path(__file__).resolve().parent.parent / "manifests" / "crds"
 NW_PATH = f"/apis/{c.GROUP}/{c.VERSION}/{c.PLURAL_NODEWRIGHT}"
@@ -45,6 +45,8 @@ DP_PATH = f"/apis/{c.GROUP}/{c.VERSION}/{c.PLURAL_POLICY}"
 NOW = "2026-01-01T00:00:00Z"
 LONG = {"NODEWRIGHT_SIM_DURATION": "120s"}
 FAST = {"NODEWRIGHT_SIM_DURATION": "200ms"}
+LINGER = {"NODEWRIGHT_SIM_TERMINATE_AFTER": "60s"}
+FORCE = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -112,7 +114,8 @@ async def scratch(cluster: ControlPlane) -> AsyncIterator[Scratch]:
             for job in s.jobs:
                 await fleet.delete_workloads(cluster.kubeconfig, job)
             for pod in s.pods:
-                await client.delete(f"/api/v1/namespaces/{s.ns}/pods/{pod}")
+                # Grace 0: a pod left terminating by NODEWRIGHT_SIM_TERMINATE_AFTER goes at once too.
+                await client.delete(f"/api/v1/namespaces/{s.ns}/pods/{pod}", body=FORCE)
             for nw in s.nodewrights:
                 await client.delete(f"{NW_PATH}/{nw}")
             for dp in s.policies:
@@ -580,6 +583,99 @@ async def test_i8_halted_compartment_admits(
     await patch_node(scratch.client, reset, annotations={key: state(admission=(c.DEFAULT_COMPARTMENT, 3, 2))})
     await monitor.sync()
     assert not monitor.breaches_of("I8", node=reset), monitor.report()
+
+
+async def pod_or_none(client: KubeClient, namespace: str, pod: str) -> JSON | None:
+    try:
+        return await client.get(f"/api/v1/namespaces/{namespace}/pods/{pod}")
+    except ApiError as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+async def test_i9_one_pod_per_package_at_a_time(
+    scratch: Scratch, monitor: InvariantMonitor, unique: str
+) -> None:
+    prefix = f"i9-{unique}"
+    node, other = await scratch.nodes(prefix, 2)
+    nw, ns = prefix, scratch.ns
+    # Breach 1 (the uninstall-cancel case): the uninstall pod of `a` is deleted, but a step still runs,
+    # so it stays terminating (the simulator's NODEWRIGHT_SIM_TERMINATE_AFTER); the apply pod of `a` is
+    # created meanwhile, for another version.
+    uninstall = await scratch.package_pod(
+        name=f"{prefix}-a-uninstall",
+        node=node,
+        package="a",
+        stage="uninstall",
+        nodewright=nw,
+        env=LONG | LINGER,
+    )
+    await scratch.client.delete(f"/api/v1/namespaces/{ns}/pods/{uninstall}")
+    await asyncio.sleep(1.5)
+    lingering = await pod_or_none(scratch.client, ns, uninstall)
+    assert lingering is not None and lingering["metadata"].get("deletionTimestamp"), lingering
+    await monitor.sync()
+    assert not monitor.breaches_of("I9"), monitor.report()
+    await scratch.package_pod(
+        name=f"{prefix}-a-apply", node=node, package="a", version="2.0.0", nodewright=nw, env=LONG
+    )
+    breach = await monitor.wait_for_breach("I9", node=node)
+    assert "still terminating" in breach.summary and "'a'" in breach.summary, breach
+    # Correct next to it: another package on the same node while `a` runs.
+    await scratch.package_pod(name=f"{prefix}-d-apply", node=node, package="d", nodewright=nw, env=LONG)
+
+    # Breach 2: the apply pod of `e` is created while its uninstall pod runs (not even deleted).
+    await scratch.package_pod(
+        name=f"{prefix}-e-uninstall", node=other, package="e", stage="uninstall", nodewright=nw, env=LONG
+    )
+    await monitor.sync()
+    await scratch.package_pod(
+        name=f"{prefix}-e-apply", node=other, package="e", version="2.0.0", nodewright=nw, env=LONG
+    )
+    breach = await monitor.wait_for_breach("I9", node=other)
+    assert "still running" in breach.summary and "'e'" in breach.summary, breach
+
+    # Correct: the uninstall pod of `b` terminates for 1 s; the apply pod is created once it is gone.
+    quick = {"NODEWRIGHT_SIM_TERMINATE_AFTER": "1s"}
+    b_uninstall = await scratch.package_pod(
+        name=f"{prefix}-b-uninstall",
+        node=other,
+        package="b",
+        stage="uninstall",
+        nodewright=nw,
+        env=LONG | quick,
+    )
+    await monitor.sync()
+    await scratch.client.delete(f"/api/v1/namespaces/{ns}/pods/{b_uninstall}")
+
+    async def gone() -> bool:
+        return await pod_or_none(scratch.client, ns, b_uninstall) is None
+
+    await fleet.wait_for(gone, within=30, what=f"{b_uninstall} gone")
+    await monitor.sync()
+    await scratch.package_pod(
+        name=f"{prefix}-b-apply", node=other, package="b", version="2.0.0", nodewright=nw, env=LONG
+    )
+    # Correct: config of `c` while the apply pod that finished still exists (only `pause` runs there);
+    # deleted, a finished pod does not linger, whatever NODEWRIGHT_SIM_TERMINATE_AFTER says.
+    c_apply = await scratch.package_pod(
+        name=f"{prefix}-c-apply", node=other, package="c", nodewright=nw, env=FAST | LINGER
+    )
+    await wait_pod_outcome(scratch.client, ns, c_apply, "succeeded")
+    await monitor.sync()
+    await scratch.package_pod(
+        name=f"{prefix}-c-config", node=other, package="c", stage="config", nodewright=nw, env=LONG
+    )
+    await scratch.client.delete(f"/api/v1/namespaces/{ns}/pods/{c_apply}")
+
+    async def c_gone() -> bool:
+        return await pod_or_none(scratch.client, ns, c_apply) is None
+
+    await fleet.wait_for(c_gone, within=10, what=f"finished {c_apply} gone without lingering")
+    await monitor.sync()
+    assert [b.node for b in monitor.breaches_of("I9")] == [node, other], monitor.report()
+    assert not monitor.breaches_of("I7"), monitor.report()
 
 
 # ----------------------------------------------------------------------------------------------------
