@@ -1,0 +1,122 @@
+"""The agent's environment: reference SKYHOOK_* names, their NODEWRIGHT_* equivalents, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodewright.agent.settings import (
+    SettingsError,
+    mirrored_names,
+    parse_boolean,
+    parse_resource_id,
+    read_settings,
+)
+
+
+def test_defaults_are_the_reference_agents() -> None:
+    settings = read_settings({}, is_root=True)
+    assert (settings.root_dir, settings.log_dir, settings.data_dir) == (
+        "/etc/skyhook",
+        "/var/log/skyhook",
+        "/skyhook-package",
+    )
+    assert settings.resource_id is None
+    assert settings.write_logs and settings.copy_resolv and not settings.always_run_steps
+    assert settings.buffer_limit == 8192 and settings.stop_timeout == 10.0
+
+
+def test_chroot_defaults_to_whether_the_agent_is_root() -> None:
+    assert read_settings({}, is_root=True).chroot is True
+    assert read_settings({}, is_root=False).chroot is False
+    assert read_settings({"NODEWRIGHT_AGENT_CHROOT": "false"}, is_root=True).chroot is False
+
+
+def test_chroot_requested_without_root_is_an_error() -> None:
+    with pytest.raises(SettingsError) as caught:
+        read_settings({"NODEWRIGHT_AGENT_CHROOT": "true"}, is_root=False)
+    assert caught.value.errors == [
+        "NODEWRIGHT_AGENT_CHROOT=true needs root (chroot is a privileged call): run the agent as root or set "
+        "NODEWRIGHT_AGENT_CHROOT=false to run steps without chroot"
+    ]
+
+
+def test_nodewright_names_win_over_skyhook_names() -> None:
+    env = {
+        "SKYHOOK_ROOT_DIR": "/etc/skyhook-x",
+        "NODEWRIGHT_ROOT_DIR": "/etc/nodewright",
+        "SKYHOOK_LOG_DIR": "/var/log/sk",
+        "SKYHOOK_RESOURCE_ID": "nw-u-1_p_1.0.0",
+        "SKYHOOK_AGENT_WRITE_LOGS": "False",
+        "NODEWRIGHT_AGENT_BUFFER_LIMIT": "16",
+        "SKYHOOK_AGENT_BUFFER_LIMIT": "32",
+        "OVERLAY_ALWAYS_RUN_STEP": "TRUE",
+        "COPY_RESOLV": "0",
+        "NODEWRIGHT_AGENT_STOP_TIMEOUT": "2.5",
+    }
+    settings = read_settings(env, is_root=True)
+    assert settings.root_dir == "/etc/nodewright" and settings.log_dir == "/var/log/sk"
+    assert settings.resource_id == "nw-u-1_p_1.0.0"
+    assert not settings.write_logs and settings.always_run_steps and not settings.copy_resolv
+    assert settings.buffer_limit == 16 and settings.stop_timeout == 2.5
+
+
+def test_directories_are_normalised_absolute_host_paths() -> None:
+    assert read_settings({"SKYHOOK_ROOT_DIR": "//etc//skyhook/./"}, is_root=True).root_dir == "/etc/skyhook"
+
+
+def test_every_bad_value_is_reported_with_its_variable() -> None:
+    env = {
+        "SKYHOOK_ROOT_DIR": "etc/skyhook",
+        "NODEWRIGHT_LOG_DIR": "/var/../log",
+        "SKYHOOK_AGENT_WRITE_LOGS": "maybe",
+        "SKYHOOK_AGENT_BUFFER_LIMIT": "8KiB",
+        "NODEWRIGHT_AGENT_STOP_TIMEOUT": "-1",
+    }
+    with pytest.raises(SettingsError) as caught:
+        read_settings(env, is_root=True)
+    assert caught.value.errors == [
+        "SKYHOOK_ROOT_DIR='etc/skyhook': expected an absolute path on the host without '..'",
+        "NODEWRIGHT_LOG_DIR='/var/../log': expected an absolute path on the host without '..'",
+        "SKYHOOK_AGENT_WRITE_LOGS='maybe': expected true or false",
+        "SKYHOOK_AGENT_BUFFER_LIMIT='8KiB': expected a whole number of bytes greater than 0",
+        "NODEWRIGHT_AGENT_STOP_TIMEOUT='-1': expected a number of seconds greater than 0",
+    ]
+
+
+@pytest.mark.parametrize("value", ["0", "nan", "inf"])
+def test_limits_must_be_positive_finite_numbers(value: str) -> None:
+    with pytest.raises(SettingsError):
+        read_settings({"NODEWRIGHT_AGENT_STOP_TIMEOUT": value}, is_root=True)
+
+
+def test_booleans() -> None:
+    assert [parse_boolean(v) for v in ("true", "Yes", "1", "false", "NO", "0", "", "on")] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+        None,
+        None,
+    ]
+
+
+def test_resource_id_names_package_and_version() -> None:
+    resource = parse_resource_id("customer-f5a1d42e-74e5-1_tuning_2.0.2")
+    assert (resource.package, resource.version) == ("tuning", "2.0.2")
+    assert parse_resource_id("a-u-1_my_pkg_1.0.0").package == "my_pkg"
+    for bad in ("", "nounderscore", "a_b", "_pkg_1.0.0", "a_pkg_"):
+        with pytest.raises(ValueError, match="is not <nodewright>-<uid>-<generation>_<package>_<version>"):
+            parse_resource_id(bad)
+
+
+def test_each_skyhook_variable_has_its_nodewright_twin() -> None:
+    assert mirrored_names(
+        {
+            "SKYHOOK_DIR": "/d",
+            "NODEWRIGHT_RESOURCE_ID": "r",
+            "SKYHOOK_NODE_ORDER": "3",
+            "NODEWRIGHT_NODE_ORDER": "3",
+        }
+    ) == {"NODEWRIGHT_DIR": "/d", "SKYHOOK_RESOURCE_ID": "r"}
