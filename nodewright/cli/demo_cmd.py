@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nodewright.cli import flags
+
 DEFAULT_DIR = Path(".sim") / "demo"
 NODEWRIGHT = "kernel-tuning"
 CANARY_LABEL = "demo.nodewright.io/canary"
@@ -40,15 +42,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "demo", help="simulated GPU fleet + operator + a real rollout, to completion"
     )
-    parser.add_argument("--nodes", type=int, default=240, help="simulated GPU nodes (default 240)")
-    parser.add_argument("--canaries", type=int, default=8, help="canary nodes, half per zone (default 8)")
+    parser.add_argument(
+        "--nodes", type=flags.int_at_least(2), default=240, help="simulated GPU nodes (default 240)"
+    )
+    parser.add_argument(
+        "--canaries", type=flags.non_negative_int, default=8, help="canary nodes, half per zone (default 8)"
+    )
     parser.add_argument(
         "--dir", type=Path, default=DEFAULT_DIR, help=f"cluster state directory ({DEFAULT_DIR})"
     )
     parser.add_argument("--keep", action="store_true", help="leave the cluster and operator running")
-    parser.add_argument("--timeout", type=float, default=20.0, help="minutes before giving up (default 20)")
     parser.add_argument(
-        "--stall-minutes", type=float, default=4.0, help="fail when no node changes for this long (default 4)"
+        "--timeout", type=flags.positive_float, default=20.0, help="minutes before giving up (default 20)"
+    )
+    parser.add_argument(
+        "--stall-minutes",
+        type=flags.positive_float,
+        default=4.0,
+        help="fail when no node changes for this long (default 4)",
     )
     parser.add_argument("--no-workloads", action="store_true", help="skip the training jobs and PDBs")
     parser.set_defaults(func=run)
@@ -109,9 +120,6 @@ def run(args: argparse.Namespace) -> int:
     from nodewright.sim.controlplane import ControlPlane, ControlPlaneError
     from nodewright.sim.demo import DemoError
 
-    if args.nodes < 2:
-        print("--nodes must be at least 2", file=sys.stderr)
-        return 2
     try:
         with contextlib.suppress(ControlPlaneError):
             old = ControlPlane.load(args.dir)
@@ -119,11 +127,17 @@ def run(args: argparse.Namespace) -> int:
                 print(f"stopping the demo cluster still running in {args.dir}", file=sys.stderr)
             old.down()
         plane = ControlPlane.create(args.dir)
+    except OSError as exc:
+        return flags.fail("nodewright demo", f"--dir {args.dir}: cannot create it: {exc.strerror or exc}")
+    except (binaries.BinariesMissingError, ControlPlaneError) as exc:
+        print(f"demo: {flags.one_line(exc)}", file=sys.stderr)
+        return 1
+    try:
         say(f"starting a local control plane in {plane.dir} …")
         seconds = plane.up()
         say(f"control plane up in {seconds:.1f}s ({plane.server})")
-    except (binaries.BinariesMissingError, ControlPlaneError) as exc:
-        print(f"demo: {exc}", file=sys.stderr)
+    except (binaries.BinariesMissingError, ControlPlaneError, OSError) as exc:
+        print(f"demo: {flags.one_line(exc)}", file=sys.stderr)
         return 1
     operator = None
     code = 1
@@ -340,7 +354,6 @@ def _summary(tracker: Any, nw_obj: Any, predicted: Mapping[str, Sequence[int]], 
 
 
 if __name__ == "__main__":  # `python -m nodewright.cli.demo_cmd demo ...` until it is registered
-    _parser = argparse.ArgumentParser(prog="nodewright")
-    register(_parser.add_subparsers(dest="command", required=True))
-    _parsed = _parser.parse_args()
-    sys.exit(_parsed.func(_parsed))
+    from nodewright.cli.main import main
+
+    sys.exit(main())

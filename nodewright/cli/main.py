@@ -12,16 +12,22 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import cast
 
 from nodewright.cli import commands
+from nodewright.cli.flags import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    # Subparsers are created with the parent's class, so every command's errors are one line.
+    parser = OneLineParser(
         prog="nodewright",
         description="NodeWright: a Kubernetes-native package manager for the host OS of cluster nodes.",
     )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", metavar="COMMAND"),
+    )
     module: ModuleType
     for module in commands.MODULES:
         register: Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None] = module.register

@@ -39,12 +39,14 @@ from typing import Any
 from nodewright.api import constants
 from nodewright.api.models import CompartmentStatus, DeploymentPolicy, NodeWright, Status
 from nodewright.api.nodestate import MalformedNodeState, NodeState, decode
+from nodewright.cli import flags
 from nodewright.plan import preview as preview_mod
 from nodewright.plan import selectors, sequencing
 from nodewright.plan.node import is_disabled, is_paused
 from nodewright.plan.rollout import RolloutNode, spec_fingerprint
 
 JSON = dict[str, Any]
+PROG = "nodewright plan"
 DEFAULT_RUNTIME_TAINT_KEY = constants.DEFAULT_RUNTIME_REQUIRED_TAINT_KEY
 
 
@@ -245,8 +247,11 @@ def render(report: PlanReport, *, wide: bool = False) -> str:
 def load_documents(path: Path) -> list[JSON]:
     import yaml
 
-    text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
-    return [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
+    try:
+        text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+        return [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise PlanInputError(f"{path}: cannot read manifests: {exc}") from None
 
 
 def pick(documents: Sequence[JSON], kind: str) -> list[JSON]:
@@ -305,6 +310,10 @@ async def gather(args: argparse.Namespace) -> Inputs:
         file_policies += [parse_policy(p) for p in pick(load_documents(args.policy), constants.KIND_POLICY)]
 
     async with KubeClient(load_config(args.kubeconfig)) as client:
+        # Nodes before NodeWrights: the operator writes a NodeWright's batch state before the admissions
+        # it opens on nodes, so reading in the opposite order never pairs admissions with an older batch
+        # state (which would predict the open batch's successors from stale counters).
+        nodes = (await client.list(NODES)).items
         listed_nws = (await client.list(NODEWRIGHTS)).items
         all_nws: list[NodeWright] = []
         for obj in listed_nws:
@@ -326,7 +335,6 @@ async def gather(args: argparse.Namespace) -> Inputs:
                     policy = parse_policy(await client.get(DEPLOYMENTPOLICIES, nw.spec.deployment_policy))
                 except NotFound:
                     policy = None  # the preview reports PolicyNotFound, like the controller
-        nodes = (await client.list(NODES)).items
     statuses = dict((existing.status.compartment_statuses or {}) if existing and existing.status else {})
     # Applying a file to an existing NodeWright keeps its persisted status (a separate subresource).
     all_nws = [n for n in all_nws if n.metadata.name != nw.metadata.name] + [nw]
@@ -337,10 +345,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "plan", help="predict a rollout (compartments, ceilings, batches, blockers) without changing anything"
     )
-    parser.add_argument("name", nargs="?", help="an existing NodeWright (or use -f)")
-    parser.add_argument("-f", "--filename", type=Path, help="a NodeWright manifest ('-' for stdin)")
     parser.add_argument(
-        "--policy", type=Path, help="a DeploymentPolicy manifest (default: read from the cluster)"
+        "name", nargs="?", type=flags.nodewright_name, help="an existing NodeWright (or use -f)"
+    )
+    parser.add_argument(
+        "-f", "--filename", type=flags.existing_file_or_stdin, help="a NodeWright manifest ('-' for stdin)"
+    )
+    parser.add_argument(
+        "--policy",
+        type=flags.existing_file,
+        help="a DeploymentPolicy manifest (default: read from the cluster)",
     )
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default: $KUBECONFIG or in-cluster)")
     parser.add_argument("-o", "--output", choices=("table", "wide", "json"), default="table")
@@ -348,19 +362,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    import aiohttp
+
     from nodewright.kube.config import ConfigError
     from nodewright.kube.resources import ApiError
 
     if (args.name is None) == (args.filename is None):
-        print("nodewright plan: give either a NodeWright name or -f FILE", file=sys.stderr)
-        return 2
+        return flags.fail(PROG, "give either a NodeWright name or -f FILE")
     try:
         inputs = asyncio.run(gather(args))
     except PlanInputError as exc:
-        print(f"nodewright plan: {exc}", file=sys.stderr)
-        return 2
-    except (ConfigError, ApiError, OSError) as exc:
-        print(f"nodewright plan: cannot read the cluster: {exc}", file=sys.stderr)
+        return flags.fail(PROG, exc)
+    except ConfigError as exc:
+        return flags.fail(PROG, f"{exc} (pass --kubeconfig or set $KUBECONFIG)")
+    except (ApiError, OSError, aiohttp.ClientError) as exc:
+        print(f"{PROG}: cannot read the cluster: {flags.one_line(exc)}", file=sys.stderr)
         return 1
     report = build_report(
         inputs.nodewright,
@@ -378,7 +394,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":  # `python -m nodewright.cli.plan_cmd plan ...` until it is registered
-    _parser = argparse.ArgumentParser(prog="nodewright")
-    register(_parser.add_subparsers(dest="command", required=True))
-    _parsed = _parser.parse_args()
-    sys.exit(_parsed.func(_parsed))
+    from nodewright.cli.main import main
+
+    sys.exit(main())

@@ -16,7 +16,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nodewright.cli import flags
+
 DEFAULT_DIR = Path(".sim") / "default"
+MAX_NODES = 99_999
+"""Node names are `<prefix>-<index:05d>`: more nodes would make longer names than the prefix check allows."""
+
+
+def node_name_prefix(text: str) -> str:
+    """A prefix for `<prefix>-<index:05d>` node names, which are also `kubernetes.io/hostname` label
+    values: a DNS label short enough for the suffix to fit in 63 characters."""
+    flags.dns_label(text)
+    if len(text) > 63 - len("-00000"):
+        raise argparse.ArgumentTypeError(f"{text!r} is longer than {63 - len('-00000')} characters")
+    return text
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,10 +37,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     commands = sim.add_subparsers(dest="sim_command", metavar="SIM_COMMAND", required=True)
 
     up = commands.add_parser("up", help="start a control plane and create the simulated fleet")
-    up.add_argument("--nodes", type=int, default=10, help="number of simulated GPU nodes (default 10)")
+    up.add_argument(
+        "--nodes",
+        type=flags.int_at_least(0, at_most=MAX_NODES),
+        default=10,
+        help="number of simulated GPU nodes (default 10)",
+    )
     up.add_argument("--profile", choices=("h100", "b200", "mixed"), default="h100", help="GPU node model")
     up.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"state directory (default {DEFAULT_DIR})")
-    up.add_argument("--name-prefix", default="gpu-node", help="node names are <prefix>-<index:05d>")
+    up.add_argument(
+        "--name-prefix", type=node_name_prefix, default="gpu-node", help="node names are <prefix>-<index:05d>"
+    )
     up.add_argument("--workloads", action="store_true", help="also create training-job pods with PDBs")
     up.set_defaults(func=cmd_up)
 
@@ -44,14 +64,17 @@ def cmd_up(args: argparse.Namespace) -> int:
     from nodewright.sim import binaries, fleet
     from nodewright.sim.controlplane import ControlPlane, ControlPlaneError
 
-    if args.nodes < 0:
-        print("--nodes must be >= 0", file=sys.stderr)
-        return 2
     try:
         plane = ControlPlane.create(args.dir)
-        seconds = plane.up()
+    except OSError as err:
+        return flags.fail("nodewright sim up", f"--dir {args.dir}: cannot create it: {err.strerror or err}")
     except (binaries.BinariesMissingError, ControlPlaneError) as err:
-        print(f"sim up failed: {err}", file=sys.stderr)
+        print(f"sim up failed: {flags.one_line(err)}", file=sys.stderr)
+        return 1
+    try:
+        seconds = plane.up()
+    except (binaries.BinariesMissingError, ControlPlaneError, OSError) as err:
+        print(f"sim up failed: {flags.one_line(err)}", file=sys.stderr)
         return 1
     print(f"control plane up in {seconds:.1f}s: {plane.server}", file=sys.stderr)
     try:
@@ -120,7 +143,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":  # lets `python -m nodewright.cli.sim_cmd sim up ...` work before it is wired in
-    parser = argparse.ArgumentParser(prog="nodewright")
-    register(parser.add_subparsers(dest="command", required=True))
-    parsed = parser.parse_args()
-    sys.exit(parsed.func(parsed))
+    from nodewright.cli.main import main
+
+    sys.exit(main())
