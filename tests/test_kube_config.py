@@ -143,3 +143,85 @@ async def test_incluster(tmp_path: Path, pki: dict[str, Path], monkeypatch: pyte
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
     with pytest.raises(ConfigError):
         load_incluster(directory=tmp_path)
+
+
+def _error(tmp_path: Path, user: dict, cluster: dict) -> str:  # type: ignore[type-arg]
+    with pytest.raises(ConfigError) as caught:
+        load_kubeconfig(write(tmp_path / "kc", kubeconfig(user, cluster)))
+    message = str(caught.value)
+    assert "\n" not in message and str(tmp_path / "kc") in message
+    return message
+
+
+def test_corrupt_ca_names_the_cluster_and_field(tmp_path: Path) -> None:
+    garbage = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n").decode()
+    message = _error(tmp_path, {"token": "t"}, {"server": "https://h", "certificate-authority-data": garbage})
+    assert "cluster 'c': certificate-authority is not a PEM CA certificate" in message
+    binary = base64.b64encode(bytes(range(256))).decode()
+    message = _error(tmp_path, {"token": "t"}, {"server": "https://h", "certificate-authority-data": binary})
+    assert "certificate-authority is not a PEM CA certificate" in message
+    message = _error(tmp_path, {"token": "t"}, {"server": "https://h", "certificate-authority-data": "@@@"})
+    assert "certificate-authority-data is not valid base64" in message
+    message = _error(
+        tmp_path, {"token": "t"}, {"server": "https://h", "certificate-authority": "missing.crt"}
+    )
+    assert (
+        f"certificate-authority {tmp_path / 'missing.crt'}: cannot read: No such file or directory" in message
+    )
+
+
+def test_client_certificate_problems_name_the_user(tmp_path: Path, pki: dict[str, Path]) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(other / "tls.key"),
+         "-out", str(other / "tls.crt"), "-days", "1", "-subj", "/CN=other"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    cluster = {"server": "https://h", "certificate-authority": str(pki["crt"])}
+    mismatched = {"client-certificate": str(pki["crt"]), "client-key": str(other / "tls.key")}
+    message = _error(tmp_path, mismatched, cluster)
+    assert (
+        "user 'u': client-certificate/client-key: not a PEM certificate and its matching private key"
+        in message
+    )
+    message = _error(tmp_path, {"client-certificate": str(pki["crt"])}, cluster)
+    assert "client-key is missing" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("- just\n- a list\n", "is not a kubeconfig"),
+        ("clusters: [\n", "is not valid YAML"),
+    ],
+)
+def test_not_a_kubeconfig(tmp_path: Path, text: str, expected: str) -> None:
+    (tmp_path / "kc").write_text(text)
+    with pytest.raises(ConfigError, match=expected) as caught:
+        load_kubeconfig(tmp_path / "kc")
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("server", ["", "127.0.0.1:6443", "ftp://h", "https://"])
+def test_server_must_be_an_http_url(tmp_path: Path, server: str) -> None:
+    message = _error(tmp_path, {"token": "t"}, {"server": server})
+    assert "cluster 'c'" in message and ("server" in message)
+
+
+def test_exec_without_command(tmp_path: Path) -> None:
+    message = _error(
+        tmp_path, {"exec": {"apiVersion": "client.authentication.k8s.io/v1"}}, {"server": "https://h"}
+    )
+    assert "user 'u': exec has no command" in message
+
+
+async def test_exec_plugin_that_cannot_run(tmp_path: Path) -> None:
+    plugin = ExecCredential(command=str(tmp_path / "no-such-plugin"))
+    with pytest.raises(ConfigError, match="cannot run"):
+        await plugin.authorization()
+
+
+def test_source_names_file_and_context(tmp_path: Path) -> None:
+    cfg = load_kubeconfig(write(tmp_path / "kc", kubeconfig({"token": "t"}, {"server": "http://h:8080"})))
+    assert cfg.source == f"kubeconfig {tmp_path / 'kc'} (context main)"

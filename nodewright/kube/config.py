@@ -15,12 +15,20 @@ In-cluster (`load_incluster`): `KUBERNETES_SERVICE_HOST`/`KUBERNETES_SERVICE_POR
 mounted at `/var/run/secrets/kubernetes.io/serviceaccount`. Bound service-account tokens are projected
 and rotated by the kubelet (hourly by default, valid longer), so the token file is re-read at most once a
 minute rather than cached for the life of the process.
+
+Everything is checked at load time, because a bad file is a configuration error, not an outage: every
+problem (unreadable file, YAML that is not a kubeconfig, a server URL without http(s), base64 that does
+not decode, a CA, client certificate or key that OpenSSL refuses, a key that does not match its
+certificate) raises `ConfigError` with a one-line message naming the file, the entry and the field.
+`ClusterConfig.source` names where the settings came from, for later messages ("the API server
+rejected the credentials of ...").
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import datetime as dt
 import json
 import os
@@ -30,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -109,14 +118,17 @@ class ExecCredential:
     async def run(self) -> dict[str, Any]:
         info = {"apiVersion": self.api_version, "kind": "ExecCredential", "spec": {"interactive": False}}
         env = {**os.environ, **self.env, "KUBERNETES_EXEC_INFO": json.dumps(info)}
-        proc = await asyncio.create_subprocess_exec(
-            self.command,
-            *self.args,
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                self.command,
+                *self.args,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except OSError as exc:
+            raise ConfigError(f"exec plugin {self.command}: cannot run: {exc.strerror or exc}") from None
         try:
             async with asyncio.timeout(EXEC_TIMEOUT_SECONDS):
                 out, err = await proc.communicate()
@@ -125,10 +137,15 @@ class ExecCredential:
             await proc.wait()
             raise ConfigError(f"exec plugin {self.command} timed out") from None
         if proc.returncode != 0:
-            raise ConfigError(f"exec plugin {self.command} failed: {err.decode(errors='replace')[:500]}")
-        status = json.loads(out).get("status") or {}
+            detail = _one_line(err.decode(errors="replace"))[:500]
+            raise ConfigError(f"exec plugin {self.command} failed (exit {proc.returncode}): {detail}")
+        try:
+            credential = json.loads(out)
+        except ValueError:
+            raise ConfigError(f"exec plugin {self.command} printed no ExecCredential JSON") from None
+        status = credential.get("status") if isinstance(credential, dict) else None
         if not isinstance(status, dict):
-            raise ConfigError("exec plugin returned no status")
+            raise ConfigError(f"exec plugin {self.command} returned no status")
         return status
 
 
@@ -139,18 +156,24 @@ class ClusterConfig:
     auth: Auth
     tls_server_name: str | None = None
     namespace: str | None = None
+    source: str = ""
+    """Where these settings came from (`kubeconfig <path> (context <name>)`, `in-cluster service account`)."""
 
 
 def _parse_time(value: str) -> dt.datetime:
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-def _named(entries: list[dict[str, Any]] | None, name: str, kind: str) -> dict[str, Any]:
-    for entry in entries or []:
-        if entry.get("name") == name:
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def _named(entries: Any, name: str, kind: str, where: str) -> dict[str, Any]:
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and entry.get("name") == name:
             body = entry.get(kind)
             return body if isinstance(body, dict) else {}
-    raise ConfigError(f"kubeconfig has no {kind} named {name!r}")
+    raise ConfigError(f"{where}: no {kind} named {name!r} in {kind}s")
 
 
 def _resolve(base: Path, value: str) -> Path:
@@ -158,21 +181,40 @@ def _resolve(base: Path, value: str) -> Path:
     return path if path.is_absolute() else base / path
 
 
-def _pem(section: dict[str, Any], key: str, base: Path) -> bytes | None:
-    """PEM bytes from `<key>-data` (base64) or `<key>` (a file path)."""
+def _pem(section: dict[str, Any], key: str, base: Path, where: str) -> bytes | None:
+    """PEM bytes from `<key>-data` (base64) or `<key>` (a file path); `where` names the entry."""
     data = section.get(f"{key}-data")
     if data:
-        return base64.b64decode(data)
+        try:
+            return base64.b64decode("".join(str(data).split()), validate=True)
+        except (binascii.Error, ValueError):
+            raise ConfigError(f"{where}: {key}-data is not valid base64") from None
     path = section.get(key)
     if path:
-        return _resolve(base, str(path)).read_bytes()
+        file = _resolve(base, str(path))
+        try:
+            return file.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"{where}: {key} {file}: cannot read: {exc.strerror or exc}") from None
     return None
 
 
 def _ssl_context(
-    *, ca: bytes | None, cert: bytes | None, key: bytes | None, insecure: bool
+    *,
+    ca: bytes | None,
+    cert: bytes | None,
+    key: bytes | None,
+    insecure: bool,
+    ca_field: str = "certificate-authority",
+    cert_field: str = "client-certificate/client-key",
 ) -> ssl.SSLContext:
-    context = ssl.create_default_context(cadata=ca.decode() if ca else None)
+    """A client TLS context; `ca_field`/`cert_field` name the settings in errors."""
+    try:
+        context = ssl.create_default_context(cadata=ca.decode("ascii") if ca else None)
+    except (ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(
+            f"{ca_field} is not a PEM CA certificate ({_one_line(exc)}); fix or regenerate it"
+        ) from None
     if insecure:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
@@ -183,8 +225,26 @@ def _ssl_context(
             cert_path.write_bytes(cert)
             key_path.touch(mode=0o600)
             key_path.write_bytes(key)
-            context.load_cert_chain(cert_path, key_path)
+            try:
+                context.load_cert_chain(cert_path, key_path)
+            except (ssl.SSLError, ValueError) as exc:
+                raise ConfigError(
+                    f"{cert_field}: not a PEM certificate and its matching private key ({_one_line(exc)})"
+                ) from None
+    elif cert or key:
+        missing = "client-key" if cert else "client-certificate"
+        raise ConfigError(f"{cert_field}: {missing} is missing (mutual TLS needs both)")
     return context
+
+
+def _server_url(value: Any, where: str) -> str:
+    server = str(value or "").rstrip("/")
+    if not server:
+        raise ConfigError(f"{where}: no server")
+    parts = urlsplit(server)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where}: server {server!r} is not an http(s):// URL with a host")
+    return server
 
 
 def load_kubeconfig(path: str | Path | None = None, *, context: str | None = None) -> ClusterConfig:
@@ -194,27 +254,34 @@ def load_kubeconfig(path: str | Path | None = None, *, context: str | None = Non
         path = env.split(os.pathsep)[0] if env else Path.home() / ".kube" / "config"
     file = Path(path).expanduser()
     try:
-        doc = yaml.safe_load(file.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read kubeconfig {file}: {exc}") from exc
+        doc = yaml.safe_load(file.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read kubeconfig {file}: {exc.strerror or exc}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"kubeconfig {file} is not valid YAML: {_one_line(exc)}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"kubeconfig {file} is not a kubeconfig (expected a mapping with clusters, users)")
     base = file.parent
     context_name = context or doc.get("current-context")
     if not context_name:
         raise ConfigError(f"kubeconfig {file} has no current-context")
-    ctx = _named(doc.get("contexts"), context_name, "context")
-    cluster = _named(doc.get("clusters"), str(ctx.get("cluster")), "cluster")
-    user = _named(doc.get("users"), str(ctx.get("user")), "user") if ctx.get("user") else {}
-    server = str(cluster.get("server") or "").rstrip("/")
-    if not server:
-        raise ConfigError(f"cluster {ctx.get('cluster')!r} has no server")
-    auth, cert, key = _user_auth(user, base)
+    ctx = _named(doc.get("contexts"), str(context_name), "context", f"kubeconfig {file}")
+    cluster_name, user_name = str(ctx.get("cluster")), ctx.get("user")
+    where_cluster = f"kubeconfig {file}: cluster {cluster_name!r}"
+    where_user = f"kubeconfig {file}: user {user_name!r}"
+    cluster = _named(doc.get("clusters"), cluster_name, "cluster", f"kubeconfig {file}")
+    user = _named(doc.get("users"), str(user_name), "user", f"kubeconfig {file}") if user_name else {}
+    server = _server_url(cluster.get("server"), where_cluster)
+    auth, cert, key = _user_auth(user, base, where_user)
     ssl_context = None
     if server.startswith("https://"):
         ssl_context = _ssl_context(
-            ca=_pem(cluster, "certificate-authority", base),
+            ca=_pem(cluster, "certificate-authority", base, where_cluster),
             cert=cert,
             key=key,
             insecure=bool(cluster.get("insecure-skip-tls-verify")),
+            ca_field=f"{where_cluster}: certificate-authority",
+            cert_field=f"{where_user}: client-certificate/client-key",
         )
     return ClusterConfig(
         server=server,
@@ -222,28 +289,35 @@ def load_kubeconfig(path: str | Path | None = None, *, context: str | None = Non
         auth=auth,
         tls_server_name=cluster.get("tls-server-name"),
         namespace=ctx.get("namespace"),
+        source=f"kubeconfig {file} (context {context_name})",
     )
 
 
-def _user_auth(user: dict[str, Any], base: Path) -> tuple[Auth, bytes | None, bytes | None]:
-    cert = _pem(user, "client-certificate", base)
-    key = _pem(user, "client-key", base)
+def _user_auth(user: dict[str, Any], base: Path, where: str) -> tuple[Auth, bytes | None, bytes | None]:
+    cert = _pem(user, "client-certificate", base, where)
+    key = _pem(user, "client-key", base, where)
     if user.get("token"):
         return StaticToken(str(user["token"])), cert, key
     if user.get("tokenFile"):
         return TokenFile(_resolve(base, str(user["tokenFile"]))), cert, key
     exec_spec = user.get("exec")
     if isinstance(exec_spec, dict):
-        env = {str(e["name"]): str(e["value"]) for e in exec_spec.get("env") or []}
+        if not exec_spec.get("command"):
+            raise ConfigError(f"{where}: exec has no command")
+        env_entries = exec_spec.get("env") or []
+        if not isinstance(env_entries, list) or not all(
+            isinstance(e, dict) and "name" in e and "value" in e for e in env_entries
+        ):
+            raise ConfigError(f"{where}: exec.env must be a list of {{name, value}}")
         plugin = ExecCredential(
             command=str(exec_spec["command"]),
             args=[str(a) for a in exec_spec.get("args") or []],
-            env=env,
+            env={str(e["name"]): str(e["value"]) for e in env_entries},
             api_version=str(exec_spec.get("apiVersion") or "client.authentication.k8s.io/v1"),
         )
         return plugin, cert, key
     if user.get("username") or user.get("auth-provider"):
-        raise ConfigError("basic auth and auth-provider users are not supported; use a token or exec")
+        raise ConfigError(f"{where}: basic auth and auth-provider are not supported; use a token or exec")
     return NoAuth(), cert, key
 
 
@@ -256,15 +330,21 @@ def load_incluster(*, directory: Path = SERVICE_ACCOUNT_DIR, clock: Clock = SYST
         host = f"[{host}]"
     token = directory / "token"
     if not token.exists():
-        raise ConfigError(f"service-account token {token} not found")
-    namespace_file = directory / "namespace"
-    namespace = namespace_file.read_text().strip() if namespace_file.exists() else None
-    ca = (directory / "ca.crt").read_bytes()
+        raise ConfigError(f"service-account token {token} not found (is automountServiceAccountToken off?)")
+    try:
+        namespace_file = directory / "namespace"
+        namespace = namespace_file.read_text().strip() if namespace_file.exists() else None
+        ca = (directory / "ca.crt").read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"service account in {directory}: {exc.filename}: {exc.strerror or exc}") from None
     return ClusterConfig(
         server=f"https://{host}:{port}",
-        ssl_context=_ssl_context(ca=ca, cert=None, key=None, insecure=False),
+        ssl_context=_ssl_context(
+            ca=ca, cert=None, key=None, insecure=False, ca_field=f"service-account CA {directory / 'ca.crt'}"
+        ),
         auth=TokenFile(token, clock=clock),
         namespace=namespace,
+        source=f"in-cluster service account ({directory})",
     )
 
 
