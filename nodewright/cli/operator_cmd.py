@@ -1,27 +1,65 @@
 """`nodewright operator`: run the controller manager (kubeconfig or in-cluster).
 
-The wiring of informers and controllers is in `nodewright.controller.operator`; this module parses
-flags, sets up logging, metrics (`--metrics-bind-address`), tracing (OTLP when
-`OTEL_EXPORTER_OTLP_ENDPOINT` is set) and the pod-signing key, then runs the Manager until SIGTERM or
-loss of leadership.
+The wiring of informers and controllers is in `nodewright.controller.operator`; this module turns
+flags into a running Manager in four named steps:
+
+1. `validate_flags`: ranges and formats are argparse types (`nodewright.cli.flags`); what one flag
+   cannot see alone is checked here (the Lease timings must nest: duration > renew deadline > 1.2 x
+   retry period, as client-go requires).
+2. `load_cluster_config`: the kubeconfig (or in-cluster service account) must load, with a CA, client
+   certificate and key that parse.
+3. `build_runtime`: metrics, tracing (OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set), the API
+   clients and the Manager; the metrics and health-probe listeners are bound here, so a taken port is
+   reported before anything else starts. Every resource is registered on one exit stack, so every
+   client session is closed on every path (success, bad flag, SIGTERM, start-up failure).
+4. `run_operator`: the Manager's start-up step waits for the API server (jittered exponential backoff,
+   one log line per attempt, forever: see `Manager.until_reachable`), checks that the NodeWright API
+   is served and loads (or creates) the pod-signing key in `--namespace`, then registers the
+   controllers; the Manager runs until SIGTERM or loss of leadership.
+
+Every failure that retrying cannot fix -- a bad flag, a port in use, a kubeconfig that does not load,
+credentials the API server rejects, missing RBAC, a namespace or CRD that does not exist -- ends with
+one line on stderr naming the flag or object and what to do, and exit status 2. An outage is not
+such a failure: the operator waits for the API server at start-up, and with `--no-leader-elect` it
+never exits over one (see docs/operations.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from nodewright.cli import flags
+from nodewright.cli.flags import UsageError
 from nodewright.controller.context import OperatorOptions
 
+if TYPE_CHECKING:
+    from nodewright.controller.manager import Manager
+    from nodewright.kube.client import KubeClient
+    from nodewright.kube.config import ClusterConfig
+    from nodewright.kube.resources import ApiError
+    from nodewright.observability.metrics import OperatorMetrics
+    from nodewright.observability.tracing import RolloutTracer
+
+PROG = "nodewright operator"
 _DEFAULTS = OperatorOptions()
+LEASE_JITTER_FACTOR = 1.2
+"""client-go's leader-election JitterFactor: the renew deadline must exceed 1.2 retry periods."""
+PROBE_TIMEOUT = 10.0
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("operator", help="run the NodeWright operator (controller manager)")
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster config)")
     parser.add_argument(
-        "--namespace", default="nodewright-system", help="namespace of the package pods and the Lease"
+        "--namespace",
+        type=flags.dns_label,
+        default="nodewright-system",
+        help="namespace of the package pods and the Lease (must exist)",
     )
     parser.add_argument(
         "--leader-elect",
@@ -29,39 +67,92 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=True,
         help="elect a leader with a coordination.k8s.io Lease (default: on)",
     )
-    parser.add_argument("--lease-name", default="nodewright-operator")
-    parser.add_argument("--lease-duration", type=float, default=15.0)
-    parser.add_argument("--renew-deadline", type=float, default=10.0)
-    parser.add_argument("--retry-period", type=float, default=2.0)
-    parser.add_argument("--health-probe-bind-address", default=":8081", help="'0' disables the probes")
-    parser.add_argument("--metrics-bind-address", default=":8080", help="Prometheus metrics address")
-    parser.add_argument("--qps", type=float, default=50.0, help="client-side write QPS limit")
-    parser.add_argument("--burst", type=int, default=100, help="client-side write burst")
-    parser.add_argument("--workers", type=int, default=4, help="workers of the rollout controller")
+    parser.add_argument("--lease-name", type=flags.dns_subdomain, default="nodewright-operator")
+    parser.add_argument(
+        "--lease-duration",
+        type=flags.float_at_least(1.0),
+        default=15.0,
+        help="seconds a standby waits before taking over a lease that is not renewed",
+    )
+    parser.add_argument(
+        "--renew-deadline",
+        type=flags.positive_float,
+        default=10.0,
+        help="seconds the leader keeps retrying a renewal before it stops leading (< --lease-duration)",
+    )
+    parser.add_argument(
+        "--retry-period", type=flags.positive_float, default=2.0, help="seconds between lease attempts"
+    )
+    parser.add_argument(
+        "--health-probe-bind-address",
+        type=flags.bind_address,
+        default=":8081",
+        help="[host]:port of /healthz and /readyz; '0' disables the probes",
+    )
+    parser.add_argument(
+        "--metrics-bind-address",
+        type=flags.bind_address,
+        default=":8080",
+        help="[host]:port of Prometheus /metrics; '0' disables it",
+    )
+    parser.add_argument("--qps", type=flags.positive_float, default=50.0, help="client-side write QPS limit")
+    parser.add_argument("--burst", type=flags.positive_int, default=100, help="client-side write burst")
+    parser.add_argument(
+        "--workers", type=flags.positive_int, default=4, help="workers of the rollout controller"
+    )
     parser.add_argument(
         "--node-workers",
-        type=int,
+        type=flags.positive_int,
         default=64,
         help="concurrent node reconciles: each mostly awaits the API server (writes stay under --qps)",
     )
     parser.add_argument(
-        "--event-qps", type=float, default=10.0, help="Event write rate (separate from --qps; best effort)"
+        "--event-qps",
+        type=flags.positive_float,
+        default=10.0,
+        help="Event write rate (separate from --qps; best effort)",
     )
-    parser.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish in-flight work")
+    parser.add_argument(
+        "--drain-timeout",
+        type=flags.non_negative_float,
+        default=30.0,
+        help="seconds to finish in-flight work on shutdown",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="auto", choices=["auto", "json", "console"])
-    parser.add_argument("--agent-image", default=_DEFAULTS.agent_image, help="image of the stage agent")
-    parser.add_argument("--pause-image", default=_DEFAULTS.pause_image, help="main container image")
+    parser.add_argument(
+        "--agent-image",
+        type=flags.image_reference,
+        default=_DEFAULTS.agent_image,
+        help="image of the stage agent",
+    )
+    parser.add_argument(
+        "--pause-image",
+        type=flags.image_reference,
+        default=_DEFAULTS.pause_image,
+        help="main container image",
+    )
     parser.add_argument(
         "--runtime-required-taint",
+        type=flags.taint,
         default=_DEFAULTS.runtime_required_taint,
         help="taint (key[=value]:Effect) kept on nodes until runtime-required NodeWrights complete",
     )
-    parser.add_argument("--copy-dir-root", default=_DEFAULTS.copy_dir_root)
-    parser.add_argument("--log-root", default=_DEFAULTS.log_root)
+    parser.add_argument(
+        "--copy-dir-root",
+        type=flags.absolute_path,
+        default=_DEFAULTS.copy_dir_root,
+        help="host directory packages are copied to",
+    )
+    parser.add_argument(
+        "--log-root",
+        type=flags.absolute_path,
+        default=_DEFAULTS.log_root,
+        help="host directory of stage logs",
+    )
     parser.add_argument(
         "--reboot-timeout",
-        type=float,
+        type=flags.positive_float,
         default=_DEFAULTS.reboot_timeout,
         help="seconds a node may take to come back from a reboot before it is reported erroring",
     )
@@ -70,43 +161,91 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="re-run every package after a reboot (immutable OS images)",
     )
-    parser.add_argument("--resync-seconds", type=float, default=_DEFAULTS.resync_seconds)
+    parser.add_argument(
+        "--resync-seconds",
+        type=flags.float_at_least(1.0),
+        default=_DEFAULTS.resync_seconds,
+        help="seconds between re-checks of a NodeWright with nothing in flight",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from nodewright.controller.context import parse_taint
     from nodewright.observability.logging import configure_logging
 
     fmt = {"auto": None, "json": True, "console": False}[args.log_format]
     configure_logging(args.log_level, json=fmt)
     try:
-        parse_taint(args.runtime_required_taint)
-    except ValueError as exc:
-        print(f"nodewright operator: --runtime-required-taint: {exc}", file=sys.stderr)
-        return 2
-    return asyncio.run(_main(args))
+        validate_flags(args)
+        config = load_cluster_config(args)
+        return asyncio.run(_main(args, config))
+    except UsageError as exc:
+        return flags.fail(PROG, exc)
 
 
-async def _main(args: argparse.Namespace) -> int:
-    import structlog
+# ----------------------------------------------------------------------------------------------------
+# 1. flags and 2. cluster configuration
 
-    from nodewright.controller.context import PodSigner
-    from nodewright.controller.manager import LeaderElectionConfig, Manager
-    from nodewright.controller.operator import Operator, load_signing_key
-    from nodewright.kube.client import KubeClient
+
+def validate_flags(args: argparse.Namespace) -> None:
+    """What argparse types cannot check one flag at a time."""
+    if args.leader_elect:
+        if args.lease_duration <= args.renew_deadline:
+            raise UsageError(
+                f"--lease-duration ({args.lease_duration:g}) must be greater than --renew-deadline"
+                f" ({args.renew_deadline:g}): a leader must give up before a standby may take over"
+            )
+        if args.renew_deadline <= LEASE_JITTER_FACTOR * args.retry_period:
+            raise UsageError(
+                f"--renew-deadline ({args.renew_deadline:g}) must be greater than {LEASE_JITTER_FACTOR:g} x"
+                f" --retry-period ({args.retry_period:g}): a renewal needs room for more than one attempt"
+            )
+
+
+def load_cluster_config(args: argparse.Namespace) -> ClusterConfig:
     from nodewright.kube.config import ConfigError, load_config
+
+    try:
+        return load_config(args.kubeconfig)
+    except ConfigError as exc:
+        hint = "" if args.kubeconfig else " (pass --kubeconfig, or run in a cluster)"
+        raise UsageError(f"{exc}{hint}") from None
+
+
+# ----------------------------------------------------------------------------------------------------
+# 3. runtime
+
+
+@dataclass
+class OperatorRuntime:
+    """What `build_runtime` started; everything is closed by the exit stack it was built on."""
+
+    config: ClusterConfig
+    client: KubeClient
+    event_client: KubeClient
+    manager: Manager
+    metrics: OperatorMetrics
+    tracer: RolloutTracer
+    identity: str
+    stack: contextlib.AsyncExitStack
+
+
+async def _main(args: argparse.Namespace, config: ClusterConfig) -> int:
+    async with contextlib.AsyncExitStack() as stack:
+        runtime = await build_runtime(args, config, stack)
+        return await run_operator(args, runtime)
+
+
+async def build_runtime(
+    args: argparse.Namespace, config: ClusterConfig, stack: contextlib.AsyncExitStack
+) -> OperatorRuntime:
+    from nodewright.controller.manager import LeaderElectionConfig, Manager
+    from nodewright.kube.client import KubeClient
     from nodewright.observability.loop_lag import EventLoopLagMonitor
     from nodewright.observability.metrics import OperatorMetrics
     from nodewright.observability.server import parse_bind_address, start_metrics_server
     from nodewright.observability.tracing import RolloutTracer
 
-    log = structlog.get_logger("nodewright.operator")
-    try:
-        config = load_config(args.kubeconfig)
-    except ConfigError as exc:
-        log.error("cannot load cluster configuration", error=str(exc))
-        return 2
     election = (
         LeaderElectionConfig(
             namespace=args.namespace,
@@ -120,67 +259,180 @@ async def _main(args: argparse.Namespace) -> int:
     )
     identity = election.identity if election else "nodewright-operator"
     metrics = OperatorMetrics(service_instance=identity)
+    stack.push_async_callback(asyncio.to_thread, metrics.shutdown)
     tracer = RolloutTracer.from_environment(service_instance=identity)
+    stack.push_async_callback(tracer.aclose)
     client = KubeClient(config, qps=args.qps, burst=args.burst, metrics=metrics.requests)
+    stack.push_async_callback(client.close)
     # Events get their own client and rate limit: a burst of events must not delay state transitions.
     event_client = KubeClient(
         config, qps=args.event_qps, burst=max(1, int(args.event_qps * 2)), metrics=metrics.requests
     )
-    options = OperatorOptions(
-        namespace=args.namespace,
-        agent_image=args.agent_image,
-        pause_image=args.pause_image,
-        runtime_required_taint=args.runtime_required_taint,
-        copy_dir_root=args.copy_dir_root,
-        log_root=args.log_root,
-        reboot_timeout=args.reboot_timeout,
-        reapply_on_reboot=args.reapply_on_reboot,
-        resync_seconds=args.resync_seconds,
-    )
+    stack.push_async_callback(event_client.close)
     manager = Manager(
         client,
         leader_election=election,
         health_bind_address=args.health_probe_bind_address,
+        # A leader-elected replica that cannot list restarts (a standby may be healthier); a single
+        # replica keeps waiting: it must never exit over an outage.
+        sync_timeout=300.0 if election else None,
         drain_timeout=args.drain_timeout,
         watch_metrics=metrics.watches,
         workqueue_metrics=metrics.workqueues,
         leader_metrics=metrics.leader,
         reconcile_metrics=metrics,
     )
-    metrics_runner = None
     bind = parse_bind_address(args.metrics_bind_address)
     if bind is not None:
-        metrics_runner = await start_metrics_server(metrics, *bind)
+        try:
+            runner = await start_metrics_server(metrics, *bind)
+        except OSError as exc:
+            raise flags.listen_failure("--metrics-bind-address", args.metrics_bind_address, exc) from None
+        stack.push_async_callback(runner.cleanup)
+    stack.push_async_callback(manager.health.stop)
+    try:
+        await manager.start_probes()
+    except OSError as exc:
+        raise flags.listen_failure(
+            "--health-probe-bind-address", args.health_probe_bind_address, exc
+        ) from None
     lag = EventLoopLagMonitor(metrics, interval=0.5)
     lag.start()
-    operator: Operator | None = None
-    try:
-        key = await load_signing_key(client, args.namespace)
+    stack.push_async_callback(lag.stop)
+    return OperatorRuntime(config, client, event_client, manager, metrics, tracer, identity, stack)
+
+
+# ----------------------------------------------------------------------------------------------------
+# 4. start-up checks and the run
+
+
+async def run_operator(args: argparse.Namespace, rt: OperatorRuntime) -> int:
+    import structlog
+
+    from nodewright.api import constants
+    from nodewright.controller.context import SIGNING_SECRET_NAME, PodSigner
+    from nodewright.controller.operator import Operator, load_signing_key
+
+    log = structlog.get_logger("nodewright.operator")
+    namespace = args.namespace
+    secret = f"Secret {namespace}/{SIGNING_SECRET_NAME}"
+    api = f"/apis/{constants.GROUP}/{constants.VERSION}"
+
+    async def setup() -> None:
+        await _checked(
+            rt,
+            "GET /version",
+            lambda: rt.client.get_text("/version", timeout=PROBE_TIMEOUT),
+            not_found=f"{rt.config.server} answered 404 for /version: it is not a Kubernetes API server",
+        )
+        await _checked(
+            rt,
+            f"GET {api}",
+            lambda: rt.client.get_text(api, timeout=PROBE_TIMEOUT),
+            not_found=(
+                f"API server {rt.config.server} does not serve {constants.GROUP}/{constants.VERSION}:"
+                " install the CRDs (kubectl apply --server-side -f manifests/crds/) or the Helm chart"
+            ),
+        )
+        try:
+            key = await _checked(
+                rt, f"pod-signing key ({secret})", lambda: load_signing_key(rt.client, namespace)
+            )
+        except (KeyError, TypeError, ValueError):
+            raise UsageError(
+                f"{secret} has no base64 data.key: restore it, or delete it to have a new key generated"
+            ) from None
         operator = Operator(
-            manager,
-            options=options,
-            metrics=metrics,
-            tracer=tracer,
+            rt.manager,
+            options=OperatorOptions(
+                namespace=namespace,
+                agent_image=args.agent_image,
+                pause_image=args.pause_image,
+                runtime_required_taint=args.runtime_required_taint,
+                copy_dir_root=args.copy_dir_root,
+                log_root=args.log_root,
+                reboot_timeout=args.reboot_timeout,
+                reapply_on_reboot=args.reapply_on_reboot,
+                resync_seconds=args.resync_seconds,
+            ),
+            metrics=rt.metrics,
+            tracer=rt.tracer,
             signer=PodSigner(key),
             workers=args.workers,
             node_workers=args.node_workers,
-            instance=identity,
-            event_client=event_client,
+            instance=rt.identity,
+            event_client=rt.event_client,
         )
+        rt.stack.push_async_callback(operator.rt.events.close)
         log.info(
             "starting operator",
-            server=config.server,
-            namespace=args.namespace,
+            server=rt.config.server,
+            namespace=namespace,
             leader_elect=args.leader_elect,
-            identity=identity,
+            identity=rt.identity,
         )
-        return await manager.run()
-    finally:
-        if operator is not None:
-            await operator.rt.events.close()
-        await event_client.close()
-        await lag.stop()
-        if metrics_runner is not None:
-            await metrics_runner.cleanup()
-        await tracer.aclose()
-        await asyncio.to_thread(metrics.shutdown)
+
+    return await rt.manager.run(setup=setup)
+
+
+async def _checked(
+    rt: OperatorRuntime, what: str, call: Callable[[], Any], *, not_found: str | None = None
+) -> Any:
+    """`call` through `Manager.until_reachable`, with answers retrying cannot fix turned into a
+    `UsageError` that says what to do (`not_found`: the story of a 404)."""
+    from nodewright.kube.config import ConfigError
+    from nodewright.kube.resources import ApiError
+
+    try:
+        return await rt.manager.until_reachable(call, what=what)
+    except ConfigError as exc:
+        raise UsageError(f"{rt.config.source}: {exc}") from None
+    except ApiError as exc:
+        raise UsageError(explain_api_error(exc, what=what, config=rt.config, not_found=not_found)) from None
+    except Exception as exc:
+        message = explain_transport_error(exc, config=rt.config)
+        if message is None:
+            raise
+        raise UsageError(message) from None
+
+
+def explain_api_error(
+    exc: ApiError, *, what: str, config: ClusterConfig, not_found: str | None = None
+) -> str:
+    """The one-line story of an API answer at start-up that waiting will not change."""
+    body = exc.body if isinstance(exc.body, dict) else {}
+    details = body.get("details")
+    details = details if isinstance(details, dict) else {}
+    message = flags.one_line(exc.message or exc.reason)
+    if exc.status == 401:
+        return (
+            f"API server {config.server} rejected the credentials of {config.source} (401 Unauthorized):"
+            " give a valid token or client certificate"
+        )
+    if exc.status == 403:
+        return (
+            f"{what}: forbidden (403: {message}); grant the operator's ServiceAccount the RBAC in"
+            " helm/nodewright/templates/rbac.yaml"
+        )
+    if exc.status == 404 and details.get("kind") == "namespaces":
+        namespace = details.get("name") or "?"
+        return (
+            f"namespace {namespace!r} does not exist: create it (kubectl create namespace {namespace})"
+            " or pass --namespace with the operator's namespace"
+        )
+    if exc.status == 404 and not_found is not None:
+        return not_found
+    return f"{what}: {exc.status} {exc.reason}: {message}"
+
+
+def explain_transport_error(exc: BaseException, *, config: ClusterConfig) -> str | None:
+    """A message for TLS failures that are configuration errors; None for anything else."""
+    import aiohttp
+
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return (
+            f"API server {config.server}: its TLS certificate does not verify against the CA of"
+            f" {config.source} ({flags.one_line(exc.certificate_error)}); fix certificate-authority(-data)"
+            " or tls-server-name"
+        )
+    return None

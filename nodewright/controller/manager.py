@@ -28,10 +28,19 @@ Registration API (what reconcilers code against)::
   reconciled by two workers at once. Each reconcile runs with structlog context `controller`, `key`,
   `reconcile_id`.
 
-Lifecycle of `run()`:
+Lifecycle of `run(setup=...)`:
 
-1. Serve `/healthz` and `/readyz`; start every informer (caches are kept warm on standbys too, so a
-   failover does not cause a relist storm); wait for the first list of each (`sync_timeout`).
+0. Serve `/healthz` and `/readyz` (ready: false, `waitingFor` says on what) and run `setup`, the
+   caller's start-up steps. Steps that need the API server go through `until_reachable(call)`: while
+   the API server is unreachable (connection refused, DNS, timeouts, 5xx, 429) it logs one line per
+   attempt (what, server, error, next try in N s) and retries with jittered exponential backoff (1 s
+   doubling to `startup_backoff_cap`), forever: a start during an outage waits instead of exiting.
+   Answers that retrying cannot change (401, 403, 404, an untrusted server certificate) are raised
+   to the caller, which reports them. `setup` typically registers informers and controllers.
+1. Start every informer (caches are kept warm on standbys too, so a failover does not cause a relist
+   storm); wait for the first list of each. With a `sync_timeout`, `run()` returns 1 when it passes
+   (a leader-elected replica restarts and relists); with None it keeps waiting and logs every 5 min
+   (a single replica never exits over an outage).
 2. Acquire the Lease (unless leader election is off). Event handlers enqueue keys all along; the
    queues are only *worked* while leading.
 3. While leading: N workers per controller, plus the Lease renewal.
@@ -48,11 +57,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import signal
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+import aiohttp
 import structlog
 
 from nodewright.controller.health import HealthServer
@@ -68,8 +79,8 @@ from nodewright.kube.hooks import (
 )
 from nodewright.kube.informer import Informer
 from nodewright.kube.leaderelection import LeaderElector, default_identity
-from nodewright.kube.reflector import TransformFunc
-from nodewright.kube.resources import JSON, Resource, object_key
+from nodewright.kube.reflector import Backoff, TransformFunc
+from nodewright.kube.resources import JSON, ApiError, Resource, object_key
 from nodewright.kube.workqueue import Result, WorkQueue, run_workers
 from nodewright.observability.logging import ReconcileRecorder, reconcile_context
 
@@ -77,6 +88,83 @@ log = structlog.get_logger("nodewright.manager")
 
 Reconcile = Callable[[str], Awaitable[Result | None]]
 KeyMapper = Callable[[JSON], Iterable[str]]
+T = TypeVar("T")
+
+STARTUP_BACKOFF_INITIAL = 1.0
+SYNC_REPORT_INTERVAL = 300.0
+"""Without a `sync_timeout`, how often an unfinished first list is reported while the Manager waits."""
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether `exc` means "the API server is not answering now" (worth waiting for) rather than an
+    answer that retrying cannot change (bad credentials, missing permission or object, untrusted CA).
+
+    Understands our `ApiError`, aiohttp's transport errors and any client exception with an integer
+    HTTP `status` (kubernetes_asyncio's `ApiException`, used by the webhook).
+    """
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return False  # the server answered with a certificate our CA does not trust
+    if isinstance(exc, aiohttp.ClientError | TimeoutError | ConnectionError):
+        return True
+    status = exc.status if isinstance(exc, ApiError) else getattr(exc, "status", None)
+    return isinstance(status, int) and (status >= 500 or status == 429)
+
+
+def describe_error(exc: BaseException) -> str:
+    """A one-line description of a request failure for logs (aiohttp's text names host and port)."""
+    text = " ".join(str(exc).split()) or "no details"
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+async def until_reachable(
+    call: Callable[[], Awaitable[T]],
+    *,
+    what: str,
+    server: str,
+    clock: Clock = SYSTEM_CLOCK,
+    rng: random.Random | None = None,
+    cap: float = 30.0,
+    on_wait: Callable[[str], None] | None = None,
+) -> T:
+    """`await call()`, retried while the API server is unreachable (see `is_outage`), forever.
+
+    Jittered exponential backoff from `STARTUP_BACKOFF_INITIAL` seconds doubling to `cap`; one log
+    line per failed attempt naming what was tried, the server, the error and the next delay;
+    `on_wait(description)` is told what is awaited (readiness reports it). Other exceptions propagate.
+    """
+    backoff = Backoff(clock=clock, rng=rng or random.Random(), initial=STARTUP_BACKOFF_INITIAL, cap=cap)
+    started = clock.monotonic()
+    attempt = 0
+    while True:
+        attempt += 1
+        if on_wait is not None:
+            on_wait(what)
+        try:
+            result = await call()
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            delay = backoff.next_delay()
+            error = describe_error(exc)
+            if on_wait is not None:
+                on_wait(f"{what}: {error}")
+            log.warning(
+                f"API server unreachable ({what}); next try in {delay:.1f} s",
+                server=server,
+                error=error,
+                attempt=attempt,
+                retry_in_seconds=round(delay, 1),
+            )
+            await clock.sleep(delay)
+            continue
+        if attempt > 1:
+            log.info(
+                f"API server reachable ({what})",
+                server=server,
+                attempts=attempt,
+                waited_seconds=round(clock.monotonic() - started, 1),
+            )
+        return result
 
 
 @dataclass(frozen=True)
@@ -143,8 +231,10 @@ class Manager:
         *,
         leader_election: LeaderElectionConfig | None = None,
         health_bind_address: str = ":8081",
-        sync_timeout: float = 300.0,
+        sync_timeout: float | None = 300.0,
         drain_timeout: float = 30.0,
+        startup_backoff_cap: float = 30.0,
+        rng: random.Random | None = None,
         clock: Clock = SYSTEM_CLOCK,
         watch_metrics: WatchMetrics | None = None,
         workqueue_metrics: WorkqueueMetricsProvider | None = None,
@@ -155,7 +245,9 @@ class Manager:
         self._reconcile_metrics = reconcile_metrics
         self.sync_timeout = sync_timeout
         self.drain_timeout = drain_timeout
+        self.startup_backoff_cap = startup_backoff_cap
         self.clock = clock
+        self._rng = rng or random.Random()
         self._watch_metrics = watch_metrics or NoopWatchMetrics()
         self._queue_metrics = workqueue_metrics or NoopWorkqueueMetricsProvider()
         self._informers: dict[tuple[Any, ...], Informer] = {}
@@ -177,6 +269,9 @@ class Manager:
             else None
         )
         self._leading = False
+        self._set_up = False
+        self._waiting_for: str | None = "start-up"
+        self._probes_started = False
         self.health = HealthServer(health_bind_address, status=self.status)
 
     # -- registration -------------------------------------------------------------------------------
@@ -229,12 +324,15 @@ class Manager:
         return self._leading
 
     def status(self) -> dict[str, Any]:
-        return {
-            "ready": self.synced,
+        status: dict[str, Any] = {
+            "ready": self._set_up and self.synced,
             "synced": {i.name: i.has_synced for i in self._informers.values()},
             "leader": self._leading,
             "identity": self.elector.identity if self.elector else None,
         }
+        if not self._set_up:
+            status["waitingFor"] = self._waiting_for
+        return status
 
     def stop(self) -> None:
         """Request an orderly shutdown (what SIGTERM/SIGINT do)."""
@@ -242,17 +340,56 @@ class Manager:
 
     # -- run ----------------------------------------------------------------------------------------
 
-    async def run(self, *, handle_signals: bool = True) -> int:
+    async def start_probes(self) -> None:
+        """Bind the health-probe listener now (raises OSError if the address is taken); `run()` calls
+        it too, so callers use it only to fail fast before anything else starts."""
+        if not self._probes_started:
+            await self.health.start()
+            self._probes_started = True
+
+    async def until_reachable(self, call: Callable[[], Awaitable[T]], *, what: str) -> T:
+        """`until_reachable` on the Manager's clock; `/readyz` reports what is awaited meanwhile."""
+
+        def waiting(description: str) -> None:
+            self._waiting_for = description
+
+        return await until_reachable(
+            call,
+            what=what,
+            server=self.client.config.server,
+            clock=self.clock,
+            rng=self._rng,
+            cap=self.startup_backoff_cap,
+            on_wait=waiting,
+        )
+
+    async def run(
+        self, *, handle_signals: bool = True, setup: Callable[[], Awaitable[None]] | None = None
+    ) -> int:
+        """Run until stopped (0) or leadership is lost / workers crash (1); see the module docstring.
+
+        `setup` runs first, with probes served and signals handled; exceptions it raises propagate
+        (after the probes are stopped and the client is closed).
+        """
         loop = asyncio.get_running_loop()
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
-        informer_tasks = [
-            asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in self._informers.values()
-        ]
+        informer_tasks: list[asyncio.Task[None]] = []
+        failed = False
         try:
-            await self.health.start()
+            await self.start_probes()
+            if setup is not None and not await self._until_stopped(setup()):
+                return 0
+            self._set_up = True
+            self._waiting_for = None
+            informer_tasks = [
+                asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in self._informers.values()
+            ]
             return await self._run_phases()
+        except BaseException:
+            failed = True  # the caller reports it; a "stopped" line would only bury the reason
+            raise
         finally:
             for task in informer_tasks:
                 task.cancel()
@@ -262,14 +399,20 @@ class Manager:
             if handle_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
-            log.info("manager stopped")
+            if not failed:
+                log.info("manager stopped")
 
     async def _run_phases(self) -> int:
-        if not await self._until_stopped(self._wait_for_sync(), deadline=self.sync_timeout):
+        waited = 0.0
+        window = self.sync_timeout if self.sync_timeout is not None else SYNC_REPORT_INTERVAL
+        while not await self._until_stopped(self._wait_for_sync(), deadline=window):
             if self._stop.is_set():
                 return 0
-            log.error("caches did not sync in time", timeout=self.sync_timeout, status=self.status())
-            return 1
+            waited += window
+            if self.sync_timeout is not None:
+                log.error("caches did not sync in time", timeout=self.sync_timeout, status=self.status())
+                return 1
+            log.warning("caches not synced yet; still waiting", waited_seconds=waited, status=self.status())
         log.info("caches synced", informers=[i.name for i in self._informers.values()])
         if self.elector is not None and not await self._until_stopped(self.elector.acquire()):
             return 0
@@ -281,7 +424,10 @@ class Manager:
         await asyncio.gather(*(i.wait_for_sync() for i in self._informers.values()))
 
     async def _until_stopped(self, work: Awaitable[None], *, deadline: float | None = None) -> bool:
-        """Run `work` until it finishes (True) or a stop is requested / `deadline` seconds pass (False)."""
+        """Run `work` until it finishes (True) or a stop is requested / `deadline` seconds pass (False).
+
+        An exception raised by `work` is re-raised: a failed step must not pass for a requested stop.
+        """
         task = asyncio.ensure_future(work)
         stop = asyncio.create_task(self._stop.wait())
         try:
@@ -290,7 +436,11 @@ class Manager:
             for t in (task, stop):
                 t.cancel()
             await asyncio.gather(task, stop, return_exceptions=True)
-        return task in done and not task.cancelled() and task.exception() is None
+        finished = task in done and not task.cancelled()
+        failure = task.exception() if finished else None
+        if failure is not None:
+            raise failure
+        return finished
 
     async def _lead(self) -> int:
         workers = {
