@@ -4,6 +4,20 @@ Certificates come either from `--cert-dir` (tls.crt/tls.key, e.g. mounted by cer
 default, from the Secret managed by `nodewright.webhook.certs.CertManager`, which also keeps the
 caBundle of the webhook configurations current and rotates the pair before expiry (the server reloads
 the new pair without restarting: new TLS handshakes use it).
+
+Start-up, in order, so that what is wrong is reported before anything waits:
+
+1. flags are checked by argparse types (`nodewright.cli.flags`);
+2. `--cert-dir` must hold a readable PEM certificate and matching key (tls.crt, tls.key);
+3. the kubeconfig (or in-cluster service account) must load, CA and client certificate included;
+4. `--bind-address`:`--port` is bound at once (the TLS context gets its certificate later, in the
+   managed mode), so a port in use is reported immediately;
+5. managed mode only: the webhook configurations must exist (they receive the caBundle) and the
+   Secret is loaded or created in `--namespace` (which must exist). While the API server is
+   unreachable this step waits with jittered exponential backoff, one log line per attempt.
+
+Each failure that retrying cannot fix is one line on stderr naming the flag or object and what to do,
+with exit status 2.
 """
 
 from __future__ import annotations
@@ -12,82 +26,231 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import ssl
 from pathlib import Path
 from typing import Any
 
+from nodewright.cli import flags
+from nodewright.cli.flags import UsageError
 
-def register(subparsers: Any) -> None:
+PROG = "nodewright webhook"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("webhook", help="run the admission webhook (validation and defaulting)")
     parser.add_argument("--kubeconfig", type=Path, default=None, help="kubeconfig (default: in-cluster)")
-    parser.add_argument("--bind-address", default="0.0.0.0", help="address to listen on")
-    parser.add_argument("--port", type=int, default=9443, help="HTTPS port")
+    parser.add_argument(
+        "--bind-address", type=flags.host_address, default="0.0.0.0", help="address to listen on"
+    )
+    parser.add_argument("--port", type=flags.port_number, default=9443, help="HTTPS port")
     parser.add_argument("--cert-dir", type=Path, default=None, help="use tls.crt/tls.key from this directory")
     parser.add_argument(
-        "--namespace", default="nodewright-system", help="operator namespace (Secret lives here)"
+        "--namespace",
+        type=flags.dns_label,
+        default="nodewright-system",
+        help="operator namespace (Secret lives here)",
     )
-    parser.add_argument("--secret-name", default="nodewright-webhook-tls", help="Secret holding CA and cert")
     parser.add_argument(
-        "--service-name", default="nodewright-webhook", help="Service name (certificate SANs)"
+        "--secret-name",
+        type=flags.dns_subdomain,
+        default="nodewright-webhook-tls",
+        help="Secret holding CA and cert",
+    )
+    parser.add_argument(
+        "--service-name",
+        type=flags.dns_1035_label,
+        default="nodewright-webhook",
+        help="Service name (certificate SANs)",
     )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    return asyncio.run(_serve(args))
+    from nodewright.observability.logging import configure_logging
+
+    configure_logging("info")  # JSON on stderr unless stderr is a terminal, like the operator
+    try:
+        return asyncio.run(_serve(args))
+    except UsageError as exc:
+        return flags.fail(PROG, exc)
+
+
+def load_cert_dir(directory: Path) -> tuple[bytes, bytes]:
+    """tls.crt and tls.key from `--cert-dir`, checked to be a certificate and its key."""
+    from nodewright.webhook.server import server_ssl_context
+
+    pair = []
+    for name in ("tls.crt", "tls.key"):
+        try:
+            pair.append((directory / name).read_bytes())
+        except OSError as exc:
+            raise UsageError(
+                f"--cert-dir {directory}: cannot read {name} ({exc.strerror or exc}): mount the serving"
+                " certificate there (tls.crt, tls.key), or omit --cert-dir to let the webhook manage one"
+            ) from None
+    try:
+        server_ssl_context(pair[0], pair[1])
+    except (ssl.SSLError, ValueError) as exc:
+        raise UsageError(
+            f"--cert-dir {directory}: tls.crt and tls.key are not a PEM certificate and its private key"
+            f" ({flags.one_line(exc)})"
+        ) from None
+    return pair[0], pair[1]
+
+
+async def _load_kube_config(kubeconfig: Path | None) -> str:
+    """Check the settings with our own loader (it names the bad field), then load them into
+    kubernetes_asyncio's default configuration; returns the server URL."""
+    from kubernetes_asyncio import config
+
+    from nodewright.kube.config import ConfigError, load_incluster, load_kubeconfig
+
+    try:
+        checked = load_kubeconfig(kubeconfig) if kubeconfig else load_incluster()
+    except ConfigError as exc:
+        hint = "" if kubeconfig else " (pass --kubeconfig, or run in a cluster)"
+        raise UsageError(f"{exc}{hint}") from None
+    try:
+        if kubeconfig:
+            await config.load_kube_config(config_file=str(kubeconfig))
+        else:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except (config.ConfigException, OSError, ValueError) as exc:
+        raise UsageError(f"{checked.source}: {flags.one_line(exc)}") from None
+    return checked.server
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from kubernetes_asyncio import client, config
+    from kubernetes_asyncio import client
 
-    from nodewright.webhook import certs, configs
     from nodewright.webhook.facts import KubeFacts
     from nodewright.webhook.server import server_ssl_context, start_webhook_server
 
-    if args.kubeconfig:
-        await config.load_kube_config(config_file=str(args.kubeconfig))
-    else:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    async with client.ApiClient() as api:
-        manager: certs.CertManager | None = None
-        if args.cert_dir:
-            ctx = server_ssl_context(
-                (args.cert_dir / "tls.crt").read_bytes(), (args.cert_dir / "tls.key").read_bytes()
+    served = load_cert_dir(args.cert_dir) if args.cert_dir else None
+    server = await _load_kube_config(args.kubeconfig)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with client.ApiClient() as api, contextlib.AsyncExitStack() as stack:
+        # Managed mode: listen now with a context that gets its certificate once the Secret is read.
+        ctx = server_ssl_context(*served) if served else _empty_server_context()
+        try:
+            runner, _port = await start_webhook_server(
+                KubeFacts(api), ssl_context=ctx, host=args.bind_address, port=args.port
             )
-        else:
-            manager = certs.CertManager(
-                api,
-                namespace=args.namespace,
-                secret_name=args.secret_name,
-                dns_names=certs.service_dns_names(args.service_name, args.namespace),
-                validating_config=configs.VALIDATING_NAME,
-                mutating_config=configs.MUTATING_NAME,
-            )
-            bundle = await manager.ensure()
-            ctx = server_ssl_context(bundle.cert, bundle.key)
-        runner, _port = await start_webhook_server(
-            KubeFacts(api), ssl_context=ctx, host=args.bind_address, port=args.port
-        )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        rotate: asyncio.Task[None] | None = None
-        if manager is not None:
+        except OSError as exc:
+            raise flags.listen_failure("--port", f"{args.bind_address}:{args.port}", exc) from None
+        stack.push_async_callback(runner.cleanup)
+        if served is None:
+            manager = await _managed_certificates(args, api, server, stop)
+            if manager is None:
+                return 0  # stopped while waiting for the API server
+            bundle, cert_manager = manager
+            _reload_chain(ctx, bundle.cert, bundle.key)
 
-            def reload(b: certs.CertBundle) -> None:
+            def reload(b: Any) -> None:
                 # load_cert_chain on the live context: later TLS handshakes present the new pair.
                 _reload_chain(ctx, b.cert, b.key)
 
-            rotate = asyncio.create_task(manager.run(reload))
-        try:
-            await stop.wait()
-        finally:
-            if rotate is not None:
+            rotate = asyncio.create_task(cert_manager.run(reload))
+
+            async def stop_rotation() -> None:
                 rotate.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await rotate
-            await runner.cleanup()
+
+            stack.push_async_callback(stop_rotation)
+        await stop.wait()
     return 0
+
+
+def _empty_server_context() -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    return ctx
+
+
+async def _managed_certificates(
+    args: argparse.Namespace, api: Any, server: str, stop: asyncio.Event
+) -> tuple[Any, Any] | None:
+    """Wait for the API server, check the configurations exist, load or create the serving pair."""
+    import aiohttp
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from nodewright.controller.manager import until_reachable
+    from nodewright.webhook import certs, configs
+
+    manager = certs.CertManager(
+        api,
+        namespace=args.namespace,
+        secret_name=args.secret_name,
+        dns_names=certs.service_dns_names(args.service_name, args.namespace),
+        validating_config=configs.VALIDATING_NAME,
+        mutating_config=configs.MUTATING_NAME,
+    )
+    admission = client.AdmissionregistrationV1Api(api)
+
+    async def start() -> certs.CertBundle:
+        validating = ("ValidatingWebhookConfiguration", admission.read_validating_webhook_configuration)
+        mutating = ("MutatingWebhookConfiguration", admission.read_mutating_webhook_configuration)
+        for (kind, read), name in ((validating, configs.VALIDATING_NAME), (mutating, configs.MUTATING_NAME)):
+            try:
+                await read(name, _request_timeout=certs.REQUEST_TIMEOUT_S)
+            except ApiException as exc:
+                if exc.status == 404:
+                    raise UsageError(
+                        f"{kind} {name} not found: apply manifests/webhook/webhook-configurations.yaml"
+                        " (or install the Helm chart), or serve your own certificate with --cert-dir"
+                    ) from None
+                raise
+        return await manager.ensure()
+
+    work = asyncio.ensure_future(until_reachable(start, what="webhook certificate", server=server))
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (work, stopped):
+            task.cancel()
+        await asyncio.gather(work, stopped, return_exceptions=True)
+    if not work.done() or work.cancelled():
+        return None
+    try:
+        return work.result(), manager
+    except ApiException as exc:
+        raise UsageError(_explain(exc, args)) from None
+    except aiohttp.ClientConnectorCertificateError as exc:
+        raise UsageError(
+            f"API server {server}: its TLS certificate does not verify against the configured CA"
+            f" ({flags.one_line(exc.certificate_error)}); check --kubeconfig"
+        ) from None
+
+
+def _explain(exc: Any, args: argparse.Namespace) -> str:
+    """One line for an API answer (kubernetes_asyncio `ApiException`) that retrying will not change."""
+    import json
+
+    try:
+        body = json.loads(exc.body or "{}")
+    except ValueError:
+        body = {}
+    details = body.get("details") if isinstance(body, dict) else None
+    message = flags.one_line(body.get("message") if isinstance(body, dict) else exc.reason)
+    if exc.status == 404 and isinstance(details, dict) and details.get("kind") == "namespaces":
+        return (
+            f"namespace {args.namespace!r} does not exist: create it (kubectl create namespace"
+            f" {args.namespace}) or pass --namespace with the operator's namespace"
+        )
+    if exc.status == 401:
+        return "the API server rejected the webhook's credentials (401 Unauthorized): check --kubeconfig"
+    if exc.status == 403:
+        return (
+            f"forbidden (403: {message}); grant the webhook's ServiceAccount the RBAC in"
+            " helm/nodewright/templates/rbac.yaml"
+        )
+    return f"webhook certificate: {exc.status} {exc.reason}: {message}"
 
 
 def _reload_chain(ctx: Any, cert: bytes, key: bytes) -> None:
