@@ -25,6 +25,8 @@ Modules: `cli` (arguments), `settings` (environment), `config` (config.json), `e
 (writing into the host root), `interrupts`, `modes`.
 """
 
+from __future__ import annotations
+
 from nodewright.agent.cli import main
 from nodewright.agent.config import ConfigError, PackageConfig, Step, load_config
 

@@ -67,6 +67,8 @@ def parse_invocation(args: Sequence[str]) -> Invocation:
         mode, root, copy_dir, interrupt = args
     else:
         raise UsageError(f"expected 2 to 4 arguments, got {len(args)}")
+    if mode == modes.INTERRUPT and not interrupt:
+        raise UsageError("the interrupt mode needs the interrupt (base64 JSON) as its last argument")
     if not copy_dir.startswith("/") or ".." in copy_dir.split("/"):
         raise UsageError(
             f"copy_dir {copy_dir!r} must be an absolute path on the host without '..' "

@@ -1,0 +1,2 @@
+#!/bin/sh
+cmp -s "$SKYHOOK_DIR/configmaps/demo.conf" /etc/public-demo/demo.conf

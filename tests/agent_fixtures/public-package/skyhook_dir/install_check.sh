@@ -1,0 +1,2 @@
+#!/bin/sh
+grep -qx "node=$1" /etc/public-demo/install.env

@@ -1,0 +1,2 @@
+#!/bin/sh
+echo after-reboot > /etc/public-demo/post-interrupt

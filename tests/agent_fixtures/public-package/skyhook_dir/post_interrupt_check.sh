@@ -1,0 +1,2 @@
+#!/bin/sh
+test -f /etc/public-demo/post-interrupt

@@ -1,0 +1,2 @@
+#!/bin/sh
+rm -rf /etc/public-demo

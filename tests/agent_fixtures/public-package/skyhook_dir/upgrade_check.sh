@@ -1,0 +1,2 @@
+#!/bin/sh
+test "$(cat /etc/public-demo/version)" = "$CURRENT_VERSION"
