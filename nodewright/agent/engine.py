@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -71,6 +72,8 @@ class _StepResult:
 
 
 class Agent:
+    """One run of the agent for one invocation; `run()` does it and returns the exit code."""
+
     def __init__(
         self,
         invocation: Invocation,
@@ -334,7 +337,7 @@ class Agent:
             yield out, err
 
     def _stopped(self) -> int:
-        number = self.stop.signal_number or 15
+        number = int(self.stop.signal_number or signal.SIGTERM)
         self.reporter.error(f"stopped by signal {number} before {self.mode} finished: reporting failure")
         return 128 + number
 
@@ -374,7 +377,7 @@ class Agent:
             if outcome.returncode == 0 and not outcome.stopped:
                 continue
             rebooting = interrupt.type == interrupts.NODE_RESTART and (
-                outcome.returncode == -15 or outcome.stopped
+                outcome.returncode == -signal.SIGTERM or outcome.stopped
             )
             if not rebooting:
                 os.unlink(flag)
