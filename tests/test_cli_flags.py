@@ -4,8 +4,12 @@ naming the flag, exit status 2, no traceback -- through the real `main()`. Good 
 from __future__ import annotations
 
 import argparse
+import re
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from nodewright.cli import flags
 from nodewright.cli.main import build_parser, main
@@ -49,6 +53,8 @@ BAD_INVOCATIONS: list[tuple[list[str], str]] = [
     (["operator", "--log-level=loud"], "--log-level"),
     (["operator", "--log-format=xml"], "--log-format"),
     (["operator", "--no-such-flag"], "--no-such-flag"),
+    (["operator", "--leader-elect=maybe"], "--leader-elect"),
+    (["operator", "--reapply-on-reboot=2"], "--reapply-on-reboot"),
     # webhook
     (["webhook", "--port=0"], "--port"),
     (["webhook", "--port=70000"], "--port"),
@@ -181,6 +187,61 @@ def test_one_line_parser_error_names_the_program(capsys: pytest.CaptureFixture[s
     assert capsys.readouterr().err == (
         "tool: error: the following arguments are required: --n (see tool --help)\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "leader_elect"),
+    [
+        ([], True),
+        (["--leader-elect"], True),
+        (["--leader-elect=true"], True),
+        (["--leader-elect=false"], False),
+        (["--leader-elect=False"], False),
+        (["--no-leader-elect"], False),
+        (["--no-leader-elect", "--leader-elect"], True),
+    ],
+)
+def test_switches_take_go_flag_syntax(argv: list[str], leader_elect: bool) -> None:
+    args = build_parser().parse_args(["operator", *argv, "--reapply-on-reboot=true"])
+    assert args.leader_elect is leader_elect and args.reapply_on_reboot is True
+    assert build_parser().parse_args(["operator"]).reapply_on_reboot is False
+
+
+CHART = Path(__file__).resolve().parents[1] / "helm" / "nodewright"
+
+
+def _chart_args(template: str) -> list[str]:
+    """The container args of a chart template, with `.Values` and `.Release` filled in from the defaults."""
+    values: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def lookup(match: re.Match[str]) -> str:
+        expression = match.group(1).strip()
+        if expression == ".Release.Namespace":
+            return "nodewright-system"
+        if expression.startswith("$"):
+            return "nodewright-webhook"  # the Service name variable of webhook.yaml
+        node: Any = values
+        for key in expression.removeprefix(".Values.").split("."):
+            node = node[key]
+        return str(node).lower() if isinstance(node, bool) else str(node)
+
+    lines = (CHART / "templates" / template).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "args:")
+    args = []
+    for line in lines[start + 1 :]:
+        if not line.strip().startswith("- "):
+            break
+        args.append(re.sub(r"{{-?\s*([^}|]+?)\s*-?}}", lookup, line.strip()[2:]))
+    return args
+
+
+@pytest.mark.parametrize("template", ["deployment.yaml", "webhook.yaml"])
+def test_the_helm_charts_args_parse(template: str) -> None:
+    args = _chart_args(template)
+    assert args and args[0] in ("operator", "webhook"), args
+    parsed = build_parser().parse_args(args)
+    if args[0] == "operator":
+        assert parsed.leader_elect is True and parsed.namespace == "nodewright-system"
 
 
 def test_fail_collapses_multiline_messages(capsys: pytest.CaptureFixture[str]) -> None:

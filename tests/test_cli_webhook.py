@@ -41,7 +41,7 @@ async def kube() -> AsyncIterator[FakeKube]:
 
 
 def messages(exited: Exited) -> list[str]:
-    """stderr without the JSON log lines ("webhook listening" comes before a managed-mode failure)."""
+    """stderr without the JSON log lines."""
     return [line for line in exited.lines if not line.startswith("{")]
 
 
@@ -87,7 +87,7 @@ async def test_cert_dir_with_a_key_that_is_not_the_certificates(tmp_path: Path) 
     assert_clean(exited.stderr)
 
 
-async def test_port_in_use(tmp_path: Path) -> None:
+async def test_port_in_use_with_cert_dir(tmp_path: Path) -> None:
     kubeconfig = write_kubeconfig(tmp_path / "kc", NOBODY)
     with occupied_port() as port:
         exited = await run_to_exit(
@@ -95,6 +95,17 @@ async def test_port_in_use(tmp_path: Path) -> None:
                 f"--kubeconfig={kubeconfig}", f"--cert-dir={write_pair(tmp_path / 'tls')}", f"--port={port}"
             )
         )
+    assert exited.code == 2
+    assert exited.lines == [
+        f"nodewright webhook: --port 127.0.0.1:{port}: cannot listen: Address already in use;"
+        " choose a free port"
+    ]
+
+
+async def test_port_in_use_is_reported_before_waiting_for_the_api_server(tmp_path: Path) -> None:
+    kubeconfig = write_kubeconfig(tmp_path / "kc", NOBODY)
+    with occupied_port() as port:
+        exited = await run_to_exit(webhook_argv(f"--kubeconfig={kubeconfig}", f"--port={port}"), within=20)
     assert exited.code == 2
     assert exited.lines == [
         f"nodewright webhook: --port 127.0.0.1:{port}: cannot listen: Address already in use;"
@@ -154,9 +165,9 @@ async def test_managed_mode_waits_for_the_api_server(tmp_path: Path) -> None:
 
         await hook.wait_for(lambda: len(attempts()) >= 2, within=30, what="two attempts")
         assert attempts()[0]["server"] == NOBODY and "webhook certificate" in attempts()[0]["event"]
-        # The port is ours already: a second webhook on it is refused at once.
-        exited = await run_to_exit(webhook_argv(f"--kubeconfig={kubeconfig}", f"--port={port}"))
-        assert exited.code == 2 and "cannot listen" in exited.stderr
+        # Not listening without a certificate: the chart's readiness probe is the open port.
+        with pytest.raises(OSError):
+            await asyncio.open_connection("127.0.0.1", port)
         done = await hook.terminate()
     assert done.code == 0, done.stderr
     assert_clean(done.stderr)

@@ -21,6 +21,7 @@ import errno
 import ipaddress
 import os
 import re
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -120,6 +121,32 @@ non_negative_int = int_at_least(0)
 port_number = int_at_least(1, at_most=65535)
 
 
+_TRUE = frozenset({"1", "t", "true", "y", "yes", "on"})
+_FALSE = frozenset({"0", "f", "false", "n", "no", "off"})
+
+
+def boolean(text: str) -> bool:
+    """true/false, 1/0, t/f, yes/no, on/off in any case: what Go flags accept (Helm templates write
+    `--leader-elect=true`) and a few more."""
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
+def add_switch(parser: argparse.ArgumentParser, name: str, *, default: bool, help: str) -> None:
+    """`--name`, `--name=true|false` (Go flag syntax) and `--no-name`, all setting one destination."""
+    dest = name.removeprefix("--").replace("-", "_")
+    parser.add_argument(
+        name, dest=dest, nargs="?", const=True, default=default, type=boolean, metavar="true|false", help=help
+    )
+    parser.add_argument(
+        f"--no-{name.removeprefix('--')}", dest=dest, action="store_false", help=argparse.SUPPRESS
+    )
+
+
 # ----------------------------------------------------------------------------------------------------
 # Addresses
 
@@ -167,6 +194,23 @@ def bind_address(text: str) -> str:
     if problem:
         raise argparse.ArgumentTypeError(f"{text!r}: {problem}")
     return value
+
+
+def check_bindable(flag: str, host: str, port: int) -> None:
+    """Bind (and release) `host`:`port` now, so a taken port is reported before a long wait, by a
+    server that must not listen yet (the webhook's readiness probe is its port being open)."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise listen_failure(flag, f"{host}:{port}", exc) from None
+    for family, kind, proto, _name, address in infos:
+        with socket.socket(family, kind, proto) as sock:
+            # As asyncio's create_server does on Unix: TIME_WAIT sockets do not block a restart.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                raise listen_failure(flag, f"{host}:{port}", exc) from None
 
 
 def listen_failure(flag: str, address: object, exc: OSError) -> UsageError:

@@ -61,11 +61,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="nodewright-system",
         help="namespace of the package pods and the Lease (must exist)",
     )
-    parser.add_argument(
+    flags.add_switch(
+        parser,
         "--leader-elect",
-        action=argparse.BooleanOptionalAction,
         default=True,
-        help="elect a leader with a coordination.k8s.io Lease (default: on)",
+        help="elect a leader with a coordination.k8s.io Lease (default: on; --no-leader-elect turns it off)",
     )
     parser.add_argument("--lease-name", type=flags.dns_subdomain, default="nodewright-operator")
     parser.add_argument(
@@ -156,9 +156,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=_DEFAULTS.reboot_timeout,
         help="seconds a node may take to come back from a reboot before it is reported erroring",
     )
-    parser.add_argument(
+    flags.add_switch(
+        parser,
         "--reapply-on-reboot",
-        action="store_true",
+        default=False,
         help="re-run every package after a reboot (immutable OS images)",
     )
     parser.add_argument(

@@ -10,8 +10,9 @@ Start-up, in order, so that what is wrong is reported before anything waits:
 1. flags are checked by argparse types (`nodewright.cli.flags`);
 2. `--cert-dir` must hold a readable PEM certificate and matching key (tls.crt, tls.key);
 3. the kubeconfig (or in-cluster service account) must load, CA and client certificate included;
-4. `--bind-address`:`--port` is bound at once (the TLS context gets its certificate later, in the
-   managed mode), so a port in use is reported immediately;
+4. `--bind-address`:`--port` must be free: checked at once, so a port in use is reported before any
+   wait; the server itself listens only once it has a certificate (the chart's readiness probe is
+   the open port);
 5. managed mode only: the webhook configurations must exist (they receive the caBundle) and the
    Secret is loaded or created in `--namespace` (which must exist). While the API server is
    unreachable this step waits with jittered exponential backoff, one log line per attempt.
@@ -133,8 +134,17 @@ async def _serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with client.ApiClient() as api, contextlib.AsyncExitStack() as stack:
-        # Managed mode: listen now with a context that gets its certificate once the Secret is read.
-        ctx = server_ssl_context(*served) if served else _empty_server_context()
+        cert_manager = None
+        if served is None:
+            # The port opens only with a certificate (the readiness probe is the open port), but a
+            # taken port is reported now, not after waiting for the API server.
+            flags.check_bindable("--port", args.bind_address, args.port)
+            managed = await _managed_certificates(args, api, server, stop)
+            if managed is None:
+                return 0  # stopped while waiting for the API server
+            bundle, cert_manager = managed
+            served = (bundle.cert, bundle.key)
+        ctx = server_ssl_context(*served)
         try:
             runner, _port = await start_webhook_server(
                 KubeFacts(api), ssl_context=ctx, host=args.bind_address, port=args.port
@@ -142,12 +152,7 @@ async def _serve(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise flags.listen_failure("--port", f"{args.bind_address}:{args.port}", exc) from None
         stack.push_async_callback(runner.cleanup)
-        if served is None:
-            manager = await _managed_certificates(args, api, server, stop)
-            if manager is None:
-                return 0  # stopped while waiting for the API server
-            bundle, cert_manager = manager
-            _reload_chain(ctx, bundle.cert, bundle.key)
+        if cert_manager is not None:
 
             def reload(b: Any) -> None:
                 # load_cert_chain on the live context: later TLS handshakes present the new pair.
@@ -163,12 +168,6 @@ async def _serve(args: argparse.Namespace) -> int:
             stack.push_async_callback(stop_rotation)
         await stop.wait()
     return 0
-
-
-def _empty_server_context() -> ssl.SSLContext:
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    return ctx
 
 
 async def _managed_certificates(
