@@ -4,15 +4,27 @@ naming the flag, exit status 2, no traceback -- through the real `main()`. Good 
 from __future__ import annotations
 
 import argparse
+import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import yaml
 
 from nodewright.cli import flags
 from nodewright.cli.main import build_parser, main
+
+
+@pytest.fixture(autouse=True)
+def _reset_logging() -> Iterator[None]:
+    """`nodewright operator` configures logging onto the captured stderr; later tests must not write there."""
+    yield
+    structlog.reset_defaults()
+    logging.getLogger().handlers = []
+
 
 BAD_INVOCATIONS: list[tuple[list[str], str]] = [
     # operator: numbers
