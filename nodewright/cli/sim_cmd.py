@@ -1,10 +1,12 @@
 """`nodewright sim up|down|status`: a local control plane with a simulated GPU fleet.
 
 `up` generates certificates and a kubeconfig in `--dir`, starts etcd, kube-apiserver,
-kube-controller-manager, kwok and the rebooter on free loopback ports, waits until each is healthy,
-creates the fleet (and optionally training-job workloads), prints the kubeconfig path and returns with the
-processes running. `down` stops exactly the processes recorded in `--dir` and removes it. `status` says
-what runs, with the log tail of any component that died. Clusters in different `--dir`s are independent.
+kube-controller-manager, kwok, the rebooter and the simulated kubelet on free loopback ports, waits until
+each is healthy, creates the fleet (and optionally training-job workloads), prints the kubeconfig path and
+returns with the processes running. `--real-packages K` opts the first K nodes in to the simulated
+kubelet, which runs their pods' containers for real against `<dir>/roots/<node>/` (kwok plays the rest).
+`down` stops exactly the processes recorded in `--dir` and removes it. `status` says what runs, with the
+log tail of any component that died. Clusters in different `--dir`s are independent.
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ def node_name_prefix(text: str) -> str:
     return text
 
 
+def existing_directory(text: str) -> Path:
+    path = Path(text).expanduser()
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: no such directory")
+    return path
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sim = subparsers.add_parser("sim", help="local control plane with a simulated GPU fleet")
     commands = sim.add_subparsers(dest="sim_command", metavar="SIM_COMMAND", required=True)
@@ -49,6 +58,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--name-prefix", type=node_name_prefix, default="gpu-node", help="node names are <prefix>-<index:05d>"
     )
     up.add_argument("--workloads", action="store_true", help="also create training-job pods with PDBs")
+    up.add_argument(
+        "--real-packages",
+        type=flags.int_at_least(0, at_most=MAX_NODES),
+        default=0,
+        metavar="K",
+        help="the first K nodes run their pods for real (the simulated kubelet) instead of kwok (default 0)",
+    )
+    up.add_argument(
+        "--image-dir",
+        type=existing_directory,
+        action="append",
+        default=[],
+        help="directory registry of package images for the simulated kubelet (repeatable; <dir>/registry "
+        "and the repository's packages/ are always searched)",
+    )
+    up.add_argument(
+        "--agent-image",
+        type=flags.image_reference,
+        action="append",
+        default=[],
+        help="image the simulated kubelet runs as our agent (repeatable; any repository ending in /agent is)",
+    )
     up.set_defaults(func=cmd_up)
 
     down = commands.add_parser("down", help="stop the control plane recorded in --dir and remove its state")
@@ -64,8 +95,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     from nodewright.sim import binaries, fleet
     from nodewright.sim.controlplane import ControlPlane, ControlPlaneError
 
+    if args.real_packages > args.nodes:
+        return flags.fail(
+            "nodewright sim up", f"--real-packages {args.real_packages} is more than --nodes {args.nodes}"
+        )
     try:
-        plane = ControlPlane.create(args.dir)
+        plane = ControlPlane.create(args.dir, image_dirs=args.image_dir, agent_images=args.agent_image)
     except OSError as err:
         return flags.fail("nodewright sim up", f"--dir {args.dir}: cannot create it: {err.strerror or err}")
     except (binaries.BinariesMissingError, ControlPlaneError) as err:
@@ -82,13 +117,23 @@ def cmd_up(args: argparse.Namespace) -> int:
             started = time.monotonic()
             names = asyncio.run(
                 fleet.create_nodes(
-                    plane.kubeconfig, count=args.nodes, profile=args.profile, name_prefix=args.name_prefix
+                    plane.kubeconfig,
+                    count=args.nodes,
+                    profile=args.profile,
+                    name_prefix=args.name_prefix,
+                    real_packages=args.real_packages,
                 )
             )
             print(
                 f"created {len(names)} {args.profile} nodes in {time.monotonic() - started:.1f}s",
                 file=sys.stderr,
             )
+            if args.real_packages:
+                print(
+                    f"{args.real_packages} of them run their pods for real: "
+                    f"{', '.join(names[: args.real_packages])} (host roots in {plane.dir / 'roots'})",
+                    file=sys.stderr,
+                )
             if args.workloads:
                 jobs = asyncio.run(fleet.create_demo_workloads(plane.kubeconfig, names))
                 pods = sum(len(j.pods) for j in jobs)

@@ -1,5 +1,5 @@
 """A real local Kubernetes control plane as plain processes: etcd, kube-apiserver, kube-controller-manager,
-kwok and the project's rebooter, all on free loopback ports.
+kwok, the project's rebooter and its simulated kubelet, all on free loopback ports.
 
 What each piece contributes, and why the flags are what they are:
 
@@ -9,16 +9,24 @@ What each piece contributes, and why the flags are what they are:
   is off because no node-lifecycle controller would ever remove the `not-ready` taint it adds to new
   nodes. The advertise address is loopback, which kube-apiserver only accepts with
   `--endpoint-reconciler-type=none` (the in-cluster `kubernetes` Service is useless out of cluster).
+  `--kubelet-preferred-address-types` puts InternalDNS first: only nodes whose pods the simulated kubelet
+  runs publish one (`localhost`, where kwok serves the kubelet API), so `kubectl logs` reaches their
+  logs, while every other node keeps the default (Hostname first).
 - kube-controller-manager running only the controllers the project relies on: the disruption controller
   (without it a new PodDisruptionBudget never gets `status.observedGeneration`, and every eviction of a
   covered running pod is answered 429 forever), the garbage collector (ownerReference cascades), the
   namespace controller (finishes namespace deletion) and the service-account controller. The
   node-lifecycle controller is deliberately absent: simulated nodes post no heartbeats.
-- kwok, managing nodes annotated `kwok.x-k8s.io/node=fake` with the project's stages
-  (`nodewright/sim/data/kwok_stages.yaml`) and no node leases (`--node-lease-duration-seconds=0`, so
-  thousands of nodes cost no periodic writes).
+- kwok, managing nodes annotated `kwok.x-k8s.io/node=fake` except those labelled
+  `sim.nodewright.io/real-packages=true`, with the project's stages (`nodewright/sim/data/kwok_stages.yaml`)
+  and no node leases (`--node-lease-duration-seconds=0`, so thousands of nodes cost no periodic writes).
+  Its `Logs` API is enabled (`--enable-crds=Logs`; the project's CRD for it,
+  `nodewright/sim/data/kwok_logs_crd.yaml`, is installed right after kube-apiserver starts), so its kubelet
+  server answers `pods/log` for the files the simulated kubelet registers.
 - the rebooter (`nodewright.sim.rebooter`), for what kwok's stages cannot express: a reboot that takes
   the node NotReady and brings it back with a new `status.nodeInfo.bootID`.
+- the simulated kubelet (`nodewright.sim.kubelet`), which really runs the pods of nodes labelled
+  `sim.nodewright.io/real-packages=true` as local processes against `<dir>/roots/<node>/`.
 
 Every process runs in its own session (process group), its PID and kernel start time are recorded in
 `<dir>/state.json` and its output goes to `<dir>/logs/<name>.log`. Stopping kills exactly the recorded
@@ -51,9 +59,13 @@ from typing import Any
 import yaml
 
 from nodewright.sim import binaries, pki
+from nodewright.sim.kubelet_spec import REAL_PACKAGES_LABEL, check_safe_directory
 
 NAMESPACE = "nodewright-system"
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kwok", "rebooter")
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kwok", "rebooter", "kubelet")
+# The project's definition of kwok's Logs API (kwok.x-k8s.io/v1alpha1), served for the simulated kubelet.
+_KWOK_LOGS_CRD = "logs.kwok.x-k8s.io"
+_READY_FILES = {"rebooter": "rebooter.ready", "kubelet": "kubelet.ready"}
 STATE_FILE = "state.json"
 _STATE_VERSION = 1
 # Seconds between SIGTERM and SIGKILL. kube-apiserver's graceful shutdown waits up to 60 s for open
@@ -67,6 +79,7 @@ _START_TIMEOUTS = {
     "kube-controller-manager": 60.0,
     "kwok": 60.0,
     "rebooter": 30.0,
+    "kubelet": 30.0,
 }
 
 
@@ -174,10 +187,26 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ creation and persistence
     @classmethod
-    def create(cls, directory: Path, *, bins: binaries.ControlPlaneBinaries | None = None) -> ControlPlane:
-        """Prepare `directory` (PKI, kubeconfig, stage file, command lines); nothing is started yet."""
+    def create(
+        cls,
+        directory: Path,
+        *,
+        bins: binaries.ControlPlaneBinaries | None = None,
+        image_dirs: Sequence[Path] = (),
+        agent_images: Sequence[str] = (),
+    ) -> ControlPlane:
+        """Prepare `directory` (PKI, kubeconfig, stage file, command lines); nothing is started yet.
+
+        `image_dirs` are extra directory registries and `agent_images` extra images that run our agent
+        for the simulated kubelet (`<directory>/registry/` and the repository's `packages/` are always
+        registries, and any image whose repository ends in `/agent` is the agent).
+        """
         bins = bins or binaries.locate()
         directory = directory.resolve()
+        try:
+            check_safe_directory(directory)  # the simulated kubelet maps paths into shell commands
+        except ValueError as err:
+            raise ControlPlaneError(str(err)) from None
         existing = directory / STATE_FILE
         if existing.exists():
             old = cls.load(directory)
@@ -205,7 +234,10 @@ class ControlPlane:
             client_key=material.admin_key,
         )
         write_kwok_stages(directory / "kwok-stages.yaml")
-        plane.components = {name: plane._command(name) for name in COMPONENTS}
+        plane.components = {
+            name: plane._command(name, image_dirs=image_dirs, agent_images=agent_images)
+            for name in COMPONENTS
+        }
         plane.save()
         return plane
 
@@ -218,13 +250,16 @@ class ControlPlane:
             raise ControlPlaneError(f"no control plane state in {directory} ({STATE_FILE} missing)") from None
         if raw.get("version") != _STATE_VERSION:
             raise ControlPlaneError(f"{path}: unsupported state version {raw.get('version')!r}")
-        return cls(
+        plane = cls(
             dir=Path(raw["dir"]),
             bin_dir=Path(raw["bin_dir"]),
             ports={k: int(v) for k, v in raw["ports"].items()},
             components={name: ComponentState(**comp) for name, comp in raw["components"].items()},
             namespace=raw.get("namespace", NAMESPACE),
         )
+        for name in COMPONENTS:  # a state written before a component existed: it is simply not running
+            plane.components.setdefault(name, plane._command(name))
+        return plane
 
     def save(self) -> None:
         data = {
@@ -241,7 +276,9 @@ class ControlPlane:
         tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
         tmp.replace(self.dir / STATE_FILE)
 
-    def _command(self, name: str) -> ComponentState:
+    def _command(
+        self, name: str, *, image_dirs: Sequence[Path] = (), agent_images: Sequence[str] = ()
+    ) -> ComponentState:
         b, d, p, ports = self.bin_dir, self.dir, self.pki, self.ports
         log = str(d / "logs" / f"{name}.log")
         if name == "etcd":
@@ -263,6 +300,7 @@ class ControlPlane:
                 f"--service-account-key-file={p.sa_pub}", f"--service-account-signing-key-file={p.sa_key}",
                 "--service-cluster-ip-range=10.96.0.0/16", "--authorization-mode=RBAC",
                 "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                "--kubelet-preferred-address-types=InternalDNS,Hostname,InternalIP,ExternalDNS,ExternalIP",
                 "--allow-privileged=true", "--profiling=false", f"--cert-dir={d / 'apiserver'}",
             ]  # fmt: skip
         elif name == "kube-controller-manager":
@@ -281,6 +319,7 @@ class ControlPlane:
             argv = [
                 str(b / "kwok"), f"--kubeconfig={self.kubeconfig}",
                 "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                f"--manage-nodes-with-label-selector={REAL_PACKAGES_LABEL}!=true", "--enable-crds=Logs",
                 "--cidr=10.0.0.0/16", "--node-ip=10.240.0.1", "--node-lease-duration-seconds=0", "--v=WARN",
                 f"--server-address=127.0.0.1:{ports['kwok']}", f"--config={d / 'kwok-stages.yaml'}",
             ]  # fmt: skip
@@ -288,6 +327,13 @@ class ControlPlane:
             argv = [
                 sys.executable, "-m", "nodewright.sim.rebooter", f"--kubeconfig={self.kubeconfig}",
                 f"--namespace={self.namespace}", f"--ready-file={d / 'rebooter.ready'}",
+            ]  # fmt: skip
+        elif name == "kubelet":
+            argv = [
+                sys.executable, "-m", "nodewright.sim.kubelet", f"--kubeconfig={self.kubeconfig}",
+                f"--dir={d}", f"--kwok-port={ports['kwok']}", f"--ready-file={d / 'kubelet.ready'}",
+                *(f"--image-dir={Path(p).resolve()}" for p in image_dirs),
+                *(f"--agent-image={image}" for image in agent_images),
             ]  # fmt: skip
         else:
             raise ControlPlaneError(f"unknown component {name!r}; expected one of {', '.join(COMPONENTS)}")
@@ -302,6 +348,7 @@ class ControlPlane:
                 self.start_component(name)
                 if name == "kube-apiserver":
                     self._ensure_namespace()
+                    self._ensure_kwok_logs_crd()
         except BaseException:
             self.down(remove=False)
             raise
@@ -311,11 +358,11 @@ class ControlPlane:
         comp = self.components[name]
         if comp.alive():
             raise ControlPlaneError(f"{name} is already running (pid {comp.pid})")
-        if name == "rebooter":
-            (self.dir / "rebooter.ready").unlink(missing_ok=True)
+        if name in _READY_FILES:
+            (self.dir / _READY_FILES[name]).unlink(missing_ok=True)
         env = dict(os.environ)
-        if name == "rebooter":
-            # The rebooter is this package's own code: make sure it is importable from any cwd.
+        if name in _READY_FILES:
+            # The rebooter and the kubelet are this package's own code: importable from any cwd.
             src_root = str(Path(__file__).resolve().parents[2])
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [src_root, env.get("PYTHONPATH")]))
         env.update(comp.env)
@@ -367,9 +414,9 @@ class ControlPlane:
     def _remove_state(self) -> None:
         """Delete what `create` and the components wrote, then the directory itself if nothing else is in
         it: a `--dir` pointing at a directory with other content must not lose that content."""
-        for sub in ("etcd", "kcm", "apiserver", "logs", "pki"):
+        for sub in ("etcd", "kcm", "apiserver", "logs", "pki", "roots", "kubelet", "registry"):
             shutil.rmtree(self.dir / sub, ignore_errors=True)
-        files = (STATE_FILE, STATE_FILE + ".tmp", "*.kubeconfig", "kwok-stages.yaml", "rebooter.ready")
+        files = (STATE_FILE, STATE_FILE + ".tmp", "*.kubeconfig", "kwok-stages.yaml", *_READY_FILES.values())
         for pattern in files:
             for path in self.dir.glob(pattern):
                 path.unlink(missing_ok=True)
@@ -465,8 +512,9 @@ class ControlPlane:
             return lambda: http_ok(f"https://127.0.0.1:{port}/healthz", insecure)
         if name == "kwok":
             return lambda: http_ok(f"http://127.0.0.1:{self.ports['kwok']}/healthz")
-        if name == "rebooter":
-            return lambda: (self.dir / "rebooter.ready").exists()
+        if name in _READY_FILES:
+            ready = self.dir / _READY_FILES[name]
+            return ready.exists
         raise ControlPlaneError(f"unknown component {name!r}")
 
     # ------------------------------------------------------------------ API helpers (sync, for tests and CLI)
@@ -478,6 +526,28 @@ class ControlPlane:
         )
         with urllib.request.urlopen(req, timeout=30, context=self._admin_ssl()) as resp:
             return json.loads(resp.read() or b"{}")
+
+    def _ensure_kwok_logs_crd(self) -> None:
+        """Install the definition of kwok's Logs API and wait until it is served (kwok watches it)."""
+        text = (
+            resources.files("nodewright.sim").joinpath("data/kwok_logs_crd.yaml").read_text(encoding="utf-8")
+        )
+        try:
+            self.api("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", yaml.safe_load(text))
+        except urllib.error.HTTPError as err:
+            if err.code != 409:
+                raise
+        deadline = time.monotonic() + 30
+        path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{_KWOK_LOGS_CRD}"
+        while True:
+            conditions = self.api("GET", path).get("status", {}).get("conditions") or []
+            if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+                return
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(
+                    f"CustomResourceDefinition {_KWOK_LOGS_CRD} not established after 30s"
+                )
+            time.sleep(0.1)
 
     def _ensure_namespace(self) -> None:
         try:
@@ -568,7 +638,17 @@ KWOK_CONFIGURATION: dict[str, Any] = {
     # real fleet has a kubelet per node: with hundreds of package pods in flight the shared workers
     # became the queue every stage waited in (about 1 s per stage at 1,000 nodes). More workers make
     # the simulated kubelets behave more like independent ones.
-    "options": {"podPlayStageParallelism": 32, "nodePlayStageParallelism": 16},
+    #
+    # The debugging handlers are kwok's kubelet API (`/containerLogs/...`): with them kwok answers the API
+    # server's `pods/log` requests from the files in `Logs` objects (see nodewright.sim.kubelet). A config
+    # file that sets `options` gets no defaults for the rest, so they must be switched on here; the pprof
+    # handlers that come with them are not wanted.
+    "options": {
+        "podPlayStageParallelism": 32,
+        "nodePlayStageParallelism": 16,
+        "enableDebuggingHandlers": True,
+        "enableProfilingHandler": False,
+    },
 }
 
 

@@ -12,6 +12,9 @@ No `kwok.x-k8s.io/node=fake:NoSchedule` taint is added by default: real GPU node
 bound by `spec.nodeName` ignore NoSchedule anyway, and an unexpected taint would skew any logic in the
 operator that compares node taints with package tolerations. Pass `taint=True` to add it.
 
+`real_packages=K` labels the first K nodes created `sim.nodewright.io/real-packages=true`: kwok leaves those
+nodes and their pods alone and the simulated kubelet (`nodewright.sim.kubelet`) runs their pods for real.
+
 Workloads are bare pods bound by `nodeName` (no scheduler runs) owned by a ReplicaSet that no controller
 reconciles (kube-controller-manager runs without the replicaset controller). The owner is what makes every
 PodDisruptionBudget form work: the disruption controller resolves a pod's controllerRef to find the
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from nodewright.sim.kubeapi import JSON, ApiError, KubeClient
+from nodewright.sim.kubelet_spec import REAL_PACKAGES_LABEL
 
 FLEET_LABEL = "sim.nodewright.io/fleet"
 INDEX_LABEL = "sim.nodewright.io/index"
@@ -224,12 +228,16 @@ def node_manifest(
     labels_extra: Mapping[str, str] | None = None,
     annotations_extra: Mapping[str, str] | None = None,
     taint: bool = False,
+    real_packages: bool = False,
 ) -> JSON:
-    """The Node object (with status) for fleet member `index`; deterministic except bootID."""
+    """The Node object (with status) for fleet member `index`; deterministic except bootID.
+    `real_packages`: the simulated kubelet runs this node's pods for real (kwok does not play them)."""
     p = profile_for(profile, index)
     name = node_name(name_prefix, index)
     labels = _labels(name, index, p, name_prefix)
     labels.update(labels_extra or {})
+    if real_packages:
+        labels[REAL_PACKAGES_LABEL] = "true"
     # 172.16.0.0/12 holds a million node addresses; 10.64.0.0/10 a /24 pod range for 16k nodes.
     internal_ip = str(ipaddress.IPv4Address("172.16.0.10") + index)
     pod_cidr = f"{ipaddress.IPv4Address('10.64.0.0') + index * 256}/24"
@@ -323,13 +331,17 @@ async def create_nodes(
     annotations_extra: Mapping[str, str] | None = None,
     start_index: int = 0,
     taint: bool = False,
+    real_packages: int = 0,
     concurrency: int = DEFAULT_CONCURRENCY,
 ) -> list[str]:
     """Create `count` GPU nodes `<prefix>-<index:05d>` (index from `start_index`); returns their names.
+    The first `real_packages` of them have their pods run for real by the simulated kubelet.
 
     Existing nodes of the same name are left as they are (409 is not an error), so a partly created
     fleet can be completed by calling again.
     """
+    if not 0 <= real_packages <= count:
+        raise ValueError(f"real_packages must be between 0 and count ({count}), got {real_packages}")
     manifests = [
         node_manifest(
             i,
@@ -338,6 +350,7 @@ async def create_nodes(
             labels_extra=labels_extra,
             annotations_extra=annotations_extra,
             taint=taint,
+            real_packages=i - start_index < real_packages,
         )
         for i in range(start_index, start_index + count)
     ]
