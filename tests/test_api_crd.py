@@ -18,8 +18,9 @@ def _walk(schema: dict[str, Any], path: str, problems: list[str], *, root: bool 
     # List items and map values (paths ending in "[]") inherit the property's description.
     if not root and "description" not in schema and not path.endswith((".metadata", "]")):
         problems.append(f"{path}: no description")
-    if schema.get("x-kubernetes-preserve-unknown-fields") and not path.endswith("valueFrom"):
-        problems.append(f"{path}: preserve-unknown-fields outside valueFrom")
+    # Nothing is preserved unpruned: valueFrom is typed (core/v1 EnvVarSource), so a typo is not stored.
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        problems.append(f"{path}: preserve-unknown-fields")
     unbounded = schema.get("type") == "string" and "enum" not in schema and "maxLength" not in schema
     exempt = path.endswith(("apiVersion", "kind", "lastTransitionTime")) or ".status." in path
     if unbounded and not exempt:

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodewright.api import crdgen
-from nodewright.api.models import CelRule, DeploymentPolicySpec, NodeWrightSpec
+from nodewright.api.models import CelRule, DeploymentPolicySpec, NodeWrightSpec, field_cel_rules
 from nodewright.api.validation import _model_of  # the same walk the webhook uses for CEL predicates
 
 _RULES: dict[str, CelRule] = {}
@@ -26,8 +26,8 @@ def _collect(cls: Any, seen: set[Any]) -> None:
     for rule in getattr(cls, "cel_rules", ()):
         _RULES[rule.rule] = rule
     for info in cls.model_fields.values():
-        for meta in info.metadata:
-            if isinstance(meta, CelRule) and meta.rule:
+        for meta in field_cel_rules(info):
+            if meta.rule:
                 _RULES[meta.rule] = meta
         inner = _model_of(info.annotation)
         if inner:
@@ -36,6 +36,12 @@ def _collect(cls: Any, seen: set[Any]) -> None:
 
 _collect(NodeWrightSpec, set())
 _collect(DeploymentPolicySpec, set())
+
+
+def _go_anchors(pattern: str) -> str:
+    """The API server matches patterns with Go's RE2, where `$` is the end of the text; in Python it also
+    matches before a final newline. Our patterns use `$` only as their last character."""
+    return pattern[:-1] + r"\Z" if pattern.endswith("$") else pattern
 
 
 def schema_accepts(schema: dict[str, Any], value: Any) -> tuple[bool, Any]:
@@ -59,7 +65,7 @@ def schema_accepts(schema: dict[str, Any], value: Any) -> tuple[bool, Any]:
     if isinstance(value, str):
         if len(value) > schema.get("maxLength", 1 << 30) or len(value) < schema.get("minLength", 0):
             return False, value
-        if "pattern" in schema and not re.search(schema["pattern"], value):
+        if "pattern" in schema and not re.search(_go_anchors(schema["pattern"]), value):
             return False, value
     is_int = isinstance(value, int) and not isinstance(value, bool)
     if is_int and not schema.get("minimum", -(1 << 63)) <= value <= schema.get("maximum", 1 << 63):
@@ -113,16 +119,70 @@ def _spec_schema(crd: dict[str, Any]) -> dict[str, Any]:
 NW_SPEC = _spec_schema(crdgen.nodewright_crd())
 DP_SPEC = _spec_schema(crdgen.deploymentpolicy_crd())
 
-names = st.sampled_from(["aa", "drv", "tools", "Bad", "a", "x" * 44, "__default__"])
+names = st.sampled_from(["aa", "drv", "tools", "Bad", "a", "x" * 44, "__default__", "zone a", "zöne", "aa\n"])
 versions = st.sampled_from(["1.0.0", "1.2", "01.0", "v1", "1.2.3-rc1", "", 3])
-ints = st.one_of(st.integers(-2, 120), st.sampled_from([True, "5"]))
+ints = st.one_of(st.integers(-2, 120), st.sampled_from([True, "5", 2**31 - 1, 2**31, 2**63]))
 bools = st.one_of(st.booleans(), st.sampled_from(["true", 1]))
 quantities = st.one_of(st.sampled_from(["100m", "1", "2Gi", "0", "-1", "lots"]), st.integers(-1, 3))
 interrupt = st.fixed_dictionaries(
     {},
     optional={
         "type": st.sampled_from(["service", "reboot", "noop", "restartAllServices", "kexec"]),
-        "services": st.lists(st.sampled_from(["a.service", ""]), max_size=2),
+        "services": st.lists(st.sampled_from(["a.service", "", "a b", "getty@tty1.service"]), max_size=2),
+    },
+)
+images = st.sampled_from(
+    [
+        "ghcr.io/x/y",
+        "",
+        "r:5000/x",
+        "BAD IMAGE",
+        "a" * 64,
+        "ghcr.io/" + "a" * 248,
+        "ghcr.io/" + "a" * 247,
+        "x@sha256:" + "a" * 64,
+        "Upper/x",
+        "x:tag\n",
+    ]
+)
+label_keys = st.sampled_from(["a", "", "a b", "example.com/a", "a" * 253 + "/b", "a" * 254 + "/b", "x" * 64])
+label_values = st.sampled_from(["x", "", "a b", "-x", "x" * 63, "x" * 64])
+config_keys = st.sampled_from(["a.sh", "../x", "..", ".x", "a b", "x" * 254])
+key_selector = st.fixed_dictionaries(
+    {}, optional={"name": st.sampled_from(["s", "", "S_1"]), "key": config_keys, "optional": bools}
+)
+value_from = st.fixed_dictionaries(
+    {},
+    optional={
+        "secretKeyRef": key_selector,
+        "configMapKeyRef": key_selector,
+        "fieldRef": st.fixed_dictionaries(
+            {"fieldPath": st.sampled_from(["spec.nodeName", "status.phase", "metadata.labels['a b']"])},
+            optional={"apiVersion": st.sampled_from(["v1", "v2", ""])},
+        ),
+        "resourceFieldRef": st.fixed_dictionaries(
+            {"resource": st.sampled_from(["limits.cpu", "requests.memory", "limits.gpu"])},
+            optional={"divisor": st.sampled_from(["1m", "1Ki", 1, "2"]), "containerName": st.just("c")},
+        ),
+        "nope": st.just({}),
+    },
+)
+env_var = st.fixed_dictionaries(
+    {},
+    optional={
+        "name": st.sampled_from(["A", "1A", ".", "..A", "", "my.var"]),
+        "value": st.sampled_from(["", "x"]),
+        "valueFrom": value_from,
+    },
+)
+toleration = st.fixed_dictionaries(
+    {},
+    optional={
+        "key": label_keys,
+        "operator": st.sampled_from(["Exists", "Equal", "Lt"]),
+        "value": label_values,
+        "effect": st.sampled_from(["NoExecute", "NoSchedule", "Sometimes"]),
+        "tolerationSeconds": st.sampled_from([5, -1, 2**40]),
     },
 )
 package = st.fixed_dictionaries(
@@ -130,8 +190,11 @@ package = st.fixed_dictionaries(
     optional={
         "name": names,
         "version": versions,
-        "image": st.sampled_from(["ghcr.io/x/y", "", "r:5000/x"]),
+        "image": images,
+        "agentImageOverride": images,
         "containerSHA": st.sampled_from(["sha256:" + "a" * 64, "bad"]),
+        "env": st.lists(env_var, max_size=2),
+        "configMap": st.dictionaries(config_keys, st.just("x"), max_size=2),
         "interrupt": interrupt,
         "dependsOn": st.dictionaries(names, versions, max_size=2),
         "resources": st.fixed_dictionaries(
@@ -149,7 +212,11 @@ nw_spec = st.fixed_dictionaries(
     optional={
         "packages": st.dictionaries(names, package, max_size=3),
         "interruptionBudget": budget,
-        "deploymentPolicy": st.sampled_from(["", "gpu"]),
+        "deploymentPolicy": st.sampled_from(["", "gpu", "Bad_Name"]),
+        "additionalTolerations": st.lists(toleration, max_size=2),
+        "nodeSelectors": st.fixed_dictionaries(
+            {}, optional={"matchLabels": st.dictionaries(label_keys, label_values, max_size=2)}
+        ),
         "priority": ints,
         "sequencing": st.sampled_from(["node", "all", "zone"]),
         "serial": bools,

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from nodewright.api import constants
 from nodewright.api.models import (
     EnvVar,
+    EnvVarSource,
     Interrupt,
     InterruptType,
     NodeWright,
@@ -86,7 +87,9 @@ def test_package_pod() -> None:
         config_map={"apply.sh": "echo"},
         env=[
             EnvVar(name="A", value="1"),
-            EnvVar(name="S", value_from={"secretKeyRef": {"name": "s", "key": "k"}}),
+            EnvVar(
+                name="S", value_from=EnvVarSource.model_validate({"secretKeyRef": {"name": "s", "key": "k"}})
+            ),
             EnvVar(name="SKYHOOK_NODE_ORDER", value="99"),
         ],
         resources=Resources(

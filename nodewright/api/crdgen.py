@@ -2,15 +2,18 @@
 
 The API server requires *structural* schemas (apiextensions.k8s.io/v1): every node has a `type`, no
 `$ref`, no `anyOf` for nullability, `x-kubernetes-preserve-unknown-fields` only where arbitrary content is
-allowed (an EnvVar's `valueFrom`, which is core/v1 EnvVarSource). The pydantic JSON schema has none of
-these properties, so this module walks the model classes directly:
+allowed (nowhere in our kinds: even an EnvVar's `valueFrom` is typed, so unknown fields are pruned and a
+typo never reaches a pod). The pydantic JSON schema has none of these properties, so this module walks the
+model classes directly:
 
 - `X | None` becomes an optional property (not `nullable`): the API server prunes `null` for
   non-nullable fields, which matches the model treating `None` as unset.
 - `Field(ge/le/min_length/max_length/pattern)` become minimum/maximum/minLength/maxLength/pattern, and
   max_length on lists and maps becomes maxItems/maxProperties. The bounds are also what lets the API
   server's CEL cost estimator accept the `x-kubernetes-validations` rules (it multiplies by sizes).
-- `CelRule`s (object- or field-level) become `x-kubernetes-validations`.
+- `CelRule`s (object- or field-level, also inside `Annotated[...] | None`) become
+  `x-kubernetes-validations`. Regular expressions in rules are CEL raw strings (`r'...'`) and use only
+  syntax RE2, Rust's regex (pydantic) and Python's `re` read alike (`nodewright.api.k8svalidation`).
 - Defaults become `default`; the API server applies them when the parent object is present.
 - Every property carries the field's description, so `kubectl explain` is useful.
 

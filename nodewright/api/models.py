@@ -30,6 +30,8 @@ metadata changes do not bump `metadata.generation`, so toggling them does not re
 from __future__ import annotations
 
 import re
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -38,8 +40,17 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AliasGenerator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic.fields import FieldInfo
 
 from nodewright.api import constants
+from nodewright.api import k8svalidation as k8s
+from nodewright.api.images import (
+    IMAGE_ID_PATTERN,
+    IMAGE_NAME_FIND,
+    IMAGE_REFERENCE_PATTERN,
+    NAME_MAX,
+    REFERENCE_MAX,
+)
 
 # ----------------------------------------------------------------------------------------------------
 # Patterns and limits shared by the models, the schema generator and the semantic validation.
@@ -58,6 +69,15 @@ DURATION_PATTERN = r"^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$"
 QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 SHA256_DIGEST_PATTERN = r"^sha256:[a-f0-9]{64}$"
+# Kubernetes' own name and key syntax (nodewright.api.k8svalidation), anchored for the schema.
+QUALIFIED_NAME_PATTERN = k8s.anchored(k8s.QUALIFIED_NAME_RE)
+LABEL_VALUE_PATTERN = k8s.anchored(k8s.LABEL_VALUE_RE)
+CONFIG_MAP_KEY_PATTERN = k8s.anchored(k8s.CONFIG_MAP_KEY_RE)
+ENV_VAR_NAME_PATTERN = k8s.anchored(k8s.ENV_VAR_NAME_RE)
+# Compartment names are label values (without the empty one): they appear as metric label values, map
+# keys of the status, in Events and in the node-state annotation, so they stay printable and short.
+COMPARTMENT_NAME_PATTERN = k8s.anchored(k8s.LABEL_NAME_RE)
+SYSTEMD_UNIT_PATTERN = k8s.anchored(k8s.SYSTEMD_UNIT_RE)
 
 MAX_PACKAGES = 64
 MAX_COMPARTMENTS = 32
@@ -70,9 +90,12 @@ MAX_SELECTOR_VALUES = 256
 MAX_TOLERATIONS = 64
 MAX_CONDITIONS = 32
 LABEL_VALUE_MAX = 63
-LABEL_KEY_MAX = 317  # 253-character DNS prefix + "/" + 63-character name
+LABEL_KEY_MAX = k8s.QUALIFIED_NAME_MAX  # 253-character DNS prefix + "/" + 63-character name
 SHORT_STRING = 253
-IMAGE_MAX = 512
+IMAGE_MAX = REFERENCE_MAX
+# Counts and priorities: far beyond any fleet, and exact in every JSON decoder (the API server decodes
+# integers beyond int64 as floats, which its maximum check cannot tell apart from 2^63 - 1).
+INT_MAX = 2**31 - 1
 CONFIG_VALUE_MAX = 256 * 1024  # a ConfigMap value is bounded by the 1 MiB object limit anyway
 
 
@@ -113,6 +136,17 @@ class SchemaExtra:
         return cls(tuple(values.items()))
 
 
+def field_cel_rules(info: FieldInfo) -> list[CelRule]:
+    """The field-level CelRules of a field, also those inside `Annotated[...] | None` (pydantic keeps only
+    the outer Annotated metadata on the FieldInfo; the schema generator sees both)."""
+    rules = [m for m in info.metadata if isinstance(m, CelRule)]
+    if typing.get_origin(info.annotation) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(info.annotation):
+            if typing.get_origin(arg) is typing.Annotated:
+                rules.extend(m for m in typing.get_args(arg)[1:] if isinstance(m, CelRule))
+    return rules
+
+
 def _json(value: Any) -> Any:
     if isinstance(value, BaseModel):
         return value.model_dump(by_alias=True, exclude_none=True, mode="json")
@@ -148,11 +182,12 @@ class _Model(BaseModel):
             if not r.check(own)
         )
         for name, info in type(self).model_fields.items():
-            rules = [m for m in info.metadata if isinstance(m, CelRule)]
+            rules = field_cel_rules(info)
             value = getattr(self, name)
             if rules and value is not None:
                 as_json = _json(value)
-                failures.extend(f"{info.alias or name}: {r.message}" for r in rules if not r.check(as_json))
+                json_name = info.serialization_alias or info.alias or name
+                failures.extend(f"{json_name}: {r.message}" for r in rules if not r.check(as_json))
         if failures:
             raise ValueError("; ".join(failures))
         return self
@@ -188,6 +223,21 @@ def _text(description: str, **kwargs: Any) -> Any:
 # ----------------------------------------------------------------------------------------------------
 # Shared Kubernetes shapes
 
+# A qualified name's pattern bounds its name part; the DNS prefix before '/' is bounded here (<= 253).
+_PREFIX_RULE = CelRule(
+    rule=f"self.indexOf('/') <= {k8s.DNS1123_SUBDOMAIN_MAX}",
+    message=f"the prefix before '/' must be at most {k8s.DNS1123_SUBDOMAIN_MAX} characters",
+    check=lambda v: v.find("/") <= k8s.DNS1123_SUBDOMAIN_MAX,
+)
+_LABEL_KEYS_RULE = CelRule(
+    rule=f"self.all(k, k.matches(r'{QUALIFIED_NAME_PATTERN}') &&"
+    f" k.indexOf('/') <= {k8s.DNS1123_SUBDOMAIN_MAX})",
+    message="label keys must be qualified names: an optional DNS-subdomain prefix (<= 253) and '/', then a"
+    " name of 1-63 letters, digits, '-', '_', '.' starting and ending with a letter or digit",
+    check=lambda m: all(not k8s.qualified_name(k) for k in m),
+)
+LabelValue = Annotated[str, Field(max_length=LABEL_VALUE_MAX, pattern=LABEL_VALUE_PATTERN)]
+
 
 class LabelSelectorRequirement(_Model):
     """A label selector requirement: a key, an operator and (for In/NotIn) values."""
@@ -207,11 +257,13 @@ class LabelSelectorRequirement(_Model):
         ),
     )
 
-    key: str = _req("The label key the selector applies to.", min_length=1, max_length=LABEL_KEY_MAX)
+    key: Annotated[
+        str, Field(min_length=1, max_length=LABEL_KEY_MAX, pattern=QUALIFIED_NAME_PATTERN), _PREFIX_RULE
+    ] = _req("The label key the selector applies to: [DNS-subdomain prefix/]name, the name <= 63 characters.")
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = _req(
         "How the key relates to the values: In, NotIn, Exists or DoesNotExist."
     )
-    values: list[Annotated[str, Field(max_length=LABEL_VALUE_MAX)]] | None = _text(
+    values: list[LabelValue] | None = _text(
         "Label values; non-empty for In and NotIn, empty for Exists and DoesNotExist.",
         max_length=MAX_SELECTOR_VALUES,
     )
@@ -220,7 +272,7 @@ class LabelSelectorRequirement(_Model):
 class LabelSelector(_Model):
     """A Kubernetes label selector; the requirements are ANDed. An empty selector matches everything."""
 
-    match_labels: dict[str, Annotated[str, Field(max_length=LABEL_VALUE_MAX)]] | None = _text(
+    match_labels: Annotated[dict[str, LabelValue] | None, _LABEL_KEYS_RULE] = _text(
         "Labels (key: value) an object must carry, all of them.", max_length=MAX_SELECTOR_TERMS
     )
     match_expressions: list[LabelSelectorRequirement] | None = _text(
@@ -232,32 +284,164 @@ class LabelSelector(_Model):
 
 
 class Toleration(_Model):
-    """A pod toleration (core/v1 Toleration) added to package and interrupt pods."""
+    """A pod toleration (core/v1 Toleration) added to package and interrupt pods.
 
-    key: str | None = _text(
-        "Taint key the toleration applies to; empty with operator Exists matches all.",
-        max_length=LABEL_KEY_MAX,
+    The rules are Kubernetes' own (ValidateTolerations), so the package pods can always be created.
+    """
+
+    cel_rules = (
+        CelRule(
+            rule="(has(self.key) && size(self.key) > 0) || (has(self.operator) && self.operator == 'Exists')",
+            message="operator must be Exists when key is empty (an empty key with Exists tolerates every"
+            " taint)",
+            check=lambda o: bool(o.get("key")) or o.get("operator") == "Exists",
+            field_path=".operator",
+        ),
+        CelRule(
+            rule="!has(self.operator) || self.operator != 'Exists' || !has(self.value) ||"
+            " size(self.value) == 0",
+            message="value must be empty when operator is Exists: remove the value or use operator Equal",
+            check=lambda o: o.get("operator") != "Exists" or not o.get("value"),
+            field_path=".value",
+        ),
+        CelRule(
+            rule="!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            message="effect must be NoExecute when tolerationSeconds is set",
+            check=lambda o: "tolerationSeconds" not in o or o.get("effect") == "NoExecute",
+            field_path=".effect",
+        ),
     )
+
+    key: (
+        Annotated[
+            str,
+            Field(max_length=LABEL_KEY_MAX, pattern=k8s.anchored(f"(?:{k8s.QUALIFIED_NAME_RE})?")),
+            _PREFIX_RULE,
+        ]
+        | None
+    ) = _text("Taint key the toleration applies to (a label key); empty with operator Exists matches all.")
     operator: Literal["Exists", "Equal"] | None = _text("Exists or Equal (the default in Kubernetes).")
-    value: str | None = _text("Taint value to match when the operator is Equal.", max_length=LABEL_VALUE_MAX)
+    value: LabelValue | None = _text(
+        "Taint value to match when the operator is Equal (a label value); empty with Exists."
+    )
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = _text(
         "Taint effect to match; empty matches all effects."
     )
-    toleration_seconds: int | None = _text(
-        "For NoExecute taints: how long the pod stays bound after the taint is added."
+    toleration_seconds: Annotated[int, Field(ge=-(2**31), le=INT_MAX)] | None = _text(
+        "For NoExecute taints: how long the pod stays bound after the taint is added (needs effect"
+        " NoExecute)."
     )
 
 
-class EnvVar(_Model):
-    """A container environment variable; `valueFrom` is passed through unchanged (secretKeyRef etc.)."""
+class ObjectFieldSelector(_Model):
+    """A field of the package pod (downward API), e.g. spec.nodeName or metadata.labels['key']."""
 
-    name: str = _req("Environment variable name.", min_length=1, max_length=SHORT_STRING)
+    api_version: Annotated[str, Field(pattern=r"^(?:v1)?$", max_length=2)] | None = _text(
+        "Version of the schema the path is written in: v1 (the default)."
+    )
+    field_path: Annotated[
+        str, Field(min_length=1, max_length=k8s.FIELD_PATH_MAX, pattern=k8s.anchored(k8s.FIELD_PATH_RE))
+    ] = _req(
+        "One of "
+        + ", ".join(k8s.ENV_FIELD_PATHS)
+        + ", metadata.labels['key'] or metadata.annotations['key']."
+    )
+
+
+def _divisor_ok(o: dict[str, Any]) -> bool:
+    return "divisor" not in o or k8s.divisor_allowed(str(o["resource"]), o["divisor"])
+
+
+class ResourceFieldSelector(_Model):
+    """A resource limit or request of a container of the package pod."""
+
+    cel_rules = (
+        CelRule(
+            rule="!has(self.divisor) || (self.resource.endsWith('.cpu') ? string(self.divisor) in ["
+            + ", ".join(f"'{d}'" for d in k8s.CPU_DIVISORS)
+            + "] : string(self.divisor) in ["
+            + ", ".join(f"'{d}'" for d in k8s.BYTE_DIVISORS)
+            + "])",
+            message="divisor must be 1m or 1 for cpu, and one of "
+            + ", ".join(k8s.BYTE_DIVISORS)
+            + " for memory, ephemeral-storage and hugepages",
+            check=_divisor_ok,
+            field_path=".divisor",
+        ),
+    )
+
+    container_name: (
+        Annotated[
+            str, Field(max_length=k8s.DNS1123_LABEL_MAX, pattern=k8s.anchored(f"(?:{k8s.DNS1123_LABEL_RE})?"))
+        ]
+        | None
+    ) = _text("Container whose resources to read; empty for the container the variable is set in.")
+    resource: Annotated[
+        str, Field(min_length=1, max_length=SHORT_STRING, pattern=k8s.anchored(k8s.RESOURCE_FIELD_RE))
+    ] = _req(
+        "limits.cpu, limits.memory, limits.ephemeral-storage, requests.cpu, requests.memory,"
+        " requests.ephemeral-storage, or requests./limits.hugepages-<size>."
+    )
+    divisor: (
+        Annotated[
+            str,
+            BeforeValidator(_stringify_int),
+            Field(pattern=QUANTITY_PATTERN, max_length=64),
+            SchemaExtra.of(**{"x-kubernetes-int-or-string": True}),
+        ]
+        | None
+    ) = _text("Unit of the value: 1m or 1 for cpu; 1, 1k, 1Ki, 1M, 1Mi, ... for byte resources.")
+
+
+class KeySelector(_Model):
+    """A key of a ConfigMap or Secret in the operator's namespace (where package pods run)."""
+
+    name: Annotated[
+        str, Field(min_length=1, max_length=k8s.DNS1123_SUBDOMAIN_MAX, pattern=DNS_SUBDOMAIN_PATTERN)
+    ] = _req("Name of the object (a DNS subdomain).")
+    key: Annotated[
+        str, Field(min_length=1, max_length=k8s.CONFIG_MAP_KEY_MAX, pattern=CONFIG_MAP_KEY_PATTERN)
+    ] = _req("The key to read.")
+    optional: bool | None = _text("Start the containers even when the object or key does not exist.")
+
+
+class EnvVarSource(_Model):
+    """core/v1 EnvVarSource: exactly one of fieldRef, resourceFieldRef, configMapKeyRef, secretKeyRef."""
+
+    cel_rules = (
+        CelRule(
+            rule=" + ".join(f"(has(self.{k}) ? 1 : 0)" for k in k8s.VALUE_FROM_SOURCES) + " == 1",
+            message="set exactly one of " + ", ".join(k8s.VALUE_FROM_SOURCES),
+            check=lambda o: _count_set(o, *k8s.VALUE_FROM_SOURCES) == 1,
+        ),
+    )
+
+    field_ref: ObjectFieldSelector | None = _text("A field of the package pod.")
+    resource_field_ref: ResourceFieldSelector | None = _text("A resource limit or request of a container.")
+    config_map_key_ref: KeySelector | None = _text("A key of a ConfigMap in the operator's namespace.")
+    secret_key_ref: KeySelector | None = _text("A key of a Secret in the operator's namespace.")
+
+
+class EnvVar(_Model):
+    """A container environment variable of the package's step containers (core/v1 EnvVar)."""
+
+    cel_rules = (
+        CelRule(
+            rule="!has(self.valueFrom) || !has(self.value) || size(self.value) == 0",
+            message="valueFrom cannot be combined with a non-empty value: remove one of them",
+            check=lambda o: "valueFrom" not in o or not o.get("value"),
+            field_path=".valueFrom",
+        ),
+    )
+
+    name: Annotated[str, Field(min_length=1, max_length=SHORT_STRING, pattern=ENV_VAR_NAME_PATTERN)] = _req(
+        "Environment variable name: letters, digits, '_', '-' and '.', not starting with a digit."
+    )
     value: str | None = _text("Literal value.", max_length=CONFIG_VALUE_MAX)
-    value_from: Annotated[
-        dict[str, Any] | None, SchemaExtra.of(**{"x-kubernetes-preserve-unknown-fields": True})
-    ] = _text(
-        "Source of the value (core/v1 EnvVarSource: secretKeyRef, configMapKeyRef, fieldRef, ...). Referenced"
-        " Secrets and ConfigMaps must live in the operator's namespace, where package pods run."
+    value_from: EnvVarSource | None = _text(
+        "Source of the value (core/v1 EnvVarSource: secretKeyRef, configMapKeyRef, fieldRef,"
+        " resourceFieldRef). Referenced Secrets and ConfigMaps must live in the operator's namespace, where"
+        " package pods run."
     )
 
 
@@ -283,8 +467,12 @@ class Interrupt(_Model):
         " noop (run the interrupt step without disruption) or restartAllServices.",
         strict=False,
     )
-    services: list[Annotated[str, Field(min_length=1, max_length=SHORT_STRING)]] | None = _text(
-        "systemd units to restart when type is service.", max_length=MAX_SERVICES
+    services: (
+        list[Annotated[str, Field(min_length=1, max_length=SHORT_STRING, pattern=SYSTEMD_UNIT_PATTERN)]]
+        | None
+    ) = _text(
+        "systemd units to restart when type is service (unit names, e.g. containerd).",
+        max_length=MAX_SERVICES,
     )
 
 
@@ -395,10 +583,39 @@ class InterruptWait(_Model):
     )
 
 
+def _image_name_ok(value: str) -> bool:
+    name = re.match(IMAGE_NAME_FIND, value)
+    return (name is None or len(name.group(0)) <= NAME_MAX) and re.fullmatch(IMAGE_ID_PATTERN, value) is None
+
+
+# The pattern is the reference grammar; the name's length and the image-ID ambiguity need CEL.
+_IMAGE_RULE = CelRule(
+    rule=f"size(self.find(r'{IMAGE_NAME_FIND}')) <= {NAME_MAX} && !self.matches(r'{IMAGE_ID_PATTERN}')",
+    message=f"the repository name (without tag and digest) must be at most {NAME_MAX} characters and not a"
+    " bare 64-hex image ID",
+    check=_image_name_ok,
+)
+ImageReference = Annotated[
+    str, Field(min_length=1, max_length=IMAGE_MAX, pattern=IMAGE_REFERENCE_PATTERN), _IMAGE_RULE
+]
+_CONFIG_KEYS_RULE = CelRule(
+    rule=f"self.all(k, size(k) <= {k8s.CONFIG_MAP_KEY_MAX} && k.matches(r'{CONFIG_MAP_KEY_PATTERN}'))",
+    message=f"keys must be file names: 1-{k8s.CONFIG_MAP_KEY_MAX} letters, digits, '-', '_', '.', not '.' or"
+    " '..' and not starting with '..'",
+    check=lambda m: all(not k8s.config_map_key(k) for k in m),
+)
+_CONFIG_SIZE_RULE = CelRule(
+    rule=f"self.map(k, size(self[k])).sum() <= {k8s.CONFIG_MAP_DATA_MAX_BYTES}",
+    message=f"the values add up to more than {k8s.CONFIG_MAP_DATA_MAX_BYTES} characters; a ConfigMap holds at"
+    " most 1 MiB",
+    check=lambda m: sum(len(v) for v in m.values()) <= k8s.CONFIG_MAP_DATA_MAX_BYTES,
+)
+
+
 _NAME_RULE = CelRule(
     rule=f"self.matches('{PACKAGE_NAME_PATTERN}')",
     message=f"must match {PACKAGE_NAME_PATTERN}",
-    check=lambda v: re.match(PACKAGE_NAME_PATTERN, v) is not None,
+    check=lambda v: re.fullmatch(PACKAGE_NAME_PATTERN, v) is not None,
 )
 
 
@@ -422,14 +639,14 @@ class Package(_Model):
         "Semantic version of the package (1.2.3, 1.2, 1.2.3-rc1; no leading v). Used as the image tag"
         " unless image carries a tag or digest, and compared to decide upgrade or downgrade."
     )
-    image: Annotated[str, Field(min_length=1, max_length=IMAGE_MAX)] = _req(
+    image: ImageReference = _req(
         "Image repository of the package, e.g. ghcr.io/org/pkg or registry:5000/pkg. The version is used"
         " as the tag; a tag in image must equal the version."
     )
     container_sha: Annotated[str, Field(pattern=SHA256_DIGEST_PATTERN, max_length=71)] | None = _text(
         "Digest (sha256:...) to pull instead of the version tag.", default=None, alias="containerSHA"
     )
-    agent_image_override: Annotated[str, Field(min_length=1, max_length=IMAGE_MAX)] | None = _text(
+    agent_image_override: ImageReference | None = _text(
         "Full image reference of the agent for this package, overriding the operator's agent image."
     )
     interrupt: Interrupt | None = _text("Interrupt needed after apply (none when unset).")
@@ -438,7 +655,7 @@ class Package(_Model):
         CelRule(
             rule=f"self.all(k, k.matches('{PACKAGE_NAME_PATTERN}'))",
             message=f"dependency names must match {PACKAGE_NAME_PATTERN}",
-            check=lambda m: all(re.match(PACKAGE_NAME_PATTERN, k) for k in m),
+            check=lambda m: all(re.fullmatch(PACKAGE_NAME_PATTERN, k) for k in m),
         ),
     ] = _text(
         "Packages (name: exact version) that must be complete on the node before this one starts.",
@@ -448,8 +665,12 @@ class Package(_Model):
         "Interrupt to run when a configMap key changes; keys are configMap keys or globs (*, ?, [..]).",
         max_length=MAX_CONFIG_KEYS,
     )
-    config_map: dict[str, Annotated[str, Field(max_length=CONFIG_VALUE_MAX)]] | None = _text(
-        "Files mounted into the package pod; changing a value runs the config stage.",
+    config_map: Annotated[
+        dict[str, Annotated[str, Field(max_length=CONFIG_VALUE_MAX)]] | None,
+        _CONFIG_KEYS_RULE,
+        _CONFIG_SIZE_RULE,
+    ] = _text(
+        "Files mounted into the package pod (key = file name); changing a value runs the config stage.",
         max_length=MAX_CONFIG_KEYS,
     )
     env: list[EnvVar] | None = _text(
@@ -483,7 +704,9 @@ class Budget(_Model):
     )
 
     percent: Annotated[int, Field(ge=0, le=100)] | None = _text("Percent of the selected nodes (0..100).")
-    count: Annotated[int, Field(ge=0)] | None = _text("Absolute number of nodes (0 behaves like 1).")
+    count: Annotated[int, Field(ge=0, le=INT_MAX)] | None = _text(
+        "Absolute number of nodes (0 behaves like 1)."
+    )
 
 
 class Sequencing(StrEnum):
@@ -502,7 +725,7 @@ class DeploymentPolicyOptions(_Model):
 
 
 def _packages_names_ok(m: dict[str, Any]) -> bool:
-    return all(re.match(PACKAGE_NAME_PATTERN, k) and m[k].get("name", k) == k for k in m)
+    return all(re.fullmatch(PACKAGE_NAME_PATTERN, k) and m[k].get("name", k) == k for k in m)
 
 
 class NodeWrightSpec(_Model):
@@ -548,7 +771,12 @@ class NodeWrightSpec(_Model):
     interruption_budget: Budget | None = _text(
         "Legacy budget when no deploymentPolicy is used; neither set means all nodes at once."
     )
-    deployment_policy: Annotated[str, Field(max_length=SHORT_STRING)] | None = _text(
+    deployment_policy: (
+        Annotated[
+            str, Field(max_length=SHORT_STRING, pattern=k8s.anchored(f"(?:{k8s.DNS1123_SUBDOMAIN_RE})?"))
+        ]
+        | None
+    ) = _text(
         "Name of the DeploymentPolicy that controls batches and budgets; exclusive with interruptionBudget."
     )
     deployment_policy_options: DeploymentPolicyOptions | None = _text(
@@ -565,7 +793,7 @@ class NodeWrightSpec(_Model):
     auto_taint_new_nodes: bool = _text(
         "With runtimeRequired: taint matching nodes that were never handled by NodeWright.", default=False
     )
-    priority: Annotated[int, Field(ge=1)] = _text(
+    priority: Annotated[int, Field(ge=1, le=INT_MAX)] = _text(
         "Order between NodeWrights: lower runs first, ties by name.", default=constants.DEFAULT_PRIORITY
     )
     sequencing: Sequencing = _text(
@@ -726,11 +954,11 @@ class NodeWright(_Model):
 class FixedStrategy(_Model):
     """Constant batch size: initialBatch nodes per batch."""
 
-    initial_batch: Annotated[int, Field(ge=1)] = _text("Nodes in the first batch.", default=1)
+    initial_batch: Annotated[int, Field(ge=1, le=INT_MAX)] = _text("Nodes in the first batch.", default=1)
     batch_threshold: Annotated[int, Field(ge=1, le=100)] = _text(
         "Percent of a batch that must succeed for the batch to count as successful.", default=100
     )
-    failure_threshold: Annotated[int, Field(ge=1)] | None = _text(
+    failure_threshold: Annotated[int, Field(ge=1, le=INT_MAX)] | None = _text(
         "Stop the rollout after this many failed batches in a row; unset never stops."
     )
     safety_limit: Annotated[int, Field(ge=1, le=100)] = _text(
@@ -741,13 +969,13 @@ class FixedStrategy(_Model):
 class LinearStrategy(FixedStrategy):
     """Batch size grows by delta after each successful batch."""
 
-    delta: Annotated[int, Field(ge=1)] = _text("Nodes added to each following batch.", default=1)
+    delta: Annotated[int, Field(ge=1, le=INT_MAX)] = _text("Nodes added to each following batch.", default=1)
 
 
 class ExponentialStrategy(FixedStrategy):
     """Batch size is multiplied by growthFactor after each successful batch."""
 
-    growth_factor: Annotated[int, Field(ge=2)] = _text("Multiplier of the batch size.", default=2)
+    growth_factor: Annotated[int, Field(ge=2, le=INT_MAX)] = _text("Multiplier of the batch size.", default=2)
 
 
 _STRATEGY_KEYS = ("fixed", "linear", "exponential")
@@ -785,7 +1013,7 @@ class PolicyBudget(_Model):
     )
 
     percent: Annotated[int, Field(ge=1, le=100)] | None = _text("Percent of the compartment's nodes.")
-    count: Annotated[int, Field(ge=1)] | None = _text("Absolute number of nodes.")
+    count: Annotated[int, Field(ge=1, le=INT_MAX)] | None = _text("Absolute number of nodes.")
 
 
 class PolicyDefault(_Model):
@@ -800,13 +1028,16 @@ class Compartment(_Model):
 
     name: Annotated[
         str,
-        Field(min_length=1, max_length=LABEL_VALUE_MAX),
+        Field(min_length=1, max_length=LABEL_VALUE_MAX, pattern=COMPARTMENT_NAME_PATTERN),
         CelRule(
             rule=f"self != '{constants.DEFAULT_COMPARTMENT}'",
             message=f"{constants.DEFAULT_COMPARTMENT} is reserved for nodes matching no compartment",
             check=lambda v: v != constants.DEFAULT_COMPARTMENT,
         ),
-    ] = _req("Unique name of the compartment.")
+    ] = _req(
+        "Unique name of the compartment: 1-63 letters, digits, '-', '_' and '.', starting and ending with a"
+        " letter or digit (it is used as a metric label value and in Events)."
+    )
     selector: LabelSelector = _req("Nodes in this compartment.")
     budget: PolicyBudget = _req("Ceiling of nodes in progress at once.")
     strategy: Strategy | None = _text("How batches grow; unset means batches of the budget ceiling.")
