@@ -5,16 +5,29 @@ even when the admission webhook is down. This module adds the rules that need th
 previous object, or facts from the cluster, and reports *all* problems at once with the field path of
 each (`spec.packages[nvidia-driver].dependsOn[cuda]`) and what to do about it:
 
+- Kubernetes' own rules for everything the operator later copies into objects the API server validates
+  (`nodewright.api.k8svalidation`): tolerations, env and `valueFrom`, configMap keys and size, label
+  selectors, image references (package `image`, `agentImageOverride`), DNS names; a spec that passes
+  here never makes the API server refuse a package pod or ConfigMap;
 - dependsOn targets exist with the exact version, and the dependency graph has no cycle (named);
 - configInterrupts keys are configMap keys, or globs (`fnmatch`) matching at least one key;
-- image references parse (registry ports, tags and digests), and a tag equals the version;
-- label selectors are well-formed Kubernetes label keys and values;
-- names are short enough for the node label/annotation keys built from them (63-character names);
+- a tag in the image equals the version; durations fit Go's time.Duration; interrupt services are
+  systemd unit names;
+- names are DNS subdomains, short enough for the node label/annotation keys built from them
+  (63-character label names); compartment names are label values;
 - on UPDATE: removing or downgrading a package with `uninstall.enabled` is refused until its uninstall
   has completed on every node (a fact the caller supplies through `PackagePresence`);
+- on UPDATE with an unchanged spec (metadata-only changes: finalizers, pause/disable annotations), the
+  spec rules are not re-applied, so an object stored under older, looser rules can still be paused,
+  disabled and deleted (the API server ratchets its schema rules the same way);
 - DeploymentPolicy compartments: unique names, and selectors that do not select the same nodes
   (compared semantically: `matchLabels: {a: b}` equals `matchExpressions: [{key: a, operator: In,
   values: [b]}]`).
+
+Any JSON value is accepted as input (a string where an object belongs, numbers for strings, missing
+metadata) and answered with field errors, never an exception: the webhook turns them into a 4xx.
+Where a rule here and a schema rule blame the same field, only this module's message is kept (it says
+what to do; the schema's only quotes the pattern).
 
 Risky but legal specs produce warnings (returned to `kubectl` as admission warnings).
 
@@ -36,12 +49,23 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ValidationError
 
 from nodewright.api import constants, semver
+from nodewright.api import k8svalidation as k8s
 from nodewright.api.images import ImageReferenceError, parse_image
-from nodewright.api.models import CelRule, DeploymentPolicy, InterruptType, NodeWright
+from nodewright.api.k8svalidation import FieldError as FieldError  # re-exported: the public error type
+from nodewright.api.models import DeploymentPolicy, InterruptType, NodeWright, field_cel_rules
 
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _GLOB_CHARS = set("*?[")
+# Pydantic's type errors, said in JSON's words (the user wrote JSON or YAML, not Python).
+_TYPE_NAMES = {
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+    "string_type": "a string",
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "bool_type": "a boolean",
+    "list_type": "a list",
+}
 _IDENT = re.compile(r"^[a-z][A-Za-z0-9]*$")
 # JSON fields whose keys are user-chosen names; paths render them as [key] rather than .key.
 _MAP_FIELDS = frozenset(
@@ -55,17 +79,6 @@ _MAP_FIELDS = frozenset(
         "nodeCounts",
     }
 )
-
-
-@dataclass(frozen=True)
-class FieldError:
-    """One problem: the JSON path of the offending field, what is wrong and what to do."""
-
-    path: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.message}"
 
 
 @dataclass(frozen=True)
@@ -103,31 +116,38 @@ def render_path(loc: Sequence[str | int]) -> str:
 
 def model_errors(exc: ValidationError) -> list[FieldError]:
     """Pydantic errors as FieldErrors (pydantic already collects every field error, not just the first)."""
-    out = []
+    return [e for e, _ in _tagged_model_errors(exc)]
+
+
+def _tagged_model_errors(exc: ValidationError) -> list[tuple[FieldError, bool]]:
+    """Model errors, each tagged True when it comes from a rule (a CelRule) rather than a type or bound."""
+    out: list[tuple[FieldError, bool]] = []
     for err in exc.errors(include_url=False):
         loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
         message = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "missing":
             message = "required field is missing: set it"
+        elif err["type"] in _TYPE_NAMES:
+            message = f"must be {_TYPE_NAMES[err['type']]}, not {_json_type(err.get('input'))}"
+        rule = err["type"] == "value_error"
         # Field-level rules are raised by the parent object as "<field>: <message>"; blame the field.
-        for part in message.split("; "):
+        for part in message.split("; ") if rule else [message]:
             head, sep, rest = part.partition(": ")
             if sep and _IDENT.match(head):
-                out.append(FieldError(render_path([*loc, head]), rest))
+                out.append((FieldError(render_path([*loc, head]), rest), rule))
             else:
-                out.append(FieldError(render_path(loc) or "<root>", part))
+                out.append((FieldError(render_path(loc) or "<root>", part), rule))
     return out
 
 
-def _validate_model(cls: type[BaseModel], obj: Mapping[str, Any], errors: list[FieldError]) -> Any:
+def _validate_model(cls: type[BaseModel], obj: Any) -> list[tuple[FieldError, bool]]:
     try:
-        return cls.model_validate(obj)
+        cls.model_validate(obj)
     except ValidationError as exc:
-        errors.extend(model_errors(exc))
         # Pydantic skips an object's rules when one of its fields is invalid; the API server evaluates
         # every CEL rule regardless, so evaluate them on the raw JSON too and report all problems.
-        errors.extend(cel_errors(cls, obj, []))
-        return None
+        return [*_tagged_model_errors(exc), *((e, True) for e in cel_errors(cls, obj, []))]
+    return []
 
 
 def cel_errors(cls: type[BaseModel], obj: Any, loc: list[str | int]) -> list[FieldError]:
@@ -145,7 +165,7 @@ def cel_errors(cls: type[BaseModel], obj: Any, loc: list[str | int]) -> list[Fie
         if alias not in obj or obj[alias] is None:
             continue
         value = obj[alias]
-        rules = (m for m in info.metadata if isinstance(m, CelRule))
+        rules = field_cel_rules(info)
         out.extend(FieldError(render_path([*loc, alias]), r.message) for r in rules if _fails(r.check, value))
         inner = _model_of(info.annotation)
         if inner is None:
@@ -191,56 +211,53 @@ def _flatten(tp: Any) -> list[Any]:
     return [tp]
 
 
+def _merge(model: list[tuple[FieldError, bool]], semantic: list[FieldError]) -> list[FieldError]:
+    """Semantic errors, plus the model's where no semantic error blames the same field.
+
+    A semantic error at `x[key]` also replaces the model's rule message at `x` (a map-key rule such as
+    "keys must be file names" is then said precisely, per key); type and size errors at `x` stay.
+    """
+    exact = {e.path for e in semantic}
+    parents = {e.path.rsplit("[", 1)[0] for e in semantic if e.path.endswith("]")}
+    kept = [e for e, rule in model if e.path not in exact and not (rule and e.path in parents)]
+    return _dedupe([*semantic, *kept])
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 # ----------------------------------------------------------------------------------------------------
 # Label selectors
 
 
 def label_key_problem(key: str) -> str | None:
     """Why `key` is not a valid label key, or None."""
-    prefix, slash, name = key.rpartition("/")
-    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
-        return f"prefix {prefix!r} of label key {key!r} must be a DNS subdomain of at most 253 characters"
-    if not name or len(name) > constants.LABEL_NAME_LIMIT or not _LABEL_NAME.match(name):
-        return (
-            f"label key {key!r}: the name part must be 1-63 characters of letters, digits, '-', '_', '.',"
-            " starting and ending with a letter or digit"
-        )
-    return None
+    problems = k8s.qualified_name(key)
+    return f"label key {problems[0]}" if problems else None
 
 
 def label_value_problem(value: str) -> str | None:
-    if len(value) > constants.LABEL_NAME_LIMIT or not _LABEL_NAME.match(value):
-        return f"label value {value!r} must be at most 63 characters of letters, digits, '-', '_', '.'"
-    return None
-
-
-def _check_selector(selector: Any, path: str, errors: list[FieldError]) -> None:
-    if not isinstance(selector, Mapping):
-        return
-    for key, value in (selector.get("matchLabels") or {}).items():
-        problems = (label_key_problem(str(key)), label_value_problem(str(value)))
-        errors.extend(FieldError(f"{path}.matchLabels[{key}]", p) for p in problems if p)
-    for i, expr in enumerate(selector.get("matchExpressions") or []):
-        if not isinstance(expr, Mapping):
-            continue
-        if problem := label_key_problem(str(expr.get("key", ""))):
-            errors.append(FieldError(f"{path}.matchExpressions[{i}].key", problem))
-        value_problems = (label_value_problem(str(v)) for v in expr.get("values") or [])
-        errors.extend(FieldError(f"{path}.matchExpressions[{i}].values", p) for p in value_problems if p)
+    problems = k8s.label_value(value)
+    return problems[0] if problems else None
 
 
 def canonical_selector(selector: Mapping[str, Any] | None) -> frozenset[tuple[str, str, frozenset[str]]]:
     """A selector as a set of requirements, so semantically equal selectors compare equal."""
     reqs: set[tuple[str, str, frozenset[str]]] = set()
-    for key, value in ((selector or {}).get("matchLabels") or {}).items():
+    for key, value in _map(_map(selector).get("matchLabels")).items():
         reqs.add((str(key), "In", frozenset({str(value)})))
-    for expr in (selector or {}).get("matchExpressions") or []:
+    for expr in _list(_map(selector).get("matchExpressions")):
         if isinstance(expr, Mapping):
             reqs.add(
                 (
                     str(expr.get("key")),
                     str(expr.get("operator")),
-                    frozenset(map(str, expr.get("values") or [])),
+                    frozenset(map(str, _list(expr.get("values")))),
                 )
             )
     return frozenset(reqs)
@@ -281,31 +298,27 @@ def find_cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
 # NodeWright
 
 
-def packages_needing_presence(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[str]:
+def packages_needing_presence(new: Any, old: Any) -> list[str]:
     """Packages whose removal or downgrade on this UPDATE is only allowed once they are gone from all nodes.
 
     The webhook looks these up (and only these) before calling `validate_nodewright`.
     """
-    if not old:
+    if not isinstance(old, Mapping) or not old:
         return []
     old_pkgs = _packages(old)
     new_pkgs = _packages(new)
     out = []
     for name, pkg in old_pkgs.items():
-        if not (pkg.get("uninstall") or {}).get("enabled"):
+        if _map(pkg.get("uninstall")).get("enabled") is not True:
             continue
         if name not in new_pkgs or _is_downgrade(pkg.get("version"), new_pkgs[name].get("version")):
             out.append(name)
     return out
 
 
-def _packages(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    packages = (obj.get("spec") or {}).get("packages") or {}
-    return (
-        {str(k): v for k, v in packages.items() if isinstance(v, Mapping)}
-        if isinstance(packages, Mapping)
-        else {}
-    )
+def _packages(obj: Any) -> dict[str, Mapping[str, Any]]:
+    packages = _map(_map(_map(obj).get("spec")).get("packages"))
+    return {str(k): v for k, v in packages.items() if isinstance(v, Mapping)}
 
 
 def _is_downgrade(old: Any, new: Any) -> bool:
@@ -316,8 +329,41 @@ def _is_downgrade(old: Any, new: Any) -> bool:
     return semver.compare(new, old) < 0
 
 
+def _metadata_name_errors(obj: Mapping[str, Any], kind: str, max_length: int) -> list[FieldError]:
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return []  # the model reports a missing or malformed metadata
+    name = metadata.get("name")
+    if name == "":
+        return [FieldError("metadata.name", "required: name the object")]
+    if not isinstance(name, str):
+        return []  # a missing name or one of the wrong type is the model's to report
+    if len(name) > max_length:
+        return [
+            FieldError(
+                "metadata.name",
+                f"{len(name)} characters is too long: at most {max_length}"
+                + (
+                    f" so the node label {constants.status_label('<name>')} stays within the 63-character"
+                    " label name limit"
+                    if kind == constants.KIND_NODEWRIGHT
+                    else ""
+                )
+                + "; choose a shorter name",
+            )
+        ]
+    return k8s.errors_at("metadata.name", k8s.dns1123_subdomain(name))
+
+
+def _ratchet(errors: list[FieldError], obj: Mapping[str, Any], old: Any) -> list[FieldError]:
+    """On an UPDATE that leaves the spec as stored, drop the spec's errors (see the module docstring)."""
+    if not isinstance(old, Mapping) or obj.get("spec") != old.get("spec"):
+        return errors
+    return [e for e in errors if not (e.path == "spec" or e.path.startswith(("spec.", "spec[")))]
+
+
 def validate_nodewright(
-    obj: Mapping[str, Any],
+    obj: Any,
     *,
     old: Mapping[str, Any] | None = None,
     policy_exists: Callable[[str], bool] | None = None,
@@ -328,27 +374,19 @@ def validate_nodewright(
     `policy_exists` answers whether a DeploymentPolicy exists (skipped when None); `presence` whether a
     package is still on some node (UPDATE rules are skipped when None).
     """
+    if not isinstance(obj, Mapping):
+        return ValidationResult([FieldError("<root>", "a NodeWright must be a JSON object")], [])
     errors: list[FieldError] = []
     warnings: list[str] = []
-    _validate_model(NodeWright, obj, errors)
-    name = str((obj.get("metadata") or {}).get("name") or "")
-    if len(name) > constants.MAX_NODEWRIGHT_NAME_LENGTH:
-        errors.append(
-            FieldError(
-                "metadata.name",
-                f"{len(name)} characters is too long: at most {constants.MAX_NODEWRIGHT_NAME_LENGTH} so"
-                f" the node"
-                f" label {constants.status_label('<name>')} stays within the 63-character label name limit;"
-                " choose a shorter name",
-            )
-        )
-    spec = obj.get("spec") or {}
+    model = _validate_model(NodeWright, obj)
+    errors.extend(_metadata_name_errors(obj, constants.KIND_NODEWRIGHT, constants.MAX_NODEWRIGHT_NAME_LENGTH))
+    spec = obj.get("spec")
     if not isinstance(spec, Mapping):
-        return ValidationResult(errors, warnings)
+        return ValidationResult(_merge(model, errors), warnings)
     packages = _packages(obj)
     for key, pkg in packages.items():
         _check_package(key, pkg, packages, errors, warnings)
-    graph = {k: list((p.get("dependsOn") or {}).keys()) for k, p in packages.items()}
+    graph = {k: [str(d) for d in _map(p.get("dependsOn"))] for k, p in packages.items()}
     errors.extend(
         FieldError(
             f"spec.packages[{cycle[0]}].dependsOn[{cycle[1]}]",
@@ -356,14 +394,19 @@ def validate_nodewright(
         )
         for cycle in find_cycles(graph)
     )
-    _check_selector(spec.get("nodeSelectors"), "spec.nodeSelectors", errors)
-    _check_selector(spec.get("podNonInterruptLabels"), "spec.podNonInterruptLabels", errors)
+    errors.extend(k8s.label_selector(spec.get("nodeSelectors"), "spec.nodeSelectors"))
+    errors.extend(k8s.label_selector(spec.get("podNonInterruptLabels"), "spec.podNonInterruptLabels"))
+    errors.extend(k8s.tolerations(spec.get("additionalTolerations"), "spec.additionalTolerations"))
+    for parent in ("drain", "interruptWait"):
+        timeout = _map(spec.get(parent)).get("timeout")
+        if isinstance(timeout, str):
+            errors.extend(k8s.errors_at(f"spec.{parent}.timeout", k8s.go_duration(timeout)))
 
     policy = spec.get("deploymentPolicy")
     if isinstance(policy, str) and policy:
-        if not _DNS_SUBDOMAIN.match(policy):
-            errors.append(
-                FieldError("spec.deploymentPolicy", f"{policy!r} is not a valid DeploymentPolicy name")
+        if problems := k8s.dns1123_subdomain(policy):
+            errors.extend(
+                FieldError("spec.deploymentPolicy", f"not a DeploymentPolicy name: {p}") for p in problems
             )
         elif policy_exists is not None and not policy_exists(policy):
             errors.append(
@@ -374,8 +417,39 @@ def validate_nodewright(
             )
     _nodewright_warnings(obj, spec, packages, warnings)
     if old is not None:
-        _check_update(name, obj, old, presence, errors, warnings)
-    return ValidationResult(_dedupe(errors), warnings)
+        _check_update(_name(obj), obj, old, presence, errors, warnings)
+    return ValidationResult(_ratchet(_merge(model, errors), obj, old), warnings)
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    name = _map(obj.get("metadata")).get("name")
+    return name if isinstance(name, str) else ""
+
+
+def _image_errors(
+    value: Any, path: str, version: Any, errors: list[FieldError], *, tag_must_match: bool
+) -> None:
+    if not isinstance(value, str) or not value:
+        return  # type and emptiness are reported by the model
+    try:
+        ref = parse_image(value)
+    except ImageReferenceError as exc:
+        errors.append(FieldError(path, f"{exc}; write e.g. registry.example.com:5000/team/pkg"))
+        return
+    if tag_must_match and ref.tag is not None and isinstance(version, str) and ref.tag != version:
+        errors.append(
+            FieldError(
+                path,
+                f"tag {ref.tag!r} differs from version {version!r}: drop the tag (the version is"
+                " used as the tag) or make them equal",
+            )
+        )
+
+
+def _services_errors(interrupt: Any, path: str, errors: list[FieldError]) -> None:
+    for i, unit in enumerate(_list(_map(interrupt).get("services"))):
+        if isinstance(unit, str) and unit:
+            errors.extend(k8s.errors_at(f"{path}.services[{i}]", k8s.systemd_unit(unit)))
 
 
 def _check_package(
@@ -386,9 +460,10 @@ def _check_package(
     warnings: list[str],
 ) -> None:
     base = f"spec.packages[{key}]"
-    if "name" in pkg and pkg["name"] != key:
+    name = pkg.get("name")
+    if isinstance(name, str) and name != key:
         errors.append(
-            FieldError(f"{base}.name", f"name {pkg['name']!r} differs from its key {key!r}: make them equal")
+            FieldError(f"{base}.name", f"name {name!r} differs from its key {key!r}: make them equal")
         )
     if len(key) > constants.MAX_PACKAGE_NAME_LENGTH:
         errors.append(
@@ -397,51 +472,34 @@ def _check_package(
             )
         )
     version = pkg.get("version")
-    image = pkg.get("image")
-    if isinstance(image, str) and image:
-        try:
-            ref = parse_image(image)
-        except ImageReferenceError as exc:
-            errors.append(
-                FieldError(f"{base}.image", f"{exc}; write e.g. registry.example.com:5000/team/pkg")
-            )
-        else:
-            if ref.tag is not None and isinstance(version, str) and ref.tag != version:
-                errors.append(
-                    FieldError(
-                        f"{base}.image",
-                        f"tag {ref.tag!r} differs from version {version!r}: drop the tag (the version is"
-                        " used as the tag) or make them equal",
-                    )
-                )
-    deps = pkg.get("dependsOn") or {}
-    if isinstance(deps, Mapping):
-        for dep, want in deps.items():
-            path = f"{base}.dependsOn[{dep}]"
-            target = packages.get(str(dep))
-            if target is None:
-                errors.append(
-                    FieldError(
-                        path, f"package {dep!r} is not in spec.packages: add it or remove this dependency"
-                    )
-                )
-            elif not want:
-                errors.append(
-                    FieldError(path, "the required version is empty: set the exact version of the package")
-                )
-            elif target.get("version") != want:
-                errors.append(
-                    FieldError(
-                        path,
-                        f"requires {dep} {want} but spec.packages[{dep}].version is {target.get('version')}:"
-                        " make them equal",
-                    )
-                )
-    config_keys = (
-        set((pkg.get("configMap") or {}).keys()) if isinstance(pkg.get("configMap"), Mapping) else set()
+    _image_errors(pkg.get("image"), f"{base}.image", version, errors, tag_must_match=True)
+    _image_errors(
+        pkg.get("agentImageOverride"), f"{base}.agentImageOverride", version, errors, tag_must_match=False
     )
-    for pattern in pkg.get("configInterrupts") or {}:
+    for dep, want in _map(pkg.get("dependsOn")).items():
+        path = f"{base}.dependsOn[{dep}]"
+        target = packages.get(str(dep))
+        if target is None:
+            errors.append(
+                FieldError(path, f"package {dep!r} is not in spec.packages: add it or remove this dependency")
+            )
+        elif not want:
+            errors.append(
+                FieldError(path, "the required version is empty: set the exact version of the package")
+            )
+        elif target.get("version") != want:
+            errors.append(
+                FieldError(
+                    path,
+                    f"requires {dep} {want} but spec.packages[{dep}].version is {target.get('version')}:"
+                    " make them equal",
+                )
+            )
+    errors.extend(k8s.config_map_data(pkg.get("configMap"), f"{base}.configMap"))
+    config_keys = {str(k) for k in _map(pkg.get("configMap"))}
+    for pattern, interrupt in _map(pkg.get("configInterrupts")).items():
         pattern = str(pattern)
+        _services_errors(interrupt, f"{base}.configInterrupts[{pattern}]", errors)
         if pattern in config_keys:
             continue
         if _GLOB_CHARS & set(pattern) and any(fnmatch.fnmatchcase(k, pattern) for k in config_keys):
@@ -452,13 +510,23 @@ def _check_package(
                 f"matches no key of {base}.configMap: use an existing key or a glob matching one",
             )
         )
-    interrupt = pkg.get("interrupt")
-    if (
-        isinstance(interrupt, Mapping)
-        and interrupt.get("type") == InterruptType.SERVICE
-        and not interrupt.get("services")
-    ):
+    errors.extend(k8s.env(pkg.get("env"), f"{base}.env"))
+    for field_name in ("cpuRequest", "cpuLimit", "memoryRequest", "memoryLimit"):
+        value = _map(pkg.get("resources")).get(field_name)
+        if value is not None:
+            errors.extend(k8s.quantity(value, f"{base}.resources.{field_name}"))
+    for field_name in ("gracefulShutdown", "stageTimeout"):
+        duration = pkg.get(field_name)
+        if isinstance(duration, str):
+            errors.extend(k8s.errors_at(f"{base}.{field_name}", k8s.go_duration(duration)))
+    interrupt = _map(pkg.get("interrupt"))
+    _services_errors(interrupt, f"{base}.interrupt", errors)
+    if interrupt.get("type") == InterruptType.SERVICE and not _list(interrupt.get("services")):
         warnings.append(f"{base}.interrupt: type service with no services restarts nothing; list the units")
+
+
+def _interrupt_type(value: Any) -> Any:
+    return _map(value).get("type")
 
 
 def _nodewright_warnings(
@@ -470,13 +538,13 @@ def _nodewright_warnings(
     disruptive = sorted(
         k
         for k, p in packages.items()
-        if (p.get("interrupt") or {}).get("type") not in (None, InterruptType.NOOP)
+        if _interrupt_type(p.get("interrupt")) not in (None, InterruptType.NOOP)
         or any(
-            (i or {}).get("type") not in (None, InterruptType.NOOP)
-            for i in (p.get("configInterrupts") or {}).values()
+            _interrupt_type(i) not in (None, InterruptType.NOOP)
+            for i in _map(p.get("configInterrupts")).values()
         )
     )
-    budget = spec.get("interruptionBudget") or {}
+    budget = _map(spec.get("interruptionBudget"))
     if disruptive and not spec.get("deploymentPolicy") and not ("percent" in budget or "count" in budget):
         warnings.append(
             f"spec: packages {', '.join(disruptive)} interrupt nodes and there is neither a"
@@ -484,9 +552,9 @@ def _nodewright_warnings(
             " interruptionBudget, so all selected nodes may be disrupted at once; set one of them"
         )
     reboots = sorted(
-        k for k, p in packages.items() if (p.get("interrupt") or {}).get("type") == InterruptType.REBOOT
+        k for k, p in packages.items() if _interrupt_type(p.get("interrupt")) == InterruptType.REBOOT
     )
-    selector = spec.get("podNonInterruptLabels") or {}
+    selector = _map(spec.get("podNonInterruptLabels"))
     if reboots and not (selector.get("matchLabels") or selector.get("matchExpressions")):
         warnings.append(
             f"spec.podNonInterruptLabels: empty, so packages {', '.join(reboots)} reboot nodes without"
@@ -495,7 +563,7 @@ def _nodewright_warnings(
         )
     if not spec.get("nodeSelectors"):
         warnings.append("spec.nodeSelectors: unset, so this NodeWright applies to every node of the cluster")
-    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    annotations = _map(_map(obj.get("metadata")).get("annotations"))
     warnings.extend(
         f"metadata.annotations[{key}]: {annotations[key]!r} is neither 'true' nor 'false'"
         for key in (constants.ANNOTATION_PAUSE, constants.ANNOTATION_DISABLE)
@@ -524,7 +592,7 @@ def _check_update(
                         " uninstall.apply: true, wait until the uninstall completed, then remove it",
                     )
                 )
-        elif still_there or not (old_pkg.get("uninstall") or {}).get("apply"):
+        elif still_there or not _map(old_pkg.get("uninstall")).get("apply"):
             errors.append(
                 FieldError(
                     f"spec.packages[{pkg}].version",
@@ -536,8 +604,8 @@ def _check_update(
                 )
             )
     for pkg, old_pkg in old_pkgs.items():
-        cancelled = (old_pkg.get("uninstall") or {}).get("apply") and pkg in new_pkgs
-        if cancelled and not (new_pkgs[pkg].get("uninstall") or {}).get("apply"):
+        cancelled = _map(old_pkg.get("uninstall")).get("apply") and pkg in new_pkgs
+        if cancelled and not _map(new_pkgs[pkg].get("uninstall")).get("apply"):
             warnings.append(
                 f"spec.packages[{pkg}].uninstall.apply: uninstall cancelled; nodes where the uninstall"
                 " already completed will install the package again"
@@ -548,39 +616,50 @@ def _check_update(
 # DeploymentPolicy
 
 
-def _strategy_paths(spec: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+def _strategy_paths(spec: Any) -> list[tuple[str, Mapping[str, Any]]]:
     out: list[tuple[str, Mapping[str, Any]]] = []
-    default = spec.get("default") or {}
-    if isinstance(default, Mapping) and isinstance(default.get("strategy"), Mapping):
-        out.append(("spec.default.strategy", default["strategy"]))
-    for i, comp in enumerate(spec.get("compartments") or []):
+    strategy = _map(spec).get("default")
+    if isinstance(_map(strategy).get("strategy"), Mapping):
+        out.append(("spec.default.strategy", _map(strategy)["strategy"]))
+    for i, comp in enumerate(_list(_map(spec).get("compartments"))):
         if isinstance(comp, Mapping) and isinstance(comp.get("strategy"), Mapping):
             out.append((f"spec.compartments[{i}].strategy", comp["strategy"]))
     return out
 
 
-def validate_deploymentpolicy(
-    obj: Mapping[str, Any], *, old: Mapping[str, Any] | None = None
-) -> ValidationResult:
-    """All problems of a DeploymentPolicy (CREATE or UPDATE; the rules do not depend on the old object)."""
+def validate_deploymentpolicy(obj: Any, *, old: Mapping[str, Any] | None = None) -> ValidationResult:
+    """All problems of a DeploymentPolicy (CREATE or UPDATE; an unchanged spec is not re-validated)."""
+    if not isinstance(obj, Mapping):
+        return ValidationResult([FieldError("<root>", "a DeploymentPolicy must be a JSON object")], [])
     errors: list[FieldError] = []
     warnings: list[str] = []
-    _validate_model(DeploymentPolicy, obj, errors)
-    spec = obj.get("spec") or {}
+    model = _validate_model(DeploymentPolicy, obj)
+    errors.extend(_metadata_name_errors(obj, constants.KIND_POLICY, k8s.DNS1123_SUBDOMAIN_MAX))
+    spec = obj.get("spec")
     if not isinstance(spec, Mapping):
-        return ValidationResult(errors, warnings)
+        return ValidationResult(_merge(model, errors), warnings)
     seen_names: dict[str, int] = {}
     seen_selectors: dict[frozenset[tuple[str, str, frozenset[str]]], tuple[int, str]] = {}
-    for i, comp in enumerate(spec.get("compartments") or []):
+    for i, comp in enumerate(_list(spec.get("compartments"))):
         if not isinstance(comp, Mapping):
             continue
         path = f"spec.compartments[{i}]"
-        cname = str(comp.get("name", ""))
+        raw_name = comp.get("name")
+        cname = raw_name if isinstance(raw_name, str) else ""
         if cname == constants.DEFAULT_COMPARTMENT:
             errors.append(
                 FieldError(f"{path}.name", f"{cname} is reserved for nodes in no compartment; rename it")
             )
-        if cname in seen_names:
+        elif isinstance(raw_name, str) and (not cname or k8s.label_value(cname)):
+            errors.append(
+                FieldError(
+                    f"{path}.name",
+                    f"{cname[:80]!r} is not a compartment name: 1-63 letters, digits, '-', '_' and '.',"
+                    " starting and ending with a letter or digit (it is a metric label value and appears"
+                    " in Events)",
+                )
+            )
+        if isinstance(raw_name, str) and cname in seen_names:
             errors.append(
                 FieldError(
                     f"{path}.name",
@@ -590,7 +669,7 @@ def validate_deploymentpolicy(
             )
         seen_names.setdefault(cname, i)
         selector = comp.get("selector")
-        _check_selector(selector, f"{path}.selector", errors)
+        errors.extend(k8s.label_selector(selector, f"{path}.selector"))
         canon = canonical_selector(selector if isinstance(selector, Mapping) else None)
         if not canon:
             warnings.append(f"{path}.selector: empty, so compartment {cname!r} contains every node")
@@ -613,7 +692,7 @@ def validate_deploymentpolicy(
                     f" set it"
                     " to stop after that many failed batches in a row"
                 )
-    return ValidationResult(_dedupe(errors), warnings)
+    return ValidationResult(_ratchet(_merge(model, errors), obj, old), warnings)
 
 
 def _dedupe(errors: list[FieldError]) -> list[FieldError]:
@@ -630,7 +709,68 @@ def format_errors(errors: Iterable[FieldError]) -> str:
     return "; ".join(str(e) for e in errors)
 
 
-def strategy_defaults_patch(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+# ----------------------------------------------------------------------------------------------------
+# Mutations (the mutating webhook's patches)
+
+
+def mutation_shape_errors(kind: str, obj: Any) -> list[FieldError]:
+    """What keeps the mutating webhook from computing its patch: the parts it walks must be objects.
+
+    Only shapes the API server's schema refuses anyway, so refusing them here never blocks an object
+    that would otherwise be stored.
+    """
+    if not isinstance(obj, Mapping):
+        return [FieldError("<root>", f"a {kind} must be a JSON object")]
+    out: list[FieldError] = []
+    spec = obj.get("spec")
+    if spec is not None and not isinstance(spec, Mapping):
+        return [FieldError("spec", f"must be an object, not {_json_type(spec)}")]
+    spec = _map(spec)
+    if kind == constants.KIND_NODEWRIGHT:
+        packages = spec.get("packages")
+        if packages is not None and not isinstance(packages, Mapping):
+            return [
+                FieldError("spec.packages", f"must be an object (name: package), not {_json_type(packages)}")
+            ]
+        out.extend(
+            FieldError(f"spec.packages[{k}]", f"must be an object, not {_json_type(v)}")
+            for k, v in _map(packages).items()
+            if v is not None and not isinstance(v, Mapping)
+        )
+        return out
+    default = spec.get("default")
+    if default is not None and not isinstance(default, Mapping):
+        out.append(FieldError("spec.default", f"must be an object, not {_json_type(default)}"))
+    compartments = spec.get("compartments")
+    if compartments is not None and not isinstance(compartments, list):
+        out.append(FieldError("spec.compartments", f"must be a list, not {_json_type(compartments)}"))
+    strategies = [("spec.default.strategy", _map(default).get("strategy"))]
+    for i, comp in enumerate(_list(compartments)):
+        if comp is not None and not isinstance(comp, Mapping):
+            out.append(FieldError(f"spec.compartments[{i}]", f"must be an object, not {_json_type(comp)}"))
+        strategies.append((f"spec.compartments[{i}].strategy", _map(comp).get("strategy")))
+    for path, strategy in strategies:
+        if strategy is not None and not isinstance(strategy, Mapping):
+            out.append(FieldError(path, f"must be an object, not {_json_type(strategy)}"))
+        for name, params in _map(strategy).items():
+            if params is not None and not isinstance(params, Mapping):
+                out.append(FieldError(f"{path}.{name}", f"must be an object, not {_json_type(params)}"))
+    return out
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "null" if value is None else "an object"
+
+
+def strategy_defaults_patch(obj: Any) -> list[dict[str, Any]]:
     """JSONPatch operations filling missing strategy parameter defaults (normally the CRD does it)."""
     from nodewright.api.models import ExponentialStrategy, FixedStrategy, LinearStrategy
 
@@ -640,8 +780,7 @@ def strategy_defaults_patch(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
         "exponential": ExponentialStrategy,
     }
     ops: list[dict[str, Any]] = []
-    spec = obj.get("spec") or {}
-    for path, strategy in _strategy_paths(spec):
+    for path, strategy in _strategy_paths(_map(obj).get("spec")):
         pointer = "/" + path.replace(".", "/").replace("[", "/").replace("]", "")
         for kind, params in strategy.items():
             cls = classes.get(kind)
@@ -656,7 +795,7 @@ def strategy_defaults_patch(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
     return ops
 
 
-def package_name_patch(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+def package_name_patch(obj: Any) -> list[dict[str, Any]]:
     """JSONPatch operations setting each package's unset `name` from its map key (as the reference does)."""
     return [
         {"op": "add", "path": f"/spec/packages/{_escape(key)}/name", "value": key}
