@@ -12,7 +12,15 @@ Endpoints:
   when they were stored before the defaults existed.
 
 All problems of an object are returned at once in `status.message`, one `path: message` per entry;
-warnings go to `response.warnings` and are printed by kubectl. Lookups go through `AdmissionFacts`; the
+warnings go to `response.warnings` and are printed by kubectl.
+
+Malformed input never produces a 5xx: a body that is not JSON, or not an AdmissionReview with a
+`request` object, gets HTTP 400 with a denied AdmissionReview naming the offending field
+(`request.object`, ...); an object of the wrong shape (`spec: "x"`, `spec.packages: []`, numbers for
+strings, no metadata) is denied with code 422 and the field path, by the mutating endpoints too (they
+refuse only shapes they cannot patch, which the API server's schema refuses anyway). Only a bug in the
+handlers answers 500, and the admission fuzzer (tests/admission_fuzz.py) keeps that from happening.
+ Lookups go through `AdmissionFacts`; the
 Kubernetes implementation bounds every request with a timeout shorter than the webhook's own
 `timeoutSeconds`, and a failed lookup fails *open* for existence checks (with a warning) because the
 operator re-checks at reconcile time, while the uninstall protection fails *closed*.
@@ -31,7 +39,7 @@ from typing import Any, Protocol
 import structlog
 from aiohttp import web
 
-from nodewright.api import validation
+from nodewright.api import constants, validation
 
 log = structlog.get_logger(__name__)
 
@@ -57,25 +65,60 @@ class AdmissionFacts(Protocol):
     async def package_present(self, nodewright: str, package: str) -> bool: ...
 
 
+OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+
+
 @dataclass
 class _Review:
     uid: str
     operation: str
-    obj: dict[str, Any]
+    obj: Any
     old: dict[str, Any] | None
     name: str
 
 
-def _parse(body: Mapping[str, Any]) -> _Review:
-    req = body.get("request") or {}
-    obj = req.get("object") or {}
+class MalformedReview(ValueError):
+    """The body is not an AdmissionReview the handlers can answer; `errors` name the fields."""
+
+    def __init__(self, uid: str, errors: list[validation.FieldError]) -> None:
+        super().__init__(validation.format_errors(errors))
+        self.uid = uid
+        self.errors = errors
+
+
+def _parse(body: Any) -> _Review:
+    if not isinstance(body, Mapping):
+        raise MalformedReview("", [validation.FieldError("<body>", "must be an AdmissionReview object")])
+    req = body.get("request")
+    if not isinstance(req, Mapping):
+        raise MalformedReview("", [validation.FieldError("request", "must be an AdmissionRequest object")])
+    uid = req.get("uid", "")
+    errors: list[validation.FieldError] = []
+    if not isinstance(uid, str):
+        errors.append(validation.FieldError("request.uid", "must be a string"))
+        uid = ""
+    operation = req.get("operation")
+    if operation not in OPERATIONS:
+        errors.append(validation.FieldError("request.operation", f"must be one of {', '.join(OPERATIONS)}"))
+    obj = req.get("object")
+    if operation in ("CREATE", "UPDATE") and obj is None:
+        errors.append(validation.FieldError("request.object", f"required for {operation}"))
     old = req.get("oldObject")
+    if operation in ("UPDATE", "DELETE") and old is not None and not isinstance(old, dict):
+        errors.append(validation.FieldError("request.oldObject", "must be an object"))
+    if errors:
+        raise MalformedReview(uid, errors)
+    name = req.get("name")
+    if not isinstance(name, str) or not name:
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        meta_name = meta.get("name") if isinstance(meta, Mapping) else None
+        name = meta_name if isinstance(meta_name, str) else ""
     return _Review(
-        uid=str(req.get("uid", "")),
-        operation=str(req.get("operation", "")),
-        obj=obj if isinstance(obj, dict) else {},
+        uid=uid,
+        operation=str(operation),
+        obj=obj,
         old=old if isinstance(old, dict) else None,
-        name=str(req.get("name") or (obj or {}).get("metadata", {}).get("name") or ""),
+        name=name,
     )
 
 
@@ -113,12 +156,13 @@ class Handlers:
     def __init__(self, facts: AdmissionFacts) -> None:
         self._facts = facts
 
-    async def validate_nodewright(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def validate_nodewright(self, body: Any) -> dict[str, Any]:
         review = _parse(body)
         if review.operation not in ("CREATE", "UPDATE"):
             return _response(review.uid, allowed=True)
         warnings: list[str] = []
-        policy = (review.obj.get("spec") or {}).get("deploymentPolicy")
+        spec = review.obj.get("spec") if isinstance(review.obj, Mapping) else None
+        policy = spec.get("deploymentPolicy") if isinstance(spec, Mapping) else None
         policies: dict[str, bool] = {}
         if isinstance(policy, str) and policy:
             try:
@@ -146,7 +190,7 @@ class Handlers:
             return _deny(review.uid, result.errors, warnings, "NodeWright", review.name)
         return _response(review.uid, allowed=True, warnings=warnings)
 
-    async def validate_deploymentpolicy(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def validate_deploymentpolicy(self, body: Any) -> dict[str, Any]:
         review = _parse(body)
         if review.operation == "DELETE":
             try:
@@ -176,13 +220,34 @@ class Handlers:
             return _deny(review.uid, result.errors, result.warnings, "DeploymentPolicy", review.name)
         return _response(review.uid, allowed=True, warnings=result.warnings)
 
-    async def mutate_nodewright(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def mutate_nodewright(self, body: Any) -> dict[str, Any]:
         review = _parse(body)
+        if review.operation not in ("CREATE", "UPDATE"):
+            return _response(review.uid, allowed=True)
+        if errors := validation.mutation_shape_errors(constants.KIND_NODEWRIGHT, review.obj):
+            return _deny(review.uid, errors, [], "NodeWright", review.name)
         return _response(review.uid, allowed=True, patch=validation.package_name_patch(review.obj))
 
-    async def mutate_deploymentpolicy(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def mutate_deploymentpolicy(self, body: Any) -> dict[str, Any]:
         review = _parse(body)
+        if review.operation not in ("CREATE", "UPDATE"):
+            return _response(review.uid, allowed=True)
+        if errors := validation.mutation_shape_errors(constants.KIND_POLICY, review.obj):
+            return _deny(review.uid, errors, [], "DeploymentPolicy", review.name)
         return _response(review.uid, allowed=True, patch=validation.strategy_defaults_patch(review.obj))
+
+
+def _uid_of(body: Any) -> str:
+    req = body.get("request") if isinstance(body, Mapping) else None
+    uid = req.get("uid") if isinstance(req, Mapping) else None
+    return uid if isinstance(uid, str) else ""
+
+
+def _malformed(exc: MalformedReview) -> web.Response:
+    lines = "\n".join(f"* {e}" for e in exc.errors)
+    out = _response(exc.uid, allowed=False, code=400, message=f"malformed AdmissionReview:\n{lines}")
+    out["response"]["status"]["reason"] = "BadRequest"
+    return web.json_response(out, status=400)
 
 
 def build_app(facts: AdmissionFacts) -> web.Application:
@@ -198,14 +263,16 @@ def build_app(facts: AdmissionFacts) -> web.Application:
     def endpoint(handler: Any) -> Any:
         async def serve(request: web.Request) -> web.Response:
             try:
-                body = await request.json()
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                return web.json_response({"error": "body is not an AdmissionReview"}, status=400)
-            uid = str((body.get("request") or {}).get("uid", ""))
+                body = json.loads(await request.read())
+            except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested beyond reason
+                return _malformed(MalformedReview("", [validation.FieldError("<body>", "is not JSON")]))
             try:
                 out = await handler(body)
+            except MalformedReview as exc:
+                return _malformed(exc)
             except Exception as exc:  # a bug must answer, not hang the API server until its timeout
                 log.exception("admission handler failed", path=request.path)
+                uid = _uid_of(body)
                 out = _response(uid, allowed=False, code=500, message=f"internal webhook error: {exc}")
             return web.json_response(out)
 
