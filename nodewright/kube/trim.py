@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from nodewright.api.constants import PREFIX
 from nodewright.kube.resources import JSON
+from nodewright.plan.podspec import RUN_DIGEST_FIELD, run_digest
 
 _intern = sys.intern
 
@@ -126,7 +127,13 @@ def _container_status(status: JSON) -> JSON:
 
 
 def trim_pod(pod: JSON) -> JSON:
-    """What the controller needs of a package pod: identity, ownership, node, containers, progress."""
+    """What the controller needs of a package pod: identity, ownership, node, containers, progress.
+
+    The rest of the spec is dropped, but the pod's signature binds all of it: the digest of what the
+    pod runs (`plan.podspec.run_digest`) is computed here from the full object and kept under
+    `runDigest`. A trimmed pod keeps the digest it already carries (the API server never returns that
+    key: unknown fields of a Pod are dropped on decoding).
+    """
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -148,7 +155,7 @@ def trim_pod(pod: JSON) -> JSON:
     for field in ("initContainerStatuses", "containerStatuses"):
         if status.get(field):
             out_status[field] = [_container_status(s) for s in status[field]]
-    return {"metadata": out_meta, "spec": out_spec, "status": out_status}
+    return {"metadata": out_meta, "spec": out_spec, "status": out_status, RUN_DIGEST_FIELD: run_digest(pod)}
 
 
 def node_ready(node: JSON) -> bool:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -401,3 +402,231 @@ def build_pod(
         },
         "spec": spec,
     }
+
+
+# ----------------------------------------------------------------------------------------------------
+# What a pod runs, canonicalised (the part of a package pod its signature binds)
+
+RUN_DIGEST_FIELD: Final = "runDigest"
+"""Key of the run digest in a trimmed pod (`kube.trim.trim_pod` computes it from the full object)."""
+
+SERVICE_ACCOUNT_MOUNT: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
+_SA_VOLUME_PREFIX: Final = "kube-api-access-"
+_SA_CA_SOURCE: Final = {
+    "configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+}
+_SA_NAMESPACE_SOURCE: Final = {
+    "downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}
+}
+_DEFAULT_TOLERATION_KEYS: Final = frozenset(
+    {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}
+)
+_CONTAINER_LISTS: Final = ("initContainers", "containers", "ephemeralContainers")
+# Derived by admission from other bound fields (priorityClassName, runtimeClassName), or not about what
+# runs or with which privileges (container and pod resources; in-place resize may change them).
+_UNBOUND_POD_FIELDS: Final = ("priority", "overhead", "resources")
+_UNBOUND_CONTAINER_FIELDS: Final = ("resources", "resizePolicy")
+_POD_DEFAULTS: Final[tuple[tuple[str, object], ...]] = (
+    ("dnsPolicy", "ClusterFirst"),
+    ("schedulerName", "default-scheduler"),
+    ("enableServiceLinks", True),
+    ("restartPolicy", "Always"),
+    ("terminationGracePeriodSeconds", 30),
+    ("preemptionPolicy", "PreemptLowerPriority"),
+)
+_CONTAINER_DEFAULTS: Final[tuple[tuple[str, object], ...]] = (
+    ("terminationMessagePath", "/dev/termination-log"),
+    ("terminationMessagePolicy", "File"),
+)
+# Go `bool` fields with `omitempty`: false is never serialised, so false and absent are the same.
+_PLAIN_BOOLS: Final = frozenset(
+    {"hostNetwork", "hostPID", "hostIPC", "stdin", "stdinOnce", "tty", "readOnly"}
+)
+
+
+def _default_pull_policy(image: str) -> str:
+    """The imagePullPolicy the API server fills in: Always for `:latest` or no tag, else IfNotPresent."""
+    if "@" in image:
+        return "IfNotPresent"
+    last = image.rsplit("/", 1)[-1]
+    tag = last.partition(":")[2]
+    return "Always" if tag in ("", "latest") else "IfNotPresent"
+
+
+def _is_injected_token_volume(volume: Any) -> bool:
+    """The projected volume the ServiceAccount admission plugin adds (`kube-api-access-<random>`)."""
+    volume = _normalise(volume)
+    if not isinstance(volume, dict) or set(volume) != {"name", "projected"}:
+        return False
+    if not str(volume["name"]).startswith(_SA_VOLUME_PREFIX) or set(volume["projected"]) != {"sources"}:
+        return False
+    sources = volume["projected"]["sources"]
+    if not isinstance(sources, list) or len(sources) != 3:
+        return False
+    token = sources[0].get("serviceAccountToken") if isinstance(sources[0], dict) else None
+    return (
+        isinstance(token, dict)
+        and set(sources[0]) == {"serviceAccountToken"}
+        and set(token) <= {"path", "expirationSeconds"}
+        and token.get("path") == "token"
+        and sources[1] == _SA_CA_SOURCE
+        and sources[2] == _SA_NAMESPACE_SOURCE
+    )
+
+
+def _is_injected_token_mount(mount: Any, token_volumes: set[str]) -> bool:
+    return (
+        isinstance(mount, dict)
+        and mount.get("name") in token_volumes
+        and mount.get("mountPath") == SERVICE_ACCOUNT_MOUNT
+        and mount.get("readOnly") is True
+        and set(mount) == {"name", "mountPath", "readOnly"}
+    )
+
+
+def _is_default_toleration(toleration: Any) -> bool:
+    """A toleration the DefaultTolerationSeconds admission plugin adds (its seconds are a server flag)."""
+    return (
+        isinstance(toleration, dict)
+        and toleration.get("key") in _DEFAULT_TOLERATION_KEYS
+        and toleration.get("operator") == "Exists"
+        and toleration.get("effect") == "NoExecute"
+        and set(toleration) <= {"key", "operator", "effect", "tolerationSeconds"}
+    )
+
+
+def _normalise(value: Any) -> Any:
+    """Server defaults that can appear anywhere, then Go's `omitempty`: empty and plain-false go."""
+    if isinstance(value, list):
+        return [_normalise(v) for v in value]  # items keep their place: args ["-c", ""] means something
+    if not isinstance(value, dict):
+        return value
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        item = _normalise(item)
+        if item in (None, "", {}, []) or (key in _PLAIN_BOOLS and item is False):
+            continue
+        if key == "defaultMode" and item == 420:
+            continue
+        if key == "fieldRef" and isinstance(item, dict) and item.get("apiVersion") == "v1":
+            item = {k: v for k, v in item.items() if k != "apiVersion"}
+        if key == "resourceFieldRef" and isinstance(item, dict):
+            # Quantities come back in canonical form ("1024Ki" -> "1Mi"); the divisor only scales the
+            # value of an environment variable, so it is left out instead of re-implemented here.
+            item = {k: v for k, v in item.items() if k != "divisor"}
+        out[key] = item
+    return out
+
+
+def _canonical_container(container: Any, *, host_network: bool, token_volumes: set[str]) -> Any:
+    if not isinstance(container, dict):
+        return container
+    out = {k: v for k, v in container.items() if k not in _UNBOUND_CONTAINER_FIELDS}
+    for key, default in _CONTAINER_DEFAULTS:
+        if out.get(key) == default:
+            del out[key]
+    if out.get("imagePullPolicy") == _default_pull_policy(str(out.get("image") or "")):
+        del out["imagePullPolicy"]
+    mounts = out.get("volumeMounts")
+    if isinstance(mounts, list):
+        out["volumeMounts"] = [m for m in mounts if not _is_injected_token_mount(m, token_volumes)]
+    ports = out.get("ports")
+    if isinstance(ports, list):
+        canonical_ports = []
+        for port in ports:
+            if isinstance(port, dict):
+                port = dict(port)
+                if port.get("protocol") == "TCP":
+                    del port["protocol"]
+                if host_network and port.get("hostPort") == port.get("containerPort"):
+                    port.pop("hostPort", None)
+            canonical_ports.append(port)
+        out["ports"] = canonical_ports
+    return out
+
+
+def run_spec(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The canonical form of what `pod` runs, where, and with which privileges.
+
+    It is the whole pod `spec` -- every container list (images, commands, args, env, envFrom, mounts,
+    security contexts, probes, lifecycle hooks), volumes, host namespaces, service account, node,
+    tolerations, everything -- except the fields below, which kube-apiserver (v1.36, default admission
+    plugins) fills in or derives on create, so that our own pods read back equal to what was built:
+
+    - defaults, removed when they hold the default value: `dnsPolicy: ClusterFirst`, `schedulerName:
+      default-scheduler`, `enableServiceLinks: true`, `restartPolicy: Always`,
+      `terminationGracePeriodSeconds: 30`, `preemptionPolicy: PreemptLowerPriority`, container
+      `terminationMessagePath: /dev/termination-log`, `terminationMessagePolicy: File`, the
+      `imagePullPolicy` implied by the image tag, volume `defaultMode: 420`, `fieldRef.apiVersion: v1`,
+      port `protocol: TCP` (and `hostPort` = `containerPort` with hostNetwork);
+    - Go `omitempty`: empty strings, lists and objects (`hostPath.type: ""`, `securityContext: {}`) and
+      false plain booleans (`hostNetwork`, `hostPID`, `hostIPC`, `readOnly`, `stdin`, `tty`) are absent;
+    - `serviceAccountName` defaults to `default`; the deprecated `serviceAccount` mirrors it;
+    - admission additions: the ServiceAccount plugin's `kube-api-access-*` token volume and its
+      read-only mounts at the service-account path (exact shape only; what it grants follows from the
+      bound `serviceAccountName` and `automountServiceAccountToken`), and DefaultTolerationSeconds'
+      `not-ready`/`unreachable` NoExecute tolerations;
+    - not bound at all: `priority` and `overhead` (derived from the bound class names), pod and
+      container `resources` and `resizePolicy` (quantities are rewritten, and they do not change what
+      runs or its privileges), `resourceFieldRef.divisor`.
+
+    Lists keep their order (env order matters for `$(VAR)` references; the server keeps it).
+    """
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return {}
+    out = {k: v for k, v in spec.items() if k not in _UNBOUND_POD_FIELDS}
+    for key, default in _POD_DEFAULTS:
+        if out.get(key) == default:
+            del out[key]
+    account = out.pop("serviceAccountName", None) or out.pop("serviceAccount", None) or "default"
+    out.pop("serviceAccount", None)
+    if account != "default":
+        out["serviceAccountName"] = account
+    volumes = out.get("volumes")
+    token_volumes: set[str] = set()
+    if isinstance(volumes, list):
+        token_volumes = {str(v["name"]) for v in volumes if _is_injected_token_volume(v)}
+        out["volumes"] = [v for v in volumes if not _is_injected_token_volume(v)]
+    tolerations_ = out.get("tolerations")
+    if isinstance(tolerations_, list):
+        out["tolerations"] = [t for t in tolerations_ if not _is_default_toleration(t)]
+    host_network = out.get("hostNetwork") is True
+    for field_name in _CONTAINER_LISTS:
+        containers = out.get(field_name)
+        if isinstance(containers, list):
+            out[field_name] = [
+                _canonical_container(c, host_network=host_network, token_volumes=token_volumes)
+                for c in containers
+            ]
+    normalised: dict[str, Any] = _normalise(out)
+    return normalised
+
+
+def run_digest(pod: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of `run_spec(pod)`; a trimmed pod carries it precomputed in `RUN_DIGEST_FIELD`."""
+    precomputed = pod.get(RUN_DIGEST_FIELD)
+    if isinstance(precomputed, str):
+        return precomputed
+    text = json.dumps(run_spec(pod), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def run_spec_changes(built: Mapping[str, Any], stored: Mapping[str, Any], *, limit: int = 5) -> list[str]:
+    """Paths where the run spec of `stored` differs from `built` (at most `limit`, for messages)."""
+    changes: list[str] = []
+
+    def walk(a: Any, b: Any, path: str) -> None:
+        if len(changes) >= limit or a == b:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b)):
+                walk(a.get(key), b.get(key), f"{path}.{key}")
+        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            for i, (x, y) in enumerate(zip(a, b, strict=True)):
+                walk(x, y, f"{path}[{i}]")
+        else:
+            changes.append(path)
+
+    walk(run_spec(built), run_spec(stored), "spec")
+    return changes
