@@ -20,6 +20,15 @@ from typing import Any
 
 import pytest
 
+from e2e import operator_fixture
+from e2e.operator_fixture import (
+    OperatorProcess,
+    create_nodewright,
+    delete_nodewright,
+    fleet_of,
+    nodewright_manifest,
+    wait_statuses,
+)
 from nodewright.api import constants
 from nodewright.api.models import EnvVar, NodeWright, NodeWrightSpec, ObjectMeta, Package
 from nodewright.api.nodestate import PackageStage
@@ -28,6 +37,11 @@ from nodewright.sim import fleet, kubelet_host
 from nodewright.sim.controlplane import ControlPlane, process_running
 from nodewright.sim.kubeapi import JSON, ApiError, KubeClient
 from nodewright.sim.rebooter import REBOOT_SECONDS_ANNOTATION
+
+crds = operator_fixture.crds
+kube = operator_fixture.kube
+operator = operator_fixture.operator
+operator_factory = operator_fixture.operator_factory
 
 NS = "default"
 FIXTURE_IMAGE = "registry.local/sim-test/fixture:1"
@@ -445,26 +459,99 @@ def write_package(directory: Path, name: str) -> None:
     for script in steps.iterdir():
         os.chmod(script, 0o755)
 
-    def step(step_name: str, script: str) -> JSON:
-        return {
-            "name": step_name,
-            "path": script,
-            "arguments": [],
-            "returncodes": [0],
-            "on_host": True,
-            "idempotence": False,
-            "upgrade_step": False,
-            "env": {},
-        }
-
     config = {
         "schema_version": "v1",
         "package_name": name,
         "package_version": "1.0.0",
         "expected_config_files": ["message.txt"],
         "modes": {
-            "apply": [step("apply", "apply.sh")],
-            "apply-check": [step("apply_check", "apply_check.sh")],
+            "apply": [_step("apply", "apply.sh")],
+            "apply-check": [_step("apply_check", "apply_check.sh")],
         },
     }
     (directory / "config.json").write_text(json.dumps(config, indent=2))
+
+
+async def test_an_operator_rollout_with_a_reboot_runs_the_package_for_real(
+    cluster: ControlPlane, operator: OperatorProcess, kube: KubeClient, unique: str
+) -> None:
+    """NodeWright -> operator -> package pods -> our agent -> the node roots, a reboot through the
+    rebooter, a post-interrupt check that reads the value back from the rebooted node."""
+    name = f"swap-{unique}-tune"
+    write_sysctl_package(cluster.dir / "registry" / name, name)
+    prefix = nw = f"real-{unique}"
+    annotations = {REBOOT_SECONDS_ANNOTATION: "0.5"}
+    async with fleet_of(cluster, prefix, 2, real_packages=2, annotations_extra=annotations) as names:
+        boot_ids = {n: await boot_id(kube, n) for n in names}
+        package = {
+            "version": "1.0.0",
+            "image": f"ghcr.io/example/{name}",
+            "interrupt": {"type": "reboot"},
+            "env": [{"name": "SWAPPINESS", "value": "17"}],
+        }
+        await create_nodewright(kube, nodewright_manifest(nw, fleet_prefix=prefix, packages={name: package}))
+        await wait_statuses(kube, prefix, nw, "complete", within=180)
+        for node in names:
+            root = cluster.dir / "roots" / node
+            assert (root / f"etc/sysctl.d/90-{name}.conf").read_text() == "vm.swappiness = 17\n"
+            rebooted = await boot_id(kube, node)
+            assert rebooted != boot_ids[node] and kubelet_host.recorded_boot_id(root) == rebooted
+            assert (root / "proc/sys/vm/swappiness").read_text() == "17\n"  # loaded at boot
+            history = json.loads((root / f"var/lib/skyhook/{nw}/history/{name}.json").read_text())
+            assert history["current-version"] == "1.0.0"
+        await delete_nodewright(kube, nw)
+
+
+def write_sysctl_package(directory: Path, name: str) -> None:
+    """apply persists a sysctl, apply-check reads the file, post-interrupt-check reads the running value
+    (which only a boot loads), uninstall removes the file."""
+    conf = f'"${{NODEWRIGHT_HOST_ROOT%/}}/etc/sysctl.d/90-{name}.conf"'
+    scripts = {
+        "apply.sh": (
+            f'mkdir -p "${{NODEWRIGHT_HOST_ROOT%/}}/etc/sysctl.d"\n'
+            f'echo "vm.swappiness = $SWAPPINESS" > {conf}\n'
+        ),
+        "apply_check.sh": f'grep -qx "vm.swappiness = $SWAPPINESS" {conf}\n',
+        "post_interrupt.sh": "echo rebooted\n",
+        "post_interrupt_check.sh": 'test "$(sysctl -n vm.swappiness)" = "$SWAPPINESS"\n',
+        "uninstall.sh": f"rm -f {conf}\n",
+        "uninstall_check.sh": f"test ! -e {conf}\n",
+    }
+    steps_dir = directory / "skyhook_dir"
+    steps_dir.mkdir(parents=True)
+    for script, body in scripts.items():
+        (steps_dir / script).write_text("#!/bin/sh\nset -eu\n" + body)
+        os.chmod(steps_dir / script, 0o755)
+    modes = {
+        mode: [_step(script.removesuffix(".sh"), script)]
+        for mode, script in (
+            ("apply", "apply.sh"),
+            ("apply-check", "apply_check.sh"),
+            ("post-interrupt", "post_interrupt.sh"),
+            ("post-interrupt-check", "post_interrupt_check.sh"),
+            ("uninstall", "uninstall.sh"),
+            ("uninstall-check", "uninstall_check.sh"),
+        )
+    }
+    config = {
+        "schema_version": "v1",
+        "package_name": name,
+        "package_version": "1.0.0",
+        "expected_config_files": [],
+        "modes": modes,
+    }
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def _step(name: str, script: str) -> JSON:
+    """A step with every field the reference schema requires."""
+    return {
+        "name": name,
+        "path": script,
+        "arguments": [],
+        "returncodes": [0],
+        "on_host": True,
+        "idempotence": False,
+        "upgrade_step": False,
+        "env": {},
+    }

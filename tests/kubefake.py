@@ -292,6 +292,7 @@ class FakeKube:
 
     def _create(self, collection: Collection, body: JSON) -> web.Response:
         meta = body.setdefault("metadata", {})
+        meta.pop("uid", None)  # like kube-apiserver: a created object always gets a fresh uid
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         if meta["name"] in self.objects.get(collection, {}):
@@ -316,6 +317,12 @@ class FakeKube:
         sent_rv = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
         if sent_rv and sent_rv != current["metadata"]["resourceVersion"]:
             return web.json_response(status_body(409, "Conflict", "the object has been modified"), status=409)
+        sent_uid = (body.get("metadata") or {}).get("uid") if isinstance(body, dict) else None
+        if sent_uid and sent_uid != current["metadata"]["uid"]:
+            # kube-apiserver: `metadata.uid: Invalid value: ...: field is immutable` (a uid precondition).
+            return web.json_response(
+                status_body(422, "Invalid", "metadata.uid: field is immutable"), status=422
+            )
         if content_type == "application/strategic-merge-patch+json":
             updated = strategic_patch(current, body)
         elif content_type == "application/merge-patch+json":

@@ -17,10 +17,10 @@ old node until the watch event arrives, and a reconcile that ran on the stale co
 reads prefer it until the cache has caught up (by resourceVersion, which for etcd-backed objects is
 the etcd revision and increases monotonically).
 
-Trust. Package pods are trusted only if they carry a valid signature: an HMAC over their identity
-(name, node, NodeWright uid, stage, attempt, spec hash) with a key that only the operator holds (a
-Secret in its namespace). A pod that someone else labels as a package pod therefore never changes a
-node's state.
+Trust. Package pods are trusted only if their signature binds their identity and what they run, and
+their seal binds the uid the API server gave the pod this operator created (`PodSigner`), both HMACs
+under a key only the operator holds (a Secret in its namespace). A pod that someone else labels as a
+package pod -- forged, altered or re-created -- therefore never changes a node's state.
 """
 
 from __future__ import annotations
@@ -30,11 +30,13 @@ import contextlib
 import hashlib
 import hmac
 import json
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from typing import Any, Final
 
 import pydantic
@@ -48,13 +50,14 @@ from nodewright.kube.informer import Informer
 from nodewright.kube.resources import JSON
 from nodewright.observability.metrics import OperatorMetrics
 from nodewright.observability.tracing import RolloutTracer
-from nodewright.plan import selectors
+from nodewright.plan import podspec, selectors
 from nodewright.plan.rollout import Admission
 
 log = structlog.get_logger("nodewright.context")
 
 ADMISSION_ANNOTATION_PREFIX: Final = f"{constants.PREFIX}batch."
 POD_ANNOTATION_SIGNATURE: Final = f"{constants.PREFIX}signature"
+POD_ANNOTATION_SEAL: Final = f"{constants.PREFIX}seal"
 SIGNING_SECRET_NAME: Final = "nodewright-operator-signing-key"
 NODE_KEY_SEPARATOR: Final = "/"
 
@@ -257,6 +260,8 @@ class WriteThrough:
 
 POD_EXPECTATION_TTL: Final = 60.0
 """Seconds after which an unobserved expectation is dropped (a watch that lost the event relists)."""
+OWN_POD_MEMORY: Final = 900.0
+"""Seconds this process vouches for the uid of a pod it created (only needed until its seal is written)."""
 
 
 class PodExpectations:
@@ -267,6 +272,11 @@ class PodExpectations:
     state, no pod for it, and sends the create again (a 409) — or sends a second DELETE for a pod whose
     deletion is still on its way. Any watch event for a pod (add, update, delete) settles what we
     expected of it; the TTL only bounds memory when a watch restart swallowed that event.
+
+    It also remembers the uid of every pod this process created (from the create response) and whether
+    its seal was written (see `PodSigner`): until the seal is on the pod, that uid is what makes the pod
+    ours. Entries go when the pod is deleted, or after `OWN_POD_MEMORY` seconds (a seal that could not
+    be written in that time leaves the pod unsealed: it is then deleted and its stage runs again).
     """
 
     def __init__(self, transform: Any = None, *, clock: Callable[[], float] = time.monotonic) -> None:
@@ -274,6 +284,7 @@ class PodExpectations:
         self._clock = clock
         self._created: dict[str, tuple[float, JSON]] = {}  # "<ns>/<name>" -> (when, trimmed pod)
         self._deleted: dict[str, float] = {}  # pod uid -> when the DELETE was accepted
+        self._own: dict[str, tuple[float, bool]] = {}  # uid of a pod we created -> (when, seal written)
         self._pruned_at = self._clock()
 
     @staticmethod
@@ -284,7 +295,29 @@ class PodExpectations:
     def created(self, pod: JSON) -> None:
         """A create succeeded: `pod` is the API server's answer."""
         self._prune()
-        self._created[self._key(pod)] = (self._clock(), self._transform(pod))
+        now = self._clock()
+        self._created[self._key(pod)] = (now, self._transform(pod))
+        uid = (pod.get("metadata") or {}).get("uid")
+        if uid:
+            self._own[str(uid)] = (now, False)
+
+    def sealed(self, pod: JSON) -> None:
+        """The seal of a pod we created was written: `pod` is the API server's answer to that patch."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if uid in self._own:
+            self._own[uid] = (self._own[uid][0], True)
+        key = self._key(pod)
+        if key in self._created:  # not observed yet: the sealed copy stands in for it
+            self._created[key] = (self._created[key][0], self._transform(pod))
+
+    def created_here(self, uid: str | None) -> bool:
+        """Whether this process created the pod with this uid (and still remembers it)."""
+        return uid is not None and uid in self._own
+
+    def seal_pending(self, uid: str | None) -> bool:
+        """A pod this process created whose seal has not been written yet."""
+        own = self._own.get(uid or "")
+        return own is not None and not own[1]
 
     def deleted(self, uid: str) -> None:
         self._prune()
@@ -299,7 +332,9 @@ class PodExpectations:
 
     def observed_delete(self, pod: JSON) -> None:
         self.observed(pod)
-        self._deleted.pop(str((pod.get("metadata") or {}).get("uid")), None)
+        uid = str((pod.get("metadata") or {}).get("uid"))
+        self._deleted.pop(uid, None)
+        self._own.pop(uid, None)
 
     def deletion_pending(self, uid: str | None) -> bool:
         return uid is not None and uid in self._deleted
@@ -325,6 +360,9 @@ class PodExpectations:
             del self._created[key]
         for uid in [u for u, at in self._deleted.items() if at < horizon]:
             del self._deleted[uid]
+        own_horizon = now - OWN_POD_MEMORY
+        for uid in [u for u, (at, _) in self._own.items() if at < own_horizon]:
+            del self._own[uid]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -380,9 +418,105 @@ def matched_nodes(nodewright: NodeWright, nodes: Iterable[JSON]) -> list[JSON]:
 # Pod signatures
 
 
+SIGNATURE_VERSION: Final = 2
+_SIGNATURE_TAG: Final = f"v{SIGNATURE_VERSION}"
+_LEGACY_SIGNATURE: Final = re.compile(r"^[0-9a-f]{64}$")
+_MAC: Final = r"[0-9a-f]{64}"
+_SIGNATURE: Final = re.compile(rf"^{_SIGNATURE_TAG}:(?P<identity>{_MAC}):(?P<run>{_MAC})$")
+_SEAL: Final = re.compile(rf"^{_SIGNATURE_TAG}:(?P<mac>{_MAC})$")
+
+
+class UntrustedReason(StrEnum):
+    """Why a pod that looks like one of our package pods is not trusted (the metric's `reason`)."""
+
+    UNSIGNED = "unsigned"
+    LEGACY_SIGNATURE = "legacy_signature"
+    IDENTITY_MISMATCH = "identity_mismatch"
+    SPEC_MISMATCH = "spec_mismatch"
+    UNSEALED = "unsealed"
+    REPLAYED = "replayed"
+    MUTATED_ON_CREATE = "mutated_on_create"
+
+
+UNTRUSTED_EXPLANATIONS: Final[Mapping[UntrustedReason, str]] = {
+    UntrustedReason.UNSIGNED: "it carries no operator signature",
+    UntrustedReason.LEGACY_SIGNATURE: (
+        "it carries a signature of the previous scheme (v1), which does not bind what the pod runs;"
+        " its stage runs again in a new pod"
+    ),
+    UntrustedReason.IDENTITY_MISMATCH: (
+        "its name, node, owner or nodewright.io labels/annotations differ from what the operator signed"
+    ),
+    UntrustedReason.SPEC_MISMATCH: (
+        "what it runs (containers, images, commands, env, volumes, privileges, node) differs from what"
+        " the operator signed"
+    ),
+    UntrustedReason.UNSEALED: (
+        "its signature is valid but no operator recorded its uid (created by an operator that stopped"
+        " before sealing it, or a copy of such a pod); its stage runs again in a new pod"
+    ),
+    UntrustedReason.REPLAYED: "its seal names another pod uid: it is a re-creation of an operator pod",
+    UntrustedReason.MUTATED_ON_CREATE: (
+        "the API server stored it with a spec that differs from what the operator built (a mutating"
+        " admission webhook?); exclude the operator namespace from webhooks that mutate pods"
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PodVerdict:
+    """The outcome of `PodSigner.check`: trusted when `reason` is None; `sealed` when the seal verified."""
+
+    reason: UntrustedReason | None
+    sealed: bool = False
+
+    @property
+    def trusted(self) -> bool:
+        return self.reason is None
+
+
+def _mac(key: bytes, *parts: str) -> str:
+    # A JSON array is an unambiguous encoding of the parts (no separator can be smuggled into one).
+    message = json.dumps(list(parts), separators=(",", ":"), ensure_ascii=False).encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class PodSigner:
-    """HMAC-SHA256 signatures that mark package pods as created by this operator."""
+    """Marks package pods as created by this operator, with HMAC-SHA256 under a key only it holds.
+
+    Threat model: someone who may create, delete and label pods in the operator's namespace can copy
+    every label and annotation of a pod (signature included), choose its spec, and re-create it after
+    deleting ours; they cannot choose the uid or creationTimestamp the API server assigns, and they do
+    not know the key (a Secret in the operator namespace). A package pod counts for a node's state only
+    if all of these hold:
+
+    1. **Signature** (annotation `nodewright.io/signature`, written before create):
+       `v2:<identity MAC>:<run MAC>`. The identity MAC binds the pod's name, namespace, `nodeName`, the
+       uids of its controller owner references and every `nodewright.io/` label and annotation (except
+       signature and seal). The run MAC binds the name and the digest of what the pod runs:
+       `plan.podspec.run_spec` -- the whole pod spec, canonicalised. The canonical form drops exactly
+       what kube-apiserver adds or rewrites on create, so our own pods verify as stored; the rule,
+       established by creating `build_pod` output on kube-apiserver v1.36 with and without the
+       ServiceAccount and DefaultTolerationSeconds admission plugins and diffing the result (the e2e
+       test `e2e/test_trust.py` repeats that check on every run), is listed in `run_spec`'s docstring.
+       Anything else -- another image, command, env, volume, host namespace, security context, service
+       account, node or toleration, an added container, probe or lifecycle hook -- fails the run MAC.
+    2. **Seal** (annotation `nodewright.io/seal`, written right after create, from the create
+       response, with a uid-preconditioned patch): `v2:<MAC of the pod uid and its signature>`. A
+       re-created pod gets a new uid, so a copied seal fails. Between create and seal the operator
+       trusts the pod by its uid from the create response, in memory (`PodExpectations`).
+       A pod whose signature verifies but that has no seal and whose uid this process did not create
+       is the pod of an operator that was killed between create and seal (or a copy of it): it is not
+       trusted, deleted, and its stage runs again (the planner re-creates a lost pod), so a SIGKILL at
+       that moment costs one stage run, never a wedged node. The uid lives on the pod rather than in the
+       node state: that costs one pod patch per created pod instead of a node write.
+
+    Versions: the version tag (`v2`) is part of both values. Pods signed by the previous scheme (v1: a
+    bare MAC over metadata only, which let a re-created pod with another image pass) are treated as
+    lost work: reported as `legacy_signature`, deleted, and their stage runs again in a v2 pod. A later
+    scheme bumps the tag and decides again.
+    """
 
     key: bytes = field(repr=False)
 
@@ -391,37 +525,86 @@ class PodSigner:
         return secrets.token_bytes(32)
 
     @staticmethod
-    def _message(pod: Mapping[str, Any]) -> bytes:
+    def _identity(pod: Mapping[str, Any]) -> list[str]:
         meta = pod.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        annotations = meta.get("annotations") or {}
-        owners = [o.get("uid", "") for o in meta.get("ownerReferences") or () if o.get("controller")]
-        parts = (
-            str(meta.get("name", "")),
-            str((pod.get("spec") or {}).get("nodeName", "")),
-            ",".join(sorted(owners)),
-            str(labels.get(constants.POD_LABEL_NODEWRIGHT, "")),
-            str(labels.get(constants.POD_LABEL_PACKAGE, "")),
-            str(labels.get(constants.POD_LABEL_VERSION, "")),
-            str(labels.get(constants.POD_LABEL_STAGE, "")),
-            str(annotations.get(constants.POD_ANNOTATION_ATTEMPT, "")),
-            str(annotations.get(constants.POD_ANNOTATION_SPEC_HASH, "")),
+        owners = sorted(
+            str(o.get("uid", "")) for o in meta.get("ownerReferences") or () if o.get("controller")
         )
-        return "\x1f".join(parts).encode()
+        ours = (POD_ANNOTATION_SIGNATURE, POD_ANNOTATION_SEAL)
+        labels = sorted(
+            f"{k}={v}" for k, v in (meta.get("labels") or {}).items() if str(k).startswith(constants.PREFIX)
+        )
+        annotations = sorted(
+            f"{k}={v}"
+            for k, v in (meta.get("annotations") or {}).items()
+            if str(k).startswith(constants.PREFIX) and k not in ours
+        )
+        return [
+            "nodewright-pod-identity",
+            _SIGNATURE_TAG,
+            str(meta.get("name", "")),
+            str(meta.get("namespace", "")),
+            str((pod.get("spec") or {}).get("nodeName", "")),
+            ",".join(owners),
+            "\n".join(labels),
+            "\n".join(annotations),
+        ]
+
+    def _identity_mac(self, pod: Mapping[str, Any]) -> str:
+        return _mac(self.key, *self._identity(pod))
+
+    def _run_mac(self, pod: Mapping[str, Any]) -> str:
+        name = str((pod.get("metadata") or {}).get("name", ""))
+        return _mac(self.key, "nodewright-pod-run", _SIGNATURE_TAG, name, podspec.run_digest(pod))
+
+    def _seal_mac(self, uid: str, signature: str) -> str:
+        return _mac(self.key, "nodewright-pod-seal", _SIGNATURE_TAG, uid, signature)
 
     def sign(self, pod: dict[str, Any]) -> dict[str, Any]:
-        """Add the signature annotation to a pod manifest (in place) and return it."""
-        digest = hmac.new(self.key, self._message(pod), hashlib.sha256).hexdigest()
-        pod.setdefault("metadata", {}).setdefault("annotations", {})[POD_ANNOTATION_SIGNATURE] = digest
+        """Add the signature annotation to a pod manifest (in place, before create) and return it."""
+        annotations = pod.setdefault("metadata", {}).setdefault("annotations", {})
+        annotations.pop(POD_ANNOTATION_SEAL, None)
+        annotations.pop(POD_ANNOTATION_SIGNATURE, None)
+        signature = f"{_SIGNATURE_TAG}:{self._identity_mac(pod)}:{self._run_mac(pod)}"
+        annotations[POD_ANNOTATION_SIGNATURE] = signature
         return pod
 
-    def verify(self, pod: Mapping[str, Any]) -> bool:
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        given = annotations.get(POD_ANNOTATION_SIGNATURE)
-        if not isinstance(given, str):
-            return False
-        expected = hmac.new(self.key, self._message(pod), hashlib.sha256).hexdigest()
-        return hmac.compare_digest(given, expected)
+    def seal(self, pod: Mapping[str, Any]) -> str:
+        """The seal annotation value of a created pod (its uid and signature as the API server holds them)."""
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        signature = str((meta.get("annotations") or {}).get(POD_ANNOTATION_SIGNATURE) or "")
+        if not uid or not signature:
+            raise ValueError(f"pod {meta.get('name')!r}: a seal needs the uid and signature of a created pod")
+        return f"{_SIGNATURE_TAG}:{self._seal_mac(uid, signature)}"
+
+    def check(self, pod: Mapping[str, Any], *, created_here: bool = False) -> PodVerdict:
+        """Verify `pod` (full or trimmed); `created_here`: its uid came from this process's create."""
+        meta = pod.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        signature = annotations.get(POD_ANNOTATION_SIGNATURE)
+        if not isinstance(signature, str):
+            return PodVerdict(UntrustedReason.UNSIGNED)
+        parsed = _SIGNATURE.match(signature)
+        if parsed is None:
+            legacy = _LEGACY_SIGNATURE.match(signature)
+            return PodVerdict(UntrustedReason.LEGACY_SIGNATURE if legacy else UntrustedReason.UNSIGNED)
+        if not hmac.compare_digest(parsed["identity"], self._identity_mac(pod)):
+            return PodVerdict(UntrustedReason.IDENTITY_MISMATCH)
+        if not hmac.compare_digest(parsed["run"], self._run_mac(pod)):
+            return PodVerdict(UntrustedReason.SPEC_MISMATCH)
+        seal = annotations.get(POD_ANNOTATION_SEAL)
+        sealed = (
+            isinstance(seal, str)
+            and (m := _SEAL.match(seal)) is not None
+            and hmac.compare_digest(m["mac"], self._seal_mac(str(meta.get("uid") or ""), signature))
+        )
+        if sealed or created_here:
+            return PodVerdict(None, sealed=sealed)
+        return PodVerdict(UntrustedReason.UNSEALED if seal is None else UntrustedReason.REPLAYED)
+
+    def verify(self, pod: Mapping[str, Any], *, created_here: bool = False) -> bool:
+        return self.check(pod, created_here=created_here).trusted
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -561,6 +744,9 @@ class Runtime:
     enqueue_node: Callable[[str, str], None] = field(default=lambda nw, node: None)
     enqueue_node_after: Callable[[str, str, float], None] = field(default=lambda nw, node, s: None)
     pod_expectations: PodExpectations = field(default_factory=PodExpectations)
+
+    def __post_init__(self) -> None:
+        self.metrics.init_untrusted_pods(reason.value for reason in UntrustedReason)
 
     def nodewright(self, name: str) -> tuple[JSON | None, NodeWright | None, str | None]:
         """(raw object, parsed model or None, validation error or None) of a cached NodeWright."""

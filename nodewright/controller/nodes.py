@@ -16,10 +16,10 @@ writes in a crash-safe order:
    the (idempotent) actions; a crash before it repeats everything. Nothing is written when nothing
    differs.
 2. **Actions** in the plan's order: evictions (PDB refusals are reported in the next plan and retried
-   after a few seconds), pod deletions, pod creations (ConfigMap first; every pod signed; a pod name is
-   deterministic, so `409 AlreadyExists` means "already done"), Events. Pods created or deleted
-   are remembered until the pod watch reports them (`PodExpectations`), so a reconcile that runs
-   before the watch catches up neither creates a pod twice nor deletes it twice.
+   after a few seconds), pod deletions, pod creations (ConfigMap first; every pod signed, then
+   sealed; a pod name is deterministic, so `409 AlreadyExists` means "already done"), Events. Pods
+   created or deleted are remembered until the pod watch reports them (`PodExpectations`), so a
+   reconcile that runs before the watch catches up neither creates a pod twice nor deletes it twice.
 
 Rules of trust and ownership:
 
@@ -27,8 +27,10 @@ Rules of trust and ownership:
   read here and handed to the planner only when its fingerprint equals the current spec fingerprint; it
   is never persisted inside the state annotation.
 - A package pod counts only if it carries our NodeWright label, is controller-owned by this
-  NodeWright's uid, and its HMAC signature verifies. A forged pod is logged and reported (one Warning
-  Event per pod) and otherwise ignored: it never changes a node's state.
+  NodeWright's uid, its HMAC signature verifies against its identity and what it runs, and its seal
+  names its uid (`controller.trust`, `context.PodSigner`). Any other pod with our labels is reported
+  (Warning Event on the node and the NodeWright, `nodewright_untrusted_pods_total`) and deleted: it
+  never changes a node's state.
 - A state annotation that does not decode is never overwritten: the node is left alone and a Warning
   Event names the problem (the rollout controller reports `NodeStateMalformed` from the same text). Once
   someone fixes or removes the annotation, the next reconcile continues from it.
@@ -76,6 +78,7 @@ from nodewright.controller.context import (
 )
 from nodewright.controller.drainer import Drainer, Timing, read_timing, timing_annotation, update_timing
 from nodewright.controller.pods import PodLogs, summarize_with_logs
+from nodewright.controller.trust import PodTrust
 from nodewright.kube.client import PatchType, metadata_applied
 from nodewright.kube.resources import JSON, NODES, Conflict, NotFound
 from nodewright.kube.trim import node_ready
@@ -155,7 +158,7 @@ class NodeReconciler:
         )
         self._sequencing = _SequencingCache()
         self._warned: set[tuple[str, str]] = set()  # (key or pod uid, problem) already reported
-        self._pending_warnings: list[dict[str, Any]] = []
+        self.trust = PodTrust(rt)  # which package pods count; reports and deletes the others
         self._metadata_via_status = True  # see `_write`; off if the API server ignores it
 
     # ------------------------------------------------------------------------------------------------
@@ -211,6 +214,7 @@ class NodeReconciler:
         deleting = bool(model.metadata.deletion_timestamp)
         effective = effective_nodewright(model)
         pods_raw = self._package_pods(node_name, model)
+        await self._flush_warnings()  # untrusted pods are reported and deleted on every path
         if not deleting and not matches_nodewright(model, node):
             return await self._unselected(key, nw_name, node, stored, pods_raw)
         if deleting:
@@ -293,47 +297,20 @@ class NodeReconciler:
     # Inputs
 
     def _package_pods(self, node_name: str, nw: NodeWright) -> list[JSON]:
-        """Trusted package pods of this NodeWright on the node (label, owner uid, signature)."""
-        out: list[JSON] = []
-        uid = nw.metadata.uid or ""
+        """Trusted package pods of this NodeWright on the node (signature, seal, owner uid); the others
+        are queued by `PodTrust` to be reported and deleted (`_flush_warnings`)."""
         known = self.rt.pods.by_index("node", node_name)
-        for pod in [*known, *self.rt.pod_expectations.pending_on(node_name, known)]:
-            meta = pod.get("metadata") or {}
-            if (meta.get("labels") or {}).get(constants.POD_LABEL_NODEWRIGHT) != nw.metadata.name:
-                continue
-            owners = [o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")]
-            if uid not in owners:
-                continue  # a pod of an earlier NodeWright with the same name: the GC removes it
-            if not self.rt.signer.verify(pod):
-                self._forged(pod)
-                continue
-            out.append(pod)
-        return out
-
-    def _forged(self, pod: JSON) -> None:
-        meta = pod.get("metadata") or {}
-        ref = f"{meta.get('namespace')}/{meta.get('name')}"
-        marker = (str(meta.get("uid") or ref), "forged")
-        if marker in self._warned:
-            return
-        self._warned.add(marker)
-        log.warning("ignoring package pod with an invalid signature", pod=ref)
-        # Recorded (awaited) by `_flush_warnings` once the pod scan is done.
-        self._pending_warnings.append(
-            {
-                "kind": "Node",
-                "name": str((pod.get("spec") or {}).get("nodeName") or ""),
-                "uid": None,
-                "reason": "UntrustedPackagePod",
-                "message": f"pod {ref} looks like a package pod but its signature does not verify;"
-                " it is ignored",
-            }
-        )
+        labelled = [
+            pod
+            for pod in [*known, *self.rt.pod_expectations.pending_on(node_name, known)]
+            if ((pod.get("metadata") or {}).get("labels") or {}).get(constants.POD_LABEL_NODEWRIGHT)
+            == nw.metadata.name
+        ]
+        return self.trust.trusted(nw, labelled)
 
     async def _flush_warnings(self) -> None:
-        pending, self._pending_warnings = self._pending_warnings, []
-        for w in pending:
-            await self.rt.events.record(event_type="Warning", **w)
+        """Report and delete the untrusted pods the last scans found; write pending pod seals."""
+        await self.trust.flush()
 
     async def _summaries(
         self, pods: Sequence[JSON], nw: NodeWright, state: NodeState | None
@@ -566,8 +543,12 @@ class NodeReconciler:
         except Conflict as exc:
             if not exc.already_exists:
                 raise
-            return  # created by an earlier attempt of this same plan step
-        self.rt.pod_expectations.created(created)
+            # Created by an earlier attempt of this same plan step -- or squatted by someone else's pod,
+            # which the pod scan deletes as untrusted; the planner then creates it again.
+            return
+        # Checked against the manifest (a mutated pod is deleted and fails like a refused create),
+        # remembered by uid and sealed: see `controller.trust`.
+        await self.trust.adopt(created, manifest, nw=nw)
         log.info(
             "package pod created",
             pod=action.name,

@@ -62,6 +62,7 @@ class Reason(StrEnum):
     NODE_UNCORDONED = "NodeUncordoned"
     NODE_COMPLETE = "NodeComplete"
     NODE_BLOCKED = "NodeBlocked"
+    UNTRUSTED_PACKAGE_POD = "UntrustedPackagePod"
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,12 @@ CATALOGUE: Final[tuple[ReasonInfo, ...]] = (
     ReasonInfo(Reason.NODE_UNCORDONED, EventType.NORMAL, "Node", "The node was returned to service"),
     ReasonInfo(Reason.NODE_COMPLETE, EventType.NORMAL, "Node", "All packages of the NodeWright are complete"),
     ReasonInfo(Reason.NODE_BLOCKED, EventType.WARNING, "Node", "The node is skipped (taint or ignore label)"),
+    ReasonInfo(
+        Reason.UNTRUSTED_PACKAGE_POD,
+        EventType.WARNING,
+        "Node",
+        "A pod with package-pod labels failed verification and was deleted (also on the NodeWright)",
+    ),
 )
 _BY_REASON: Final = {info.reason: info for info in CATALOGUE}
 
@@ -284,6 +291,15 @@ def node_complete(nodewright: str) -> EventSpec:
 
 def node_blocked(nodewright: str, why: str) -> EventSpec:
     return EventSpec(Reason.NODE_BLOCKED, f"Skipped by [{nodewright}]: {why}")
+
+
+def untrusted_package_pod(nodewright: str, pod: str, node: str, why: str) -> EventSpec:
+    """`pod` is `<namespace>/<name>`; `why` says which check failed."""
+    return EventSpec(
+        Reason.UNTRUSTED_PACKAGE_POD,
+        f"Pod [{pod}] on node [{node}] carries package-pod labels of [{nodewright}] but failed"
+        f" verification: {why}; it was deleted and changes no node state",
+    )
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -108,6 +108,7 @@ WATCH_RELISTS: Final = "nodewright_watch_relists_total"
 WATCH_EVENTS: Final = "nodewright_watch_events_total"
 LOOP_LAG: Final = "nodewright_event_loop_lag_seconds"
 LOOP_LAG_LAST: Final = "nodewright_event_loop_lag_last_seconds"
+UNTRUSTED_PODS: Final = "nodewright_untrusted_pods_total"
 
 HISTOGRAM_METRICS: Final[frozenset[str]] = frozenset(
     {
@@ -158,6 +159,7 @@ EXPORTED_METRICS: Final[tuple[str, ...]] = (
     WATCH_EVENTS,
     LOOP_LAG,
     LOOP_LAG_LAST,
+    UNTRUSTED_PODS,
 )
 
 # Histograms dropped at export for removed NodeWrights / packages (see module docstring).
@@ -778,6 +780,10 @@ class OperatorMetrics:
             unit="s",
             description="Most recent event-loop lag measurement.",
         )
+        self._untrusted_pods = meter.create_counter(
+            UNTRUSTED_PODS,
+            description="Pods with package-pod labels that failed verification and were deleted, by reason.",
+        )
         self._closed = False
 
     def _keeps(self, attributes: _Attrs) -> bool:
@@ -796,6 +802,15 @@ class OperatorMetrics:
         for result in RECONCILE_RESULTS:
             self._reconcile_total.add(0, {"controller": controller, "result": result})
         self._reconcile_errors.add(0, {"controller": controller})
+
+    def init_untrusted_pods(self, reasons: Iterable[str]) -> None:
+        """Zero-valued series per reason, so `increase()` and alerts see the first untrusted pod."""
+        for reason in reasons:
+            self._untrusted_pods.add(0, {"reason": reason})
+
+    def count_untrusted_pod(self, reason: str) -> None:
+        """One pod in the operator namespace that looked like a package pod and failed verification."""
+        self._untrusted_pods.add(1, {"reason": reason})
 
     def record_loop_lag(self, seconds: float) -> None:
         self._loop_lag.record(max(0.0, seconds))
