@@ -198,7 +198,8 @@ def minimum_writes(packages: Sequence[PackageShape], *, workload_pods_per_node: 
     Per node:
     - 1 admission (the rollout controller records batch membership on the node);
     - per stage: 1 pod create and 1 pod delete (every stage is its own pod; a package pod's pause
-      container never exits, so the pod must be removed);
+      container never exits, so the pod must be removed), and 1 pod patch that seals the created pod
+      with its uid (the uid exists only once the pod does; see `controller.context.PodSigner`);
     - state annotation writes: the start of a node's work must be durable before the first pod exists
       (1 write: all root packages start together once admitted), and every stage completion is a
       durable transition (1 write each), which also records the next stage's start, or the package's
@@ -216,6 +217,7 @@ def minimum_writes(packages: Sequence[PackageShape], *, workload_pods_per_node: 
     breakdown = {
         "admission": 1,
         "pod_create": stages,
+        "pod_seal": stages,
         "pod_delete": stages,
         "state": stages + 1,
         "condition": 1 if interrupts else 0,

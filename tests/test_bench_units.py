@@ -91,26 +91,27 @@ def test_minimum_writes_without_interrupt() -> None:
         PackageShape("c", 2, depends_on=("b",)),
     ]
     m = analysis.minimum_writes(chain)
-    # admission 1 + creates 6 + deletes 6 + state (6 stages + 1 start) 7; the condition rides on state
+    # admission 1 + creates 6 + seals 6 + deletes 6 + state (6 stages + 1 start) 7; condition rides on state
     assert m.breakdown == {
         "admission": 1,
         "pod_create": 6,
+        "pod_seal": 6,
         "pod_delete": 6,
         "state": 7,
         "condition": 0,
         "cordon_uncordon": 0,
         "evictions": 0,
     }
-    assert m.per_node == 20
-    assert m.per_node_package == pytest.approx(20 / 3)
+    assert m.per_node == 26
+    assert m.per_node_package == pytest.approx(26 / 3)
 
 
 def test_minimum_writes_with_interrupt_counts_cordon_and_evictions() -> None:
     m = analysis.minimum_writes(
         [PackageShape("k", analysis.stages_for(interrupt=True), interrupt=True)], workload_pods_per_node=2
     )
-    # 1 + 4 + 4 + 5 + 1 + 2 + 2
-    assert m.per_node == 19
+    # 1 + 4 + 4 + 4 + 5 + 1 + 2 + 2
+    assert m.per_node == 23
     assert m.breakdown["evictions"] == 2
 
 
