@@ -577,6 +577,17 @@ class InvariantMonitor:
         for pod in job.pods:
             self._allowed.add((job.namespace, pod))
 
+    def status_counts(self, nodewright: str) -> dict[str, int]:
+        """How many nodes carry each value of `nodewright.io/status.<nodewright>`, as last seen.
+
+        Costs no API call and answers during an API-server outage (with what was seen before it)."""
+        counts: dict[str, int] = {}
+        for node in self._nodes.values():
+            value = node.status(nodewright)
+            if value is not None:
+                counts[value] = counts.get(value, 0) + 1
+        return counts
+
     def stage_pods(self, nodewright: str) -> list[StagePod]:
         """Every package pod of `nodewright` seen since `start()` (deleted ones included), by creation."""
         pods = sorted(

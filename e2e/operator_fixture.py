@@ -4,6 +4,8 @@
 Manager and the informers all run as in production), waits for `/readyz`, captures the log to a file
 and prints its tail when a test fails. `kill()` sends SIGKILL (the "operator killed mid-rollout"
 scenario: no orderly shutdown, no Lease release), `restart()` starts it again with the same flags.
+Without `leader_election` it runs with `--no-leader-elect`; with a `LeaderElection` it competes for
+that Lease (`readyz()` then says whether it leads, and under which identity).
 
 Fixtures:
 - `crds` (session): installs `manifests/crds/` once with server-side apply and waits until they are
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -27,6 +30,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +48,38 @@ AGENT_IMAGE = "ghcr.io/nvidia/skyhook/agent:6.4.1"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 
 
+@dataclass(frozen=True)
+class LeaderElection:
+    """The Lease replicas compete for, and its timing (the operator's flags of the same names)."""
+
+    lease_name: str
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+    def args(self) -> list[str]:
+        return [
+            "--leader-elect",
+            f"--lease-name={self.lease_name}",
+            f"--lease-duration={self.lease_duration}",
+            f"--renew-deadline={self.renew_deadline}",
+            f"--retry-period={self.retry_period}",
+        ]
+
+
 class OperatorProcess:
-    def __init__(self, cluster: ControlPlane, log_dir: Path, *, extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        cluster: ControlPlane,
+        log_dir: Path,
+        *,
+        extra_args: Sequence[str] = (),
+        leader_election: LeaderElection | None = None,
+    ) -> None:
         self.cluster = cluster
         self.log_path = log_dir / f"operator-{os.getpid()}-{time.monotonic_ns()}.log"
         self.extra_args = list(extra_args)
+        self.leader_election = leader_election
         self.proc: subprocess.Popen[bytes] | None = None
         self.health_port = 0
         self.metrics_port = 0
@@ -64,7 +95,7 @@ class OperatorProcess:
             str(self.cluster.kubeconfig),
             "--namespace",
             NAMESPACE,
-            "--no-leader-elect",
+            *(self.leader_election.args() if self.leader_election else ["--no-leader-elect"]),
             "--health-probe-bind-address",
             f"127.0.0.1:{self.health_port}",
             "--metrics-bind-address",
@@ -106,6 +137,19 @@ class OperatorProcess:
                 pass
             time.sleep(0.2)
         raise TimeoutError(f"operator not ready within {within}s:\n{self.tail()}")
+
+    def readyz(self) -> dict[str, Any] | None:
+        """The /readyz body (`ready`, `leader`, `identity`, ...), or None when the process does not answer."""
+        if not self.running:
+            return None
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2) as resp:
+                body: dict[str, Any] = json.loads(resp.read())
+        except urllib.error.HTTPError as err:  # 503 while not ready: the body says why
+            body = json.loads(err.read() or b"{}")
+        except (OSError, ValueError):
+            return None
+        return body
 
     def kill(self) -> None:
         """SIGKILL: no orderly shutdown (what a node failure or OOM kill does to the operator)."""

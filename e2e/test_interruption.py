@@ -27,6 +27,7 @@ from e2e.operator_fixture import (
     status_of,
     wait_statuses,
 )
+from e2e.workloads import shrink_with_evictions
 from nodewright.api.nodestate import decode
 from nodewright.sim import fleet
 from nodewright.sim.controlplane import ControlPlane
@@ -38,34 +39,6 @@ operator = operator_fixture.operator
 operator_factory = operator_fixture.operator_factory
 
 PROTECT = {"matchLabels": {fleet.PROTECTED_LABEL: "true"}}
-
-
-async def shrink_with_evictions(kube: KubeClient, job: fleet.TrainingJob) -> None:
-    """Keep the job's ReplicaSet replicas equal to its live pods, like a job that shrinks on eviction.
-
-    Nothing recreates evicted pods in the simulator, so with `maxUnavailable: 1` the disruption
-    controller would allow exactly one eviction ever (expected = replicas). A real training job is
-    rescheduled or shrinks; shrinking `replicas` gives the next node its PDB slot once the evicted pod
-    is gone — which is exactly the one-slot-at-a-time behaviour under test.
-    """
-    path = f"/apis/apps/v1/namespaces/{job.namespace}/replicasets/{job.name}"
-    while True:
-        listed = await kube.list_all(
-            f"/api/v1/namespaces/{job.namespace}/pods",
-            params={"labelSelector": f"{fleet.WORKLOAD_JOB_LABEL}={job.name}"},
-        )
-        live = len(listed["items"])
-        rs = await kube.get(path)
-        if rs["spec"].get("replicas") != live:
-            await kube.merge_patch(path, {"spec": {"replicas": live}})
-            if job.pdb:
-                # The disruption controller recomputes on pod and PDB events, not on ReplicaSet edits:
-                # touch the PDB so the new expected count is used now.
-                await kube.merge_patch(
-                    f"/apis/policy/v1/namespaces/{job.namespace}/poddisruptionbudgets/{job.pdb}",
-                    {"metadata": {"annotations": {"e2e.nodewright.io/replicas": str(live)}}},
-                )
-        await asyncio.sleep(0.5)
 
 
 def _time(text: str) -> dt.datetime:

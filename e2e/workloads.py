@@ -1,0 +1,67 @@
+"""Training jobs under PodDisruptionBudgets that behave like real ones while the operator drains nodes.
+
+Nothing recreates evicted pods in the simulator (no ReplicaSet controller runs), so with
+`maxUnavailable: 1` the disruption controller would allow exactly one eviction ever: it expects
+`replicas` pods and one is gone for good. A real training job is rescheduled or shrinks; shrinking
+`replicas` to the live pods gives the next node its PDB slot once the evicted pod is gone, which keeps
+the one-slot-at-a-time behaviour a drain must respect.
+
+`shrink_with_evictions(kube, job)` does that forever (run it as a task); `shrinking(kube, *jobs)` runs it
+for several jobs for the length of a `async with` block. Both ride out API-server restarts: a failed
+call is retried on the next round instead of ending the loop (a stopped shrinker would wedge every
+later drain behind the PDB, which would look like an operator bug).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import aiohttp
+
+from nodewright.sim import fleet
+from nodewright.sim.kubeapi import ApiError, KubeClient
+
+SHRINK_INTERVAL = 0.5
+
+
+async def _shrink_once(kube: KubeClient, job: fleet.TrainingJob) -> None:
+    path = f"/apis/apps/v1/namespaces/{job.namespace}/replicasets/{job.name}"
+    listed = await kube.list_all(
+        f"/api/v1/namespaces/{job.namespace}/pods",
+        params={"labelSelector": f"{fleet.WORKLOAD_JOB_LABEL}={job.name}"},
+    )
+    live = len(listed["items"])
+    rs = await kube.get(path)
+    if rs["spec"].get("replicas") == live:
+        return
+    await kube.merge_patch(path, {"spec": {"replicas": live}})
+    if job.pdb:
+        # The disruption controller recomputes on pod and PDB events, not on ReplicaSet edits: touch
+        # the PDB so the new expected count is used now.
+        await kube.merge_patch(
+            f"/apis/policy/v1/namespaces/{job.namespace}/poddisruptionbudgets/{job.pdb}",
+            {"metadata": {"annotations": {"e2e.nodewright.io/replicas": str(live)}}},
+        )
+
+
+async def shrink_with_evictions(kube: KubeClient, job: fleet.TrainingJob) -> None:
+    """Keep the job's ReplicaSet replicas equal to its live pods, like a job that shrinks on eviction."""
+    while True:
+        with contextlib.suppress(ApiError, aiohttp.ClientError, TimeoutError, ConnectionError, ValueError):
+            await _shrink_once(kube, job)
+        await asyncio.sleep(SHRINK_INTERVAL)
+
+
+@contextlib.asynccontextmanager
+async def shrinking(kube: KubeClient, *jobs: fleet.TrainingJob) -> AsyncIterator[None]:
+    tasks = [asyncio.create_task(shrink_with_evictions(kube, job)) for job in jobs]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
