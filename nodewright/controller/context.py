@@ -260,8 +260,10 @@ class WriteThrough:
 
 POD_EXPECTATION_TTL: Final = 60.0
 """Seconds after which an unobserved expectation is dropped (a watch that lost the event relists)."""
-OWN_POD_MEMORY: Final = 900.0
-"""Seconds this process vouches for the uid of a pod it created (only needed until its seal is written)."""
+OWN_POD_MEMORY: Final = 86_400.0
+"""Seconds this process vouches for the uid of a pod it created. Only needed until the seal is written,
+but a seal that cannot be written (RBAC without `patch` on pods) must not end a long stage; entries
+normally go with the pod's delete event, so this only bounds what a missed event leaves behind."""
 
 
 class PodExpectations:
