@@ -162,6 +162,9 @@ async def env() -> AsyncIterator[Env]:
     try:
         yield Env(kube, rt, NodeReconciler(rt), rollouts)
     finally:
+        # Events are sent by a background task: stop it before the client, or it reopens a session
+        # that nobody closes (a ResourceWarning, an error under this suite's warning filter).
+        await rt.events.close(grace=0.1)
         await client.close()
         await kube.stop()
 
@@ -219,10 +222,21 @@ async def test_forged_package_pod_does_not_change_state(env: Env) -> None:
 async def test_malformed_state_is_never_overwritten(env: Env) -> None:
     annotations = {**env.admit(), constants.state_annotation("nw"): '{"v": 1, "p": {"x": 1}}'}
     env.put_node(node_obj(annotations))
-    patches_before = env.kube.count("PATCH")
     await env.reconciler.reconcile("nw/n1")
-    assert env.kube.count("PATCH") == patches_before
+    node = env.node()
+    assert node["metadata"]["annotations"][constants.state_annotation("nw")] == '{"v": 1, "p": {"x": 1}}'
+    assert node["metadata"]["labels"][constants.status_label("nw")] == "blocked", "not counted as complete"
+    condition = next(
+        c for c in node["status"]["conditions"] if c["type"] == constants.node_condition_type("nw")
+    )
+    assert (
+        condition["reason"] == "StateMalformed"
+        and "delete it to start this node over" in condition["message"]
+    )
     assert env.pods() == []
+    patches = env.kube.count("PATCH")
+    await env.reconciler.reconcile("nw/n1")
+    assert env.kube.count("PATCH") == patches, "reported once; nothing written while it stays malformed"
 
 
 async def test_finished_pod_advances_to_config_in_one_patch(env: Env) -> None:
@@ -397,3 +411,78 @@ async def test_node_metadata_falls_back_to_its_own_patch_when_status_drops_it(en
     assert entry is not None and entry.stage == PackageStage.CONFIG
     # From now on: metadata by merge patch, the condition alone on /status.
     assert env.kube.count("PATCH", "/nodes/n1/status") == status_patches + 1
+
+
+async def test_a_state_write_never_resurrects_an_older_state(env: Env) -> None:
+    """Item 5 of the safety issue: someone wiped the state on the server; the cache still shows the old
+    state. The write planned from the cache carries its resourceVersion, is refused (409), and the
+    node controller re-reads the node and plans from what it says now: the wipe is not undone."""
+    await env.first_stage_done()
+    await env.reconciler.reconcile("nw/n1")  # apply done -> config pod; state written
+    cached = env.node()
+    assert constants.state_annotation("nw") in cached["metadata"]["annotations"]
+    env.rt.nodes.upsert(trim_node(cached))
+    env.rt.node_view.forget("n1")
+    # Behind the operator's back (the informer has not seen it yet): the state annotation is deleted.
+    wiped = dict(
+        cached, metadata={**cached["metadata"], "annotations": dict(cached["metadata"]["annotations"])}
+    )
+    del wiped["metadata"]["annotations"][constants.state_annotation("nw")]
+    env.kube.put(NODES_C, wiped)
+    for pod in env.pods():  # the config pod finishes: the cached state would advance and be written
+        _finish_init_containers(pod)
+        env.rt.pods.upsert(trim_pod(pod))
+    await env.reconciler.reconcile("nw/n1")
+    conflicts = [r for r in env.kube.requests if r.method == "PATCH" and "/nodes/n1" in r.path]
+    assert conflicts, "a node write was attempted"
+    text = env.node()["metadata"]["annotations"].get(constants.state_annotation("nw"))
+    state = decode(text) if text is not None else NodeState()
+    entry = state.entry("tool", "1.0.0")
+    assert entry is None or entry.state is not PackageState.COMPLETE, "the wiped state came back"
+    assert entry is None or entry.stage == PackageStage.APPLY, "started over, from apply"
+
+
+async def test_settling_consumes_the_admission_in_the_same_write(env: Env) -> None:
+    await env.first_stage_done()
+    await env.reconciler.reconcile("nw/n1")  # config pod
+    for pod in env.pods():
+        _finish_init_containers(pod)
+        env.rt.pods.upsert(trim_pod(pod))
+    env.rt.nodes.upsert(trim_node(env.node()))
+    writes_before = env.kube.count("PATCH")
+    await env.reconciler.reconcile("nw/n1")
+    node = env.node()
+    assert node["metadata"]["labels"][constants.status_label("nw")] == "complete"
+    admission = node["metadata"]["annotations"][admission_annotation("nw")]
+    assert '"d":true' in admission, admission
+    assert env.kube.count("PATCH") - writes_before == 1, (
+        "consumed with the completion, not in a write of its own"
+    )
+
+
+async def test_a_pod_the_api_server_refuses_makes_the_node_erroring_with_its_message(env: Env) -> None:
+    """Item 8 (operator side): a 422 on create is a failed attempt, never `in_progress` forever."""
+    one_attempt = {"tool": {"version": "1.0.0", "image": "ghcr.io/x/tool", "maxAttempts": 1}}
+    env.rt.nodewrights.upsert(nw_obj(packages=one_attempt))
+    refusal = 'Pod "x" is invalid: spec.tolerations[0].operator: Invalid value: "Exists"'
+    env.kube.fail(
+        "POST",
+        "/pods",
+        422,
+        body={"kind": "Status", "status": "Failure", "reason": "Invalid", "code": 422, "message": refusal},
+        times=5,
+    )
+    env.put_node(node_obj(env.admit()))
+    statuses = []
+    for _ in range(3):
+        await env.reconciler.reconcile("nw/n1")
+        statuses.append(env.node()["metadata"]["labels"].get(constants.status_label("nw")))
+    node = env.node()
+    assert statuses[0] == "in_progress" and statuses[-1] == "erroring", statuses
+    condition = next(
+        c for c in node["status"]["conditions"] if c["type"] == constants.node_condition_type("nw")
+    )
+    assert "refused the pod" in condition["message"], condition
+    assert "tolerations[0].operator" in condition["message"], condition
+    assert env.pods() == []
+    assert '"d":true' in node["metadata"]["annotations"][admission_annotation("nw")], "settled: consumed"

@@ -172,3 +172,37 @@ def test_the_rollout_debounce_keeps_passes_to_their_share_of_the_loop() -> None:
     assert delay > ROLLOUT_DEBOUNCE
     assert cost / (cost + delay) <= ROLLOUT_LOOP_SHARE + 1e-9
     assert rollout_debounce(60.0) == ROLLOUT_DEBOUNCE_MAX, "never longer than the cap"
+
+
+async def test_the_batch_state_is_written_before_the_admissions_it_opens(env: _Env) -> None:
+    """A reader that lists nodes before it reads the NodeWright (`nodewright plan`) must never see
+    admissions newer than the batch state: the status write comes first in a pass."""
+    env.put_nodewright(nw_obj(nodeSelectors={"matchLabels": {"pool": "a"}}))
+    for i in range(3):
+        env.put_node(_node(f"n{i}"))
+    await env.reconciler.reconcile("nw")
+    writes = [r for r in env.kube.requests if r.method == "PATCH"]
+    status_writes = [i for i, r in enumerate(writes) if r.path.endswith("/nodewrights/nw/status")]
+    admission_writes = [
+        i
+        for i, r in enumerate(writes)
+        if "/nodes/" in r.path
+        and "batch.nw" in str((r.body or {}).get("metadata", {}).get("annotations", {}))
+    ]
+    assert status_writes and admission_writes, [r.path for r in writes]
+    assert status_writes[0] < min(admission_writes)
+
+
+async def test_a_deleting_nodewright_is_released_and_its_status_written_once(env: _Env) -> None:
+    obj = nw_obj(nodeSelectors={"matchLabels": {"pool": "a"}})
+    obj["metadata"]["finalizers"] = [constants.FINALIZER]
+    obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    env.put_nodewright(obj)
+    env.put_node(_node("n0", pool="b"))
+    await env.reconciler.reconcile("nw")
+    status_writes = [r for r in env.kube.requests if r.method == "PATCH" and r.path.endswith("/status")]
+    assert len(status_writes) == 1
+    released = [r for r in env.kube.requests if r.method == "PATCH" and not r.path.endswith("/status")]
+    assert released and released[-1].body["metadata"]["finalizers"] is None
+    stored = env.kube.get(NW_C, "nw") or {}
+    assert not stored["metadata"].get("finalizers")

@@ -68,7 +68,11 @@ def test_unavailable_reasons() -> None:
     ours = NodeState(cordoned=True)
     assert unavailable_reason(_node(unschedulable=True), own=ours, all_nodewrights=["a"]) is None
     other = _node(unschedulable=True, annotations={constants.state_annotation("b"): encode(ours)})
-    assert unavailable_reason(other, own=None, all_nodewrights=["a", "b"]) == "cordoned by another NodeWright"
+    assert unavailable_reason(other, own=None, all_nodewrights=["a", "b"]) == "cordoned by NodeWright 'b'"
+    paused = unavailable_reason(other, own=None, all_nodewrights=["a", "b"], inactive={"b": "paused"})
+    assert paused is not None and "'b', which is paused" in paused and "until resumed" in paused
+    disabled = unavailable_reason(other, own=None, all_nodewrights=["a", "b"], inactive={"b": "disabled"})
+    assert disabled is not None and "'b', which is disabled" in disabled
 
 
 def _nodewright(tolerations: list[dict[str, str]] | None = None) -> NodeWright:

@@ -116,10 +116,43 @@ def test_paused_creates_nothing_but_observes() -> None:
     assert plan.state.entry("pa", "1.0.0").stage == PackageStage.CONFIG  # type: ignore[union-attr]
 
 
-def test_disabled_leaves_node_alone() -> None:
-    state = NodeState(admission=ADMIT, cordoned=True)
-    plan = plan_node(inp(make_nw({constants.ANNOTATION_DISABLE: "true"}), state))
-    assert plan.status == Status.DISABLED and plan.actions == () and plan.state == state
+def test_disabled_starts_nothing_and_releases_its_cordon_when_nothing_runs() -> None:
+    disabled = make_nw({constants.ANNOTATION_DISABLE: "true"})
+    pending = PackageEntry("pa", "1.0.0", PackageStage.APPLY, PackageState.PENDING)
+    state = NodeState(packages=(pending,), admission=ADMIT, cordoned=True)
+    plan = plan_node(inp(disabled, state, node=NodeFacts(name="n1", labels={}, unschedulable=True)))
+    assert plan.status == Status.DISABLED and not creates(plan)
+    assert Uncordon() in plan.actions and not plan.state.cordoned
+    assert plan.state.entry("pa", "1.0.0") == pending  # the run is kept, to continue when enabled
+    # Not cordoned by us: nothing to release, nothing to do.
+    quiet = plan_node(inp(disabled, replace(state, cordoned=False)))
+    assert quiet.status == Status.DISABLED and quiet.actions == ()
+
+
+def test_disabled_keeps_its_cordon_until_running_pods_finish() -> None:
+    node = FakeNode(
+        make_nw(packages={"pa": Package(version="1.0.0", image="ghcr.io/x/pa", interrupt=REBOOT)})
+    )
+    for _ in range(20):
+        plan = node.step()
+        if creates(plan):
+            break
+    assert node.unschedulable and creates(plan)[0].stage == PackageStage.APPLY
+    node.nodewright = make_nw(
+        {constants.ANNOTATION_DISABLE: "true"},
+        packages={"pa": Package(version="1.0.0", image="ghcr.io/x/pa", interrupt=REBOOT)},
+    )
+    for pod in node.pods.values():
+        pod.fate = "hang"
+    node.pods[creates(plan)[0].name].summary = replace(
+        node.pods[creates(plan)[0].name].summary, outcome=PodOutcome.RUNNING
+    )
+    held = node.step()
+    assert held.status == Status.DISABLED and Uncordon() not in held.actions and node.unschedulable
+    assert "released once" in held.condition.message
+    node.pods.clear()  # the apply pod ended and is gone
+    released = node.step()
+    assert Uncordon() in released.actions and not node.unschedulable and not creates(released)
 
 
 def test_ignore_label_and_taints_block() -> None:
@@ -257,8 +290,29 @@ def test_spec_change_replaces_pod_and_stray_pods_are_deleted() -> None:
     plan = plan_node(inp(changed, state, pods=(summary(pod), stray)))
     deletes = {a.name: a.reason for a in plan.actions if isinstance(a, DeletePod)}
     assert deletes == {pod.name: "pod spec changed", "stray": "no package stage expects this pod"}
-    new = creates(plan)
+    # The replaced pod may still be running its work: its successor waits until it is gone.
+    assert not creates(plan) and "to finish" in plan.condition.message
+    still_terminating = plan_node(inp(changed, plan.state, pods=(summary(pod),)))
+    assert not creates(still_terminating)
+    new = creates(plan_node(inp(changed, plan.state)))
     assert len(new) == 1 and new[0].name != pod.name and new[0].attempt == 1
+
+
+def test_no_second_pod_of_a_package_while_one_may_still_run() -> None:
+    """Rule 2 of the safety issue: one pod per (node, package) at a time, whatever its stage."""
+    nw = make_nw(packages={"pa": Package(version="1.0.0", image="x", uninstall=Uninstall(enabled=True))})
+    state, pod = running_state(nw)
+    uninstalling = replace(summary(pod), name="pa-uninstall", stage=PackageStage.UNINSTALL)
+    # Running, also while terminating: it may still be changing the host.
+    for terminating in (False, True):
+        plan = plan_node(inp(nw, state, pods=(replace(uninstalling, terminating=terminating),)))
+        assert not creates(plan) and "to finish" in plan.condition.message, terminating
+        assert plan.status == Status.IN_PROGRESS
+    # Whose work ended (only waiting to be removed), or stuck pulling and being deleted (its containers
+    # can no longer start): it does not hold the package.
+    for outcome in (PodOutcome.SUCCEEDED, PodOutcome.FAILED, PodOutcome.PULL_ERROR):
+        done = plan_node(inp(nw, state, pods=(replace(uninstalling, outcome=outcome, terminating=True),)))
+        assert len(creates(done)) == 1, outcome
 
 
 def test_retry_then_give_up() -> None:
@@ -283,10 +337,17 @@ def test_retry_then_give_up() -> None:
     )
     assert gave_up.status == Status.ERRORING and "giving up" in gave_up.condition.message
     assert any(getattr(a, "reason", "") == "PackageFailed" for a in gave_up.actions)
-    # Fixing the spec restarts the attempts.
+    assert gave_up.consume_admission  # settled: the admission it ran under is used up
+    # Fixing the spec alone restarts nothing: the retry needs a fresh admission (a batch, the budget).
     fixed = make_nw(packages={"pa": Package(version="1.0.0", image="y", max_attempts=2)})
-    retry = plan_node(inp(fixed, gave_up.state, now=T0 + timedelta(seconds=20)))
+    unadmitted = replace(gave_up.state, admission=None)
+    assert not creates(plan_node(inp(fixed, unadmitted, now=T0 + timedelta(seconds=20))))
+    # Nor does the admission it failed under.
+    assert not creates(plan_node(inp(fixed, gave_up.state, now=T0 + timedelta(seconds=20))))
+    fresh = replace(gave_up.state, admission=Admission("__default__", 2, 4, "2025-01-01T00:00:15Z"))
+    retry = plan_node(inp(fixed, fresh, now=T0 + timedelta(seconds=20)))
     assert creates(retry) and creates(retry)[0].attempt == 1
+    assert retry.status == Status.IN_PROGRESS and not retry.consume_admission
 
 
 def test_deadline_and_pull_error() -> None:
@@ -546,7 +607,7 @@ def test_create_pod_matches_the_built_manifest() -> None:
     assert {c.node_order for c in node.created} == {0}
 
 
-def test_failed_interrupt_retries_after_spec_change() -> None:
+def test_failed_interrupt_retries_under_a_fresh_admission() -> None:
     svc = Interrupt(type=InterruptType.SERVICE, services=["bad"])
     nw = make_nw(packages={"pa": Package(version="1.0.0", image="x", interrupt=svc, max_attempts=1)})
     node = FakeNode(nw)
@@ -558,6 +619,11 @@ def test_failed_interrupt_retries_after_spec_change() -> None:
         packages={"pa": Package(version="1.0.0", image="x", interrupt=fixed, max_attempts=1)}
     )
     node.outcomes = lambda a: "succeed"
+    plan = node.run()
+    assert plan.status == Status.ERRORING  # no fresh admission yet: nothing restarts
+    readmitted = Admission("__default__", 2, 4, "2030-01-01T00:00:00Z")
+    node.state_text = encode(replace(decode(node.state_text or ""), admission=readmitted))
+    node.now = max(node.now, T0.replace(year=2030) + timedelta(seconds=1))
     plan = node.run()
     assert plan.status == Status.COMPLETE and not node.unschedulable
     assert [c.stage for c in node.created][-2:] == [PackageStage.INTERRUPT, PackageStage.POST_INTERRUPT]

@@ -134,13 +134,15 @@ class Sim:
         self.statuses = dict(result.compartment_statuses)
 
     def finish(self, result: RolloutPlan) -> None:
+        """Every active node settles; like the node controller, it consumes its admission doing so."""
         for name in result.active:
             node = self.nodes[name]
             assert node.admission is not None
+            used = replace(node.admission, consumed=True)
             if self.fails(name, node.admission.batch):
-                self.nodes[name] = replace(node, status=Status.ERRORING)
+                self.nodes[name] = replace(node, status=Status.ERRORING, admission=used)
             else:
-                self.nodes[name] = replace(node, status=Status.COMPLETE, needs_work=False)
+                self.nodes[name] = replace(node, status=Status.COMPLETE, needs_work=False, admission=used)
 
     def run(self, max_steps: int = 500) -> list[RolloutPlan]:
         for _ in range(max_steps):
@@ -465,12 +467,17 @@ def test_halt_needs_reset_and_reset_resumes() -> None:
     assert [a.node for a in resumed.admissions] == ["node-001"]
 
 
-def test_spec_fingerprint_tracks_packages_only() -> None:
+def test_spec_fingerprint_tracks_packages_and_what_their_pods_run() -> None:
     a = nodewright(packages={"kmod": {"version": "1.0.0", "image": "img"}})
     b = nodewright(packages={"kmod": {"version": "1.0.1", "image": "img"}})
     c = nodewright(packages={"kmod": {"version": "1.0.0", "image": "img"}}, priority=5)
+    tolerating = nodewright(
+        packages={"kmod": {"version": "1.0.0", "image": "img"}},
+        additional_tolerations=[{"key": "gpu", "operator": "Exists"}],
+    )
     assert spec_fingerprint(a) != spec_fingerprint(b)
-    assert spec_fingerprint(a) == spec_fingerprint(c)
+    assert spec_fingerprint(a) == spec_fingerprint(c)  # ordering between NodeWrights: no pod changes
+    assert spec_fingerprint(a) != spec_fingerprint(tolerating)  # copied into every package pod
 
 
 def test_old_admission_does_not_count_as_admitted() -> None:

@@ -89,22 +89,29 @@ class MalformedAdmission(ValueError):
 
 
 def encode_admission(admission: Admission) -> str:
-    doc = {
+    doc: dict[str, object] = {
         "c": admission.compartment,
         "b": admission.batch,
         "o": admission.order,
         "f": admission.fingerprint,
         "at": admission.at,
     }
+    if admission.consumed:
+        doc["d"] = True
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+_ADMISSION_KEYS: Final = frozenset({"c", "b", "o", "f", "at"})
 
 
 def decode_admission(text: str) -> Admission:
     try:
         doc = json.loads(text)
-        if not isinstance(doc, dict) or set(doc) != {"c", "b", "o", "f", "at"}:
-            raise MalformedAdmission(f"expected keys c, b, o, f, at; got {sorted(doc)!r}")
+        if not isinstance(doc, dict) or not _ADMISSION_KEYS <= set(doc) <= _ADMISSION_KEYS | {"d"}:
+            found = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
+            raise MalformedAdmission(f"expected keys c, b, o, f, at (and optionally d); got {found!r}")
         compartment, batch, order, fingerprint, at = doc["c"], doc["b"], doc["o"], doc["f"], doc["at"]
+        consumed = doc.get("d", False)
         if not (
             isinstance(compartment, str)
             and isinstance(fingerprint, str)
@@ -113,13 +120,21 @@ def decode_admission(text: str) -> Admission:
             and type(order) is int
             and batch >= 1
             and order >= 0
+            and isinstance(consumed, bool)
         ):
-            raise MalformedAdmission("field types: c, f, at strings; b >= 1 and o >= 0 integers")
+            raise MalformedAdmission("field types: c, f, at strings; b >= 1 and o >= 0 integers; d boolean")
     except (ValueError, TypeError) as exc:
         if isinstance(exc, MalformedAdmission):
             raise
         raise MalformedAdmission(f"not JSON: {exc}") from exc
-    return Admission(compartment=compartment, batch=batch, order=order, fingerprint=fingerprint, at=at)
+    return Admission(
+        compartment=compartment,
+        batch=batch,
+        order=order,
+        fingerprint=fingerprint,
+        at=at,
+        consumed=consumed,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -68,7 +68,9 @@ from nodewright.api.nodestate import MalformedNodeState, NodeState, PackageEntry
 from nodewright.controller.configmaps import PackageConfigMaps
 from nodewright.controller.context import (
     Runtime,
+    admission_annotation,
     effective_nodewright,
+    encode_admission,
     matches_nodewright,
     node_admission,
     node_annotations,
@@ -80,7 +82,7 @@ from nodewright.controller.drainer import Drainer, Timing, read_timing, timing_a
 from nodewright.controller.pods import PodLogs, summarize_with_logs
 from nodewright.controller.trust import PodTrust
 from nodewright.kube.client import PatchType, metadata_applied
-from nodewright.kube.resources import JSON, NODES, Conflict, NotFound
+from nodewright.kube.resources import JSON, NODES, ApiError, Conflict, NotFound
 from nodewright.kube.trim import node_ready
 from nodewright.kube.workqueue import Result
 from nodewright.observability import events as catalogue
@@ -102,18 +104,19 @@ from nodewright.plan.node import (
     RequeueAfter,
     Taint,
     Uncordon,
-    is_disabled,
     plan_node,
 )
-from nodewright.plan.rollout import spec_fingerprint
-from nodewright.plan.stages import ACTIVE_STATES, INTERRUPT_STAGES, PodSummary, parse_ts, ts
+from nodewright.plan.rollout import Admission, spec_fingerprint
+from nodewright.plan.stages import ACTIVE_STATES, INTERRUPT_STAGES, PodOutcome, PodSummary, parse_ts, ts
 
 log = structlog.get_logger("nodewright.controller.nodes")
 
+REFUSED_RETRY: Final = 1.0  # seconds; a refused pod create is recorded as a failed attempt next pass
 DRAIN_POLL: Final = 2.0  # evictions accepted: look again soon, the pods are terminating
 DRAIN_BLOCKED_POLL: Final = 7.0  # a PDB refused: its budget frees up when another pod is Ready again
 SEQUENCING_FACTS_TTL: Final = 1.0  # seconds; the facts are O(nodes x NodeWrights) to build
 MAX_PASSES: Final = 3  # plan again at once after our own cordon instead of waiting for a requeue
+AGAIN_SOON: Final = 1.0  # seconds; after MAX_PASSES passes that each asked to plan again
 CONDITION_MESSAGE_LIMIT: Final = 1024
 
 # Plan event reasons → the observability catalogue's reasons (kubectl get events --field-selector).
@@ -132,6 +135,36 @@ _NODEWRIGHT_EVENTS: Final = frozenset({"PackageStarted", "PackageComplete", "Pac
 class _SequencingCache:
     built_at: float = -1e9
     facts: tuple[sequencing.NodeWrightFacts, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _PassContext:
+    """What one pass read: the objects, the decoded state, and the planner's input built from them.
+
+    `admission` is the node's admission annotation when it lets the node start work (current spec,
+    not consumed), else None; `inp.state.admission` is the same admission in the planner's form.
+    """
+
+    model: NodeWright
+    node: JSON
+    stored: NodeState | None
+    summaries: tuple[PodSummary, ...]
+    admission: Admission | None
+    deleting: bool
+    timing: Timing
+    now: datetime
+    inp: NodeInput
+
+    @property
+    def cordoned_by_us(self) -> bool:
+        return bool(self.stored and self.stored.cordoned)
+
+
+@dataclass(frozen=True, slots=True)
+class _Done:
+    """The pass ended early with this outcome (see `_pass`)."""
+
+    outcome: tuple[bool, float | None] | None
 
 
 class NodeReconciler:
@@ -159,6 +192,8 @@ class NodeReconciler:
         self._sequencing = _SequencingCache()
         self._warned: set[tuple[str, str]] = set()  # (key or pod uid, problem) already reported
         self.trust = PodTrust(rt)  # which package pods count; reports and deletes the others
+        # (node, pod name) -> the refusal of that pod's creation, as a failed attempt (`_create_refused`).
+        self._refused: dict[tuple[str, str], PodSummary] = {}
         self._metadata_via_status = True  # see `_write`; off if the API server ignores it
 
     # ------------------------------------------------------------------------------------------------
@@ -180,111 +215,53 @@ class NodeReconciler:
             if not again:
                 break
             requeue = None  # the next pass decides afresh
+        else:
+            requeue = AGAIN_SOON  # still more to do (e.g. repeated write conflicts): never drop the key
         return Result(requeue_after=requeue) if requeue is not None else None
 
     async def _pass(self, key: str, nw_name: str, node_name: str) -> tuple[bool, float | None] | None:
         """One plan-and-actuate pass: (plan again now?, requeue after), or None when done for good."""
-        rt = self.rt
-        raw, model, error = rt.nodewright(nw_name)
-        if raw is None or model is None:
-            # Gone (finalizer released: nodes already cleaned) or invalid (the rollout controller reports
-            # the validation error on the object): leave nodes alone.
-            if error:
-                log.debug("nodewright invalid, node left alone", nodewright=nw_name, error=error)
+        ctx = await self._read(key, nw_name, node_name)
+        if ctx is None:
             self.drainer.forget(key)
             return None
-        node = rt.node(node_name)
-        if node is None:
-            self.drainer.forget(key)
-            return None
-        annotations = node_annotations(node)
-        try:
-            stored = node_state(node, nw_name)
-        except MalformedNodeState as exc:
-            await self._warn_once(
-                key,
-                f"malformed:{annotations.get(constants.state_annotation(nw_name), '')}",
-                kind="Node",
-                name=node_name,
-                uid=node["metadata"].get("uid"),
-                reason=catalogue.Reason.STATE_MALFORMED.value,
-                message=f"[{nw_name}] state annotation left untouched: {exc}",
-            )
-            return None
-        deleting = bool(model.metadata.deletion_timestamp)
-        effective = effective_nodewright(model)
-        pods_raw = self._package_pods(node_name, model)
-        await self._flush_warnings()  # untrusted pods are reported and deleted on every path
-        if not deleting and not matches_nodewright(model, node):
-            return await self._unselected(key, nw_name, node, stored, pods_raw)
-        if deleting:
-            plan_nw = _deletion_spec(effective, stored or NodeState())
-        else:
-            plan_nw = effective
-        summaries = await self._summaries(pods_raw, plan_nw, stored)
-        admission = self._admission(node, nw_name, effective)
-        state_in = replace(stored or NodeState(), admission=admission)
-        now = rt.clock()
-        timing = read_timing(annotations, nw_name)
-        inp = NodeInput(
-            nodewright=plan_nw,
-            node=node_facts(node),
-            state=state_in,
-            pods=tuple(summaries),
-            now=now,
-            sequencing_blocker=self._sequencing_blocker(nw_name, node),
-            options=self.plan_options,
-            drain_skip=timing.drain_skip,
-        )
-        plan = plan_node(inp)
-        selection: drain_mod.DrainSelection | None = None
-        if plan.needs_drain_facts:
-            workload = await self.drainer.node_pods(node_name)
-            protect = model.spec.pod_non_interrupt_labels
-            selection = drain_mod.select(workload, protect=protect)
-            facts = DrainFacts(
-                selection=selection,
-                protected_since=timing.protected_since,
-                draining_since=timing.draining_since,
-                eviction_blocked=self.drainer.eviction_blocked(key),
-            )
-            plan = plan_node(replace(inp, drain=facts))
+        if isinstance(ctx, _Done):
+            return ctx.outcome
+        plan, selection = await self._plan(key, ctx)
         cordon = any(isinstance(a, Cordon) for a in plan.actions)
-        uncordon = any(isinstance(a, Uncordon) for a in plan.actions) and bool(stored and stored.cordoned)
-        drains = [a for a in plan.actions if isinstance(a, Drain)]
-        new_timing = update_timing(
-            timing,
-            now=now,
-            cordoning=cordon,
-            uncordoning=uncordon,
-            protected=None if selection is None else bool(selection.protected),
-            evicting=bool(drains),
-            drained=None if selection is None else selection.drained,
-        )
-        new_timing = new_timing.with_drain_skip(plan.drain_skip)
-        if plan.drain_skipped:
-            # Released after a drain timeout (policy skip): the next admission starts a fresh drain timer.
-            new_timing = replace(new_timing, draining_since=None)
-            self.drainer.forget(key)
-        if plan.status == Status.COMPLETE:
-            new_timing = Timing()  # the maintenance window is over
-        if deleting and (self._settled(plan, summaries) or (is_disabled(plan_nw) and not summaries)):
-            # (A disabled NodeWright does nothing on the way out either: it only lets go of the node.)
+        uncordon = any(isinstance(a, Uncordon) for a in plan.actions) and ctx.cordoned_by_us
+        new_timing = self._next_timing(key, ctx, plan, selection, cordon=cordon, uncordon=uncordon)
+        if ctx.deleting and self._settled(plan, ctx.summaries):
             # Nothing left to do for a leaving NodeWright: release the node instead of writing status
             # (a status written now would hold the finalizer forever).
-            await self._cleanup(node, nw_name, plan.state, cordoned=bool(stored and stored.cordoned))
+            await self._cleanup(ctx.node, nw_name, plan.state, cordoned=ctx.cordoned_by_us, forget_state=True)
             self.drainer.forget(key)
             return None
-        previous_status = node_labels(node).get(constants.status_label(nw_name))
-        node = await self._write(node, nw_name, stored, plan, cordon, uncordon, timing, new_timing, now)
+        previous_status = node_labels(ctx.node).get(constants.status_label(nw_name))
+        try:
+            node = await self._write(ctx, plan, cordon, uncordon, new_timing)
+        except Conflict:
+            # The node changed since it was read (someone wiped or edited our state, the rollout
+            # admitted it, ...): never write a state planned from an older node. Read it afresh and
+            # plan again from what it says now.
+            await self._refresh_node(node_name)
+            return True, None
         if node is None:
             self.drainer.forget(key)
             return None
         self._observe(
-            model, node_name, stored, plan, state_in.admission, timing, uncordon, now, previous_status
+            ctx.model,
+            node_name,
+            ctx.stored,
+            plan,
+            ctx.inp.state.admission if ctx.inp.state else None,
+            ctx.timing,
+            uncordon,
+            ctx.now,
+            previous_status,
         )
-        requeue = await self._execute(key, model, plan_nw, node, plan, now)
-        if inp.sequencing_blocker and state_in.admission is not None:
+        requeue = await self._execute(key, ctx.model, ctx.inp.nodewright, node, plan, ctx.now)
+        if ctx.inp.sequencing_blocker and ctx.admission is not None:
             # Admitted but held by an earlier NodeWright (admitted before that one appeared, or a
             # `sequencing: all` predecessor finishing on other nodes, whose events do not reach this
             # key): look again. Rare, since the rollout does not admit nodes waiting for priority.
@@ -292,6 +269,159 @@ class NodeReconciler:
             requeue = poll if requeue is None else min(requeue, poll)
         # After our own cordon the overlay already shows the node unschedulable: go on right away.
         return cordon, requeue
+
+    async def _report_malformed(
+        self, key: str, model: NodeWright, node: JSON, exc: MalformedNodeState
+    ) -> None:
+        """A state annotation that does not decode is never overwritten, and the node is not complete.
+
+        The node gets status label `blocked` and its condition reason `StateMalformed` (how to recover
+        is in the message), in one write that leaves the annotation alone; the rollout controller
+        counts it blocked. A Warning Event names the problem once per annotation text.
+        """
+        nw_name, node_name = model.metadata.name, str(node["metadata"]["name"])
+        text = node_annotations(node).get(constants.state_annotation(nw_name), "")
+        await self._warn_once(
+            key,
+            f"malformed:{text}",
+            kind="Node",
+            name=node_name,
+            uid=node["metadata"].get("uid"),
+            reason=catalogue.Reason.STATE_MALFORMED.value,
+            message=f"[{nw_name}] state annotation left untouched: {exc}",
+        )
+        condition = _condition_body(
+            node,
+            NodeCondition(
+                type=constants.node_condition_type(nw_name),
+                status="False",
+                reason="StateMalformed",
+                message=(
+                    f"annotation {constants.state_annotation(nw_name)} cannot be read ({exc}); nothing is"
+                    " done on this node until it is fixed. Restore it, or delete it to start this node"
+                    " over through the next batch (a cordon this NodeWright held is then no longer known"
+                    " as its own: uncordon the node by hand)"
+                ),
+            ),
+            self.rt.clock(),
+        )
+        status_key = constants.status_label(nw_name)
+        labels = {} if node_labels(node).get(status_key) == Status.BLOCKED.value else {status_key: "blocked"}
+        if not labels and condition is None:
+            return
+        try:
+            updated = await self.rt.client.patch_node_status_metadata(
+                node_name, labels=labels or None, conditions=[condition] if condition is not None else ()
+            )
+        except NotFound:
+            return
+        self.rt.node_view.record(updated)
+        if labels:
+            self.rt.enqueue_rollout(nw_name)
+
+    async def _read(self, key: str, nw_name: str, node_name: str) -> _PassContext | _Done | None:
+        """Everything one pass plans from, from the caches; None when there is nothing to do for good."""
+        rt = self.rt
+        raw, model, error = rt.nodewright(nw_name)
+        if raw is None or model is None:
+            # Gone (finalizer released: nodes already cleaned) or invalid (the rollout controller reports
+            # the validation error on the object): leave nodes alone.
+            if error:
+                log.debug("nodewright invalid, node left alone", nodewright=nw_name, error=error)
+            return None
+        node = rt.node(node_name)
+        if node is None:
+            return None
+        try:
+            stored = node_state(node, nw_name)
+        except MalformedNodeState as exc:
+            await self._report_malformed(key, model, node, exc)
+            return _Done(None)
+        deleting = bool(model.metadata.deletion_timestamp)
+        effective = effective_nodewright(model)
+        pods_raw = self._package_pods(node_name, model)
+        await self._flush_warnings()  # untrusted pods are reported and deleted on every path
+        if not deleting and not matches_nodewright(model, node):
+            return _Done(await self._unselected(key, nw_name, node, stored, pods_raw))
+        plan_nw = _deletion_spec(effective, stored or NodeState()) if deleting else effective
+        summaries = [*await self._summaries(pods_raw, plan_nw, stored), *self._refused_pods(node_name)]
+        admission = node_admission(node, nw_name)
+        usable = self._usable_admission(admission, effective)
+        now = rt.clock()
+        timing = read_timing(node_annotations(node), nw_name)
+        inp = NodeInput(
+            nodewright=plan_nw,
+            node=node_facts(node),
+            state=replace(stored or NodeState(), admission=usable),
+            pods=tuple(summaries),
+            now=now,
+            sequencing_blocker=self._sequencing_blocker(nw_name, node),
+            options=self.plan_options,
+            drain_skip=timing.drain_skip,
+        )
+        return _PassContext(
+            model=model,
+            node=node,
+            stored=stored,
+            summaries=tuple(summaries),
+            admission=admission if usable is not None else None,
+            deleting=deleting,
+            timing=timing,
+            now=now,
+            inp=inp,
+        )
+
+    async def _plan(self, key: str, ctx: _PassContext) -> tuple[NodePlan, drain_mod.DrainSelection | None]:
+        """The node plan; planned twice when it needs the node's workload pods (cordon/drain)."""
+        plan = plan_node(ctx.inp)
+        if not plan.needs_drain_facts:
+            return plan, None
+        workload = await self.drainer.node_pods(ctx.inp.node.name)
+        selection = drain_mod.select(workload, protect=ctx.model.spec.pod_non_interrupt_labels)
+        facts = DrainFacts(
+            selection=selection,
+            protected_since=ctx.timing.protected_since,
+            draining_since=ctx.timing.draining_since,
+            eviction_blocked=self.drainer.eviction_blocked(key),
+        )
+        return plan_node(replace(ctx.inp, drain=facts)), selection
+
+    def _next_timing(
+        self,
+        key: str,
+        ctx: _PassContext,
+        plan: NodePlan,
+        selection: drain_mod.DrainSelection | None,
+        *,
+        cordon: bool,
+        uncordon: bool,
+    ) -> Timing:
+        """The maintenance-window timing annotation after this plan (see `controller.drainer`)."""
+        timing = update_timing(
+            ctx.timing,
+            now=ctx.now,
+            cordoning=cordon,
+            uncordoning=uncordon,
+            protected=None if selection is None else bool(selection.protected),
+            evicting=any(isinstance(a, Drain) for a in plan.actions),
+            drained=None if selection is None else selection.drained,
+        ).with_drain_skip(plan.drain_skip)
+        if plan.drain_skipped:
+            # Released after a drain timeout (policy skip): the next admission starts a fresh drain timer.
+            timing = replace(timing, draining_since=None)
+            self.drainer.forget(key)
+        if plan.status == Status.COMPLETE:
+            timing = Timing()  # the maintenance window is over
+        return timing
+
+    async def _refresh_node(self, name: str) -> None:
+        """Read the node from the API server (not the cache) into the read-your-writes overlay."""
+        try:
+            fresh = await self.rt.client.get(NODES, name)
+        except NotFound:
+            self.rt.node_view.forget(name)
+            return
+        self.rt.node_view.record(fresh)
 
     # ------------------------------------------------------------------------------------------------
     # Inputs
@@ -328,13 +458,19 @@ class NodeReconciler:
         await self._flush_warnings()
         return out
 
-    def _admission(self, node: JSON, nw_name: str, effective: NodeWright) -> StateAdmission | None:
-        admission = node_admission(node, nw_name)
-        if admission is None or admission.fingerprint != spec_fingerprint(effective):
+    @staticmethod
+    def _usable_admission(admission: Admission | None, effective: NodeWright) -> StateAdmission | None:
+        """The admission in the planner's form, when it lets the node start work: for the current spec
+        fingerprint and not consumed (a node that settled under it needs a fresh one)."""
+        if admission is None or admission.consumed or admission.fingerprint != spec_fingerprint(effective):
             return None
         return StateAdmission(
             compartment=admission.compartment, batch=admission.batch, order=admission.order, at=admission.at
         )
+
+    def _refused_pods(self, node_name: str) -> list[PodSummary]:
+        """Pod creations the API server refused, as failed attempts (see `_create_refused`)."""
+        return [summary for (node, _), summary in self._refused.items() if node == node_name]
 
     def _sequencing_blocker(self, nw_name: str, node: JSON) -> str | None:
         """The earlier NodeWright keeping this node waiting, if any.
@@ -377,50 +513,35 @@ class NodeReconciler:
     # Writes
 
     async def _write(
-        self,
-        node: JSON,
-        nw_name: str,
-        stored: NodeState | None,
-        plan: NodePlan,
-        cordon: bool,
-        uncordon: bool,
-        timing: Timing,
-        new_timing: Timing,
-        now: datetime,
+        self, ctx: _PassContext, plan: NodePlan, cordon: bool, uncordon: bool, new_timing: Timing
     ) -> JSON | None:
         """State, status label, timing, cordon and the node condition, in as few requests as possible.
 
         Without a cordon change everything goes in one strategic merge patch on `nodes/status` (one
         write per transition instead of two); a cordon needs `spec`, which that subresource ignores, so
         then the metadata patch carries the cordon and the condition follows in its own patch. Either
-        way the state is durable before any action. Returns the newest node, None if it is gone.
+        way the state is durable before any action. A write of the state (or of the admission it
+        consumes) carries the resourceVersion of the node it was planned from: if the node changed
+        since, the API server answers 409 `Conflict` (raised to the caller, which re-reads and plans
+        again) instead of letting an older state overwrite a newer one. Returns the newest node, None
+        if it is gone.
         """
+        node, nw_name = ctx.node, ctx.model.metadata.name
         name = str(node["metadata"]["name"])
-        new_state = replace(plan.state, admission=None)
-        old_state = replace(stored, admission=None) if stored is not None else NodeState()
-        labels: dict[str, str | None] = {}
-        annotations: dict[str, str | None] = {}
-        status_key = constants.status_label(nw_name)
-        current_status = node_labels(node).get(status_key)
-        # A node this NodeWright has never touched and that is only waiting for its batch gets no
-        # label and no condition: "no label" reads as waiting (rollout status, metrics, `nodewright
-        # plan`), and labelling every node of a 10,000-node fleet the moment a NodeWright appears
-        # would be 10,000 writes queued in front of the first batch's (N / --qps seconds of delay).
-        untouched = stored is None and current_status is None and plan.status is Status.WAITING
-        if current_status != plan.status.value and not untouched:
-            labels[status_key] = plan.status.value
-        if new_state != old_state:
-            annotations[constants.state_annotation(nw_name)] = encode(new_state)
-        if new_timing != timing:
-            annotations[timing_annotation(nw_name)] = new_timing.encode()
+        labels, annotations = self._metadata_changes(ctx, plan, new_timing)
         unschedulable: bool | None = None
         if cordon and not node.get("spec", {}).get("unschedulable"):
             unschedulable = True
         elif uncordon:
             unschedulable = False
-        condition = None if untouched else _condition_body(node, plan.condition, now)
+        untouched = _untouched(ctx, plan)
+        condition = None if untouched else _condition_body(node, plan.condition, ctx.now)
         if not labels and not annotations and unschedulable is None and condition is None:
             return node
+        guarded = (
+            constants.state_annotation(nw_name) in annotations or admission_annotation(nw_name) in annotations
+        )
+        version = str(node["metadata"].get("resourceVersion") or "") or None if guarded else None
         try:
             if unschedulable is None and self._metadata_via_status:
                 updated = await self.rt.client.patch_node_status_metadata(
@@ -428,6 +549,7 @@ class NodeReconciler:
                     labels=labels or None,
                     annotations=annotations or None,
                     conditions=[condition] if condition is not None else (),
+                    resource_version=version,
                 )
                 if not metadata_applied(updated, labels=labels, annotations=annotations):
                     log.warning(
@@ -437,7 +559,10 @@ class NodeReconciler:
                     )
                     self._metadata_via_status = False
                     updated = await self.rt.client.patch_node_metadata(
-                        name, labels=labels or None, annotations=annotations or None
+                        name,
+                        labels=labels or None,
+                        annotations=annotations or None,
+                        resource_version=_resource_version(updated),
                     )
             else:
                 if labels or annotations or unschedulable is not None:
@@ -446,6 +571,7 @@ class NodeReconciler:
                         labels=labels or None,
                         annotations=annotations or None,
                         unschedulable=unschedulable,
+                        resource_version=version,
                     )
                     self.rt.node_view.record(updated)
                 if condition is not None:
@@ -453,9 +579,33 @@ class NodeReconciler:
         except NotFound:
             return None
         self.rt.node_view.record(updated)
-        if status_key in labels:
+        if constants.status_label(nw_name) in labels:
             self.rt.enqueue_rollout(nw_name)
         return self.rt.node(name) or updated
+
+    @staticmethod
+    def _metadata_changes(
+        ctx: _PassContext, plan: NodePlan, new_timing: Timing
+    ) -> tuple[dict[str, str | None], dict[str, str | None]]:
+        """The label and annotation values this plan changes (None deletes a key)."""
+        nw_name = ctx.model.metadata.name
+        labels: dict[str, str | None] = {}
+        annotations: dict[str, str | None] = {}
+        status_key = constants.status_label(nw_name)
+        if node_labels(ctx.node).get(status_key) != plan.status.value and not _untouched(ctx, plan):
+            labels[status_key] = plan.status.value
+        new_state = replace(plan.state, admission=None)
+        old_state = replace(ctx.stored, admission=None) if ctx.stored is not None else NodeState()
+        if new_state != old_state:
+            annotations[constants.state_annotation(nw_name)] = encode(new_state)
+        if new_timing != ctx.timing:
+            annotations[timing_annotation(nw_name)] = new_timing.encode()
+        if plan.consume_admission and ctx.admission is not None:
+            # Settled under this admission: it starts nothing more (see `plan.rollout`), in the same write.
+            annotations[admission_annotation(nw_name)] = encode_admission(
+                replace(ctx.admission, consumed=True)
+            )
+        return labels, annotations
 
     # ------------------------------------------------------------------------------------------------
     # Actions
@@ -495,7 +645,13 @@ class NodeReconciler:
             elif isinstance(action, DeletePod):
                 await self._delete_pod(node_name, action)
             elif isinstance(action, CreatePod):
-                await self._create_pod(plan_nw, node_name, action)
+                try:
+                    await self._create_pod(plan_nw, node_name, action)
+                except ApiError as exc:
+                    if not _refusal(exc):
+                        raise
+                    self._create_refused(key, node_name, action, exc, now)
+                    requeue.append(REFUSED_RETRY)
             elif isinstance(action, Event):
                 await self._event(model, node_name, node_uid, action)
             elif isinstance(action, RequeueAfter):
@@ -503,6 +659,8 @@ class NodeReconciler:
         return min(requeue) if requeue else None
 
     async def _delete_pod(self, node_name: str, action: DeletePod) -> None:
+        if self._refused.pop((node_name, action.name), None) is not None:
+            return  # never created: the planner has recorded the refusal as a failed attempt
         cached = self.rt.pods.get(f"{self.rt.options.namespace}/{action.name}")
         if cached is not None and (cached.get("metadata") or {}).get("deletionTimestamp"):
             return  # already terminating
@@ -557,6 +715,30 @@ class NodeReconciler:
             version=action.version,
             stage=action.stage.value,
             attempt=action.attempt,
+        )
+
+    def _create_refused(
+        self, key: str, node_name: str, action: CreatePod, exc: ApiError, now: datetime
+    ) -> None:
+        """The API server refused the pod (422 invalid, 403 forbidden, 400, 404 namespace, ...).
+
+        Retrying the same request cannot succeed, and a pod that is never created would leave the node
+        `in_progress` forever. The refusal is handed to the planner as a failed attempt of that pod (with
+        the API server's message), so the stage fails through its attempts and backoff, and the node ends
+        `erroring` with the message on its condition, in the NodeWright status and in an Event.
+        """
+        message = f"the API server refused the pod: {exc}"[:1000]
+        log.warning("package pod refused", pod=action.name, node=node_name, key=key, error=str(exc))
+        self._refused[(node_name, action.name)] = PodSummary(
+            name=action.name,
+            package=action.package,
+            version=action.version,
+            stage=action.stage,
+            attempt=action.attempt,
+            spec_hash=action.spec_hash,
+            created=now,
+            outcome=PodOutcome.FAILED,
+            message=message,
         )
 
     async def _event(self, model: NodeWright, node_name: str, node_uid: Any, event: Event) -> None:
@@ -676,8 +858,15 @@ class NodeReconciler:
         self.drainer.forget(key)
         return None
 
-    async def _cleanup(self, node: JSON, nw_name: str, state: NodeState | None, *, cordoned: bool) -> None:
-        """Remove our condition, status label and timing; uncordon if we cordoned; keep files-remain state.
+    async def _cleanup(
+        self, node: JSON, nw_name: str, state: NodeState | None, *, cordoned: bool, forget_state: bool = False
+    ) -> None:
+        """Remove our condition, status label and timing; uncordon if we cordoned.
+
+        A node that is only no longer selected keeps its package entries (files of those versions remain
+        on the host, D2): if it is selected again the machine continues from them. A NodeWright being
+        deleted (`forget_state`) takes every key of its own with it — state and admission included —
+        so that no deleted NodeWright leaves anything on a node.
 
         The condition goes first: once the status label is gone the rollout controller may release the
         finalizer, and nothing of ours may be left behind by then.
@@ -708,14 +897,17 @@ class NodeReconciler:
             patch_labels[status_key] = None
         if timing_annotation(nw_name) in annotations:
             patch_annotations[timing_annotation(nw_name)] = None
-        if state is not None:
-            kept = replace(state, admission=None, cordoned=False, interrupt_at=None)
-            if not kept.packages:
-                if state_key in annotations:
-                    patch_annotations[state_key] = None
-            elif encode(kept) != annotations.get(state_key):
-                patch_annotations[state_key] = encode(kept)
+        kept = replace(state, admission=None, cordoned=False, interrupt_at=None) if state else None
+        if forget_state or kept is None or not kept.packages:
+            if state_key in annotations and (forget_state or kept is not None):
+                patch_annotations[state_key] = None
+            if forget_state and admission_annotation(nw_name) in annotations:
+                patch_annotations[admission_annotation(nw_name)] = None
+        elif encode(kept) != annotations.get(state_key):
+            patch_annotations[state_key] = encode(kept)
         unschedulable = False if cordoned else None
+        # Writing a state (not deleting it) must not resurrect an older one: guard it like `_write`.
+        guarded = patch_annotations.get(state_key) is not None
         if patch_labels or patch_annotations or unschedulable is not None:
             try:
                 updated = await self.rt.client.patch_node_metadata(
@@ -723,8 +915,13 @@ class NodeReconciler:
                     labels=patch_labels or None,
                     annotations=patch_annotations or None,
                     unschedulable=unschedulable,
+                    resource_version=_resource_version(node) if guarded else None,
                 )
             except NotFound:
+                return
+            except Conflict:
+                await self._refresh_node(name)
+                self.rt.enqueue_node(nw_name, name)
                 return
             self.rt.node_view.record(updated)
             if patch_labels:
@@ -734,6 +931,27 @@ class NodeReconciler:
 
 # ----------------------------------------------------------------------------------------------------
 # Pure helpers
+
+
+def _resource_version(node: JSON) -> str | None:
+    return str(node["metadata"].get("resourceVersion") or "") or None
+
+
+def _refusal(exc: ApiError) -> bool:
+    """A 4xx answer to a create that no retry of the same request can change."""
+    status = getattr(exc, "status", None)
+    return isinstance(status, int) and 400 <= status < 500 and status not in (408, 409, 429)
+
+
+def _untouched(ctx: _PassContext, plan: NodePlan) -> bool:
+    """A node this NodeWright has never touched and that only waits for its batch.
+
+    It gets no label and no condition: "no label" reads as waiting (rollout status, metrics,
+    `nodewright plan`), and labelling every node of a 10,000-node fleet the moment a NodeWright appears
+    would be 10,000 writes queued in front of the first batch's (N / --qps seconds of delay).
+    """
+    current = node_labels(ctx.node).get(constants.status_label(ctx.model.metadata.name))
+    return ctx.stored is None and current is None and plan.status is Status.WAITING
 
 
 def node_facts(node: JSON) -> NodeFacts:

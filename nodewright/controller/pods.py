@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Final
 from urllib.parse import quote
@@ -167,6 +168,7 @@ def summarize(pod: Mapping[str, Any], *, version_of: Mapping[tuple[str, str], st
         created=created,
         outcome=outcome,
         message=message,
+        terminating=bool(meta.get("deletionTimestamp")),
     )
 
 
@@ -216,14 +218,4 @@ async def summarize_with_logs(
     tail = await logs.tail(pod, failed[0])
     if not tail:
         return summary
-    return PodSummary(
-        name=summary.name,
-        package=summary.package,
-        version=summary.version,
-        stage=summary.stage,
-        attempt=summary.attempt,
-        spec_hash=summary.spec_hash,
-        created=summary.created,
-        outcome=summary.outcome,
-        message=f"{summary.message}; log: {tail}",
-    )
+    return replace(summary, message=f"{summary.message}; log: {tail}")

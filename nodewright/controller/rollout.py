@@ -61,7 +61,7 @@ from nodewright.plan.node import NodeFacts, Taint, is_disabled, is_paused, node_
 from nodewright.plan.podspec import parse_duration_seconds
 from nodewright.plan.rollout import RolloutNode, RolloutPlan, plan_rollout, spec_fingerprint
 from nodewright.plan.stages import ts
-from nodewright.plan.status import NodeReport, PackageReport, aggregate_status
+from nodewright.plan.status import NodeReport, PackageReport, StatusSummary, aggregate_status
 
 log = structlog.get_logger("nodewright.rollout")
 
@@ -109,6 +109,31 @@ class _Memo:
     entries: dict[str, _NodeEntry] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """What one rollout pass plans from (see `RolloutReconciler._snapshot`)."""
+
+    nodewright: NodeWright  # the effective spec (deletion turns into uninstalls)
+    nodes: list[JSON]
+    matched: list[JSON]
+    all_names: list[str]
+    fingerprint: str
+    views: list[_NodeView]
+    reports: list[NodeReport]
+    rollout_nodes: list[RolloutNode]
+    malformed: list[str]
+    policy: DeploymentPolicy | None
+    policy_name: str
+    facts: list[sequencing.NodeWrightFacts]
+    reset: bool
+    now: datetime
+
+
+def _names_of(nodes: Sequence[JSON], entries: Sequence[_NodeEntry], *, malformed: bool) -> list[str]:
+    pairs = zip(nodes, entries, strict=True)
+    return [str(n["metadata"]["name"]) for n, e in pairs if e.malformed == malformed]
+
+
 def _status_of(node: JSON, nodewright: str) -> Status | None:
     value = node_labels(node).get(constants.status_label(nodewright))
     try:
@@ -144,22 +169,40 @@ def blocked_reason(nodewright: NodeWright, node: JSON, *, runtime_taint_key: str
     return None
 
 
-def _cordoned_by_any_of_ours(node: JSON, nodewrights: Sequence[str]) -> bool:
+def _cordon_owner(node: JSON, nodewrights: Sequence[str]) -> str | None:
+    """The NodeWright whose state says it cordoned the node, if any."""
     for name in nodewrights:
         state, _ = try_node_state(node, name)
         if state is not None and state.cordoned:
-            return True
-    return False
+            return name
+    return None
 
 
-def unavailable_reason(node: JSON, *, own: NodeState | None, all_nodewrights: Sequence[str]) -> str | None:
-    """A node made unavailable by someone else (or by another NodeWright) takes a budget slot."""
+def unavailable_reason(
+    node: JSON,
+    *,
+    own: NodeState | None,
+    all_nodewrights: Sequence[str],
+    inactive: Mapping[str, str] | None = None,
+) -> str | None:
+    """A node made unavailable by someone else (or by another NodeWright) takes a budget slot.
+
+    `inactive` maps paused or disabled NodeWrights to "paused"/"disabled", so that the reason says who
+    holds the node and why it is not coming back soon: a paused NodeWright keeps its cordons until it is
+    resumed; a disabled one releases them once its running pods have finished.
+    """
     if own is not None and own.cordoned:
         return None
     if (node.get("spec") or {}).get("unschedulable"):
-        if _cordoned_by_any_of_ours(node, all_nodewrights):
-            return "cordoned by another NodeWright"
-        return CORDONED_BY_SOMEONE_ELSE
+        owner = _cordon_owner(node, all_nodewrights)
+        if owner is None:
+            return CORDONED_BY_SOMEONE_ELSE
+        why = (inactive or {}).get(owner)
+        if why == "paused":
+            return f"cordoned by NodeWright {owner!r}, which is paused (it keeps the cordon until resumed)"
+        if why == "disabled":
+            return f"cordoned by NodeWright {owner!r}, which is disabled (released once its pods finish)"
+        return f"cordoned by NodeWright {owner!r}"
     if not node_ready(node):
         return "NotReady"
     return None
@@ -216,6 +259,7 @@ def rollout_node(
     all_nodewrights: Sequence[str],
     waiting_for_priority: str | None = None,
     now: datetime | None = None,
+    inactive: Mapping[str, str] | None = None,
 ) -> RolloutNode:
     """A matched node as the rollout planner sees it (shared with `nodewright plan`).
 
@@ -230,7 +274,9 @@ def rollout_node(
     status = _status_of(node, name) or (Status.WAITING if needs_work else Status.COMPLETE)
     if not needs_work and status is Status.IN_PROGRESS:
         status = Status.COMPLETE
-    unavailable = unavailable_reason(node, own=state, all_nodewrights=list(all_nodewrights) or [name])
+    unavailable = unavailable_reason(
+        node, own=state, all_nodewrights=list(all_nodewrights) or [name], inactive=inactive
+    )
     return RolloutNode(
         name=str(node["metadata"]["name"]),
         labels=node_labels(node),
@@ -258,6 +304,8 @@ class RolloutReconciler:
         self._memo: dict[str, _Memo] = {}
         # NodeWright -> compartment -> admitted nodes still working on the current spec: the open batch.
         self._open: dict[str, dict[str, set[str]]] = {}
+        self._inactive: dict[str, str] = {}  # this pass's paused/disabled NodeWrights
+        self._deletion_warned: dict[str, str] = {}  # NodeWright -> reason of the DeletionBlocked Event sent
 
     def settles_batch(self, name: str, node: str, labels: Mapping[str, str]) -> bool:
         """Whether this node update ends the last in-flight node of its batch (as of the last pass).
@@ -287,12 +335,7 @@ class RolloutReconciler:
         started = time.monotonic()
         obj, model, error = rt.nodewright(name)
         if obj is None:
-            rt.metrics.domain.remove_nodewright(name)
-            self._halted.pop(name, None)
-            self._last_status.pop(name, None)
-            self._compute.pop(name, None)
-            self._memo.pop(name, None)
-            self._open.pop(name, None)
+            self._forget(name)
             return None
         if model is None:
             await self._report_invalid(obj, error or "invalid spec")
@@ -300,80 +343,116 @@ class RolloutReconciler:
         deleting = bool(model.metadata.deletion_timestamp)
         if not deleting and constants.FINALIZER not in (model.metadata.finalizers or []):
             await self._add_finalizer(obj)
+        snap = self._snapshot(name, model)
+        plan = self._plan(snap, model)
+        compute = time.monotonic() - started
+        # Taints first: a new node must be tainted before its admission marks it as touched.
+        taint_report = await taints.reconcile_runtime_taints(
+            rt, snap.nodewright, snap.matched, all_names=snap.all_names
+        )
+        started = time.monotonic()
+        summary, status = self._status(snap, model, plan, taint_report)
+        self._compute[name] = compute + time.monotonic() - started
+        # The status (batch state) is written before the admissions it opens: a reader (`nodewright
+        # plan`, which lists nodes before it reads the NodeWright) then never sees admissions newer than
+        # the batch state, and a crash between the two writes only delays the opened batch (re-planning
+        # opens it again, with the same nodes).
+        await self._write_status(obj, status)
+        await self._apply_admissions(name, plan, snap.views)
+        if snap.reset and plan.reset_applied:
+            await self._clear_reset_annotation(name)
+        await self._emit_transitions(model, plan, summary.status.status, snap.malformed)
+        self._update_metrics(name, snap.nodewright, snap.views, plan, summary.status.status, snap.policy_name)
+        self._open[name] = _open_batches(snap.rollout_nodes, snap.fingerprint, plan)
+        if deleting:
+            return await self._finish_deletion(obj, model, snap.nodes)
+        return Result(requeue_after=self._requeue(snap))
+
+    def _forget(self, name: str) -> None:
+        self.rt.metrics.domain.remove_nodewright(name)
+        for memory in (self._halted, self._last_status, self._compute, self._memo, self._open):
+            memory.pop(name, None)
+
+    def _snapshot(self, name: str, model: NodeWright) -> _Snapshot:
+        """The NodeWright's nodes as the planner sees them, from the caches."""
+        rt = self.rt
         nodewright = effective_nodewright(model)
-        now = rt.clock()
         all_names = sorted(o["metadata"]["name"] for o in rt.nodewrights.objects())
         nodes = [rt.node(str(n["metadata"]["name"])) or n for n in rt.nodes.objects()]
         fingerprint = spec_fingerprint(nodewright)
         entries = self._entries(name, nodewright, nodes, fingerprint=fingerprint, all_names=all_names)
-        matched = [n for n, e in zip(nodes, entries, strict=True) if e.matched]
         self._enqueue_strays(name, nodes, entries)
-
         selected = [e for e in entries if e.view is not None]
-        views = [e.view for e in selected if e.view is not None]
-        malformed = [str(n["metadata"]["name"]) for n, e in zip(nodes, entries, strict=True) if e.malformed]
         policy, policy_name = self._policy(nodewright)
         facts = self._sequencing_facts(all_names, nodes)
-        paused, disabled = is_paused(model), is_disabled(model)
-        rollout_nodes = [self._with_priority(name, e, facts) for e in selected]
-        previous = model.status or NodeWrightStatus()
-        reset = (model.metadata.annotations or {}).get(constants.ANNOTATION_RESET_BATCH, "").lower() in (
-            "true",
-            "1",
-            "yes",
-        )
-        plan = plan_rollout(
-            nodewright,
-            policy=policy,
-            nodes=rollout_nodes,
-            compartment_statuses=previous.compartment_statuses or {},
+        reset = (model.metadata.annotations or {}).get(constants.ANNOTATION_RESET_BATCH, "").lower()
+        return _Snapshot(
+            nodewright=nodewright,
+            nodes=nodes,
+            matched=[n for n, e in zip(nodes, entries, strict=True) if e.matched],
+            all_names=all_names,
             fingerprint=fingerprint,
-            now=ts(now),
-            reset_requested=reset,
-            paused=paused,
-            disabled=disabled,
-            next_order_hint=previous.next_order if previous.rollout_fingerprint == fingerprint else 0,
+            views=[e.view for e in selected if e.view is not None],
+            reports=[e.report for e in selected if e.report is not None],
+            rollout_nodes=[self._with_priority(name, e, facts) for e in selected],
+            malformed=[
+                str(n["metadata"]["name"]) for n, e in zip(nodes, entries, strict=True) if e.malformed
+            ],
+            policy=policy,
+            policy_name=policy_name,
+            facts=facts,
+            reset=reset in ("true", "1", "yes"),
+            now=rt.clock(),
         )
-        compute = time.monotonic() - started
-        # Taints first: a new node must be tainted before its admission marks it as touched.
-        taint_report = await taints.reconcile_runtime_taints(rt, nodewright, matched, all_names=all_names)
-        await self._apply_admissions(name, plan, views)
-        if reset and plan.reset_applied:
-            await self._clear_reset_annotation(name)
 
-        started = time.monotonic()
-        sequencing_blocker = self._global_sequencing_blocker(name, facts)
+    def _plan(self, snap: _Snapshot, model: NodeWright) -> RolloutPlan:
+        previous = model.status or NodeWrightStatus()
+        return plan_rollout(
+            snap.nodewright,
+            policy=snap.policy,
+            nodes=snap.rollout_nodes,
+            compartment_statuses=previous.compartment_statuses or {},
+            fingerprint=snap.fingerprint,
+            now=ts(snap.now),
+            reset_requested=snap.reset,
+            paused=is_paused(model),
+            disabled=is_disabled(model),
+            next_order_hint=previous.next_order if previous.rollout_fingerprint == snap.fingerprint else 0,
+        )
+
+    def _status(
+        self, snap: _Snapshot, model: NodeWright, plan: RolloutPlan, taint_report: taints.TaintReport
+    ) -> tuple[StatusSummary, dict[str, Any]]:
+        """The NodeWright status to write: aggregates, compartments, conditions."""
+        extra = [self._taint_condition(model, taint_report, snap.now)]
+        if model.metadata.deletion_timestamp:
+            extra.append(self._deletion_condition(model, snap.now))
         summary = aggregate_status(
-            nodewright,
-            nodes=[e.report for e in selected if e.report is not None],
+            snap.nodewright,
+            nodes=snap.reports,
             plan=plan,
-            now=ts(now),
-            paused=paused,
-            disabled=disabled,
-            waiting_for_sequencing=sequencing_blocker,
-            malformed_nodes=malformed,
-            extra_conditions=[self._taint_condition(model, taint_report, now)],
+            now=ts(snap.now),
+            paused=is_paused(model),
+            disabled=is_disabled(model),
+            waiting_for_sequencing=self._global_sequencing_blocker(model.metadata.name, snap.facts),
+            malformed_nodes=snap.malformed,
+            extra_conditions=extra,
         )
         status = summary.to_json_dict()
-        status["nodesMatched"] = len(matched)
-        status["rolloutFingerprint"] = fingerprint
+        status["nodesMatched"] = len(snap.matched)
+        status["rolloutFingerprint"] = snap.fingerprint
         status["nextOrder"] = plan.next_order
         self._add_compartment_details(status, plan)
-        self._compute[name] = compute + time.monotonic() - started
-        await self._write_status(obj, status)
-        await self._emit_transitions(model, plan, summary.status.status, malformed)
-        self._update_metrics(name, nodewright, views, plan, summary.status.status, policy_name)
+        return summary, status
 
-        self._open[name] = _open_batches(rollout_nodes, fingerprint, plan)
-        if deleting:
-            return await self._finish_deletion(obj, name, nodes)
-        in_flight = any(v.status in (Status.IN_PROGRESS, Status.ERRORING) for v in views)
-        requeue = RESYNC_ACTIVE if in_flight else rt.options.resync_seconds
-        for view in views:
-            _, retry_at = node_reported_block(nodewright, view.node, status=view.status, now=now)
+    def _requeue(self, snap: _Snapshot) -> float:
+        in_flight = any(v.status in (Status.IN_PROGRESS, Status.ERRORING) for v in snap.views)
+        requeue = RESYNC_ACTIVE if in_flight else self.rt.options.resync_seconds
+        for view in snap.views:
+            _, retry_at = node_reported_block(snap.nodewright, view.node, status=view.status, now=snap.now)
             if retry_at is not None:
-                requeue = min(requeue, max(1.0, (retry_at - now).total_seconds() + 0.5))
-        return Result(requeue_after=requeue)
+                requeue = min(requeue, max(1.0, (retry_at - snap.now).total_seconds() + 0.5))
+        return requeue
 
     # -- inputs -----------------------------------------------------------------------------------
 
@@ -393,11 +472,13 @@ class RolloutReconciler:
         a function of the node object and the spec, so the node's resourceVersion and the spec's
         identity (`context`) key the cache; the rollout planner itself still sees every node.
         """
+        self._inactive = self._inactive_nodewrights(all_names)
         context = (
             fingerprint,
             nodewright.metadata.generation,
             bool(nodewright.metadata.deletion_timestamp),
             tuple(all_names),
+            tuple(sorted(self._inactive.items())),
             self.rt.options.runtime_required_taint_key,
         )
         memo = self._memo.setdefault(name, _Memo())
@@ -416,6 +497,17 @@ class RolloutReconciler:
         memo.context, memo.entries = context, fresh
         return out
 
+    def _inactive_nodewrights(self, all_names: Sequence[str]) -> dict[str, str]:
+        """Paused or disabled NodeWrights (for the reasons of nodes they hold, see `unavailable_reason`)."""
+        out: dict[str, str] = {}
+        for other in all_names:
+            model = self.rt.nodewright(other)[1]
+            if model is not None and is_disabled(model):
+                out[other] = "disabled"
+            elif model is not None and is_paused(model):
+                out[other] = "paused"
+        return out
+
     def _entry(
         self, name: str, nodewright: NodeWright, node: JSON, rv: str, all_names: Sequence[str]
     ) -> _NodeEntry:
@@ -423,7 +515,7 @@ class RolloutReconciler:
             return _NodeEntry(rv, matched=False)
         state, err = try_node_state(node, name)
         if err is not None:
-            return _NodeEntry(rv, matched=True, malformed=True)
+            return self._malformed_entry(name, nodewright, node, rv, all_names, err)
         view = _NodeView(node=node, state=state, status=_status_of(node, name))
         rollout = rollout_node(
             nodewright,
@@ -432,8 +524,31 @@ class RolloutReconciler:
             runtime_taint_key=self.rt.options.runtime_required_taint_key,
             all_nodewrights=all_names,
             now=self.rt.clock(),
+            inactive=self._inactive,
         )
         return _NodeEntry(rv, matched=True, view=view, rollout=rollout, report=self._report(view, rollout))
+
+    def _malformed_entry(
+        self, name: str, nodewright: NodeWright, node: JSON, rv: str, all_names: Sequence[str], error: str
+    ) -> _NodeEntry:
+        """A node whose state annotation does not decode is not complete: it is counted `blocked`
+        (reason StateMalformed) until someone fixes or removes the annotation; nothing starts on it."""
+        view = _NodeView(node=node, state=None, status=Status.BLOCKED)
+        base = rollout_node(
+            nodewright,
+            node,
+            state=None,
+            runtime_taint_key=self.rt.options.runtime_required_taint_key,
+            all_nodewrights=all_names,
+            now=self.rt.clock(),
+            inactive=self._inactive,
+        )
+        rollout = replace(
+            base, status=Status.BLOCKED, needs_work=True, blocked_reason=f"StateMalformed: {error}"[:300]
+        )
+        return _NodeEntry(
+            rv, matched=True, malformed=True, view=view, rollout=rollout, report=self._report(view, rollout)
+        )
 
     def _with_priority(
         self, name: str, entry: _NodeEntry, facts: Sequence[sequencing.NodeWrightFacts]
@@ -714,9 +829,33 @@ class RolloutReconciler:
             if label_key in node_labels(node) or state_key in node_annotations(node):
                 self.rt.enqueue_node(name, str(node["metadata"]["name"]))
 
-    async def _finish_deletion(self, obj: JSON, name: str, nodes: Sequence[JSON]) -> Result | None:
+    def _deletion_condition(self, model: NodeWright, now: datetime) -> Condition:
+        """`DeletionBlocked`: a paused or disabled NodeWright does no work, so its deletion (uninstalls,
+        then releasing every node) waits until it is resumed or enabled."""
+        blocker = _deletion_blocker(model)
+        previous = {c.type: c for c in (model.status.conditions or [])} if model.status else {}
+        status: Literal["True", "False"] = "True" if blocker else "False"
+        old = previous.get(DELETION_BLOCKED)
+        return Condition(
+            type=DELETION_BLOCKED,
+            status=status,
+            reason=blocker[0] if blocker else "Deleting",
+            message=blocker[1] if blocker else "uninstalling and releasing nodes",
+            last_transition_time=old.last_transition_time if old and old.status == status else ts(now),
+            observed_generation=model.metadata.generation,
+        )
+
+    async def _finish_deletion(self, obj: JSON, model: NodeWright, nodes: Sequence[JSON]) -> Result | None:
         """Release the finalizer once no node carries this NodeWright's status or admission."""
         rt = self.rt
+        name = model.metadata.name
+        blocker = _deletion_blocker(model)
+        if blocker is not None:
+            if self._deletion_warned.get(name) != blocker[0]:
+                self._deletion_warned[name] = blocker[0]
+                await self._event(name, events.EventSpec(events.Reason.DELETION_BLOCKED, blocker[1]))
+            return Result(requeue_after=RESYNC_ACTIVE)
+        self._deletion_warned.pop(name, None)
         label_key = constants.status_label(name)
         adm_key = admission_annotation(name)
         pending = [str(n["metadata"]["name"]) for n in nodes if label_key in node_labels(n)]
@@ -732,7 +871,8 @@ class RolloutReconciler:
                     str(node["metadata"]["name"]), annotations={adm_key: None}
                 )
                 rt.node_view.record(written)
-        meta = obj["metadata"]
+        # The newest copy: this pass may have written the status, which changed the resourceVersion.
+        meta = (rt.nodewright(name)[0] or obj)["metadata"]
         finalizers = [f for f in meta.get("finalizers") or [] if f != constants.FINALIZER]
         if len(finalizers) != len(meta.get("finalizers") or []):
             await rt.client.patch(
@@ -742,6 +882,26 @@ class RolloutReconciler:
             )
             log.info("finalizer released", nodewright=name)
         return None
+
+
+DELETION_BLOCKED = "DeletionBlocked"
+
+
+def _deletion_blocker(model: NodeWright) -> tuple[str, str] | None:
+    """(reason, message) when the deletion of this NodeWright cannot proceed, else None."""
+    if is_disabled(model):
+        return (
+            "Disabled",
+            "the NodeWright is disabled, so it runs no uninstall and releases no node: deletion waits."
+            f" Enable it (remove annotation {constants.ANNOTATION_DISABLE}) to let the deletion finish",
+        )
+    if is_paused(model):
+        return (
+            "Paused",
+            "the NodeWright is paused, so it runs no uninstall and releases no node: deletion waits."
+            f" Resume it (remove annotation {constants.ANNOTATION_PAUSE}) to let the deletion finish",
+        )
+    return None
 
 
 def _open_batches(

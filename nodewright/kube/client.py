@@ -523,8 +523,11 @@ class KubeClient:
         labels: Mapping[str, str | None] | None = None,
         annotations: Mapping[str, str | None] | None = None,
         conditions: Sequence[JSON] = (),
+        resource_version: str | None = None,
     ) -> JSON:
         """Labels, annotations and conditions in ONE strategic merge patch on `nodes/status`.
+
+        With `resource_version` the patch only applies to that version of the node (409 otherwise).
 
         The node status strategy resets `spec` on this subresource but keeps metadata changes (the
         NodeRestriction admission plugin polices kubelets' label changes made this way). Callers must
@@ -536,6 +539,8 @@ class KubeClient:
             metadata["labels"] = dict(labels)
         if annotations:
             metadata["annotations"] = dict(annotations)
+        if resource_version is not None:
+            metadata["resourceVersion"] = resource_version
         patch: JSON = {"metadata": metadata} if metadata else {}
         if conditions:
             patch["status"] = {"conditions": list(conditions)}

@@ -52,7 +52,7 @@ from typing import Literal
 
 from nodewright.api import constants, semver
 from nodewright.api.models import Interrupt, InterruptType, NodeWright, Package, Status
-from nodewright.api.nodestate import NodeState, PackageEntry, PackageStage, PackageState
+from nodewright.api.nodestate import NodeState, PackageEntry, PackageStage, PackageState, truncate_error
 from nodewright.plan import podspec
 from nodewright.plan.configdiff import config_hashes, diff
 from nodewright.plan.dag import Graph
@@ -64,6 +64,7 @@ from nodewright.plan.stages import (
     PRE_INTERRUPT_STAGES,
     UNINSTALL_STAGES,
     Observation,
+    PodOutcome,
     PodSummary,
     RetryPolicy,
     advance,
@@ -221,6 +222,7 @@ class NodePlan:
     state_changed: bool = False
     drain_skip: DrainSkip | None = None  # the skip memory after this plan (None: none / cleared)
     drain_skipped: bool = False  # this plan skipped the drain (the controller resets its drain timer)
+    consume_admission: bool = False  # the node settled under its admission: the controller marks it used
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -303,6 +305,27 @@ def package_complete(state: NodeState, name: str, pkg: Package) -> bool:
 
 def node_complete(nw: NodeWright, state: NodeState) -> bool:
     return all(package_complete(state, n, p) for n, p in nw.spec.packages.items())
+
+
+def _parse_optional(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return parse_ts(text)
+    except ValueError:
+        return None
+
+
+def _may_run(pod: PodSummary, *, deleting: bool) -> bool:
+    """The pod's containers may still run something on the host.
+
+    A running pod may, also while it terminates (its grace period). A pod whose work ended (every init
+    container exited, or the pod failed) is only waiting to be removed. A pod stuck pulling an image
+    runs nothing yet, but could start as soon as the pull succeeds, until its deletion is requested.
+    """
+    if pod.outcome is PodOutcome.RUNNING:
+        return True
+    return pod.outcome is PodOutcome.PULL_ERROR and not (deleting or pod.terminating)
 
 
 def _condition(nw: NodeWright, status: Status, reason: str, message: str) -> NodeCondition:
@@ -513,6 +536,7 @@ class _Planner:
             message = f"node did not return from reboot within {human_duration(self.opts.reboot_timeout)}"
             self.put(replace(carrier, state=PackageState.ERRORING, error=message, updated=ts(self.now)))
             self.state = replace(self.state, interrupt_at=None)
+            self.fail_covered(carrier, message)
             self.events.append(
                 Event("InterruptFailed", f"{carrier.name}:{carrier.version}: {message}", "Warning")
             )
@@ -573,6 +597,7 @@ class _Planner:
             )
             if entry.stage in INTERRUPT_STAGES:
                 self.state = replace(self.state, interrupt_at=None)
+                self.fail_covered(entry, result.entry.error)
         else:
             self.events.append(
                 Event("PackageRetry", f"{entry.name}:{entry.version}: {result.entry.error}", "Warning")
@@ -580,22 +605,56 @@ class _Planner:
 
     # -- phase 2: decide runs -------------------------------------------------------------------------
 
-    def reset_erroring_on_spec_change(self) -> None:
-        """An erroring stage retries from scratch once the admin changed what it runs."""
-        skipped = [
-            e for e in self.state.packages if e.stage in INTERRUPT_STAGES and e.state == PackageState.SKIPPED
-        ]
+    def retry_erroring_under_fresh_admission(self) -> None:
+        """An erroring package is retried only under an admission granted after it failed.
+
+        Giving up settles the node and consumes its admission (see `finish`), so the controller hands
+        the planner an admission only when the rollout picked the node again: a later spec (fingerprint)
+        or a targeted retry. Then every erroring entry that failed before that admission starts a fresh
+        series of attempts; an entry that failed under this very admission does not (the admission is
+        about to be consumed). Without an admission nothing restarts, whatever changed in the spec:
+        retries go through batches and budgets like any other start of work (invariant I1/I2).
+        """
+        admission = self.state.admission
+        if admission is None:
+            return
+        granted = parse_ts(admission.at)
         for entry in list(self.state.packages):
             if entry.state != PackageState.ERRORING or not self.in_spec(entry):
                 continue
-            interrupt = self.merged_interrupt(entry, skipped) if entry.stage in INTERRUPT_STAGES else None
-            if not entry.spec_hash or entry.spec_hash == self.desired_hash(entry, interrupt):
+            failed_at = _parse_optional(entry.updated)
+            if failed_at is not None and failed_at >= granted:
                 continue
-            self.put(replace(entry, state=PackageState.PENDING, attempts=0, spec_hash="", error=""))
-            if entry.stage in INTERRUPT_STAGES:
-                # The covered packages merge again with the carrier when the interrupt restarts.
-                for other in skipped:
-                    self.put(replace(other, state=PackageState.PENDING, updated=ts(self.now)))
+            self.put(
+                replace(
+                    entry,
+                    state=PackageState.PENDING,
+                    attempts=0,
+                    spec_hash="",
+                    error="",
+                    retry_at=None,
+                    pull_error_since=None,
+                    updated=ts(self.now),
+                )
+            )
+            self.events.append(
+                Event(
+                    "PackageRetry", f"{entry.name}:{entry.version} {entry.stage.value}: retrying (admitted)"
+                )
+            )
+
+    def fail_covered(self, carrier: PackageEntry, message: str) -> None:
+        """The packages whose interrupt the failed carrier's pod was to perform fail with it."""
+        for other in self.state.packages:
+            if other.key != carrier.key and other.state == PackageState.SKIPPED and self.in_spec(other):
+                self.put(
+                    replace(
+                        other,
+                        state=PackageState.ERRORING,
+                        error=truncate_error(f"interrupt carried by {carrier.name} failed: {message}"),
+                        updated=ts(self.now),
+                    )
+                )
 
     def cancel_uninstalls(self) -> None:
         for name, pkg in sorted(self.nw.spec.packages.items()):
@@ -615,7 +674,11 @@ class _Planner:
                     last = PackageStage.POST_INTERRUPT if pkg.interrupt else PackageStage.CONFIG
                     self.put(replace(entry, stage=last, state=PackageState.COMPLETE, updated=ts(self.now)))
                 else:
-                    # The uninstall pod may have removed files already: reinstall from apply.
+                    # The uninstall pod may have removed files already: reinstall from apply, once that
+                    # pod is gone (it is stopped now; `create` waits for it).
+                    for pod in self.inp.pods:
+                        if pod.package == name and pod.stage in UNINSTALL_STAGES:
+                            self.delete(pod, "uninstall cancelled")
                     self.put(
                         replace(
                             entry,
@@ -715,8 +778,25 @@ class _Planner:
         return None
 
     def pod_running(self) -> bool:
-        live = {n for n in (p.name for p in self.inp.pods) if n not in self.deletes}
-        return bool(live)
+        """A pod of this NodeWright stays on the node (not being removed), or is being removed but may
+        still be running its work (terminating)."""
+        for pod in self.inp.pods:
+            leaving = pod.terminating or pod.name in self.deletes
+            if not leaving or _may_run(pod, deleting=True):
+                return True
+        return False
+
+    def blocking_pod(self, package: str, *, name: str) -> PodSummary | None:
+        """Another pod of `package` whose work may still run on the node: no second pod of a package
+        is created until it is gone (an uninstall and a reinstall, or two attempts, never overlap)."""
+        for pod in self.inp.pods:
+            if (
+                pod.package == package
+                and pod.name != name
+                and _may_run(pod, deleting=pod.name in self.deletes)
+            ):
+                return pod
+        return None
 
     def node_gate(self, *, for_interrupt: bool) -> bool:
         """Cordon -> protected pods -> drain. True when the node is ready for interrupt-bearing work."""
@@ -876,6 +956,11 @@ class _Planner:
         name = podspec.pod_name(
             self.nw.metadata.name, entry.name, entry.version, entry.stage, self.node.name, attempt, s_hash
         )
+        blocker = self.blocking_pod(entry.name, name=name)
+        if blocker is not None:
+            self.waiting.append(f"{entry.name}: waiting for pod {blocker.name} to finish")
+            self.requeue(self.opts.poll_interval, f"pod {blocker.name} still running")
+            return entry
         image = (
             ""
             if entry.stage in INTERRUPT_STAGES
@@ -1084,6 +1169,8 @@ class _Planner:
         if complete:
             self.skip = None
         status, reason, message = self.status(complete)
+        # Settling (complete, or erroring with nothing else running) uses up the admission.
+        consume = old.admission is not None and status in (Status.COMPLETE, Status.ERRORING)
         actions: list[Action] = [a for a in self.actions if isinstance(a, (Cordon, Uncordon))]
         actions += [a for a in self.actions if isinstance(a, (WaitForProtectedPods, Drain))]
         deletes: list[DeletePod] = sorted(self.deletes.values(), key=lambda d: d.name)
@@ -1102,6 +1189,40 @@ class _Planner:
             state_changed=self.state != (self.inp.state or NodeState()),
             drain_skip=self.skip,
             drain_skipped=self.skipped_now,
+            consume_admission=consume,
+        )
+
+    def finish_disabled(self) -> NodePlan:
+        """Disabled: start nothing, let what runs finish (observed and recorded), then let go.
+
+        Once no pod of this NodeWright can still be running on the node and no reboot is in flight, a
+        cordon this NodeWright holds is released, so a disabled NodeWright never keeps nodes out of
+        service (or other NodeWrights waiting on them). Its unfinished runs stay recorded in the state
+        and continue, through the gates again (cordon, drain), when it is enabled.
+        """
+        message = "NodeWright is disabled"
+        if self.state.cordoned:
+            if self.pod_running() or self.state.interrupt_at is not None:
+                message += "; the cordon is released once its running pods and interrupt have finished"
+            else:
+                self.actions.append(Uncordon())
+                self.state = replace(self.state, cordoned=False)
+                self.events.append(Event("Uncordon", "NodeWright disabled: nothing running, uncordoning"))
+        actions: list[Action] = [a for a in self.actions if isinstance(a, Uncordon)]
+        deletes: list[DeletePod] = sorted(self.deletes.values(), key=lambda d: d.name)
+        actions += deletes
+        actions += self.events
+        if self.requeues:
+            actions.append(min(self.requeues, key=lambda r: r.seconds))
+        elif self.state.cordoned:
+            actions.append(RequeueAfter(self.opts.poll_interval, "waiting to release the cordon"))
+        return NodePlan(
+            state=self.state,
+            status=Status.DISABLED,
+            condition=_condition(self.nw, Status.DISABLED, "Disabled", message),
+            actions=tuple(actions),
+            state_changed=self.state != (self.inp.state or NodeState()),
+            drain_skip=self.skip,
         )
 
     def idle(self) -> bool:
@@ -1115,6 +1236,13 @@ class _Planner:
             return Status.COMPLETE, "Complete", f"all {len(self.nw.spec.packages)} package(s) complete"
         errors = [e for e in self.state.packages if e.state == PackageState.ERRORING and self.in_spec(e)]
         active = [e for e in self.state.packages if e.state in ACTIVE_STATES and self.in_spec(e)]
+        # An erroring package settles the node only once nothing else of this NodeWright can still run
+        # there: until then the node is in progress and keeps its slot of the budget.
+        progressing = (
+            bool(self.creates)
+            or self.pod_running()
+            or any(e.state in (PackageState.PENDING, PackageState.IN_PROGRESS) for e in active)
+        )
         block = self.node_block_reason()
         doing = ", ".join(f"{e.name}:{e.version} {e.stage.value} {e.state.value}" for e in active[:5])
         why = "; ".join(dict.fromkeys(self.waiting))
@@ -1126,9 +1254,12 @@ class _Planner:
             )
         if block:
             return Status.BLOCKED, "Blocked", block
+        failures = "; ".join(f"{e.name}:{e.version} {e.stage.value}: {e.error}" for e in errors[:3])
+        if errors and not progressing:
+            return Status.ERRORING, "Erroring", failures
         if errors:
-            text = "; ".join(f"{e.name}:{e.version} {e.stage.value}: {e.error}" for e in errors[:3])
-            return Status.ERRORING, "Erroring", text
+            detail = "; ".join(filter(None, [doing, why]))
+            return Status.IN_PROGRESS, "InProgress", f"failed: {failures}; still running: {detail or 'pods'}"
         if self.skip_blocked and not self.state.cordoned:
             return (
                 Status.BLOCKED,
@@ -1153,19 +1284,13 @@ def plan_node(inp: NodeInput) -> NodePlan:
     """Decide the next step of `inp.nodewright` on `inp.node`. Pure and deterministic."""
     if inp.now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
-    nw = inp.nodewright
-    state = inp.state or NodeState()
-    if is_disabled(nw):
-        return NodePlan(
-            state=state,
-            status=Status.DISABLED,
-            condition=_condition(nw, Status.DISABLED, "Disabled", "NodeWright is disabled"),
-            actions=(),
-        )
     p = _Planner(inp)
+    if is_disabled(inp.nodewright):
+        p.observe()
+        return p.finish_disabled()
     p.reapply_on_reboot()
     p.observe()
-    p.reset_erroring_on_spec_change()
+    p.retry_erroring_under_fresh_admission()
     p.cancel_uninstalls()
     p.start()
     return p.finish()

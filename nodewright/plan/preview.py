@@ -270,9 +270,11 @@ def _finish(node: RolloutNode, plan: RolloutPlan, fingerprint: str, outcome: Out
     if node.name not in plan.active:
         return node
     result = Status.COMPLETE if outcome is None else outcome(node.name)
+    # Settling consumes the admission (the node controller marks it in the same write).
+    used = replace(node.admission, consumed=True) if node.admission is not None else None
     if result is Status.COMPLETE:
-        return replace(node, status=Status.COMPLETE, needs_work=False)
-    return replace(node, status=result)
+        return replace(node, status=Status.COMPLETE, needs_work=False, admission=used)
+    return replace(node, status=result, admission=used)
 
 
 def _blockers(plan: RolloutPlan) -> tuple[Blocker, ...]:

@@ -7,26 +7,34 @@ fingerprint) and applies the `RolloutPlan`: it writes `admissions` and clears `r
 event and metric for each `halts` entry. Nothing here does I/O or reads a clock.
 
 Admissions. A node may *start* work for the current spec only with an admission for the current spec
-fingerprint: `{compartment, batch, order, fingerprint, at}`, persisted on the node. An admission for an
-older fingerprint does not allow new work (a version bump or config change therefore flows through the
-batches again, invariant I2); work already in flight under it finishes and holds a slot meanwhile.
-Admissions stay on the node after it completes: they are the record of the rollout (batch membership,
-order numbers, whether the spec changed since the compartment last rolled out).
+fingerprint: `{compartment, batch, order, fingerprint, at, consumed}`, persisted on the node. An
+admission for an older fingerprint does not allow new work (a version bump or config change therefore
+flows through the batches again, invariant I2); work already in flight under it finishes and holds a
+slot meanwhile. An admission is good for one pass of the node to a settled state: the node controller
+marks it `consumed` in the write that records the node complete or erroring (`erroring` only once
+nothing else of the NodeWright runs there). A consumed admission starts nothing, so every later start —
+the retry of an erroring package, a re-run after the state annotation was wiped or after a reboot with
+`reapplyOnReboot` — needs a fresh admission, from a batch, within the ceiling. Admissions stay on the
+node after it settles: they are the record of the rollout (batch membership, order numbers, whether the
+spec changed since the compartment last rolled out).
 
 Each node of a compartment is in exactly one phase for the current fingerprint `f`:
 
 - `DONE`: no pending work (complete for the current spec);
-- `PENDING`: pending work, no admission for `f`, not running: a candidate for a later batch;
-- `ACTIVE`: admitted for `f` and not settled (not yet started, or running): holds a slot;
+- `PENDING`: pending work, no usable admission for `f` (none, an older fingerprint's, or consumed while
+  work is due again), not running: a candidate for a later batch;
+- `ACTIVE`: admitted for `f`, not consumed, not blocked, work pending (not yet started, running, or an
+  erroring node the node controller is about to retry under this admission): holds a slot;
 - `SUCCEEDED`: admitted for `f` and no pending work left;
-- `FAILED`: admitted for `f` and `erroring`. Settled: counts as a failure of its batch and no longer holds
-  a slot (the reference keeps it in the batch and stalls the compartment). It keeps its admission, so
-  the node machine may keep retrying it, and it is reported, not waited for;
+- `FAILED`: admitted for `f`, consumed and `erroring`. Settled: counts as a failure of its batch and no
+  longer holds a slot (the reference keeps it in the batch and stalls the compartment). Nothing runs on
+  it; it is reported, not waited for, and retried only under a fresh admission (a later spec, or a
+  targeted retry that removes its admission);
 - `RELEASED`: admitted for `f` and `blocked` (taint, ignore label, ...) before it was disrupted: settled,
   excluded from the batch's success ratio, and its admission is released so it cannot start outside a
   batch; it is picked again once unblocked;
-- `CARRYOVER`: running (`in_progress`) without an admission for `f` (old spec, or state written by an
-  older operator): holds a slot, belongs to no batch.
+- `CARRYOVER`: running (`in_progress`) without a usable admission for `f` (old spec, or state written by
+  an older operator): holds a slot, belongs to no batch.
 
 Budget (invariant I1). `used = ACTIVE + CARRYOVER + nodes unavailable for other reasons`; a new batch
 takes at most `ceiling - used` nodes, so the nodes in progress never exceed the ceiling. (Only a change
@@ -110,13 +118,20 @@ _SETTLED = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.RELEASED, Phase.DONE,
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    """Permission for a node to start work, persisted in the node's state annotation."""
+    """Permission for a node to start work, persisted in the node's admission annotation.
+
+    An admission allows one pass of the node to a settled state. `consumed` is set by the node
+    controller in the same write that records the node complete or erroring: from then on the admission
+    no longer lets the node start anything (a wiped state, a re-apply after reboot or a retry of an
+    erroring package needs a fresh admission from a batch); it stays as the record of batch membership.
+    """
 
     compartment: str
     batch: int
     order: int
     fingerprint: str
     at: str
+    consumed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,9 +228,22 @@ class RolloutPlan:
 
 
 def spec_fingerprint(nodewright: NodeWright) -> str:
-    """A digest of what nodes must converge to (the packages); a change starts a new rollout."""
-    packages = {name: pkg.to_json_dict() for name, pkg in nodewright.spec.packages.items()}
-    canonical = json.dumps(packages, sort_keys=True, separators=(",", ":"))
+    """A digest of what nodes must converge to and of what their package pods run; a change starts a
+    new rollout.
+
+    The packages, plus the NodeWright-level fields copied into every package pod (additional
+    tolerations, the runtime-required toleration): a change of any of them replaces pods, and must
+    therefore reach nodes (erroring ones retried included) only through fresh admissions.
+    """
+    spec = nodewright.spec
+    doc: dict[str, object] = {
+        "packages": {name: pkg.to_json_dict() for name, pkg in spec.packages.items()},
+    }
+    if spec.additional_tolerations:
+        doc["tolerations"] = [t.to_json_dict() for t in spec.additional_tolerations]
+    if spec.runtime_required:
+        doc["runtimeRequired"] = True
+    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
@@ -227,17 +255,26 @@ def pick_key(node: RolloutNode) -> tuple[str, datetime, str]:
 
 def phase_of(node: RolloutNode, *, fingerprint: str) -> Phase:
     """The node's phase for the rollout of `fingerprint` (definitions in the module docstring)."""
-    admitted = node.admission is not None and node.admission.fingerprint == fingerprint
-    if not admitted:
+    admission = node.admission
+    admitted = admission is not None and admission.fingerprint == fingerprint
+    if admission is None or not admitted:
         if node.status is Status.IN_PROGRESS:
             return Phase.CARRYOVER
         return Phase.PENDING if node.needs_work else Phase.DONE
     if not node.needs_work:
         return Phase.SUCCEEDED
-    if node.status is Status.ERRORING:
-        return Phase.FAILED
+    if admission.consumed:
+        if node.status is Status.IN_PROGRESS:
+            return Phase.CARRYOVER  # in flight although settled once (e.g. state edited by hand)
+        if node.status is Status.ERRORING:
+            return Phase.FAILED
+        # Settled under this admission, yet work is due again (state wiped, re-apply after a reboot):
+        # a candidate for a later batch, like any node with pending work.
+        return Phase.PENDING
     if node.status is Status.BLOCKED:
         return Phase.RELEASED
+    # Not settled under this admission yet. An `erroring` label here is the node's state from before
+    # the admission (the node controller retries it under the fresh admission): it holds a slot.
     return Phase.ACTIVE
 
 

@@ -65,6 +65,7 @@ class PodSummary:
     created: datetime
     outcome: PodOutcome
     message: str = ""  # reason + last log lines when known
+    terminating: bool = False  # deletion requested (deletionTimestamp set), the pod is not gone yet
 
 
 @dataclass(frozen=True, slots=True)

@@ -300,7 +300,15 @@ def _owned_conditions(f: _Facts) -> list[Condition]:
             NODE_STATE_MALFORMED,
             bool(f.malformed),
             "ParseError" if f.malformed else "AsExpected",
-            _names_message("node state could not be parsed on", f.malformed) if f.malformed else "",
+            (
+                _names_message(
+                    f"node state could not be parsed on {len(f.malformed)} node(s) (counted blocked; fix or"
+                    " delete the annotation to recover):",
+                    f.malformed,
+                )
+                if f.malformed
+                else ""
+            ),
         ),
         cond(BLOCKED, blocked > 0, "NodesBlocked" if blocked else "NotBlocked", _blocked_message(f, blocked)),
     ]

@@ -1,0 +1,254 @@
+"""A whole fleet run by both pure planners the way the two controllers run them, for property tests.
+
+`Fleet` holds what the API server would: per node the state annotation (through the codec), the status
+label, the admission annotation (rollout form, with its fingerprint and `consumed` flag) and the
+NodeWright status (compartment batch state). Each node is a `FakeNode` (tests/planfake.py), which plays
+the kubelet: pods finish per a scripted fate, reboots change the bootID, evicted pods terminate.
+
+One `round()` is what the operator does in a few seconds:
+- a rollout pass: `controller.rollout.rollout_node` derives each node's view from its objects (the
+  controller's own code), `plan_rollout` decides; the status is written, then the admissions (the
+  controller's order);
+- a node pass per node: the node controller's rules (an admission is handed to the planner only when it
+  is for the current fingerprint and not consumed; the admission is never persisted in the state; a
+  plan that settles the node consumes its admission; the state, label and consumption are one write).
+
+After every write the fleet-safety invariants are checked (raising `FleetBreach`):
+- I1: per compartment, nodes labelled `in_progress` never exceed the ceiling;
+- I2: per compartment, nodes with a pod that may still run (FakeNode pod outcome running) never exceed
+  the ceiling.
+Time is shared: every node plans at the fleet's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any
+
+from nodewright.api import constants
+from nodewright.api.models import CompartmentStatus, DeploymentPolicy, NodeWright, Status
+from nodewright.api.nodestate import Admission as StateAdmission
+from nodewright.api.nodestate import NodeState, decode, encode
+from nodewright.controller.context import decode_admission, encode_admission
+from nodewright.controller.rollout import rollout_node
+from nodewright.plan.node import CreatePod, PlanOptions
+from nodewright.plan.policy import Compartments, NodeRef, resolve_compartments
+from nodewright.plan.rollout import Admission, RolloutPlan, plan_rollout, spec_fingerprint
+from nodewright.plan.stages import PodOutcome, RetryPolicy, ts
+from tests.planfake import T0, FakeNode
+
+OPTIONS = PlanOptions(
+    retry=RetryPolicy(max_attempts=2, stage_timeout=600, pull_error_grace=30, backoff_base=5, backoff_cap=10),
+    reboot_timeout=900,
+)
+
+Fate = Callable[[str, CreatePod], str]
+"""Given the node name and the pod being created, its fate: "succeed" or "fail" (see FakeNode)."""
+
+
+class FleetBreach(AssertionError):
+    pass
+
+
+@dataclass
+class Fleet:
+    nodewright: NodeWright
+    policy: DeploymentPolicy | None
+    names: list[str]
+    fate: Fate = lambda _node, _pod: "succeed"
+    now: Any = T0
+    nodes: dict[str, FakeNode] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)  # node -> status label value
+    admissions: dict[str, str] = field(default_factory=dict)  # node -> admission annotation text
+    statuses: dict[str, CompartmentStatus] = field(default_factory=dict)
+    next_order: int = 0
+    reset: bool = False
+    plans: list[RolloutPlan] = field(default_factory=list)
+    breaches: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for index, name in enumerate(self.names):
+            self.nodes[name] = FakeNode(
+                self.nodewright,
+                name=name,
+                admitted=False,
+                options=OPTIONS,
+                outcomes=self._fate_of(name),
+                labels={"topology.kubernetes.io/zone": f"z{index % 2}"},
+            )
+
+    def _fate_of(self, node: str) -> Callable[[CreatePod], str]:
+        """The node's pod fates, read from `fate` at each creation (tests change it mid-run)."""
+
+        def outcome(pod: CreatePod) -> str:
+            return self.fate(node, pod)
+
+        return outcome
+
+    # -- objects as the API server would hold them ---------------------------------------------------
+
+    def node_object(self, name: str) -> dict[str, Any]:
+        node = self.nodes[name]
+        nw = self.nodewright.metadata.name
+        annotations: dict[str, str] = {}
+        if node.state_text is not None:
+            annotations[constants.state_annotation(nw)] = node.state_text
+        if name in self.admissions:
+            annotations[f"{constants.PREFIX}batch.{nw}"] = self.admissions[name]
+        labels = dict(node.labels)
+        if name in self.labels:
+            labels[constants.status_label(nw)] = self.labels[name]
+        return {
+            "metadata": {
+                "name": name,
+                "labels": labels,
+                "annotations": annotations,
+                "creationTimestamp": f"2024-01-01T00:00:{self.names.index(name):02d}Z",
+            },
+            "spec": {"unschedulable": True} if node.unschedulable else {},
+            "status": {
+                "conditions": [{"type": "Ready", "status": "True" if node.ready else "False"}],
+                "nodeInfo": {"bootID": node.boot_id},
+            },
+        }
+
+    def admission(self, name: str) -> Admission | None:
+        text = self.admissions.get(name)
+        return decode_admission(text) if text is not None else None
+
+    @property
+    def fingerprint(self) -> str:
+        return spec_fingerprint(self.nodewright)
+
+    def compartments(self) -> Compartments:
+        refs = [NodeRef(n, self.nodes[n].labels) for n in self.names]
+        resolved = resolve_compartments(self.nodewright, policy=self.policy, nodes=refs)
+        assert isinstance(resolved, Compartments)
+        return resolved
+
+    # -- the two controllers -------------------------------------------------------------------------
+
+    def rollout_views(self) -> list[Any]:
+        out = []
+        for name in self.names:
+            obj = self.node_object(name)
+            text = obj["metadata"]["annotations"].get(
+                constants.state_annotation(self.nodewright.metadata.name)
+            )
+            state = decode(text) if text is not None else None
+            out.append(
+                rollout_node(
+                    self.nodewright,
+                    obj,
+                    state=state,
+                    runtime_taint_key=constants.DEFAULT_RUNTIME_REQUIRED_TAINT_KEY,
+                    all_nodewrights=[self.nodewright.metadata.name],
+                    now=self.now,
+                )
+            )
+        return out
+
+    def rollout_plan(self) -> RolloutPlan:
+        return plan_rollout(
+            self.nodewright,
+            policy=self.policy,
+            nodes=self.rollout_views(),
+            compartment_statuses=self.statuses,
+            fingerprint=self.fingerprint,
+            now=ts(self.now),
+            reset_requested=self.reset,
+            next_order_hint=self.next_order,
+        )
+
+    def write_status(self, plan: RolloutPlan) -> None:
+        self.statuses = dict(plan.compartment_statuses)
+        self.next_order = plan.next_order
+        if plan.reset_applied:
+            self.reset = False
+
+    def write_admissions(self, plan: RolloutPlan) -> None:
+        for name in plan.releases:
+            self.admissions.pop(name, None)
+        for new in plan.admissions:
+            self.admissions[new.node] = encode_admission(new.admission)
+
+    def rollout_pass(self) -> RolloutPlan:
+        plan = self.rollout_plan()
+        self.plans.append(plan)
+        self.write_status(plan)
+        self.check()
+        self.write_admissions(plan)
+        self.check()
+        return plan
+
+    def node_pass(self, name: str) -> None:
+        node = self.nodes[name]
+        admission = self.admission(name)
+        usable = (
+            admission is not None and not admission.consumed and admission.fingerprint == self.fingerprint
+        )
+        state = node.state
+        planner_admission = (
+            StateAdmission(admission.compartment, admission.batch, admission.order, admission.at)
+            if usable and admission is not None
+            else None
+        )
+        node.state_text = encode(replace(state or NodeState(), admission=planner_admission))
+        node.nodewright = self.nodewright
+        node.now = self.now
+        plan = node.step()
+        # The controller never persists the admission inside the state annotation, and writes nothing
+        # for a node it never touched that only waits.
+        written = replace(plan.state, admission=None)
+        untouched = state is None and name not in self.labels and plan.status is Status.WAITING
+        node.state_text = None if state is None and written == NodeState() else encode(written)
+        if not untouched:
+            self.labels[name] = plan.status.value
+        if plan.consume_admission and admission is not None and usable:
+            self.admissions[name] = encode_admission(replace(admission, consumed=True))
+        self.check()
+
+    def round(self, *, step: float = 5.0) -> None:
+        self.rollout_pass()
+        for name in self.names:
+            self.node_pass(name)
+        self.now += timedelta(seconds=step)
+
+    # -- checks --------------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        compartments = self.compartments()
+        for compartment, members in compartments.members.items():
+            ceiling = compartments.ceiling(compartment)
+            in_progress = [n for n in members if self.labels.get(n) == Status.IN_PROGRESS.value]
+            running = [
+                n
+                for n in members
+                if any(p.summary.outcome is PodOutcome.RUNNING for p in self.nodes[n].pods.values())
+            ]
+            if len(in_progress) > ceiling:
+                self.breach(
+                    f"I1 {compartment}: {len(in_progress)} in_progress > ceiling {ceiling}: {in_progress}"
+                )
+            if len(running) > ceiling:
+                self.breach(f"I2 {compartment}: pods on {len(running)} nodes > ceiling {ceiling}: {running}")
+
+    def breach(self, message: str) -> None:
+        self.breaches.append(f"{ts(self.now)} {message}")
+        raise FleetBreach(self.breaches[-1])
+
+    def settled(self) -> bool:
+        """Nothing runs and nothing more will start (every node complete, erroring or out of budget)."""
+        if any(node.pods for node in self.nodes.values()):
+            return False
+        plan = self.rollout_plan()
+        return not plan.admissions and not plan.active
+
+    def status_counts(self) -> Mapping[str, int]:
+        counts: dict[str, int] = {}
+        for name in self.names:
+            value = self.labels.get(name, "waiting")
+            counts[value] = counts.get(value, 0) + 1
+        return counts
