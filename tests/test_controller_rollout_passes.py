@@ -206,3 +206,28 @@ async def test_a_deleting_nodewright_is_released_and_its_status_written_once(env
     assert released and released[-1].body["metadata"]["finalizers"] is None
     stored = env.kube.get(NW_C, "nw") or {}
     assert not stored["metadata"].get("finalizers")
+
+
+async def test_deleting_an_invalid_nodewright_releases_nodes_and_the_finalizer(env: _Env) -> None:
+    """A spec the models refuse (stored before a stricter rule) must not make its deletion hang."""
+    from nodewright.controller.nodes import NodeReconciler
+
+    env.rt.pods.add_index("node", lambda p: [str((p.get("spec") or {}).get("nodeName") or "")])
+    obj = nw_obj(nodeSelectors={"matchLabels": {"pool": "a"}})
+    obj["spec"]["packages"]["tool"]["image"] = "NOT A VALID IMAGE"
+    obj["metadata"]["finalizers"] = [constants.FINALIZER]
+    obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    env.put_nodewright(obj)
+    node = _node("n0")
+    node["metadata"]["labels"][constants.status_label("nw")] = "complete"
+    node["metadata"]["annotations"] = {constants.state_annotation("nw"): '{"v":1}'}
+    env.put_node(node)
+    assert await env.reconciler.reconcile("nw") is not None, "waits for the node to be released"
+    await NodeReconciler(env.rt).reconcile("nw/n0")
+    env.rt.nodes.upsert(trim_node(env.kube.get(NODES_C, "n0") or {}))
+    env.rt.node_view.forget("n0")
+    released = env.kube.get(NODES_C, "n0") or {}
+    assert constants.status_label("nw") not in released["metadata"].get("labels", {})
+    assert constants.state_annotation("nw") not in (released["metadata"].get("annotations") or {})
+    await env.reconciler.reconcile("nw")
+    assert not (env.kube.get(NW_C, "nw") or {}).get("metadata", {}).get("finalizers")

@@ -323,6 +323,8 @@ class NodeReconciler:
         """Everything one pass plans from, from the caches; None when there is nothing to do for good."""
         rt = self.rt
         raw, model, error = rt.nodewright(nw_name)
+        if raw is not None and model is None and (raw.get("metadata") or {}).get("deletionTimestamp"):
+            return _Done(await self._release_for_invalid_deletion(key, nw_name, node_name))
         if raw is None or model is None:
             # Gone (finalizer released: nodes already cleaned) or invalid (the rollout controller reports
             # the validation error on the object): leave nodes alone.
@@ -855,6 +857,30 @@ class NodeReconciler:
             # Work of ours is still running there: let it end (the pod's events bring us back).
             return False, self.plan_options.poll_interval
         await self._cleanup(node, nw_name, stored, cordoned=bool(stored and stored.cordoned))
+        self.drainer.forget(key)
+        return None
+
+    async def _release_for_invalid_deletion(
+        self, key: str, nw_name: str, node_name: str
+    ) -> tuple[bool, float | None] | None:
+        """A NodeWright with an invalid spec is being deleted: nothing can be planned, so once none of
+        its pods runs on the node, let go of the node entirely (see `RolloutReconciler`)."""
+        node = self.rt.node(node_name)
+        if node is None:
+            return None
+        running = [
+            p
+            for p in self.rt.pods.by_index("node", node_name)
+            if node_labels(p).get(constants.POD_LABEL_NODEWRIGHT) == nw_name
+        ]
+        if running:
+            return False, self.plan_options.poll_interval
+        try:
+            state = node_state(node, nw_name)
+        except MalformedNodeState:
+            state = None
+        # (An unreadable state cannot say whether we cordoned the node: a cordon then stays.)
+        await self._cleanup(node, nw_name, state, cordoned=bool(state and state.cordoned), forget_state=True)
         self.drainer.forget(key)
         return None
 

@@ -339,6 +339,8 @@ class RolloutReconciler:
             return None
         if model is None:
             await self._report_invalid(obj, error or "invalid spec")
+            if (obj.get("metadata") or {}).get("deletionTimestamp"):
+                return await self._finish_invalid_deletion(obj)
             return None
         deleting = bool(model.metadata.deletion_timestamp)
         if not deleting and constants.FINALIZER not in (model.metadata.finalizers or []):
@@ -700,11 +702,12 @@ class RolloutReconciler:
             for c in conditions[:1]
         ):
             return
-        await self.rt.client.patch_status(
+        written = await self.rt.client.patch_status(
             NODEWRIGHTS,
             obj["metadata"]["name"],
             {"status": {"status": Status.BLOCKED.value, "conditions": conditions}},
         )
+        self.rt.nodewright_view.record(written)
         await self.rt.events.record(
             kind=constants.KIND_NODEWRIGHT,
             name=obj["metadata"]["name"],
@@ -828,6 +831,36 @@ class RolloutReconciler:
                 continue
             if label_key in node_labels(node) or state_key in node_annotations(node):
                 self.rt.enqueue_node(name, str(node["metadata"]["name"]))
+
+    async def _finish_invalid_deletion(self, obj: JSON) -> Result | None:
+        """Deleting a NodeWright whose spec the models refuse (stored before a stricter rule, or with the
+        webhook bypassed): nothing can be planned from it, so no uninstall runs. The node controller
+        releases each node once no pod of it runs there (every key removed, a cordon it holds undone);
+        then the finalizer goes, so the deletion never hangs."""
+        rt = self.rt
+        name = str(obj["metadata"]["name"])
+        label, state = constants.status_label(name), constants.state_annotation(name)
+        admission = admission_annotation(name)
+        held = [
+            n
+            for n in rt.nodes.objects()
+            if label in node_labels(n) or {state, admission} & set(node_annotations(n))
+        ]
+        pods = [p for p in rt.pods.objects() if node_labels(p).get(constants.POD_LABEL_NODEWRIGHT) == name]
+        if held or pods:
+            for node in held:
+                rt.enqueue_node(name, str(node["metadata"]["name"]))
+            return Result(requeue_after=10.0)
+        meta = (rt.nodewright(name)[0] or obj)["metadata"]
+        finalizers = [f for f in meta.get("finalizers") or [] if f != constants.FINALIZER]
+        if len(finalizers) != len(meta.get("finalizers") or []):
+            await rt.client.patch(
+                NODEWRIGHTS,
+                name,
+                {"metadata": {"finalizers": finalizers or None, "resourceVersion": meta["resourceVersion"]}},
+            )
+            log.info("finalizer released (invalid spec: no uninstall ran)", nodewright=name)
+        return None
 
     def _deletion_condition(self, model: NodeWright, now: datetime) -> Condition:
         """`DeletionBlocked`: a paused or disabled NodeWright does no work, so its deletion (uninstalls,
