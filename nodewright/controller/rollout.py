@@ -47,7 +47,7 @@ from nodewright.controller.context import (
     try_node_state,
 )
 from nodewright.controller.drainer import read_timing
-from nodewright.kube.resources import JSON, NODEWRIGHTS
+from nodewright.kube.resources import JSON, NODEWRIGHTS, NotFound
 from nodewright.kube.trim import node_ready
 from nodewright.kube.workqueue import Result
 from nodewright.observability import events
@@ -670,7 +670,12 @@ class RolloutReconciler:
         patch = _merge_patch(previous, status)
         if patch is None:
             return
-        written = await self.rt.client.patch_status(NODEWRIGHTS, obj["metadata"]["name"], {"status": patch})
+        try:
+            written = await self.rt.client.patch_status(
+                NODEWRIGHTS, obj["metadata"]["name"], {"status": patch}
+            )
+        except NotFound:
+            return  # deleted meanwhile (its finalizer was released): the watch brings the deletion
         self.rt.nodewright_view.record(written)
 
     async def _report_invalid(self, obj: JSON, error: str) -> None:
