@@ -1,0 +1,239 @@
+"""`nodewright package run`: one mode of a package against a directory that stands for a node's root.
+
+On a node, a package pod does three things, and a local run repeats them:
+
+1. the package image's init container copies the payload (`/skyhook-package/*`, with the package's
+   ConfigMap mounted at `configmaps/`) to `<host root><copy dir>`. Here the payload of the package
+   directory (`layout.payload_entries`) is copied to `<root><copy dir>`, replacing an earlier copy so
+   that edited or deleted scripts are seen; `--config key=file` entries become `configmaps/<key>`
+   exactly as a ConfigMap mount would, replacing the payload's own `configmaps/` (without any
+   `--config`, the payload's `configmaps/`, if any, stays: an image default);
+2. the agent runs `<mode> <root> <copy dir>` with the environment the operator gives it
+   (`nodewright.plan.podspec`): `SKYHOOK_ROOT_DIR`/`NODEWRIGHT_ROOT_DIR` (flags and history under
+   `/var/lib/skyhook/<nodewright>`), the log directory, the resource id, `COPY_RESOLV=false`, the node
+   order, then the package's env (`--env`), which may not override the operator's names;
+3. the exit code is the result.
+
+The agent runs in-process (`nodewright.agent.main`) in its unprivileged mode: steps run without chroot
+and see the root through `NODEWRIGHT_HOST_ROOT`, and interrupt commands (`reboot`...) are recorded in
+`<root><state dir>/interrupts/requested.jsonl` instead of being run. `chroot=True` (root only) runs
+each step chrooted into the root as on a node; the root then needs its own `/bin/sh` and tools.
+
+The root must not be this machine's `/`: a local run is for trying a package on a scratch directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, TextIO
+
+from nodewright.agent import main as agent_main
+from nodewright.agent import modes
+from nodewright.agent.config import ConfigError, load_config
+from nodewright.agent.interrupts import Interrupt, encode
+from nodewright.api.k8svalidation import config_map_key, env_var_name
+from nodewright.packaging import layout
+
+DEFAULT_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: What the operator sets on the agent container; a package's env cannot change these.
+OPERATOR_ENV: Final = frozenset(
+    {
+        "SKYHOOK_LOG_DIR",
+        "SKYHOOK_ROOT_DIR",
+        "SKYHOOK_RESOURCE_ID",
+        "SKYHOOK_DIR",
+        "SKYHOOK_NODE_ORDER",
+        "NODEWRIGHT_LOG_DIR",
+        "NODEWRIGHT_ROOT_DIR",
+        "NODEWRIGHT_RESOURCE_ID",
+        "NODEWRIGHT_NODE_ORDER",
+        "NODEWRIGHT_AGENT_CHROOT",
+    }
+)
+#: Variables of this machine passed on, as a container image would set them.
+INHERITED_ENV: Final = ("PATH", "LANG", "LC_ALL", "TZ")
+
+
+class RunRequestError(Exception):
+    """The run cannot start; `problems` lists every reason (each names the flag or file)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    mode: str
+    package_dir: Path
+    root: Path
+    configs: Mapping[str, Path] | None = None  # ConfigMap key -> local file; None keeps the payload's
+    env: Mapping[str, str] = field(default_factory=dict)
+    chroot: bool = False
+    interrupt: Interrupt | None = None
+    identity: layout.Identity = field(default_factory=layout.Identity)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    code: int
+    package: str
+    version: str
+    copy_dir: str  # as a host path
+    state_dir: Path  # real locations under the root
+    log_dir: Path
+
+    @property
+    def succeeded(self) -> bool:
+        return self.code == 0
+
+
+def check_request(request: RunRequest, *, is_root: bool) -> list[str]:
+    """Everything wrong with the request, before anything is written."""
+    problems: list[str] = []
+    if request.mode not in modes.ALL_MODES:
+        problems.append(
+            f"mode {request.mode!r} is not an agent mode; use one of: {', '.join(modes.ALL_MODES)}"
+        )
+    if request.mode == modes.INTERRUPT and request.interrupt is None:
+        problems.append(
+            "the interrupt mode needs --interrupt TYPE (reboot, service, restartAllServices, noop)"
+        )
+    if not (request.package_dir / layout.CONFIG_FILE).is_file():
+        problems.append(f"{request.package_dir}: no {layout.CONFIG_FILE}; give a package directory")
+    if _is_this_machines_root(request.root):
+        problems.append(
+            f"--root {request.root} is this machine's /: give a scratch directory that stands for the node's "
+            "root (it is created if missing)"
+        )
+    elif request.root.exists() and not request.root.is_dir():
+        problems.append(f"--root {request.root} exists and is not a directory")
+    for key, path in (request.configs or {}).items():
+        problems.extend(f"--config {key}={path}: {problem}" for problem in config_map_key(key))
+        if not path.is_file():
+            problems.append(f"--config {key}={path}: no such file")
+    for name in request.env:
+        problems.extend(f"--env {name}: {problem}" for problem in env_var_name(name))
+        if name in OPERATOR_ENV:
+            problems.append(
+                f"--env {name}: set by the operator on every package pod; a package's env cannot change it"
+            )
+    if request.chroot and not is_root:
+        problems.append("--chroot needs root (chroot is a privileged call); leave it out to run unprivileged")
+    return problems
+
+
+def _is_this_machines_root(root: Path) -> bool:
+    try:
+        return root.resolve() == Path("/").resolve()
+    except OSError:
+        return False
+
+
+def stage(package_dir: Path, root: Path, copy_dir: str, configs: Mapping[str, Path] | None = None) -> Path:
+    """Copy the payload to `<root><copy_dir>` as the package pod's init container does; returns it."""
+    target = root / copy_dir.lstrip("/")
+    _refuse_symlinks(root, target)
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    for entry in layout.payload_entries(package_dir):
+        destination = target / entry.relative
+        if entry.kind == "dir":
+            destination.mkdir()
+        elif entry.kind == "symlink":
+            os.symlink(entry.link_target, destination)
+        else:
+            shutil.copy2(entry.path, destination)
+    if configs is not None:
+        configmaps = target / layout.CONFIGMAP_DIR
+        if configmaps.is_symlink() or configmaps.is_file():
+            configmaps.unlink()
+        elif configmaps.exists():
+            shutil.rmtree(configmaps)
+        configmaps.mkdir()
+        for key, source in sorted(configs.items()):
+            shutil.copyfile(source, configmaps / key)
+    return target
+
+
+def _refuse_symlinks(root: Path, target: Path) -> None:
+    """A symlink on the way to the copy directory could point out of the root; never follow one."""
+    current = root
+    for part in target.relative_to(root).parts:
+        current = current / part
+        if current.is_symlink():
+            raise RunRequestError(
+                [f"{current} is a symlink; the copy directory must be a plain path inside the root"]
+            )
+
+
+def agent_environment(
+    request: RunRequest, package: str, version: str, *, machine: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The agent container's environment: inherited basics, the operator's variables, the package env."""
+    source = os.environ if machine is None else machine
+    env = {name: source[name] for name in INHERITED_ENV if name in source}
+    env.setdefault("PATH", DEFAULT_PATH)
+    identity = request.identity
+    resource_id = identity.resource_id(package, version)
+    for prefix in ("SKYHOOK", "NODEWRIGHT"):
+        env[f"{prefix}_LOG_DIR"] = identity.log_dir
+        env[f"{prefix}_ROOT_DIR"] = identity.state_dir
+        env[f"{prefix}_RESOURCE_ID"] = resource_id
+        env[f"{prefix}_NODE_ORDER"] = "0"
+    env["COPY_RESOLV"] = "false"
+    env["NODEWRIGHT_AGENT_CHROOT"] = "true" if request.chroot else "false"
+    env.update(request.env)
+    return env
+
+
+def run(
+    request: RunRequest,
+    *,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    machine_env: Mapping[str, str] | None = None,
+) -> RunResult:
+    """Stage the package and run the agent once; raises RunRequestError or ConfigError before running."""
+    problems = check_request(request, is_root=os.geteuid() == 0)
+    if problems:
+        raise RunRequestError(problems)
+    config = load_config(request.package_dir / layout.CONFIG_FILE, check_files=False)
+    package, version = config.package_name, config.package_version
+    copy_dir = request.identity.copy_dir(package, version)
+    request.root.mkdir(parents=True, exist_ok=True)
+    stage(request.package_dir, request.root, copy_dir, request.configs)
+    argv = [request.mode, str(request.root.resolve()), copy_dir]
+    if request.mode == modes.INTERRUPT and request.interrupt is not None:
+        argv.append(encode(request.interrupt))
+    code = agent_main(
+        argv,
+        environ=agent_environment(request, package, version, machine=machine_env),
+        stdout=stdout,
+        stderr=stderr,
+    )
+    return RunResult(
+        code=code,
+        package=package,
+        version=version,
+        copy_dir=copy_dir,
+        state_dir=request.root / request.identity.state_dir.lstrip("/"),
+        log_dir=request.root / request.identity.log_dir.lstrip("/") / package / version,
+    )
+
+
+__all__ = [
+    "ConfigError",
+    "RunRequest",
+    "RunRequestError",
+    "RunResult",
+    "agent_environment",
+    "check_request",
+    "run",
+    "stage",
+]

@@ -1,0 +1,312 @@
+"""`nodewright package init`: a new package that already passes its own checks.
+
+The scaffold is a small but complete package, so an author starts from something that validates, runs
+locally through every mode and builds into an image, and changes it step by step:
+
+    config.json                 schema v1: apply, config, post-interrupt, uninstall, each with its check
+    skyhook_dir/*.sh            POSIX sh steps; each writes through $NODEWRIGHT_HOST_ROOT
+    root_dir/etc/<name>/        a file the agent lays over the host root (every mode but uninstall)
+    Dockerfile                  the package image: busybox base, payload under /skyhook-package
+    README.md                   what it does and how to test it (validate, run, build, push)
+
+What the steps do: `apply` records the installation under `/var/lib/<name>`, `config` installs every
+ConfigMap file into `/etc/<name>/conf.d/` (and removes files no longer in the ConfigMap),
+`post-interrupt` records the boot it ran after, `uninstall` removes all of it. Each check verifies
+exactly that, so undoing a change by hand makes it fail.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Final
+
+from nodewright.packaging import layout
+
+INITIAL_VERSION: Final = "0.1.0"
+_HOST_LINES: Final = """\
+set -eu
+# The node's root as this step sees it: "/" on a node (the agent chroots into the host's /), the
+# directory standing for the node under `nodewright package run` and in the simulator.
+HOST="${NODEWRIGHT_HOST_ROOT:-/}"; HOST="${HOST%/}"
+"""
+
+_SCRIPTS: Final = {
+    "apply.sh": """\
+#!/bin/sh
+# apply: install @NAME@. The agent runs this once per package version and skips it after it succeeded
+# (idempotence false in config.json); make it safe to run twice anyway.
+@HOST@
+mkdir -p "$HOST/var/lib/@NAME@"
+printf 'installed\\n' > "$HOST/var/lib/@NAME@/installed"
+echo "@NAME@ installed in $HOST/var/lib/@NAME@"
+""",
+    "apply_check.sh": """\
+#!/bin/sh
+# apply-check: prove that apply's work is on the node; a failing check stops the rollout.
+@HOST@
+if [ ! -f "$HOST/var/lib/@NAME@/installed" ]; then
+  echo "@NAME@ is not installed: $HOST/var/lib/@NAME@/installed is missing" >&2
+  exit 1
+fi
+if [ ! -f "$HOST/etc/@NAME@/defaults.conf" ]; then
+  echo "root_dir/ was not laid over the host: $HOST/etc/@NAME@/defaults.conf is missing" >&2
+  exit 1
+fi
+echo "@NAME@ is installed"
+""",
+    "config.sh": """\
+#!/bin/sh
+# config: install the package's ConfigMap files ($SKYHOOK_DIR/configmaps/) into /etc/@NAME@/conf.d/.
+# Runs on every ConfigMap change; files that left the ConfigMap are removed.
+@HOST@
+src="$SKYHOOK_DIR/configmaps"
+dest="$HOST/etc/@NAME@/conf.d"
+mkdir -p "$dest"
+for installed in "$dest"/*; do
+  [ -f "$installed" ] || continue
+  name=${installed##*/}
+  if [ ! -f "$src/$name" ]; then
+    rm -f "$installed"
+    echo "removed $name (no longer in the configMap)"
+  fi
+done
+for given in "$src"/*; do
+  [ -f "$given" ] || continue
+  name=${given##*/}
+  cp "$given" "$dest/.$name.tmp"
+  mv -f "$dest/.$name.tmp" "$dest/$name"
+  echo "configured $name"
+done
+""",
+    "config_check.sh": """\
+#!/bin/sh
+# config-check: every ConfigMap file is installed unchanged, and nothing else is.
+@HOST@
+src="$SKYHOOK_DIR/configmaps"
+dest="$HOST/etc/@NAME@/conf.d"
+failed=0
+for given in "$src"/*; do
+  [ -f "$given" ] || continue
+  name=${given##*/}
+  if ! cmp -s "$given" "$dest/$name"; then
+    echo "$dest/$name differs from the configMap's $name" >&2
+    failed=1
+  fi
+done
+for installed in "$dest"/*; do
+  [ -f "$installed" ] || continue
+  if [ ! -f "$src/${installed##*/}" ]; then
+    echo "$installed is not in the configMap" >&2
+    failed=1
+  fi
+done
+exit "$failed"
+""",
+    "post_interrupt.sh": """\
+#!/bin/sh
+# post-interrupt: runs after the package's interrupt (reboot or service restart) finished.
+@HOST@
+boot_id=unknown
+if [ -r "$HOST/proc/sys/kernel/random/boot_id" ]; then
+  boot_id=$(cat "$HOST/proc/sys/kernel/random/boot_id")
+fi
+mkdir -p "$HOST/var/lib/@NAME@"
+printf '%s\\n' "$boot_id" > "$HOST/var/lib/@NAME@/post-interrupt"
+echo "@NAME@ saw boot $boot_id"
+""",
+    "post_interrupt_check.sh": """\
+#!/bin/sh
+# post-interrupt-check: verify what only holds after the interrupt (read values back from the node).
+@HOST@
+if [ ! -s "$HOST/var/lib/@NAME@/post-interrupt" ]; then
+  echo "post-interrupt did not run: $HOST/var/lib/@NAME@/post-interrupt is missing" >&2
+  exit 1
+fi
+echo "post-interrupt ran after boot $(cat "$HOST/var/lib/@NAME@/post-interrupt")"
+""",
+    "uninstall.sh": """\
+#!/bin/sh
+# uninstall: remove everything the package put on the node (root_dir/ files included: the agent never
+# removes them itself).
+@HOST@
+rm -rf "$HOST/etc/@NAME@" "$HOST/var/lib/@NAME@"
+echo "@NAME@ removed"
+""",
+    "uninstall_check.sh": """\
+#!/bin/sh
+# uninstall-check: nothing of the package is left.
+@HOST@
+failed=0
+for left in "$HOST/etc/@NAME@" "$HOST/var/lib/@NAME@"; do
+  if [ -e "$left" ]; then
+    echo "$left is still there" >&2
+    failed=1
+  fi
+done
+exit "$failed"
+""",
+}
+
+_MODES: Final = (
+    ("apply", "apply.sh"),
+    ("apply-check", "apply_check.sh"),
+    ("config", "config.sh"),
+    ("config-check", "config_check.sh"),
+    ("post-interrupt", "post_interrupt.sh"),
+    ("post-interrupt-check", "post_interrupt_check.sh"),
+    ("uninstall", "uninstall.sh"),
+    ("uninstall-check", "uninstall_check.sh"),
+)
+
+_DOCKERFILE: Final = """\
+# The @NAME@ package image. The payload goes under /skyhook-package; the package pod's init container
+# runs `/bin/sh -c 'mkdir -p ... && cp -r /skyhook-package/* ...'` in this image, so the base needs a
+# shell, mkdir and cp: busybox is enough. (`nodewright package build` writes the same image as an OCI
+# layout without a Docker daemon.)
+FROM busybox:1.36.1
+COPY . /skyhook-package/
+"""
+
+_DEFAULTS: Final = """\
+# Laid over the node's root by the agent (root_dir/) in every mode except uninstall.
+# uninstall.sh removes it: the agent never deletes root_dir/ files itself.
+"""
+
+_README: Final = """\
+# @NAME@
+
+A NodeWright package. Describe here what it changes on a node, its ConfigMap keys and which interrupt
+it needs.
+
+What each mode does, and what its check verifies:
+
+- `apply` (`apply.sh`): records the installation in `/var/lib/@NAME@/installed`; the check: that file
+  and the `root_dir/` file exist.
+- `config` (`config.sh`): installs every ConfigMap file into `/etc/@NAME@/conf.d/` and removes files no
+  longer given; the check: each file equals the ConfigMap's, and there is no other file.
+- `post-interrupt` (`post_interrupt.sh`): records the boot id it ran after; the check: the record exists.
+- `uninstall` (`uninstall.sh`): removes `/etc/@NAME@` and `/var/lib/@NAME@`; the check: both are gone.
+
+`root_dir/etc/@NAME@/defaults.conf` is laid over the node's root by the agent.
+
+Steps write through `$NODEWRIGHT_HOST_ROOT` (`"$HOST/etc/..."`): it is `/` on a node, where the agent
+chroots into the host's root, and the scratch directory standing for the node in a local run.
+
+## Try it without a cluster
+
+```bash
+nodewright package validate .
+root=$(mktemp -d)
+nodewright package run apply . --root "$root"
+nodewright package run apply-check . --root "$root"
+echo 'level=3' > /tmp/example.conf
+nodewright package run config . --root "$root" --config example.conf=/tmp/example.conf
+nodewright package run config-check . --root "$root" --config example.conf=/tmp/example.conf
+nodewright package run post-interrupt . --root "$root"
+nodewright package run post-interrupt-check . --root "$root"
+nodewright package run uninstall . --root "$root"
+nodewright package run uninstall-check . --root "$root"
+find "$root" -type f        # what the package wrote, the agent's flags, history and logs
+```
+
+Each run copies the package to `$root/var/lib/skyhook/local/@NAME@-<version>-local-1/` as a package pod
+would, and the agent runs without chroot. Undo a change by hand (e.g. `rm $root/var/lib/@NAME@/installed`)
+and the check fails.
+
+## Build and push the image
+
+```bash
+docker build -t registry.example.com/packages/@NAME@:@VERSION@ .      # with Docker, or without:
+skopeo copy docker://docker.io/library/busybox:1.36.1 oci:/tmp/busybox:1.36.1
+nodewright package build . --base /tmp/busybox:1.36.1 -o /tmp/@NAME@-image
+skopeo copy oci:/tmp/@NAME@-image:@VERSION@ docker://registry.example.com/packages/@NAME@:@VERSION@
+```
+
+## Use it
+
+```yaml
+apiVersion: nodewright.io/v1alpha1
+kind: NodeWright
+metadata:
+  name: @NAME@
+spec:
+  nodeSelectors:
+    matchLabels:
+      node-role.kubernetes.io/gpu: ""
+  packages:
+    @NAME@:
+      version: @VERSION@
+      image: registry.example.com/packages/@NAME@
+      configMap:
+        example.conf: |
+          level=3
+```
+"""
+
+
+class ScaffoldError(Exception):
+    """The package cannot be created (bad name, target directory in use)."""
+
+
+def step(name: str, path: str) -> dict[str, object]:
+    return {
+        "name": name,
+        "path": path,
+        "arguments": [],
+        "returncodes": [0],
+        "on_host": True,
+        "idempotence": False,
+        "upgrade_step": False,
+        "env": {},
+    }
+
+
+def config_json(name: str, version: str = INITIAL_VERSION) -> str:
+    modes = {mode: [step(path.removesuffix(".sh"), path)] for mode, path in _MODES}
+    body = {
+        "schema_version": "v1",
+        "package_name": name,
+        "package_version": version,
+        "expected_config_files": [],
+        "modes": modes,
+    }
+    return json.dumps(body, indent=2) + "\n"
+
+
+def _fill(template: str, name: str) -> str:
+    return (
+        template.replace("@HOST@\n", _HOST_LINES)
+        .replace("@NAME@", name)
+        .replace("@VERSION@", INITIAL_VERSION)
+    )
+
+
+def files(name: str) -> dict[str, tuple[str, int]]:
+    """Relative path -> (content, mode) of the scaffold for package `name`."""
+    out: dict[str, tuple[str, int]] = {layout.CONFIG_FILE: (config_json(name), 0o644)}
+    for script, template in _SCRIPTS.items():
+        out[f"{layout.STEP_DIR}/{script}"] = (_fill(template, name), 0o755)
+    out[f"{layout.ROOT_OVERLAY_DIR}/etc/{name}/defaults.conf"] = (_DEFAULTS, 0o644)
+    out[layout.DOCKERFILE] = (_fill(_DOCKERFILE, name), 0o644)
+    out[layout.README] = (_fill(_README, name), 0o644)
+    return out
+
+
+def create(name: str, target: Path) -> list[Path]:
+    """Write the scaffold of package `name` into `target` (new or empty); returns the files written."""
+    if not layout.PACKAGE_NAME.match(name):
+        raise ScaffoldError(
+            f"package name {name!r} must be lowercase letters, digits and '-', start and end with a letter, "
+            f"2 to 43 characters ({layout.PACKAGE_NAME.pattern}): it is the package's key in a NodeWright"
+        )
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise ScaffoldError(f"{target} already exists and is not an empty directory; choose another --dir")
+    written: list[Path] = []
+    for relative, (content, mode) in files(name).items():
+        path = target / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content, encoding="utf-8")
+        path.chmod(mode)
+        written.append(path)
+    return written
