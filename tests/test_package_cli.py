@@ -1,0 +1,524 @@
+"""`nodewright package init|validate|run|build`, through the command line as an author uses it.
+
+init -> validate -> run every mode on a scratch root (and a check failing once its change is undone);
+validate reporting every error at once; run's staging and refusals; build's OCI image layout verified
+from the bytes (digests, sizes, diff_ids, the layer's entries), reproducibly, on scratch and on a base
+layout; and the names a local run uses agreeing with the operator's pod builder.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodewright.cli.main import main
+from nodewright.packaging import layout, localrun, oci
+from tests.packages_node import REPO
+
+JSON = dict[str, Any]
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(["package", *argv])
+    except SystemExit as exc:  # argparse errors
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def package(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    target = tmp_path / "gpu-probe"
+    code, out, _ = _cli(capsys, "init", "gpu-probe", "--dir", str(target))
+    assert code == 0 and f"created package gpu-probe 0.1.0 in {target}" in out
+    return target
+
+
+# ----------------------------------------------------------------------------------------------------
+# init, validate, run
+
+
+def test_init_validate_and_run_every_mode(
+    package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _cli(capsys, "validate", str(package))
+    assert code == 0 and out.endswith("gpu-probe 0.1.0 is valid (0 warnings)\n")
+    root = tmp_path / "node"
+    setting = tmp_path / "example.conf"
+    setting.write_text("level=3\n")
+    config = ["--config", f"example.conf={setting}"]
+
+    def run(mode: str, *extra: str) -> tuple[int, str]:
+        code, out, err = _cli(capsys, "run", mode, str(package), "--root", str(root), *extra)
+        return code, out + err
+
+    for mode in ("apply", "apply-check", "config", "config-check", "post-interrupt", "post-interrupt-check"):
+        code, text = run(mode, *config)
+        assert code == 0, text
+        assert f"{mode} of gpu-probe 0.1.0 succeeded (agent exit 0)" in text
+        assert "no chroot (unprivileged mode)" in text
+    assert (root / "etc/gpu-probe/conf.d/example.conf").read_text() == "level=3\n"
+    assert (root / "etc/gpu-probe/defaults.conf").is_file(), "root_dir/ was laid over the root"
+    state = root / "var/lib/skyhook/local"
+    history = json.loads((state / "history/gpu-probe.json").read_text())
+    assert history["current-version"] == "0.1.0", "flags and history where the operator's agent keeps them"
+    assert list((root / "var/log/skyhook/local/gpu-probe/0.1.0").glob("config.sh-*.log"))
+
+    setting.write_text("level=4\n")  # the configMap changed, config has not run yet
+    code, text = run("config-check", *config)
+    assert (
+        code == 1 and "differs from the configMap's example.conf" in text and "FAILED (agent exit 1)" in text
+    )
+    run("config", *config)
+    assert run("config-check", *config)[0] == 0
+
+    (root / "var/lib/gpu-probe/installed").unlink()  # undone behind the package's back
+    code, text = run("apply-check")
+    assert code == 1 and "gpu-probe is not installed" in text
+
+    assert run("uninstall")[0] == 0
+    assert not (root / "etc/gpu-probe").exists() and not (root / "var/lib/gpu-probe").exists()
+    assert run("uninstall-check")[0] == 0
+    assert json.loads((state / "history/gpu-probe.json").read_text())["current-version"] == "uninstalled"
+
+
+def test_init_refuses_bad_names_and_used_directories(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _cli(capsys, "init", "GPU_probe", "--dir", str(tmp_path / "x"))
+    assert code == 2 and "package name 'GPU_probe' must be lowercase letters" in err
+    assert not (tmp_path / "x").exists()
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "notes.txt").write_text("mine\n")
+    code, _, err = _cli(capsys, "init", "probe", "--dir", str(tmp_path / "used"))
+    assert code == 2 and "already exists and is not an empty directory" in err
+    assert sorted(p.name for p in (tmp_path / "used").iterdir()) == ["notes.txt"]
+
+
+def _broken_package(directory: Path) -> None:
+    steps = directory / "skyhook_dir"
+    steps.mkdir(parents=True)
+
+    def step(path: str) -> JSON:
+        return {"name": path.split(".")[0], "path": path, "arguments": [], "returncodes": [0],
+                "on_host": True, "idempotence": False, "upgrade_step": False}  # fmt: skip
+
+    config = {
+        "schema_version": "v1",
+        "package_name": "Broken_Pkg",
+        "package_version": "1.0",
+        "expected_config_files": ["conf/settings.ini"],
+        "modes": {
+            "apply": [step("apply.sh"), step("gone.sh")],
+            "apply-check": [step("apply_check.sh")],
+            "config": [step("config.sh")],
+            "config-check": [step("config_check.sh")],
+            "uninstall": [step("uninstall.sh")],
+            "uninstall-check": [step("uninstall_check.sh")],
+        },
+    }
+    (directory / "config.json").write_text(json.dumps(config))
+    scripts = {
+        "apply.sh": "#!/bin/sh\necho ok\n",
+        "apply_check.sh": "echo no shebang\n",
+        "config.sh": "#!/bin/sh\r\necho crlf\r\n",
+        "config_check.sh": "#!/bin/sh\nif true; then\necho unterminated\n",
+        "uninstall.sh": "#!/bin/sh\nrm -rf /x\n",
+        "uninstall_check.sh": "#!/bin/sh\ntrue\n",
+    }
+    for name, body in scripts.items():
+        (steps / name).write_text(body)
+        (steps / name).chmod(0o755)
+    (steps / "uninstall.sh").chmod(0o644)
+    (directory / "Dockerfile").write_text("FROM busybox:1.36.1 AS build\nFROM scratch\nCOPY . /payload/\n")
+    (directory / "configmaps").mkdir()
+
+
+def test_validate_reports_every_problem_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "broken"
+    _broken_package(broken)
+    code, out, err = _cli(capsys, "validate", str(broken))
+    assert code == 1 and out == ""
+    expected = [
+        "error: config.json: package_version: '1.0' is not a full semantic version",
+        "error: config.json: modes.apply[1].path: 'gone.sh' not found in",
+        "error: config.json: expected_config_files[0]: key 'conf/settings.ini' must be letters, digits",
+        "error: skyhook_dir/apply_check.sh (modes.apply-check[0]): does not start with '#!'",
+        "error: skyhook_dir/config.sh (modes.config[0]): has Windows (CRLF) line endings",
+        "error: skyhook_dir/config_check.sh (modes.config-check[0]): sh -n finds a syntax error",
+        "error: skyhook_dir/uninstall.sh (modes.uninstall[0]): not executable; run chmod +x",
+        "error: Dockerfile: the image is FROM scratch, but the package pod's init container runs /bin/sh",
+        "error: Dockerfile: never mentions /skyhook-package",
+        "warning: config.json: package_name 'Broken_Pkg' cannot be a NodeWright spec.packages key",
+        "warning: README.md: missing",
+        "warning: configmaps/: part of the image, but hidden entirely",
+        f"{broken}: 9 errors; package is not usable",
+    ]
+    lines = err.splitlines()
+    for prefix in expected:
+        assert any(line.startswith(prefix) for line in lines), f"missing {prefix!r} in:\n{err}"
+
+
+def test_validate_of_a_directory_without_a_package(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _cli(capsys, "validate", str(tmp_path))
+    assert code == 1
+    assert "error: config.json: file not found: a package needs config.json at its top" in err
+    assert "error: Dockerfile: missing" in err
+    code, _, err = _cli(capsys, "validate", str(tmp_path / "nothing"))
+    assert code == 1 and "not a directory" in err
+
+
+@pytest.mark.parametrize("name", ["shell", "tuning", "kdump", "bind-mount"])
+def test_the_reference_packages_validate_cleanly(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _cli(capsys, "validate", str(REPO / "packages" / name))
+    assert (code, err) == (0, "") and out.endswith(f"{name} 1.0.0 is valid (0 warnings)\n")
+
+
+def test_run_refuses_bad_requests_with_every_reason(
+    package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _cli(
+        capsys, "run", "aply", str(package), "--root", "/", "--config", "bad/key=/nonexistent",
+        "--env", "SKYHOOK_ROOT_DIR=/x", "--env", "1X=y",
+    )  # fmt: skip
+    assert code == 2
+    for reason in (
+        "mode 'aply' is not an agent mode; use one of: apply, config",
+        "--root / is this machine's /",
+        "--config bad/key=/nonexistent: key 'bad/key' must be letters",
+        "--config bad/key=/nonexistent: no such file",
+        "--env SKYHOOK_ROOT_DIR: set by the operator on every package pod",
+        "--env 1X: environment variable name '1X' must be",
+    ):
+        assert reason in err, err
+    code, _, err = _cli(capsys, "run", "interrupt", str(package), "--root", str(tmp_path / "r"))
+    assert code == 2 and "the interrupt mode needs --interrupt TYPE" in err
+    code, _, err = _cli(
+        capsys, "run", "interrupt", str(package), "--root", str(tmp_path / "r"), "--interrupt", "service"
+    )
+    assert code == 2 and "--interrupt service needs at least one --service UNIT" in err
+    problems = localrun.check_request(
+        localrun.RunRequest(mode="apply", package_dir=package, root=tmp_path / "r", chroot=True),
+        is_root=False,
+    )
+    assert problems == ["--chroot needs root (chroot is a privileged call); leave it out to run unprivileged"]
+
+
+def test_run_interrupt_records_the_commands_instead_of_running_them(
+    package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "node"
+    code, out, _ = _cli(
+        capsys, "run", "interrupt", str(package), "--root", str(root), "--interrupt", "service",
+        "--service", "containerd.service", "--service", "kubelet.service",
+    )  # fmt: skip
+    assert code == 0 and "interrupt commands recorded, not run" in out
+    recorded = [
+        json.loads(line) for line in (root / "var/lib/skyhook/local/interrupts/requested.jsonl").open()
+    ]
+    assert [entry["command"] for entry in recorded] == [
+        ["systemctl", "daemon-reload"],
+        ["systemctl", "restart", "containerd.service"],
+        ["systemctl", "restart", "kubelet.service"],
+    ]
+    assert {entry["resource_id"] for entry in recorded} == {"local-local-1_gpu-probe_0.1.0"}
+
+
+def test_staging_copies_the_payload_as_the_package_pod_does(package: Path, tmp_path: Path) -> None:
+    root = tmp_path / "node"
+    (package / ".git").mkdir()
+    (package / ".git" / "HEAD").write_text("ref\n")
+    (package / "skyhook_dir" / "__pycache__").mkdir()
+    (package / "root_dir" / "etc" / "localtime").symlink_to("/usr/share/zoneinfo/UTC")
+    (package / "configmaps").mkdir()
+    (package / "configmaps" / "baked.conf").write_text("from the image\n")
+    copy_dir = layout.Identity().copy_dir("gpu-probe", "0.1.0")
+    target = localrun.stage(package, root, copy_dir)
+    assert (target / "configmaps" / "baked.conf").is_file(), "without --config the image's configmaps/ stays"
+    assert not (target / ".git").exists() and not (target / "skyhook_dir" / "__pycache__").exists()
+    assert os.readlink(target / "root_dir" / "etc" / "localtime") == "/usr/share/zoneinfo/UTC"
+    assert os.access(target / "skyhook_dir" / "apply.sh", os.X_OK)
+
+    given = tmp_path / "given.conf"
+    given.write_text("from the configMap\n")
+    (package / "skyhook_dir" / "post_interrupt.sh").unlink()
+    target = localrun.stage(package, root, copy_dir, {"example.conf": given})
+    assert sorted(p.name for p in (target / "configmaps").iterdir()) == ["example.conf"], "a mount hides it"
+    assert not (target / "skyhook_dir" / "post_interrupt.sh").exists(), "a fresh copy every run"
+
+    (root / "var" / "lib" / "skyhook" / "local").rename(tmp_path / "moved")
+    (root / "var" / "lib" / "skyhook" / "local").symlink_to(tmp_path / "moved")
+    with pytest.raises(localrun.RunRequestError, match="is a symlink"):
+        localrun.stage(package, root, copy_dir)
+
+
+def test_a_local_run_uses_the_operators_names() -> None:
+    from nodewright.api.models import PACKAGE_NAME_PATTERN, NodeWright
+    from nodewright.plan import podspec
+
+    assert layout.PACKAGE_NAME.pattern == PACKAGE_NAME_PATTERN
+    options = podspec.PodOptions()
+    ours = (layout.COPY_DIR_ROOT, layout.LOG_ROOT, layout.PAYLOAD_DIR)
+    assert ours == (options.copy_dir_root, options.log_root, podspec.PAYLOAD_DIR)
+    nw = NodeWright.model_validate(
+        {"apiVersion": "nodewright.io/v1alpha1", "kind": "NodeWright",
+         "metadata": {"name": "local", "uid": "local", "generation": 1},
+         "spec": {"packages": {"demo": {"version": "1.0.0", "image": "registry.example.com/demo"}}}}
+    )  # fmt: skip
+    identity = layout.Identity()
+    assert identity.copy_dir("demo", "1.0.0") == podspec.copy_dir(nw, "demo", "1.0.0", options)
+    assert identity.resource_id("demo", "1.0.0") == podspec.resource_id(nw, "demo", "1.0.0")
+    operator_env = {e["name"]: e["value"] for e in podspec._agent_env(nw, "demo", "1.0.0", 0, options)}
+    request = localrun.RunRequest(mode="apply", package_dir=Path("."), root=Path("/tmp/x"))
+    local_env = localrun.agent_environment(request, "demo", "1.0.0", machine={})
+    assert {k: local_env[k] for k in operator_env} == operator_env
+    assert podspec._RESERVED_ENV <= localrun.OPERATOR_ENV, "--env refuses what a package's env cannot set"
+    assert set(operator_env) - {"COPY_RESOLV"} <= localrun.OPERATOR_ENV
+
+
+def test_the_package_command_loads_no_client_stack() -> None:
+    code = (
+        "import sys, nodewright.cli.package_cmd, nodewright.packaging.localrun, nodewright.packaging.oci, "
+        "nodewright.packaging.validate, nodewright.packaging.scaffold\n"
+        "print(sorted(m for m in ('pydantic', 'aiohttp', 'kubernetes_asyncio', 'structlog', 'opentelemetry') "
+        "if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+# ----------------------------------------------------------------------------------------------------
+# build
+
+
+def _blob(layout_dir: Path, descriptor: JSON) -> bytes:
+    algorithm, _, digest = str(descriptor["digest"]).partition(":")
+    data = (layout_dir / "blobs" / algorithm / digest).read_bytes()
+    assert algorithm == "sha256" and hashlib.sha256(data).hexdigest() == digest, (
+        "blob content matches its name"
+    )
+    assert len(data) == descriptor["size"], "descriptor size matches the blob"
+    return data
+
+
+def _image(layout_dir: Path) -> tuple[JSON, JSON, JSON, JSON]:
+    """(index entry, manifest, config, index) of a single-image OCI layout, every digest checked."""
+    assert json.loads((layout_dir / "oci-layout").read_text()) == {"imageLayoutVersion": "1.0.0"}
+    index = json.loads((layout_dir / "index.json").read_text())
+    assert index["schemaVersion"] == 2 and index["mediaType"] == "application/vnd.oci.image.index.v1+json"
+    [entry] = index["manifests"]
+    assert entry["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
+    manifest = json.loads(_blob(layout_dir, entry))
+    assert manifest["schemaVersion"] == 2 and manifest["mediaType"] == entry["mediaType"]
+    assert manifest["config"]["mediaType"] == "application/vnd.oci.image.config.v1+json"
+    config = json.loads(_blob(layout_dir, manifest["config"]))
+    diff_ids = []
+    for layer in manifest["layers"]:
+        assert layer["mediaType"] == "application/vnd.oci.image.layer.v1.tar+gzip"
+        diff_ids.append("sha256:" + hashlib.sha256(gzip.decompress(_blob(layout_dir, layer))).hexdigest())
+    assert config["rootfs"] == {"type": "layers", "diff_ids": diff_ids}, (
+        "diff_ids are the uncompressed layers"
+    )
+    return entry, manifest, config, index
+
+
+def _members(layout_dir: Path, layer: JSON) -> dict[str, tarfile.TarInfo]:
+    data = gzip.decompress(_blob(layout_dir, layer))
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return {member.name: member for member in tar.getmembers()}
+
+
+def test_build_on_scratch_writes_a_verifiable_oci_layout(
+    package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (package / "root_dir" / "etc" / "localtime").symlink_to("/usr/share/zoneinfo/UTC")
+    (package / ".gitignore").write_text("*.tmp\n")
+    out = tmp_path / "image"
+    code, stdout, stderr = _cli(capsys, "build", str(package), "--base", "scratch", "-o", str(out))
+    assert code == 0, stderr
+    assert "warning: base scratch: the image holds only the payload" in stderr
+    assert f"push: skopeo copy oci:{out}:0.1.0 docker://" in stdout
+    entry, manifest, config, _ = _image(out)
+    assert entry["annotations"] == {"org.opencontainers.image.ref.name": "0.1.0"}
+    assert entry["platform"] == {"architecture": "amd64", "os": "linux"}
+    assert (config["os"], config["architecture"]) == ("linux", "amd64")
+    assert config["config"]["Labels"]["org.opencontainers.image.title"] == "gpu-probe"
+    assert manifest["annotations"]["org.opencontainers.image.version"] == "0.1.0"
+    assert len(config["history"]) == 1 and config["created"] == "1970-01-01T00:00:00Z"
+    members = _members(out, manifest["layers"][0])
+    assert list(members)[:4] == ["skyhook-package", "skyhook-package/Dockerfile", "skyhook-package/README.md",
+                                 "skyhook-package/config.json"]  # fmt: skip
+    assert "skyhook-package/.gitignore" not in members
+    script = members["skyhook-package/skyhook_dir/apply.sh"]
+    assert (script.mode, script.uid, script.gid, script.uname, script.mtime) == (0o755, 0, 0, "", 0)
+    assert members["skyhook-package/config.json"].mode == 0o644
+    assert members["skyhook-package/root_dir/etc/localtime"].linkname == "/usr/share/zoneinfo/UTC"
+    data = gzip.decompress(_blob(out, manifest["layers"][0]))
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        extracted = tar.extractfile("skyhook-package/config.json")
+        assert extracted is not None
+        assert extracted.read() == (package / "config.json").read_bytes()
+
+
+def test_build_is_reproducible(package: Path, tmp_path: Path) -> None:
+    first = oci.build(package, base="scratch", output=tmp_path / "one")
+    os.utime(package / "config.json", (1_000_000, 1_000_000))
+    (package / "skyhook_dir" / "apply.sh").chmod(0o775)  # group bits are not carried
+    second = oci.build(package, base="scratch", output=tmp_path / "two")
+    assert first.manifest_digest == second.manifest_digest and first.layer_digest == second.layer_digest
+    third = oci.build(package, base="scratch", output=tmp_path / "three", epoch=1_700_000_000)
+    assert third.manifest_digest != first.manifest_digest
+    assert _image(tmp_path / "three")[2]["created"] == "2023-11-14T22:13:20Z"
+
+
+def _base_layout(
+    directory: Path, *, docker_types: bool = False, platforms: tuple[str, ...] = ("amd64",)
+) -> str:
+    """A small base image layout: one layer with bin/sh per platform, Docker or OCI media types."""
+    blobs = directory / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+
+    def put(data: bytes) -> JSON:
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        return {"digest": f"sha256:{digest}", "size": len(data)}
+
+    manifests = []
+    for arch in platforms:
+        raw = io.BytesIO()
+        with tarfile.open(fileobj=raw, mode="w") as tar:
+            info = tarfile.TarInfo("bin/sh")
+            body = f"#!shell for {arch}\n".encode()
+            info.size, info.mode = len(body), 0o755
+            tar.addfile(info, io.BytesIO(body))
+        layer_bytes = gzip.compress(raw.getvalue(), mtime=0)
+        layer = put(layer_bytes) | {
+            "mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip"
+            if docker_types
+            else "application/vnd.oci.image.layer.v1.tar+gzip"
+        }
+        config = {
+            "architecture": arch,
+            "os": "linux",
+            "config": {"Env": ["PATH=/bin"], "Cmd": ["sh"], "Labels": {"base": "yes"}},
+            "rootfs": {
+                "type": "layers",
+                "diff_ids": ["sha256:" + hashlib.sha256(raw.getvalue()).hexdigest()],
+            },
+            "history": [{"created_by": "base layer"}],
+        }
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.docker.distribution.manifest.v2+json"
+            if docker_types
+            else "application/vnd.oci.image.manifest.v1+json",
+            "config": put(json.dumps(config).encode())
+            | {"mediaType": "application/vnd.oci.image.config.v1+json"},
+            "layers": [layer],
+        }
+        manifests.append(
+            put(json.dumps(manifest).encode())
+            | {"mediaType": manifest["mediaType"], "platform": {"architecture": arch, "os": "linux"}}
+        )
+    if len(manifests) > 1:
+        nested = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "manifests": manifests,
+        }
+        manifests = [put(json.dumps(nested).encode()) | {"mediaType": nested["mediaType"]}]
+    manifests[0]["annotations"] = {"org.opencontainers.image.ref.name": "1.36.1"}
+    (directory / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": manifests}))
+    (directory / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    return f"{directory}:1.36.1"
+
+
+@pytest.mark.parametrize("docker_types", [False, True])
+def test_build_on_a_base_layout_adds_one_layer(package: Path, tmp_path: Path, docker_types: bool) -> None:
+    base = _base_layout(tmp_path / "busybox", docker_types=docker_types)
+    result = oci.build(package, base=base, output=tmp_path / "image", tag="0.1.0-dev")
+    entry, manifest, config, _ = _image(tmp_path / "image")
+    assert result.warnings == () and entry["annotations"]["org.opencontainers.image.ref.name"] == "0.1.0-dev"
+    base_layer, payload_layer = manifest["layers"]
+    assert "bin/sh" in _members(tmp_path / "image", base_layer), "the base's layer is carried"
+    assert "skyhook-package/config.json" in _members(tmp_path / "image", payload_layer)
+    assert config["config"]["Env"] == ["PATH=/bin"] and config["config"]["Labels"]["base"] == "yes"
+    assert config["config"]["Labels"]["org.opencontainers.image.version"] == "0.1.0"
+    assert [h["created_by"] for h in config["history"]][:1] == ["base layer"] and len(config["history"]) == 2
+    assert manifest["annotations"]["org.opencontainers.image.base.digest"].startswith("sha256:")
+
+
+def test_build_picks_the_platform_of_a_multi_platform_base(package: Path, tmp_path: Path) -> None:
+    base = _base_layout(tmp_path / "multi", platforms=("amd64", "arm64"))
+    result = oci.build(package, base=base, output=tmp_path / "arm", platform="linux/arm64")
+    entry, manifest, config, _ = _image(tmp_path / "arm")
+    assert entry["platform"] == {"architecture": "arm64", "os": "linux"} and config["architecture"] == "arm64"
+    member = _members(tmp_path / "arm", manifest["layers"][0])["bin/sh"]
+    assert member.size == len(b"#!shell for arm64\n") and str(result.platform) == "linux/arm64"
+    with pytest.raises(oci.BuildError, match="several images"):
+        oci.build(package, base=base, output=tmp_path / "riscv", platform="linux/riscv64")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda base: (base / "oci-layout").unlink(), "is not an OCI image layout"),
+        (
+            lambda base: next((base / "blobs" / "sha256").iterdir()).write_bytes(b"garbage"),
+            "the layout is corrupt",
+        ),
+    ],
+)
+def test_build_refuses_a_broken_base(package: Path, tmp_path: Path, change: object, message: str) -> None:
+    base = _base_layout(tmp_path / "base")
+    assert callable(change)
+    change(tmp_path / "base")
+    with pytest.raises(oci.BuildError, match=message):
+        oci.build(package, base=base, output=tmp_path / "image")
+    assert not (tmp_path / "image").exists(), "nothing is left behind"
+
+
+def test_build_refusals(package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = _base_layout(tmp_path / "base")
+    with pytest.raises(oci.BuildError, match="no image named 'latest'"):
+        oci.build(package, base=f"{tmp_path / 'base'}:latest", output=tmp_path / "x")
+    with pytest.raises(oci.BuildError, match="is linux/amd64, not linux/arm64"):
+        oci.build(package, base=base, output=tmp_path / "x", platform="linux/arm64")
+    with pytest.raises(oci.BuildError, match="inside the package directory"):
+        oci.build(package, base="scratch", output=package / "image")
+    with pytest.raises(oci.BuildError, match=r"tag '1\.0\.0\+build' is not a valid image tag"):
+        oci.build(package, base="scratch", output=tmp_path / "x", tag="1.0.0+build")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("keep\n")
+    code, _, err = _cli(
+        capsys, "build", str(package), "--base", "scratch", "-o", str(tmp_path / "notes"), "--force"
+    )
+    assert (
+        code == 1 and "--force replaces only an OCI layout" in err and (tmp_path / "notes" / "a.txt").exists()
+    )
+    oci.build(package, base="scratch", output=tmp_path / "image")
+    code, _, err = _cli(capsys, "build", str(package), "--base", "scratch", "-o", str(tmp_path / "image"))
+    assert code == 1 and "exists and is not empty; pass --force" in err
+    assert (
+        _cli(capsys, "build", str(package), "--base", "scratch", "-o", str(tmp_path / "image"), "--force")[0]
+        == 0
+    )
+    (package / "config.json").write_text("{}")
+    code, _, err = _cli(capsys, "build", str(package), "--base", "scratch", "-o", str(tmp_path / "y"))
+    assert code == 1 and "schema_version: required field missing" in err
