@@ -53,6 +53,9 @@ POD_LABEL_NODE: Final = f"{PREFIX}node"
 POD_OWNER_LABEL: Final = f"{PREFIX}managed-by"
 POD_OWNER_VALUE: Final = "nodewright-operator"
 
+DEFAULT_AGENT_IMAGE: Final = "ghcr.io/nodewright/agent:0.1.0"
+"""NodeWright's own in-package agent (nodewright/agent, images/agent/Dockerfile); the reference agent
+(`nvcr.io/nvidia/skyhook/agent:v6.4.1`) is contract-compatible and can be set with `--agent-image`."""
 DEFAULT_COMPARTMENT: Final = "__default__"
 DEFAULT_PRIORITY: Final = 200
 

@@ -144,7 +144,7 @@ def decode_admission(text: str) -> Admission:
 @dataclass(frozen=True, slots=True)
 class OperatorOptions:
     namespace: str = "nodewright-system"
-    agent_image: str = "nvcr.io/nvidia/skyhook/agent:v6.4.1"
+    agent_image: str = constants.DEFAULT_AGENT_IMAGE
     pause_image: str = "registry.k8s.io/pause:3.10"
     runtime_required_taint: str = f"{constants.DEFAULT_RUNTIME_REQUIRED_TAINT_KEY}=true:NoSchedule"
     copy_dir_root: str = "/var/lib/skyhook"

@@ -62,7 +62,7 @@ _RESERVED_ENV: Final = frozenset(
 @dataclass(frozen=True, slots=True)
 class PodOptions:
     namespace: str = "nodewright"
-    agent_image: str = "ghcr.io/nvidia/skyhook/agent:6.4.1"
+    agent_image: str = constants.DEFAULT_AGENT_IMAGE
     pause_image: str = "registry.k8s.io/pause:3.10"
     copy_dir_root: str = "/var/lib/skyhook"
     log_root: str = "/var/log/skyhook"
