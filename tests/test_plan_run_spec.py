@@ -141,7 +141,7 @@ def _package_pods(draw: st.DrawFn) -> dict[str, Any]:
     package: dict[str, Any] = {
         "version": draw(st.sampled_from(["1.0.0", "2.3.4-rc.1"])),
         "image": draw(st.sampled_from(["ghcr.io/x/tool", "registry:5000/org/pkg", "pkg"])),
-        "env": draw(st.lists(_ENV, max_size=3, unique_by=lambda e: e["name"])),
+        "env": draw(st.lists(_ENV, max_size=3, unique_by=lambda e: str(e["name"]))),
     }
     if draw(st.booleans()):
         package["configMap"] = {"a.conf": "1"}
