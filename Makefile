@@ -41,7 +41,11 @@ unit: venv ## unit and property tests (no cluster)
 
 .PHONY: e2e
 e2e: venv controlplane ## end-to-end tests against a real local control plane started by the tests
-	$(PY) -m pytest -q e2e
+	$(PY) -m pytest -q e2e -m "not outside_ci"
+
+.PHONY: e2e-outside-ci
+e2e-outside-ci: venv controlplane ## e2e scenarios too long for CI (the full chaos rollout: about 8 min)
+	$(PY) -m pytest -q e2e -m outside_ci
 
 .PHONY: bench-smoke
 bench-smoke: venv controlplane ## tiny benchmark run so the harness cannot rot
