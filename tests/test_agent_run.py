@@ -381,6 +381,22 @@ def test_a_failed_step_leaves_no_flag_and_runs_again(host: HostRoot) -> None:
 # Checks and history
 
 
+def test_a_failed_step_repeats_its_last_output_in_the_failure_lines(host: HostRoot) -> None:
+    """The operator shows the tail of the log: the reason must be there, not only the agent's summary."""
+    host.script("apply.sh", "true")
+    host.script(
+        "apply_check.sh", "echo checking; echo 'net.core.rmem_max is 212992, want 268435456' >&2; exit 1"
+    )
+    host.config({"apply": [step("apply.sh")], "apply-check": [step("apply_check.sh")]})
+    result = host.run("apply-check")
+    assert result.code == 1
+    last = [line for line in (result.out + result.err).splitlines() if line.strip()][-1]
+    assert "apply_check.sh (checking / net.core.rmem_max is 212992, want 268435456)" in last, last
+    host.script("apply.sh", "echo 'no such device: eth9' >&2; exit 3")
+    failed = host.run("apply")
+    assert failed.code == 1 and "last output: no such device: eth9" in failed.out + failed.err
+
+
 def test_all_checks_run_and_any_failure_fails_the_mode(host: HostRoot) -> None:
     host.script("apply.sh", "true")
     host.script("apply_check.sh", 'echo a >> "$NODEWRIGHT_HOST_ROOT/checks"; exit 1')

@@ -31,7 +31,7 @@ def _nodes(count: int, **labels: str) -> list[dict[str, Any]]:
 
 def _demo_fleet(total: int = 40, canaries: int = 4) -> list[dict[str, Any]]:
     nodes: list[dict[str, Any]] = []
-    for start, count, labels in demo_cmd.fleet_layout(total, canaries):
+    for start, count, labels, _real in demo_cmd.fleet_layout(total, canaries):
         for i in range(start, start + count):
             node = node_manifest(i, profile="h100", labels_extra=labels)
             node["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
@@ -176,9 +176,21 @@ def test_manifest_picking(tmp_path: Path) -> None:
 
 
 def test_demo_helpers() -> None:
-    layout = demo_cmd.fleet_layout(11, 3)
-    assert sum(count for _, count, _ in layout) == 11
-    assert sum(count for _, count, labels in layout if labels.get(demo_cmd.CANARY_LABEL)) == 3
+    layout = demo_cmd.fleet_layout(11, 3, real=2)
+    assert sum(count for _, count, _, _ in layout) == 11
+    assert sum(count for _, count, labels, _ in layout if labels.get(demo_cmd.CANARY_LABEL)) == 3
+    assert [real for _, _, labels, real in layout if labels.get(demo_cmd.CANARY_LABEL)] == [1, 1]
+    assert sum(real for *_, real in demo_cmd.fleet_layout(11, 3, real=9)) == 3, "only canaries run for real"
     rows = demo_cmd.batch_comparison({"a": [1, 2], "b": [3]}, {"a": {1: 1, 2: 2}, "b": {1: 2}})
     assert rows == [("a", [1, 2], [1, 2], True), ("b", [3], [2], False)]
     assert demo_cmd.sizes_text(list(range(1, 20)), limit=3) == "1,2,3,… (19)"
+
+
+def test_demo_reads_tuned_values_back_from_a_node_root(tmp_path: Path) -> None:
+    (tmp_path / "proc/sys/net/core").mkdir(parents=True)
+    (tmp_path / "proc/sys/net/core/rmem_max").write_text("268435456\n")
+    (tmp_path / "proc/cmdline").write_text("BOOT_IMAGE=/vmlinuz iommu.passthrough=1\n")
+    lines = demo_cmd.read_back(tmp_path)
+    assert "    sysctl net.core.rmem_max = 268435456" in lines
+    assert "    sysctl vm.max_map_count = (not set)" in lines
+    assert lines[-1].endswith("iommu.passthrough=1")

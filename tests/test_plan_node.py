@@ -350,6 +350,18 @@ def test_retry_then_give_up() -> None:
     assert retry.status == Status.IN_PROGRESS and not retry.consume_admission
 
 
+def test_a_readmission_in_the_same_second_as_the_failure_still_retries() -> None:
+    """Admissions are told apart by identity (batch/order/time), not by comparing second-precision times."""
+    nw = make_nw(packages={"pa": Package(version="1.0.0", image="x", max_attempts=1)})
+    state, pod = running_state(nw)
+    gave_up = plan_node(inp(nw, state, pods=(summary(pod, PodOutcome.FAILED, message="exit 3"),)))
+    entry = gave_up.state.entry("pa", "1.0.0")
+    assert entry is not None and entry.failed_under == "1/3/2025-01-01T00:00:00Z", entry
+    same_second = Admission("__default__", 2, 9, ADMIT.at)
+    retry = plan_node(inp(nw, replace(gave_up.state, admission=same_second)))
+    assert creates(retry) and creates(retry)[0].attempt == 1
+
+
 def test_deadline_and_pull_error() -> None:
     # The package's stageTimeout (model default 30m) wins over the operator default.
     nw = make_nw(packages={"pa": Package(version="1.0.0", image="x", stage_timeout="1m")})

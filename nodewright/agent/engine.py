@@ -23,10 +23,13 @@ the operator's interrupt once per resource id.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import shutil
 import signal
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -69,6 +72,35 @@ class Invocation:
 class _StepResult:
     passed: bool
     stopped: bool
+    last_output: str = ""  # the step's last output lines, repeated in the failure summary
+
+
+_STREAM_PREFIX: Final = re.compile(r"^\S+ \[(?:out|err)\] ")
+"""The timestamp and stream tag the runner puts in front of each line of a step's output."""
+
+
+class _LastLines(io.StringIO):
+    """Keeps the last few non-empty lines written to it (stdout and stderr of one step, interleaved).
+
+    The operator shows the tail of a failed container's log on the node condition; the agent's own
+    closing lines would push the step's reason out of it, so the failure lines repeat it."""
+
+    KEEP: Final = 3
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lines: deque[str] = deque(maxlen=self.KEEP)
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        chunks = (self._partial + text).split("\n")
+        self._partial = chunks.pop()
+        self._lines.extend(_STREAM_PREFIX.sub("", line).strip() for line in chunks if line.strip())
+        return len(text)
+
+    def text(self) -> str:
+        lines = [*self._lines, *([self._partial.strip()] if self._partial.strip() else [])]
+        return " / ".join(lines[-self.KEEP :])[-400:]
 
 
 class Agent:
@@ -203,6 +235,7 @@ class Agent:
             self.reporter.warn(f"{config.package_name} has no {self.mode} steps: nothing to do")
         versions = self._versions(config)
         results: list[CheckResult] = []
+        reasons: dict[str, str] = {}
         for step in steps:
             if self.stop.requested:
                 return self._stopped()
@@ -211,6 +244,8 @@ class Agent:
                 if result.stopped:
                     return self._stopped()
                 results.append(CheckResult(step=step, passed=result.passed))
+                if not result.passed and result.last_output:
+                    reasons[step.name] = result.last_output
                 continue
             flag = self.state.step_flag(config, step)
             if self._skip(step, flag):
@@ -222,7 +257,11 @@ class Agent:
                 return EXIT_FAILED
             self.state.write_step_flag(flag, step)
         if modes.is_check(self.mode) and steps and not self.state.record_checks(config, self.mode, results):
-            failed = [r.step.name for r in results if not r.passed]
+            failed = [
+                f"{r.step.name} ({reasons[r.step.name]})" if r.step.name in reasons else r.step.name
+                for r in results
+                if not r.passed
+            ]
             self.reporter.error(
                 f"{len(failed)} of {len(results)} {self.mode} steps failed: {', '.join(failed)}"
             )
@@ -276,14 +315,17 @@ class Agent:
         )
         self.reporter.info(f"{self.mode} step {step.name}: {' '.join(command.argv)}")
         logs = LogFiles(self.log_dir, config.package_name, config.package_version)
-        outcome = self._run_logged(command, logs, step.path)
+        tail = _LastLines()
+        outcome = self._run_logged(command, logs, step.path, tail=tail)
         passed = outcome.returncode in step.returncodes and not outcome.stopped
         verdict = "succeeded" if passed else "FAILED"
         expected = ", ".join(str(code) for code in step.returncodes)
+        last = "" if passed else tail.text()
         self.reporter.info(
             f"{self.mode} step {step.name} {verdict}: exit {outcome.returncode} (success: {expected})"
+            + (f"; last output: {last}" if last else "")
         )
-        return _StepResult(passed=passed, stopped=outcome.stopped)
+        return _StepResult(passed=passed, stopped=outcome.stopped, last_output=last)
 
     def _substitute(self, arguments: tuple[str, ...]) -> tuple[list[str], list[str]]:
         values: list[str] = []
@@ -317,8 +359,12 @@ class Agent:
         env.update(mirrored_names(env))
         return env
 
-    def _run_logged(self, command: Command, logs: LogFiles, log_name: str) -> Outcome:
+    def _run_logged(
+        self, command: Command, logs: LogFiles, log_name: str, *, tail: TextIO | None = None
+    ) -> Outcome:
         with self._log_sinks(logs, log_name) as (out, err):
+            if tail is not None:
+                out, err = [*out, tail], [*err, tail]
             outcome = self.runner.run(command, out=out, err=err)
         if self.settings.write_logs:
             logs.rotate(log_name)

@@ -24,7 +24,8 @@ share a 256 KiB budget with every other tool's annotations).
             "e": "message",                   last error, short
             "r": "2024-...Z",                 earliest time of the next attempt (after a failure)
             "h": "<hex>",                     spec hash of the pod of the current attempt
-            "x": "2024-...Z"}},               first time the current pod was seen failing to pull
+            "x": "2024-...Z",                 first time the current pod was seen failing to pull
+            "fu": "2/7/2024-...Z"}},          erroring: the admission it gave up under (batch/order/at)
      "a": {"c": "gpu", "b": 2, "o": 7, "at": "2024-...Z"},   rollout admission (omitted when absent)
      "cd": true,                              this NodeWright cordoned the node (omitted when false)
      "bid": "<bootID>",                       boot ID at interrupt start / at completion
@@ -100,6 +101,7 @@ class PackageEntry:
     retry_at: str | None = None
     spec_hash: str = ""
     pull_error_since: str | None = None
+    failed_under: str = ""  # erroring: "<batch>/<order>/<at>" of the admission it gave up under ("" none)
 
     @property
     def key(self) -> str:
@@ -148,11 +150,16 @@ def entry_key(name: str, version: str) -> str:
     return f"{name}|{version}"
 
 
+ERROR_HEAD: Final = 160
+
+
 def truncate_error(message: str) -> str:
-    """Errors are kept short: the annotation is not a log store."""
+    """Errors are kept short (the annotation is not a log store), keeping both ends: the head says what
+    failed, the tail holds the last log lines of the failing step, which say why."""
     if len(message) <= MAX_ERROR_LENGTH:
         return message
-    return message[: MAX_ERROR_LENGTH - 1] + "…"
+    tail = MAX_ERROR_LENGTH - ERROR_HEAD - 3
+    return message[:ERROR_HEAD] + " … " + message[-tail:]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -171,6 +178,7 @@ def _entry_to_json(e: PackageEntry) -> dict[str, Any]:
         "r": e.retry_at,
         "h": e.spec_hash or None,
         "x": e.pull_error_since,
+        "fu": e.failed_under or None,
     }
     out.update({k: v for k, v in optional.items() if v is not None})
     if e.config:
@@ -260,7 +268,7 @@ def _entry(key: str, value: Any) -> PackageEntry:
     name, sep, version = key.partition("|")
     if not sep or not name or not version or "|" in version:
         raise _fail(path, "key must be '<name>|<version>'")
-    doc = _obj(value, path, {"s", "t", "n", "b", "u", "i", "c", "k", "e", "r", "h", "x"}, {"s", "t"})
+    doc = _obj(value, path, {"s", "t", "n", "b", "u", "i", "c", "k", "e", "r", "h", "x", "fu"}, {"s", "t"})
     config: tuple[tuple[str, str], ...] = ()
     if "c" in doc:
         raw = doc["c"]
@@ -297,6 +305,7 @@ def _entry(key: str, value: Any) -> PackageEntry:
         retry_at=_opt_ts(doc, "r", path),
         spec_hash=spec_hash,
         pull_error_since=_opt_ts(doc, "x", path),
+        failed_under=_str(doc["fu"], f"{path}.fu", limit=128) if "fu" in doc else "",
     )
 
 

@@ -61,6 +61,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=4.0,
         help="fail when no node changes for this long (default 4)",
     )
+    parser.add_argument(
+        "--real-packages",
+        type=flags.non_negative_int,
+        default=None,
+        help="canary nodes whose package pods really run the tuning package against a node root"
+        " (default: every canary)",
+    )
     parser.add_argument("--no-workloads", action="store_true", help="skip the training jobs and PDBs")
     parser.set_defaults(func=run)
 
@@ -69,18 +76,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 # Pure helpers (unit-tested)
 
 
-def fleet_layout(nodes: int, canaries: int) -> list[tuple[int, int, dict[str, str]]]:
-    """(start, count, labels) ranges: zone-a then zone-b, the first canaries/2 of each zone canaries."""
+def fleet_layout(nodes: int, canaries: int, real: int = 0) -> list[tuple[int, int, dict[str, str], int]]:
+    """(start, count, labels, real) ranges: zone-a then zone-b, the first canaries/2 of each zone
+    canaries; `real` of the canaries (spread over both zones, zone-a first) run their pods for real."""
     half = (nodes + 1) // 2
     zones = [("zone-a", 0, half), ("zone-b", half, nodes - half)]
     per_zone = [canaries - canaries // 2, canaries // 2]
-    out: list[tuple[int, int, dict[str, str]]] = []
-    for (zone, start, count), canary in zip(zones, per_zone, strict=True):
+    real = min(real, canaries)
+    real_per_zone = [real - real // 2, real // 2]
+    out: list[tuple[int, int, dict[str, str], int]] = []
+    for (zone, start, count), canary, real_here in zip(zones, per_zone, real_per_zone, strict=True):
         canary = min(canary, count)
         if canary:
-            out.append((start, canary, {ZONE_LABEL: zone, CANARY_LABEL: "true"}))
+            out.append((start, canary, {ZONE_LABEL: zone, CANARY_LABEL: "true"}, min(real_here, canary)))
         if count - canary:
-            out.append((start + canary, count - canary, {ZONE_LABEL: zone}))
+            out.append((start + canary, count - canary, {ZONE_LABEL: zone}, 0))
     return out
 
 
@@ -186,11 +196,15 @@ async def _demo(args: argparse.Namespace, plane: Any) -> tuple[Outcome, Any]:
 
     kubeconfig: Path = plane.kubeconfig
     started = time.monotonic()
-    layout = fleet_layout(args.nodes, min(args.canaries, args.nodes))
-    names = await create_groups(kubeconfig, [NodeGroup(s, c, labels) for s, c, labels in layout])
+    canaries = min(args.canaries, args.nodes)
+    real = canaries if args.real_packages is None else min(args.real_packages, canaries)
+    layout = fleet_layout(args.nodes, canaries, real)
+    names = await create_groups(
+        kubeconfig, [NodeGroup(s, c, labels, real_packages=r) for s, c, labels, r in layout]
+    )
     say(
-        f"created {len(names)} GPU nodes: zone-a/zone-b, {min(args.canaries, args.nodes)} canaries"
-        f" ({time.monotonic() - started:.1f}s)"
+        f"created {len(names)} GPU nodes: zone-a/zone-b, {canaries} canaries, {real} of them running"
+        f" their package pods for real against a node root ({time.monotonic() - started:.1f}s)"
     )
     if not args.no_workloads:
         jobs = await _workloads(kubeconfig, names)
@@ -216,6 +230,7 @@ async def _demo(args: argparse.Namespace, plane: Any) -> tuple[Outcome, Any]:
     say(f"applied NodeWright {NODEWRIGHT} ({nw_path.relative_to(SAMPLES_DIR.parents[1])})\n")
     outcome, tracker, nw_obj, elapsed = await _follow(args, kubeconfig, operator)
     _summary(tracker, nw_obj, predicted, elapsed)
+    _read_back(plane.dir / "roots")
     return outcome, operator
 
 
@@ -313,6 +328,33 @@ async def _follow(
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await watcher
     return outcome, tracker, nw_obj, time.monotonic() - started
+
+
+READ_BACK = ("net.core.rmem_max", "net.ipv4.tcp_rmem", "kernel.numa_balancing", "vm.max_map_count")
+
+
+def read_back(root: Path) -> list[str]:
+    """What the tuning package left on one node root: sysctls as the running (rebooted) node reports
+    them, and the kernel command line it booted with."""
+    lines = []
+    for key in READ_BACK:
+        path = root / "proc" / "sys" / key.replace(".", "/")
+        value = path.read_text().strip() if path.exists() else "(not set)"
+        lines.append(f"    sysctl {key} = {value}")
+    cmdline = root / "proc" / "cmdline"
+    if cmdline.exists():
+        lines.append(f"    /proc/cmdline: {cmdline.read_text().strip()}")
+    return lines
+
+
+def _read_back(roots: Path) -> None:
+    """Show one really-run node's tuned values, read back from its root after its reboot."""
+    nodes = sorted(p for p in roots.iterdir() if p.is_dir()) if roots.is_dir() else []
+    if not nodes:
+        return
+    say(f"  read back from {nodes[0].name}'s root ({nodes[0]}), after its reboot:")
+    for line in read_back(nodes[0]):
+        say(line)
 
 
 def _summary(tracker: Any, nw_obj: Any, predicted: Mapping[str, Sequence[int]], elapsed: float) -> None:

@@ -52,7 +52,14 @@ from typing import Literal
 
 from nodewright.api import constants, semver
 from nodewright.api.models import Interrupt, InterruptType, NodeWright, Package, Status
-from nodewright.api.nodestate import NodeState, PackageEntry, PackageStage, PackageState, truncate_error
+from nodewright.api.nodestate import (
+    Admission,
+    NodeState,
+    PackageEntry,
+    PackageStage,
+    PackageState,
+    truncate_error,
+)
 from nodewright.plan import podspec
 from nodewright.plan.configdiff import config_hashes, diff
 from nodewright.plan.dag import Graph
@@ -307,13 +314,9 @@ def node_complete(nw: NodeWright, state: NodeState) -> bool:
     return all(package_complete(state, n, p) for n, p in nw.spec.packages.items())
 
 
-def _parse_optional(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        return parse_ts(text)
-    except ValueError:
-        return None
+def admission_key(admission: Admission) -> str:
+    """Identifies one admission of a node: its batch, its (per-rollout unique) order number and time."""
+    return f"{admission.batch}/{admission.order}/{admission.at}"
 
 
 def _may_run(pod: PodSummary, *, deleting: bool) -> bool:
@@ -606,24 +609,24 @@ class _Planner:
     # -- phase 2: decide runs -------------------------------------------------------------------------
 
     def retry_erroring_under_fresh_admission(self) -> None:
-        """An erroring package is retried only under an admission granted after it failed.
+        """An erroring package is retried only under an admission other than the one it gave up under.
 
-        Giving up settles the node and consumes its admission (see `finish`), so the controller hands
-        the planner an admission only when the rollout picked the node again: a later spec (fingerprint)
-        or a targeted retry. Then every erroring entry that failed before that admission starts a fresh
-        series of attempts; an entry that failed under this very admission does not (the admission is
-        about to be consumed). Without an admission nothing restarts, whatever changed in the spec:
-        retries go through batches and budgets like any other start of work (invariant I1/I2).
+        Giving up settles the node (once nothing else runs) and consumes its admission (see `finish`),
+        and every erroring entry records the admission it gave up under (`failed_under`). So the
+        controller hands the planner an admission only when the rollout picked the node again — a later
+        spec (fingerprint) or a targeted retry — and then every erroring entry that gave up under another
+        admission (or under none) starts a fresh series of attempts; an entry that gave up under this
+        very admission does not. Without an admission nothing restarts, whatever changed in the spec:
+        retries go through batches and budgets like any other start of work (invariants I1, I2).
         """
         admission = self.state.admission
         if admission is None:
             return
-        granted = parse_ts(admission.at)
+        current = admission_key(admission)
         for entry in list(self.state.packages):
             if entry.state != PackageState.ERRORING or not self.in_spec(entry):
                 continue
-            failed_at = _parse_optional(entry.updated)
-            if failed_at is not None and failed_at >= granted:
+            if entry.failed_under == current:
                 continue
             self.put(
                 replace(
@@ -634,14 +637,23 @@ class _Planner:
                     error="",
                     retry_at=None,
                     pull_error_since=None,
+                    failed_under="",
                     updated=ts(self.now),
                 )
             )
-            self.events.append(
-                Event(
-                    "PackageRetry", f"{entry.name}:{entry.version} {entry.stage.value}: retrying (admitted)"
-                )
-            )
+            retrying = f"{entry.name}:{entry.version} {entry.stage.value}: retrying (admitted again)"
+            self.events.append(Event("PackageRetry", retrying))
+
+    def stamp_failures(self) -> None:
+        """Every entry that became erroring in this plan records the admission it gave up under."""
+        old = self.inp.state or NodeState()
+        under = admission_key(old.admission) if old.admission is not None else ""
+        for entry in list(self.state.packages):
+            if entry.state != PackageState.ERRORING or entry.failed_under == under:
+                continue
+            before = old.entry(entry.name, entry.version)
+            if before is None or before.state != PackageState.ERRORING:
+                self.put(replace(entry, failed_under=under))
 
     def fail_covered(self, carrier: PackageEntry, message: str) -> None:
         """The packages whose interrupt the failed carrier's pod was to perform fail with it."""
@@ -1137,6 +1149,7 @@ class _Planner:
     # -- phase 4: completion and status ---------------------------------------------------------------
 
     def finish(self) -> NodePlan:
+        self.stamp_failures()
         gen = self.nw.metadata.generation
         old = self.inp.state or NodeState()
         # A generation bump that does not touch this node is not a new completion (no event).
@@ -1200,6 +1213,7 @@ class _Planner:
         service (or other NodeWrights waiting on them). Its unfinished runs stay recorded in the state
         and continue, through the gates again (cordon, drain), when it is enabled.
         """
+        self.stamp_failures()
         message = "NodeWright is disabled"
         if self.state.cordoned:
             if self.pod_running() or self.state.interrupt_at is not None:
@@ -1290,6 +1304,7 @@ def plan_node(inp: NodeInput) -> NodePlan:
         return p.finish_disabled()
     p.reapply_on_reboot()
     p.observe()
+    p.stamp_failures()  # before the retry: what just gave up did so under the current admission
     p.retry_erroring_under_fresh_admission()
     p.cancel_uninstalls()
     p.start()

@@ -200,6 +200,7 @@ class NodeGroup:
     start: int
     count: int
     labels: Mapping[str, str]
+    real_packages: int = 0  # the first N of the group run their package pods for real (simulated kubelet)
 
 
 async def create_groups(
@@ -215,6 +216,7 @@ async def create_groups(
                 profile=profile,
                 name_prefix=name_prefix,
                 labels_extra=group.labels,
+                real_packages=min(group.real_packages, group.count),
             )
     return names
 

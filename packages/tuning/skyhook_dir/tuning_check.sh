@@ -13,9 +13,11 @@ set -eu
 . "${0%/*}/lib.sh"
 
 FAILED=0
+PROBLEMS=""
 problem() {
 	warn "$*"
 	FAILED=1
+	PROBLEMS="${PROBLEMS:+$PROBLEMS; }$*"
 }
 
 check_file() {
@@ -113,4 +115,6 @@ uninstall)
 	;;
 *) fail "unknown mode '$mode' (apply, config, upgrade, post-interrupt, uninstall)" ;;
 esac
+# The differences again, last: what an operator shows of a failed check is the end of its output.
+[ "$FAILED" -eq 0 ] || warn "check failed: $PROBLEMS"
 exit "$FAILED"
