@@ -50,6 +50,11 @@ POD_LABEL_PACKAGE: Final = f"{PREFIX}package"
 POD_LABEL_VERSION: Final = f"{PREFIX}version"
 POD_LABEL_STAGE: Final = f"{PREFIX}stage"
 POD_LABEL_NODE: Final = f"{PREFIX}node"
+POD_LABEL_PURPOSE: Final = f"{PREFIX}purpose"
+"""On drift-check pods (value `drift-check`): read-only checks of a complete node, outside the stage
+machine (no package/version label: one pod checks every package of the NodeWright on the node)."""
+POD_PURPOSE_DRIFT_CHECK: Final = "drift-check"
+POD_STAGE_DRIFT_CHECK: Final = "drift-check"  # the stage label of drift-check pods (simulator, monitor)
 POD_OWNER_LABEL: Final = f"{PREFIX}managed-by"
 POD_OWNER_VALUE: Final = "nodewright-operator"
 
@@ -82,6 +87,7 @@ def node_condition_type(nodewright: str) -> str:
 POD_ANNOTATION_ATTEMPT: Final = f"{PREFIX}attempt"
 POD_ANNOTATION_INTERRUPT: Final = f"{PREFIX}interrupt"
 POD_ANNOTATION_SPEC_HASH: Final = f"{PREFIX}spec-hash"
+POD_ANNOTATION_DRIFT_SLOT: Final = f"{PREFIX}drift-slot"  # drift-check pods: the check slot they belong to
 
 # Environment variables passed to every package pod (reference names and our equivalents).
 ENV_NODE_ORDER: Final = ("SKYHOOK_NODE_ORDER", "NODEWRIGHT_NODE_ORDER")

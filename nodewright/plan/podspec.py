@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -212,6 +212,7 @@ def spec_hash(
     stage: PackageStage,
     interrupt: Interrupt | None,
     options: PodOptions,
+    repair: bool = False,
 ) -> str:
     """Hash of everything that should replace a running pod when it changes."""
     identity: dict[str, Any] = {
@@ -234,11 +235,24 @@ def spec_hash(
             config=config_digest(package.config_map),
             grace=package.graceful_shutdown,
         )
+    if repair:
+        identity["repair"] = True  # only when set: existing pods keep their hash
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------------------------------------
 # The pod
+
+REPAIR_ENV: Final = (
+    {"name": "OVERLAY_ALWAYS_RUN_STEP", "value": "true"},
+    {"name": "NODEWRIGHT_REPAIR", "value": "true"},
+)
+"""Extra environment of a repair run (drift, action reapply): the agent runs steps again although their
+flags say they already succeeded with these arguments (the agent contract's OVERLAY_ALWAYS_RUN_STEP)."""
+
+DRIFT_CHECK_MODES: Final = ("apply-check", "config-check")
+"""Read-only modes a drift check runs for every package (plus post-interrupt-check when the package has
+an interrupt: it reads the running values back)."""
 
 
 def build_pod(
@@ -253,10 +267,12 @@ def build_pod(
     node_order: int,
     options: PodOptions,
     interrupt: Interrupt | None = None,
+    repair: bool = False,
 ) -> dict[str, Any]:
     """The manifest of the pod running `stage` of `package_name@version` on `node` (attempt >= 1).
 
     For interrupt stages, `package` is the carrier package and `interrupt` the merged interrupt.
+    `repair` marks a run that re-applies after drift (see `REPAIR_ENV`).
     """
     if stage in INTERRUPT_STAGES and interrupt is None:
         raise ValueError(f"stage {stage.value} needs an interrupt")
@@ -269,12 +285,111 @@ def build_pod(
         stage=stage,
         interrupt=interrupt,
         options=options,
+        repair=repair,
     )
+    volumes, mounts = _base_volumes(nw_name, node, options)
+    env = _agent_env(nw, package_name, version, node_order, options)
+    if stage in INTERRUPT_STAGES:
+        assert interrupt is not None
+        init = [_interrupt_container(nw, package, package_name, version, interrupt, env, mounts, options)]
+    else:
+        package_mounts = _with_package_configmap(nw_name, package_name, package, volumes, mounts)
+        extra_env = list(REPAIR_ENV) if repair else []
+        init = _stage_containers(
+            nw,
+            package,
+            package_name,
+            version,
+            modes=(stage.value, f"{stage.value}-check"),
+            env=env + _package_env(package) + extra_env,
+            mounts=package_mounts,
+            options=options,
+        )
+    labels = {
+        constants.POD_LABEL_PACKAGE: package_name,
+        constants.POD_LABEL_VERSION: label_value(version),
+        constants.POD_LABEL_STAGE: stage.value,
+    }
+    annotations = {constants.POD_ANNOTATION_ATTEMPT: str(attempt), constants.POD_ANNOTATION_SPEC_HASH: s_hash}
+    if interrupt is not None and stage in INTERRUPT_STAGES:
+        annotations[constants.POD_ANNOTATION_INTERRUPT] = interrupts_mod.interrupt_json(interrupt)
+    spec = _pod_spec(nw, node, init, volumes, options)
+    if package.graceful_shutdown and stage not in INTERRUPT_STAGES:
+        spec["terminationGracePeriodSeconds"] = int(parse_duration_seconds(package.graceful_shutdown))
     name = pod_name(nw_name, package_name, version, stage, node, attempt, s_hash)
-    cdir = copy_dir(nw, package_name, version, options)
-    root = options.host_root_mount
-    privileged = {"privileged": True}
-    root_mount = {"name": "root-mount", "mountPath": root, "mountPropagation": "HostToContainer"}
+    return _pod(nw, name, node, labels=labels, annotations=annotations, spec=spec, options=options)
+
+
+def drift_check_name(nodewright: str, node: str, slot: int, spec_digest: str) -> str:
+    """The drift-check pod of one check slot: deterministic, so a repeated create means "already done"."""
+    return safe_name(nodewright, "drift", node, hash_input=(slot, spec_digest))
+
+
+def drift_check_container(package: str, mode: str) -> str:
+    """Container name of one package's check in a drift-check pod (`<pkg>-applycheck`, ...)."""
+    return f"{package}-{mode.replace('-', '')}"
+
+
+def build_drift_check_pod(
+    nw: NodeWright,
+    packages: Sequence[tuple[str, Package, str]],
+    *,
+    node: str,
+    slot: int,
+    options: PodOptions,
+) -> dict[str, Any]:
+    """One read-only pod checking every `(name, package, installed version)` on a complete node.
+
+    For each package: its payload copy, then the agent's apply-check and config-check (and
+    post-interrupt-check when it has an interrupt), in order; the first failing check fails the pod and
+    names the package and check (`drift_check_container`). No cordon, drain or interrupt is involved;
+    the agent's check modes are read-only by contract.
+    """
+    nw_name = nw.metadata.name
+    volumes, mounts = _base_volumes(nw_name, node, options)
+    init: list[dict[str, Any]] = []
+    digest_parts: list[object] = []
+    for name, package, version in packages:
+        package_mounts = _with_package_configmap(nw_name, name, package, volumes, mounts)
+        modes = DRIFT_CHECK_MODES + (("post-interrupt-check",) if package.interrupt is not None else ())
+        env = _agent_env(nw, name, version, 0, options) + _package_env(package)
+        init += _stage_containers(
+            nw, package, name, version, modes=modes, env=env, mounts=package_mounts, options=options
+        )
+        digest_parts.append(
+            spec_hash(
+                nw,
+                package,
+                package_name=name,
+                version=version,
+                stage=PackageStage.APPLY,
+                interrupt=None,
+                options=options,
+            )
+        )
+    digest = _hash(*digest_parts, length=16)
+    labels = {
+        constants.POD_LABEL_PURPOSE: constants.POD_PURPOSE_DRIFT_CHECK,
+        constants.POD_LABEL_STAGE: constants.POD_STAGE_DRIFT_CHECK,
+    }
+    annotations = {constants.POD_ANNOTATION_SPEC_HASH: digest, constants.POD_ANNOTATION_DRIFT_SLOT: str(slot)}
+    spec = _pod_spec(nw, node, init, volumes, options)
+    name = drift_check_name(nw_name, node, slot, digest)
+    return _pod(nw, name, node, labels=labels, annotations=annotations, spec=spec, options=options)
+
+
+# -- the steps of a pod ------------------------------------------------------------------------------
+
+
+def _base_volumes(
+    nw_name: str, node: str, options: PodOptions
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The host root (and the node metadata ConfigMap) every container of a package pod mounts."""
+    root_mount = {
+        "name": "root-mount",
+        "mountPath": options.host_root_mount,
+        "mountPropagation": "HostToContainer",
+    }
     volumes: list[dict[str, Any]] = [{"name": "root-mount", "hostPath": {"path": "/"}}]
     mounts: list[dict[str, Any]] = [root_mount]
     if options.node_metadata_configmap:
@@ -282,83 +397,111 @@ def build_pod(
             {"name": "metadata", "configMap": {"name": node_metadata_configmap_name(nw_name, node)}}
         )
         mounts.append({"name": "metadata", "mountPath": NODE_METADATA_MOUNT})
-    env = _agent_env(nw, package_name, version, node_order, options)
+    return volumes, mounts
+
+
+def _with_package_configmap(
+    nw_name: str,
+    package_name: str,
+    package: Package,
+    volumes: list[dict[str, Any]],
+    mounts: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The mounts of the package's containers: the base ones plus its configMap (added to `volumes`)."""
+    if not package.config_map:
+        return mounts
+    volume = f"{package_name}-configmap"
+    volumes.append(
+        {
+            "name": volume,
+            "configMap": {"name": package_configmap_name(nw_name, package_name, package.version)},
+        }
+    )
+    return [*mounts, {"name": volume, "mountPath": CONFIGMAP_MOUNT}]
+
+
+def _interrupt_container(
+    nw: NodeWright,
+    package: Package,
+    package_name: str,
+    version: str,
+    interrupt: Interrupt,
+    env: list[dict[str, Any]],
+    mounts: list[dict[str, Any]],
+    options: PodOptions,
+) -> dict[str, Any]:
+    cpu, mem = options.interrupt_resources
+    cdir = copy_dir(nw, package_name, version, options)
+    return {
+        "name": "interrupt",
+        "image": _agent_image(package, options),
+        "imagePullPolicy": "Always",
+        "args": ["interrupt", options.host_root_mount, cdir, interrupts_mod.agent_payload(interrupt)],
+        "env": env,
+        "securityContext": {"privileged": True},
+        "volumeMounts": mounts,
+        "resources": {"requests": {"cpu": cpu, "memory": mem}, "limits": {"cpu": cpu, "memory": mem}},
+    }
+
+
+def _stage_containers(
+    nw: NodeWright,
+    package: Package,
+    package_name: str,
+    version: str,
+    *,
+    modes: Sequence[str],
+    env: list[dict[str, Any]],
+    mounts: list[dict[str, Any]],
+    options: PodOptions,
+) -> list[dict[str, Any]]:
+    """The payload copy (`<pkg>-init`), then one agent container per mode, in order."""
+    root = options.host_root_mount
+    cdir = copy_dir(nw, package_name, version, options)
+    privileged = {"privileged": True}
+    target = f"{root}/${{SKYHOOK_DIR}}"
+    copy = {
+        "name": f"{package_name}-init",
+        "image": image_reference(package.image, version, package.container_sha),
+        "imagePullPolicy": "Always",
+        "command": ["/bin/sh"],
+        "args": ["-c", f"mkdir -p {target} && cp -r {PAYLOAD_DIR}/* {target}"],
+        "env": [{"name": "SKYHOOK_DIR", "value": cdir}],
+        "securityContext": privileged,
+        "volumeMounts": mounts,
+    }
     agent = _agent_image(package, options)
-    init: list[dict[str, Any]]
-    if stage in INTERRUPT_STAGES:
-        assert interrupt is not None
-        cpu, mem = options.interrupt_resources
-        init = [
-            {
-                "name": "interrupt",
-                "image": agent,
-                "imagePullPolicy": "Always",
-                "args": ["interrupt", root, cdir, interrupts_mod.agent_payload(interrupt)],
-                "env": env,
-                "securityContext": privileged,
-                "volumeMounts": mounts,
-                "resources": {"requests": {"cpu": cpu, "memory": mem}, "limits": {"cpu": cpu, "memory": mem}},
-            }
-        ]
-    else:
-        if package.config_map:
-            volumes.append(
-                {
-                    "name": f"{package_name}-configmap",
-                    "configMap": {"name": package_configmap_name(nw_name, package_name, package.version)},
-                }
-            )
-            mounts = [*mounts, {"name": f"{package_name}-configmap", "mountPath": CONFIGMAP_MOUNT}]
-        resources = _resources(package)
-        target = f"{root}/${{SKYHOOK_DIR}}"
-        copy = {
-            "name": f"{package_name}-init",
-            "image": image_reference(package.image, version, package.container_sha),
+    steps = [
+        {
+            "name": _mode_container(package_name, mode),
+            "image": agent,
             "imagePullPolicy": "Always",
-            "command": ["/bin/sh"],
-            "args": ["-c", f"mkdir -p {target} && cp -r {PAYLOAD_DIR}/* {target}"],
-            "env": [{"name": "SKYHOOK_DIR", "value": cdir}],
+            "args": [mode, root, cdir],
+            "env": env,
             "securityContext": privileged,
             "volumeMounts": mounts,
         }
-        full_env = env + _package_env(package)
-        steps = [
-            {
-                "name": f"{package_name}-{stage.value}",
-                "image": agent,
-                "imagePullPolicy": "Always",
-                "args": [stage.value, root, cdir],
-                "env": full_env,
-                "securityContext": privileged,
-                "volumeMounts": mounts,
-            },
-            {
-                "name": f"{package_name}-{stage.value}check",
-                "image": agent,
-                "imagePullPolicy": "Always",
-                "args": [f"{stage.value}-check", root, cdir],
-                "env": full_env,
-                "securityContext": privileged,
-                "volumeMounts": mounts,
-            },
-        ]
-        init = [copy, *steps]
-        if resources is not None:
-            for c in init:
-                c["resources"] = resources
+        for mode in modes
+    ]
+    containers = [copy, *steps]
+    resources = _resources(package)
+    if resources is not None:
+        for c in containers:
+            c["resources"] = resources
+    return containers
+
+
+def _mode_container(package_name: str, mode: str) -> str:
+    # Stage pods keep the reference's names (`<pkg>-<stage>`, `<pkg>-<stage>check`).
+    if mode.endswith("-check"):
+        return f"{package_name}-{mode.removesuffix('-check')}check"
+    return f"{package_name}-{mode}"
+
+
+def _pod_spec(
+    nw: NodeWright, node: str, init: list[dict[str, Any]], volumes: list[dict[str, Any]], options: PodOptions
+) -> dict[str, Any]:
     pcpu, pmem = options.pause_resources
-    labels = {
-        constants.POD_OWNER_LABEL: constants.POD_OWNER_VALUE,
-        constants.POD_LABEL_NODEWRIGHT: nw_name,
-        constants.POD_LABEL_PACKAGE: package_name,
-        constants.POD_LABEL_VERSION: label_value(version),
-        constants.POD_LABEL_STAGE: stage.value,
-        constants.POD_LABEL_NODE: label_value(node),
-        **dict(options.extra_labels),
-    }
-    annotations = {constants.POD_ANNOTATION_ATTEMPT: str(attempt), constants.POD_ANNOTATION_SPEC_HASH: s_hash}
-    if interrupt is not None and stage in INTERRUPT_STAGES:
-        annotations[constants.POD_ANNOTATION_INTERRUPT] = interrupts_mod.interrupt_json(interrupt)
     spec: dict[str, Any] = {
         "nodeName": node,
         "restartPolicy": "Never",
@@ -378,17 +521,35 @@ def build_pod(
         "tolerations": tolerations(nw, options),
         "volumes": volumes,
     }
-    if package.graceful_shutdown and stage not in INTERRUPT_STAGES:
-        spec["terminationGracePeriodSeconds"] = int(parse_duration_seconds(package.graceful_shutdown))
     if options.image_pull_secret:
         spec["imagePullSecrets"] = [{"name": options.image_pull_secret}]
+    return spec
+
+
+def _pod(
+    nw: NodeWright,
+    name: str,
+    node: str,
+    *,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    spec: dict[str, Any],
+    options: PodOptions,
+) -> dict[str, Any]:
     owner = {
         "apiVersion": constants.API_VERSION,
         "kind": constants.KIND_NODEWRIGHT,
-        "name": nw_name,
+        "name": nw.metadata.name,
         "uid": nw.metadata.uid or "",
         "controller": True,
         "blockOwnerDeletion": True,
+    }
+    all_labels = {
+        constants.POD_OWNER_LABEL: constants.POD_OWNER_VALUE,
+        constants.POD_LABEL_NODEWRIGHT: nw.metadata.name,
+        **labels,
+        constants.POD_LABEL_NODE: label_value(node),
+        **dict(options.extra_labels),
     }
     return {
         "apiVersion": "v1",
@@ -396,8 +557,8 @@ def build_pod(
         "metadata": {
             "name": name,
             "namespace": options.namespace,
-            "labels": labels,
-            "annotations": annotations,
+            "labels": all_labels,
+            "annotations": dict(annotations),
             "ownerReferences": [owner],
         },
         "spec": spec,
