@@ -312,6 +312,22 @@ async def test_a_pod_on_a_normal_node_is_still_played_by_kwok(
     assert all(s["terminated"]["exitCode"] == 0 for s in init_states(played).values())
 
 
+async def test_simulated_workloads_on_a_real_node_are_played_as_kwok_plays_them(
+    cluster: ControlPlane, client: KubeClient, nodes: Nodes, unique: str
+) -> None:
+    """Training jobs of the simulator on an opted-in node: Running at once, then Succeeded at their end
+    (so a protected job finishes and a drain can go on), not run as images nobody has."""
+    job = await fleet.create_workloads(
+        cluster.kubeconfig, nodes=[nodes.real], job=f"train-{unique}", run_for="3s", protected=True
+    )
+    [name] = job.pods
+    path = f"/api/v1/namespaces/{job.namespace}/pods/{name}"
+    running = await wait_pod(client, path, phase_is("Running"), "the workload running", within=20)
+    assert all(c["ready"] for c in running["status"]["containerStatuses"])
+    done = await wait_pod(client, path, phase_is("Succeeded"), "the workload finished", within=30)
+    assert all(c["state"]["terminated"]["exitCode"] == 0 for c in done["status"]["containerStatuses"])
+
+
 async def test_a_kubelet_restart_resumes_and_reports_lost_processes(
     cluster: ControlPlane, client: KubeClient, nodes: Nodes, unique: str
 ) -> None:

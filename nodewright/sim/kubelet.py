@@ -75,7 +75,8 @@ from typing import Any, Final
 import aiohttp
 
 from nodewright.api import constants
-from nodewright.sim import hostshims, kubelet_host, kubelet_spec, kubelet_status
+from nodewright.plan.podspec import parse_duration_seconds
+from nodewright.sim import fleet, hostshims, kubelet_host, kubelet_spec, kubelet_status
 from nodewright.sim.kubeapi import JSON, ApiError, KubeClient
 from nodewright.sim.kubelet_spec import REAL_PACKAGES_LABEL, ContainerConfigError, ImageKind, ImageNotFound
 from nodewright.sim.kubelet_status import ContainerRecord, Restart, Start
@@ -408,7 +409,41 @@ class PodWorker:
             await self.wake.wait()
         await self._terminate()
 
+    def is_simulated_workload(self) -> bool:
+        """A workload pod of the simulator (`fleet.create_workloads`): played, not run, as kwok plays it
+        on the other nodes (Running and Ready at once, then Succeeded or Failed at its finish time)."""
+        return fleet.WORKLOAD_JOB_LABEL in (self.pod["metadata"].get("labels") or {})
+
+    def _workload_finish(self) -> float | None:
+        """Monotonic time at which a simulated workload ends (None: it runs until deleted)."""
+        annotations = self.pod["metadata"].get("annotations") or {}
+        finish_at = annotations.get(fleet.FINISH_AT_ANNOTATION)
+        run_for = annotations.get(fleet.RUN_FOR_ANNOTATION)
+        try:
+            if finish_at:
+                end = dt.datetime.fromisoformat(str(finish_at).replace("Z", "+00:00"))
+                return time.monotonic() + (end - dt.datetime.now(dt.UTC)).total_seconds()
+            if run_for:
+                return (
+                    time.monotonic() + parse_duration_seconds(str(run_for)) - _seconds_since(self.start_time)
+                )
+        except ValueError:
+            log.warning(
+                "pod %s/%s: unreadable finish annotation, runs until deleted", self.namespace, self.name
+            )
+        return None
+
+    def _finish_workload(self) -> None:
+        annotations = self.pod["metadata"].get("annotations") or {}
+        code = 1 if annotations.get(fleet.RESULT_ANNOTATION) == "fail" else 0
+        now = _now()
+        self.records = [
+            r.exited(code, now) if r.running_since and r.terminated is None else r for r in self.records
+        ]
+
     def _virtual_containers(self) -> frozenset[str]:
+        if self.is_simulated_workload():
+            return frozenset(str(c.get("name")) for c in self.containers())
         names = set()
         for container in self.spec.get("containers") or []:
             try:
@@ -438,8 +473,12 @@ class PodWorker:
         deadline = None
         if active_deadline:  # counted from the pod's start time, also across kubelet restarts
             deadline = time.monotonic() + float(active_deadline) - _seconds_since(self.start_time)
+        finish = self._workload_finish() if self.is_simulated_workload() else None
         while not self.deleting and not self.handed_off:
             self.wake.clear()
+            if finish is not None and time.monotonic() >= finish:
+                self._finish_workload()
+                finish = None
             for rc in self._collect_exits():
                 await self._run_host_requests(rc)
             if self.handed_off:
@@ -458,7 +497,7 @@ class PodWorker:
                 for action in kubelet_status.next_actions(policy, self.records):
                     await self._act(action)
             await self._publish()
-            await self._sleep_until_next(deadline)
+            await self._sleep_until_next(deadline if finish is None else min(deadline or finish, finish))
 
     async def _act(self, action: Start | Restart) -> None:
         now = time.monotonic()
