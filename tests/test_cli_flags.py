@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 import structlog
-import yaml
 
 from nodewright.cli import flags
 from nodewright.cli.main import build_parser, main
@@ -219,41 +215,8 @@ def test_switches_take_go_flag_syntax(argv: list[str], leader_elect: bool) -> No
     assert build_parser().parse_args(["operator"]).reapply_on_reboot is False
 
 
-CHART = Path(__file__).resolve().parents[1] / "helm" / "nodewright"
-
-
-def _chart_args(template: str) -> list[str]:
-    """The container args of a chart template, with `.Values` and `.Release` filled in from the defaults."""
-    values: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
-
-    def lookup(match: re.Match[str]) -> str:
-        expression = match.group(1).strip()
-        if expression == ".Release.Namespace":
-            return "nodewright-system"
-        if expression.startswith("$"):
-            return "nodewright-webhook"  # the Service name variable of webhook.yaml
-        node: Any = values
-        for key in expression.removeprefix(".Values.").split("."):
-            node = node[key]
-        return str(node).lower() if isinstance(node, bool) else str(node)
-
-    lines = (CHART / "templates" / template).read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.strip() == "args:")
-    args = []
-    for line in lines[start + 1 :]:
-        if not line.strip().startswith("- "):
-            break
-        args.append(re.sub(r"{{-?\s*([^}|]+?)\s*-?}}", lookup, line.strip()[2:]))
-    return args
-
-
-@pytest.mark.parametrize("template", ["deployment.yaml", "webhook.yaml"])
-def test_the_helm_charts_args_parse(template: str) -> None:
-    args = _chart_args(template)
-    assert args and args[0] in ("operator", "webhook"), args
-    parsed = build_parser().parse_args(args)
-    if args[0] == "operator":
-        assert parsed.leader_elect is True and parsed.namespace == "nodewright-system"
+# The Helm chart's container args are parsed by tests/test_helm_chart.py, from the chart as a real helm
+# renders it.
 
 
 def test_fail_collapses_multiline_messages(capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,7 +18,7 @@ model classes directly:
 - Every property carries the field's description, so `kubectl explain` is useful.
 
 `python -m nodewright.api.crdgen --write` writes the YAML to `manifests/crds/` and the Helm chart's
-`crds/`; `--check` exits 1 and prints a diff when the committed files are stale (CI and a unit test run it).
+`files/crds/`; `--check` exits 1 and prints a diff when the committed files are stale (CI and a unit test run it).
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ from nodewright.api.models import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-OUTPUT_DIRS = (REPO_ROOT / "manifests" / "crds", REPO_ROOT / "helm" / "nodewright" / "crds")
+# The chart renders its copy from files/crds/ through templates/crds.yaml, so `helm upgrade` updates the
+# CRDs (Helm never upgrades a chart's crds/ directory).
+OUTPUT_DIRS = (REPO_ROOT / "manifests" / "crds", REPO_ROOT / "helm" / "nodewright" / "files" / "crds")
 # `kubectl get nodewright-all` lists both kinds. The category must differ from every resource name:
 # kubectl resolves `get nodewright NAME` through the category first when the singular name equals it, and
 # then refuses the name ("you must specify only one resource").

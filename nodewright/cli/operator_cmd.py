@@ -162,6 +162,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=False,
         help="re-run every package after a reboot (immutable OS images)",
     )
+    flags.add_switch(
+        parser,
+        "--allow-force-drain",
+        default=True,
+        help="let drain.policy force delete pods (needs pod delete in all namespaces); when off, such"
+        " drains keep evicting and report why",
+    )
     parser.add_argument(
         "--resync-seconds",
         type=flags.float_at_least(1.0),
@@ -355,6 +362,7 @@ async def run_operator(args: argparse.Namespace, rt: OperatorRuntime) -> int:
                 reboot_timeout=args.reboot_timeout,
                 reapply_on_reboot=args.reapply_on_reboot,
                 resync_seconds=args.resync_seconds,
+                allow_force_drain=args.allow_force_drain,
             ),
             metrics=rt.metrics,
             tracer=rt.tracer,

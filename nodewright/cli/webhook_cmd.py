@@ -63,6 +63,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="nodewright-webhook",
         help="Service name (certificate SANs)",
     )
+    parser.add_argument(
+        "--cert-host",
+        action="append",
+        type=_cert_host,
+        default=[],
+        metavar="NAME_OR_IP",
+        help="another DNS name or IP address for the managed serving certificate (repeatable), for an API"
+        " server that reaches the webhook by URL instead of through the Service",
+    )
     parser.set_defaults(func=run)
 
 
@@ -181,11 +190,13 @@ async def _managed_certificates(
     from nodewright.controller.manager import until_reachable
     from nodewright.webhook import certs, configs
 
+    ips, names = _split_hosts(args.cert_host)
     manager = certs.CertManager(
         api,
         namespace=args.namespace,
         secret_name=args.secret_name,
-        dns_names=certs.service_dns_names(args.service_name, args.namespace),
+        dns_names=[*certs.service_dns_names(args.service_name, args.namespace), *names],
+        ip_addresses=ips,
         validating_config=configs.VALIDATING_NAME,
         mutating_config=configs.MUTATING_NAME,
     )
@@ -225,6 +236,29 @@ async def _managed_certificates(
             f"API server {server}: its TLS certificate does not verify against the configured CA"
             f" ({flags.one_line(exc.certificate_error)}); check --kubeconfig"
         ) from None
+
+
+def _cert_host(text: str) -> str:
+    """A `--cert-host`: an IP address or a DNS name."""
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return flags.dns_subdomain(text)
+
+
+def _split_hosts(hosts: list[str]) -> tuple[list[str], list[str]]:
+    """`--cert-host` values as (IP addresses, DNS names)."""
+    import ipaddress
+
+    ips, names = [], []
+    for host in hosts:
+        try:
+            ips.append(str(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(host)
+    return ips, names
 
 
 def _explain(exc: Any, args: argparse.Namespace) -> str:

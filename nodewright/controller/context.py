@@ -152,6 +152,9 @@ class OperatorOptions:
     reboot_timeout: float = 1200.0
     reapply_on_reboot: bool = False
     resync_seconds: float = 600.0
+    # drain.policy force deletes pods (needs pod delete in every namespace; the chart grants it only with
+    # drain.allowForce). When False such drains keep evicting and say why they do not force.
+    allow_force_drain: bool = True
 
     @property
     def runtime_required_taint_key(self) -> str:

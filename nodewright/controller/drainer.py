@@ -14,7 +14,9 @@ Kubernetes behaviour handled here:
   drain selection lists it as `terminating` and the node counts as drained only once it has vanished.
 - **Force** (spec `drain.policy: force`, after `drain.timeout`): the remaining pods are DELETEd with
   their own grace period, ignoring PDBs — the admin explicitly chose availability of the maintenance
-  over the budget.
+  over the budget. That needs `delete` on pods in every namespace; an operator started with
+  `--allow-force-drain=false` (the Helm chart's default, `drain.allowForce`) keeps evicting instead and
+  reports `FORCE_DISALLOWED` among the refusals, so the DrainBlocked condition says why it does not force.
 
 `protected_since` / `draining_since` (for `interruptWait.timeout` and `drain.timeout`) must survive an
 operator restart, or a restart would silently extend every timeout. They are persisted in the node
@@ -46,6 +48,10 @@ from nodewright.plan.stages import parse_ts, ts
 log = structlog.get_logger("nodewright.controller.drainer")
 
 TIMING_ANNOTATION_PREFIX: Final = f"{constants.PREFIX}timing."
+FORCE_DISALLOWED: Final = (
+    "drain.policy force is not allowed by this operator (--allow-force-drain=false, Helm value"
+    " drain.allowForce): pods are evicted, honouring PodDisruptionBudgets"
+)
 SKIP_MESSAGE_LIMIT: Final = 512
 
 
@@ -163,8 +169,9 @@ class EvictionReport:
 class Drainer:
     """Workload pod listing and evictions for nodes being drained; remembers recent refusals."""
 
-    def __init__(self, client: KubeClient) -> None:
+    def __init__(self, client: KubeClient, *, allow_force: bool = True) -> None:
         self._client = client
+        self._allow_force = allow_force
         self._blocked: dict[str, tuple[str, ...]] = {}
 
     async def node_pods(self, node: str) -> list[JSON]:
@@ -180,6 +187,8 @@ class Drainer:
     async def evict(self, key: str, pods: Iterable[str], *, force: bool) -> EvictionReport:
         evicted: list[str] = []
         blocked: list[str] = []
+        refused_force = force and not self._allow_force
+        force = force and self._allow_force
         for ref in pods:
             namespace, _, name = ref.partition("/")
             if force:
@@ -193,6 +202,8 @@ class Drainer:
             else:
                 message = _short(result.message) or f"HTTP {result.status}"
                 blocked.append(f"{ref}: {message}")
+        if blocked and refused_force:
+            blocked.insert(0, FORCE_DISALLOWED)
         if blocked:
             self._blocked[key] = tuple(blocked)
         else:

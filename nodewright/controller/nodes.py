@@ -172,7 +172,7 @@ class NodeReconciler:
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
-        self.drainer = Drainer(rt.client)
+        self.drainer = Drainer(rt.client, allow_force=rt.options.allow_force_drain)
         self.configmaps = PackageConfigMaps(rt.client, namespace=rt.options.namespace)
         self.logs = PodLogs(rt.client)
         opts = rt.options

@@ -1,0 +1,407 @@
+"""The Helm chart rendered by a real `helm` (hack/helm/build.sh builds it from Go modules when missing):
+`helm lint --strict`, and `helm template` over a matrix of values, checked object by object.
+
+No cluster is needed: `helm template` renders against the Kubernetes version helm was built for. The
+install, upgrade and uninstall on a real API server are e2e/test_helm.py and e2e/test_rbac.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from nodewright.cli.main import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "helm" / "nodewright"
+NAMESPACE = "nodewright-system"
+Obj = dict[str, Any]
+
+
+@cache
+def helm() -> str:
+    done = subprocess.run(
+        ["bash", str(ROOT / "hack" / "helm" / "build.sh")], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, f"hack/helm/build.sh failed:\n{done.stderr[-3000:]}"
+    return done.stdout.strip().splitlines()[-1]
+
+
+def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm(), *args], capture_output=True, text=True, check=False, timeout=120)
+
+
+def render(
+    *sets: str, namespace: str = NAMESPACE, values: Obj | None = None, tmp: Path | None = None
+) -> list[Obj]:
+    args = ["template", "nw", str(CHART), "-n", namespace]
+    for item in sets:
+        args += ["--set", item]
+    if values is not None:
+        assert tmp is not None
+        path = tmp / "values.yaml"
+        path.write_text(yaml.safe_dump(values))
+        args += ["-f", str(path)]
+    done = run_helm(*args)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def refused(*sets: str, namespace: str = NAMESPACE) -> str:
+    args = ["template", "nw", str(CHART), "-n", namespace]
+    for item in sets:
+        args += ["--set", item]
+    done = run_helm(*args)
+    assert done.returncode != 0, f"rendered although it should not: {sets}"
+    return done.stderr
+
+
+def one(objs: Iterable[Obj], kind: str, name: str) -> Obj:
+    found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
+    return found[0]
+
+
+def kinds(objs: Iterable[Obj]) -> set[tuple[str, str]]:
+    return {(o["kind"], o["metadata"]["name"]) for o in objs}
+
+
+def container(obj: Obj) -> Obj:
+    spec: Obj = obj["spec"]["template"]["spec"]
+    first: Obj = spec["containers"][0]
+    return first
+
+
+def matches(selector: Obj, labels: Obj) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def rules(objs: Iterable[Obj], kind: str, name: str) -> list[Obj]:
+    found: list[Obj] = one(objs, kind, name)["rules"]
+    return found
+
+
+def grants(rule_list: list[Obj], resource: str, verb: str, *, name: str | None = None) -> bool:
+    for rule in rule_list:
+        if resource in rule["resources"] and verb in rule["verbs"]:
+            names = rule.get("resourceNames")
+            if not names or (name is not None and name in names):
+                return True
+    return False
+
+
+def unrestricted(rule_list: list[Obj], resource: str, verb: str) -> bool:
+    return any(
+        resource in r["resources"] and verb in r["verbs"] and not r.get("resourceNames") for r in rule_list
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        (),
+        (
+            "drain.allowForce=true",
+            "metrics.serviceMonitor.enabled=true",
+            "metrics.prometheusRule.enabled=true",
+        ),
+        ("webhook.enabled=false", "uninstall.enabled=false", "crds.install=false", "metrics.enabled=false"),
+        (
+            "replicaCount=1",
+            "leaderElection.enabled=false",
+            "rbac.create=false",
+            "serviceAccount.create=false",
+            "serviceAccount.name=existing",
+            "webhook.serviceAccount.create=false",
+            "webhook.serviceAccount.name=wh",
+        ),
+    ],
+)
+def test_helm_lint_strict(sets: tuple[str, ...]) -> None:
+    args = ["lint", "--strict", str(CHART), "--namespace", NAMESPACE]
+    for item in sets:
+        args += ["--set", item]
+    done = run_helm(*args)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_defaults_render_the_expected_objects() -> None:
+    objs = render()
+    assert kinds(objs) >= {
+        ("Deployment", "nw-nodewright"),
+        ("Deployment", "nw-nodewright-webhook"),
+        ("PodDisruptionBudget", "nw-nodewright"),
+        ("Service", "nw-nodewright-metrics"),
+        ("Service", "nw-nodewright-webhook"),
+        ("ServiceAccount", "nw-nodewright"),
+        ("ServiceAccount", "nw-nodewright-webhook"),
+        ("ServiceAccount", "nw-nodewright-uninstall"),
+        ("ClusterRole", "nw-nodewright"),
+        ("ClusterRole", "nw-nodewright-webhook"),
+        ("Role", "nw-nodewright-events"),
+        ("Job", "nw-nodewright-uninstall"),
+        ("CustomResourceDefinition", "nodewrights.nodewright.io"),
+        ("CustomResourceDefinition", "deploymentpolicies.nodewright.io"),
+        ("ValidatingWebhookConfiguration", "nodewright-validating"),
+        ("MutatingWebhookConfiguration", "nodewright-mutating"),
+    }
+    assert not [o for o in objs if o["kind"] in ("ServiceMonitor", "PrometheusRule")]
+    operator = one(objs, "Deployment", "nw-nodewright")
+    assert container(operator)["image"] == "ghcr.io/nodewright/nodewright:0.1.0"
+    assert "--agent-image=ghcr.io/nodewright/agent:0.1.0" in container(operator)["args"]
+    assert "--allow-force-drain=false" in container(operator)["args"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "command"),
+    [
+        ("Deployment", "nw-nodewright", "operator"),
+        ("Deployment", "nw-nodewright-webhook", "webhook"),
+        ("Job", "nw-nodewright-uninstall", "uninstall"),
+    ],
+)
+def test_every_container_args_parse(kind: str, name: str, command: str) -> None:
+    args = container(one(render("drain.allowForce=true"), kind, name))["args"]
+    assert args[0] == command
+    parsed = build_parser().parse_args(args)
+    assert parsed.namespace == NAMESPACE
+    if command == "operator":
+        assert parsed.leader_elect is True and parsed.allow_force_drain is True
+        assert parsed.lease_name == "nodewright-operator"
+    if command == "uninstall":
+        assert parsed.operator_deployment == "nw-nodewright" and parsed.lease_name == "nodewright-operator"
+
+
+def test_each_component_selects_only_its_own_pods() -> None:
+    objs = render()
+    pods = {
+        name: one(objs, kind, name)["spec"]["template"]["metadata"]["labels"]
+        for kind, name in (
+            ("Deployment", "nw-nodewright"),
+            ("Deployment", "nw-nodewright-webhook"),
+            ("Job", "nw-nodewright-uninstall"),
+        )
+    }
+    selectors = {
+        "Deployment nw-nodewright": one(objs, "Deployment", "nw-nodewright")["spec"]["selector"][
+            "matchLabels"
+        ],
+        "PDB nw-nodewright": one(objs, "PodDisruptionBudget", "nw-nodewright")["spec"]["selector"][
+            "matchLabels"
+        ],
+        "Service nw-nodewright-metrics": one(objs, "Service", "nw-nodewright-metrics")["spec"]["selector"],
+    }
+    for what, selector in selectors.items():
+        assert [n for n, labels in pods.items() if matches(selector, labels)] == ["nw-nodewright"], what
+    webhook_selectors = [
+        one(objs, "Deployment", "nw-nodewright-webhook")["spec"]["selector"]["matchLabels"],
+        one(objs, "Service", "nw-nodewright-webhook")["spec"]["selector"],
+    ]
+    for selector in webhook_selectors:
+        assert [n for n, labels in pods.items() if matches(selector, labels)] == ["nw-nodewright-webhook"]
+
+
+def test_operator_rbac_is_least_privilege() -> None:
+    objs = render()
+    cluster = rules(objs, "ClusterRole", "nw-nodewright")
+    namespaced = rules(objs, "Role", "nw-nodewright")
+    assert grants(cluster, "deploymentpolicies/status", "patch")
+    assert grants(cluster, "nodewrights/finalizers", "update")
+    assert grants(cluster, "pods", "list") and grants(cluster, "pods/eviction", "create")
+    assert not grants(cluster, "pods", "delete"), "pod delete needs drain.allowForce=true"
+    assert not any("secrets" in r["resources"] or "configmaps" in r["resources"] for r in cluster)
+    assert not any(r["apiGroups"] == ["admissionregistration.k8s.io"] for r in cluster)
+    assert not unrestricted(namespaced, "secrets", "get")
+    assert grants(namespaced, "secrets", "get", name="nodewright-operator-signing-key")
+    assert not unrestricted(namespaced, "leases", "update") and not unrestricted(namespaced, "leases", "get")
+    assert grants(namespaced, "leases", "update", name="nodewright-operator")
+    assert rules(objs, "Role", "nw-nodewright-events") == [
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
+    ]
+    assert one(objs, "Role", "nw-nodewright-events")["metadata"]["namespace"] == "default"
+    forced = rules(render("drain.allowForce=true"), "ClusterRole", "nw-nodewright")
+    assert grants(forced, "pods", "delete")
+
+
+def test_the_webhook_has_its_own_narrow_service_account() -> None:
+    objs = render()
+    deployment = one(objs, "Deployment", "nw-nodewright-webhook")
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "nw-nodewright-webhook"
+    cluster = rules(objs, "ClusterRole", "nw-nodewright-webhook")
+    namespaced = rules(objs, "Role", "nw-nodewright-webhook")
+    for resource, verb in (
+        ("nodes", "patch"),
+        ("pods/eviction", "create"),
+        ("pods", "delete"),
+        ("nodes", "update"),
+    ):
+        assert not grants(cluster, resource, verb), (resource, verb)
+    for kind, name in (
+        ("validatingwebhookconfigurations", "nodewright-validating"),
+        ("mutatingwebhookconfigurations", "nodewright-mutating"),
+    ):
+        assert grants(cluster, kind, "patch", name=name) and not unrestricted(cluster, kind, "patch")
+    assert grants(namespaced, "secrets", "update", name="nodewright-webhook-tls")
+    assert not unrestricted(namespaced, "secrets", "get") and not unrestricted(
+        namespaced, "secrets", "update"
+    )
+
+
+def test_the_uninstall_hook_and_its_rbac_exist_only_while_it_runs() -> None:
+    objs = render()
+    hooks = [o for o in objs if o["metadata"]["name"] == "nw-nodewright-uninstall"]
+    assert {o["kind"] for o in hooks} == {
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job",
+    }  # fmt: skip
+    for obj in hooks:
+        annotations = obj["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "pre-delete"
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    weights = {o["kind"]: int(o["metadata"]["annotations"]["helm.sh/hook-weight"]) for o in hooks}
+    assert weights["Job"] > max(w for k, w in weights.items() if k != "Job")
+    namespaced = rules(objs, "Role", "nw-nodewright-uninstall")
+    assert grants(namespaced, "deployments/scale", "patch", name="nw-nodewright")
+    assert not unrestricted(namespaced, "secrets", "delete") and not unrestricted(
+        namespaced, "leases", "delete"
+    )
+    assert render("uninstall.enabled=false") and not [
+        o for o in render("uninstall.enabled=false") if o["metadata"]["name"] == "nw-nodewright-uninstall"
+    ]
+
+
+def test_crds_are_templates_that_helm_upgrades_and_keeps() -> None:
+    objs = render()
+    for path in sorted((ROOT / "manifests" / "crds").glob("*.yaml")):
+        generated = yaml.safe_load(path.read_text())
+        rendered = one(objs, "CustomResourceDefinition", generated["metadata"]["name"])
+        assert rendered["spec"] == generated["spec"], path.name
+        assert rendered["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert rendered["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    dropped = render("crds.keep=false")
+    for crd in (o for o in dropped if o["kind"] == "CustomResourceDefinition"):
+        assert "helm.sh/resource-policy" not in (crd["metadata"].get("annotations") or {})
+    assert not [o for o in render("crds.install=false") if o["kind"] == "CustomResourceDefinition"]
+    assert not (CHART / "crds").exists(), "Helm never upgrades crds/: the chart renders files/crds/"
+
+
+def test_monitoring_objects() -> None:
+    objs = render("metrics.serviceMonitor.enabled=true", "metrics.prometheusRule.enabled=true",
+                  "metrics.serviceMonitor.labels.release=prom")  # fmt: skip
+    monitor = one(objs, "ServiceMonitor", "nw-nodewright")
+    service = one(objs, "Service", "nw-nodewright-metrics")
+    assert matches(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    rule = one(objs, "PrometheusRule", "nw-nodewright")
+    shipped = yaml.safe_load((ROOT / "manifests" / "monitoring" / "prometheus-rules.yaml").read_text())
+    assert rule["spec"] == shipped["spec"]
+    assert "{{ $labels.nodewright }}" in json.dumps(rule["spec"])  # Prometheus' templates, not Helm's
+    copy = yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())
+    assert copy == shipped, "helm/nodewright/files/prometheus-rules.yaml must equal manifests/monitoring/'s"
+
+
+def test_metrics_disabled_removes_the_service_and_port() -> None:
+    objs = render("metrics.enabled=false")
+    assert ("Service", "nw-nodewright-metrics") not in kinds(objs)
+    operator = container(one(objs, "Deployment", "nw-nodewright"))
+    assert "--metrics-bind-address=0" in operator["args"]
+    assert [p["name"] for p in operator["ports"]] == ["probes"]
+    assert "serviceMonitor" in refused("metrics.enabled=false", "metrics.serviceMonitor.enabled=true")
+
+
+def test_pod_values_reach_the_pods(tmp_path: Path) -> None:
+    values = {
+        "extraEnv": [{"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://otel:4318"}],
+        "podAnnotations": {"a": "1"},
+        "podLabels": {"team": "infra"},
+        "priorityClassName": "system-cluster-critical",
+        "securityContext": {"readOnlyRootFilesystem": True, "runAsNonRoot": True},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "image": {"digest": "sha256:" + "a" * 64},
+        "webhook": {
+            "nodeSelector": {"role": "infra"},
+            "tolerations": [{"key": "infra", "operator": "Exists", "effect": "NoSchedule"}],
+            "affinity": {"podAntiAffinity": {}},
+            "priorityClassName": "high",
+            "extraEnv": [{"name": "X", "value": "z"}],
+            "image": {"repository": "example.com/webhook", "tag": "1.2.3"},
+        },
+    }
+    objs = render(values=values, tmp=tmp_path)
+    operator = one(objs, "Deployment", "nw-nodewright")["spec"]["template"]
+    assert operator["metadata"]["annotations"] == {"a": "1"}
+    assert operator["metadata"]["labels"]["team"] == "infra"
+    assert operator["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"
+    assert operator["spec"]["priorityClassName"] == "system-cluster-critical"
+    assert operator["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    env = {e["name"]: e for e in operator["spec"]["containers"][0]["env"]}
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == "http://otel:4318" and "POD_NAME" in env
+    # Helm merges maps given by the user with the chart's defaults.
+    context = operator["spec"]["containers"][0]["securityContext"]
+    assert context["readOnlyRootFilesystem"] is True and context["runAsNonRoot"] is True
+    assert (
+        operator["spec"]["containers"][0]["image"] == "ghcr.io/nodewright/nodewright:0.1.0@sha256:" + "a" * 64
+    )
+    webhook = one(objs, "Deployment", "nw-nodewright-webhook")["spec"]["template"]["spec"]
+    assert webhook["nodeSelector"] == {"role": "infra"}
+    assert webhook["tolerations"] == values["webhook"]["tolerations"]  # type: ignore[index]
+    assert webhook["affinity"] == {"podAntiAffinity": {}} and webhook["priorityClassName"] == "high"
+    assert webhook["imagePullSecrets"] == [{"name": "regcred"}]
+    assert webhook["containers"][0]["image"] == "example.com/webhook:1.2.3@sha256:" + "a" * 64
+    assert webhook["containers"][0]["env"] == [{"name": "X", "value": "z"}]
+    hook = one(objs, "Job", "nw-nodewright-uninstall")["spec"]["template"]["spec"]
+    assert hook["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_leader_election_cannot_be_off_with_replicas() -> None:
+    assert "leader election on" in refused("leaderElection.enabled=false")
+    single = render("leaderElection.enabled=false", "replicaCount=1")
+    assert ("PodDisruptionBudget", "nw-nodewright") not in kinds(single)
+    assert "--leader-elect=false" in container(one(single, "Deployment", "nw-nodewright"))["args"]
+
+
+def test_service_accounts_and_rbac_can_be_brought_by_the_user() -> None:
+    assert "serviceAccount.name is required" in refused("serviceAccount.create=false")
+    objs = render("serviceAccount.create=false", "serviceAccount.name=mine", "rbac.create=false")
+    assert (
+        one(objs, "Deployment", "nw-nodewright")["spec"]["template"]["spec"]["serviceAccountName"] == "mine"
+    )
+    assert ("ServiceAccount", "nw-nodewright") not in kinds(objs)
+    assert not [
+        o for o in objs if o["kind"] in ("ClusterRole", "Role") and "uninstall" not in o["metadata"]["name"]
+    ]
+
+
+def test_webhook_disabled_renders_no_webhook_objects() -> None:
+    objs = render("webhook.enabled=false")
+    assert not [o for o in objs if "webhook" in o["metadata"]["name"]]
+    assert not [o for o in objs if o["kind"].endswith("WebhookConfiguration")]
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (("metrics.serviceMonitor=true",), "serviceMonitor"),  # the old boolean form
+        (("nosuchkey=1",), "nosuchkey"),
+        (("image.tag=bad tag",), "image"),
+        (("image.digest=sha256:xyz",), "digest"),
+        (("uninstall.waitForPackageUninstall=5 minutes",), "waitForPackageUninstall"),
+        (("drain.allowForce=yes",), "allowForce"),
+    ],
+)
+def test_the_schema_refuses_bad_values(sets: tuple[str, ...], message: str) -> None:
+    assert message in refused(*sets)
+
+
+def test_the_default_namespace_is_refused() -> None:
+    assert "not default" in refused(namespace="default")
