@@ -35,7 +35,7 @@ from nodewright.controller.context import decode_admission, encode_admission
 from nodewright.controller.rollout import rollout_node
 from nodewright.plan.node import CreatePod, PlanOptions
 from nodewright.plan.policy import Compartments, NodeRef, resolve_compartments
-from nodewright.plan.rollout import Admission, RolloutPlan, plan_rollout, spec_fingerprint
+from nodewright.plan.rollout import Admission, RolloutPlan, WaitReason, plan_rollout, spec_fingerprint
 from nodewright.plan.stages import PodOutcome, RetryPolicy, ts
 from tests.planfake import T0, FakeNode
 
@@ -65,6 +65,7 @@ class Fleet:
     statuses: dict[str, CompartmentStatus] = field(default_factory=dict)
     next_order: int = 0
     reset: bool = False
+    approvals: dict[str, int] = field(default_factory=dict)  # the nodewright.io/approve annotation
     plans: list[RolloutPlan] = field(default_factory=list)
     breaches: list[str] = field(default_factory=list)
 
@@ -160,6 +161,7 @@ class Fleet:
             now=ts(self.now),
             reset_requested=self.reset,
             next_order_hint=self.next_order,
+            approvals=self.approvals,
         )
 
     def write_status(self, plan: RolloutPlan) -> None:
@@ -240,11 +242,13 @@ class Fleet:
         raise FleetBreach(self.breaches[-1])
 
     def settled(self) -> bool:
-        """Nothing runs and nothing more will start (every node complete, erroring or out of budget)."""
+        """Nothing runs and nothing more will start (every node complete, erroring or out of budget), not
+        even once a soak time ends or a maintenance window opens."""
         if any(node.pods for node in self.nodes.values()):
             return False
         plan = self.rollout_plan()
-        return not plan.admissions and not plan.active
+        timed = any(w.reason in (WaitReason.WINDOW, WaitReason.SOAKING) for w in plan.waiting)
+        return not plan.admissions and not plan.active and not timed
 
     def status_counts(self) -> Mapping[str, int]:
         counts: dict[str, int] = {}

@@ -1,5 +1,6 @@
 """Both planners together over a whole fleet (tests/fleetsim.py): budgets hold whatever happens, and
-`nodewright plan` predicts exactly from any moment of a rollout.
+`nodewright plan` predicts exactly from any moment of a rollout (also with soak times and maintenance
+windows, where the plan replays the waits).
 
 Regressions of the black-box safety issue:
 - a spec edit while nodes are erroring used to restart every erroring node at once under its old
@@ -59,11 +60,24 @@ def nodewright(*, env: str = "v1", version: str = "1.0.0", reboot: bool = False)
     )
 
 
-def policy(strategy: Strategy, budget: PolicyBudget) -> DeploymentPolicy:
-    return DeploymentPolicy(
-        metadata=ObjectMeta(name="pol"),
-        spec=DeploymentPolicySpec(default=PolicyDefault(budget=budget, strategy=strategy)),
+def policy(strategy: Strategy, budget: PolicyBudget, **pacing: Any) -> DeploymentPolicy:
+    default = PolicyDefault.model_validate(
+        {"budget": budget.to_json_dict(), "strategy": strategy.to_json_dict(), **pacing}
     )
+    return DeploymentPolicy(metadata=ObjectMeta(name="pol"), spec=DeploymentPolicySpec(default=default))
+
+
+PACING: dict[str, dict[str, Any]] = {
+    "none": {},
+    "soak": {"soakTime": "20s"},
+    # Open one minute in every three (in a zone with a half-hour offset): batches wait for windows.
+    "window": {
+        "maintenance": {
+            "timeZone": "Asia/Kolkata",
+            "windows": [{"schedule": "*/3 * * * *", "duration": "1m"}],
+        }
+    },
+}
 
 
 def fleet_of(count: int, **kw: Any) -> list[str]:
@@ -214,16 +228,19 @@ def _actual(fleet: Fleet, start: int) -> dict[str, list[tuple[int, list[str]]]]:
     ceiling=st.integers(1, 5),
     moment=st.integers(0, 60),
     point=st.sampled_from(["before-pass", "nodes-before-the-pass-status-after", "after-pass"]),
+    pacing=st.sampled_from(sorted(PACING)),
 )
 def test_plan_taken_at_any_moment_predicts_the_rest_of_the_rollout(
-    count: int, kind: str, initial: int, ceiling: int, moment: int, point: str
+    count: int, kind: str, initial: int, ceiling: int, moment: int, point: str, pacing: str
 ) -> None:
     strategy = {
         "fixed": Strategy(fixed=FixedStrategy(initial_batch=initial)),
         "linear": Strategy(linear=LinearStrategy(initial_batch=initial, delta=1)),
         "exponential": Strategy(exponential=ExponentialStrategy(initial_batch=initial, growth_factor=2)),
     }[kind]
-    fleet = Fleet(nodewright(), policy(strategy, PolicyBudget(count=ceiling)), fleet_of(count))
+    fleet = Fleet(
+        nodewright(), policy(strategy, PolicyBudget(count=ceiling), **PACING[pacing]), fleet_of(count)
+    )
     for _ in range(moment):
         fleet.round()
     # The reader lists the nodes, then reads the NodeWright (its status) -- `nodewright plan`'s order --

@@ -853,6 +853,14 @@ class BatchState(_Model):
     should_stop: bool = _text("The rollout stopped after too many failed batches.", default=False)
     last_batch_size: int = _text("Size of the last batch.", default=0)
     last_batch_failed: bool = _text("The last batch missed the batchThreshold.", default=False)
+    last_settled_batch: int = _text("Number of the batch that settled last (0: none yet).", default=0)
+    settled_at: str | None = _text(
+        "When the last batch settled (RFC 3339); soakTime counts from here.",
+        json_schema_extra={"format": "date-time"},
+    )
+    approved_batch: int = _text(
+        "The last batch whose pauseAfterBatch gate was approved (0: none).", default=0
+    )
 
 
 class CompartmentStatus(_Model):
@@ -873,6 +881,25 @@ class CompartmentStatus(_Model):
     )
     message: Annotated[str, Field(max_length=1024)] = _text(
         "What the compartment is doing or waiting for.", default=""
+    )
+    window_active: bool | None = _text(
+        "A maintenance window is open now (unset: the compartment has no maintenance schedule)."
+    )
+    window_closes_at: str | None = _text(
+        "When the open window closes (RFC 3339).", json_schema_extra={"format": "date-time"}
+    )
+    next_window_at: str | None = _text(
+        "When the next window opens, if none is open now (RFC 3339).",
+        json_schema_extra={"format": "date-time"},
+    )
+    soak_until: str | None = _text(
+        "The next batch waits for the soak time until then (RFC 3339).",
+        json_schema_extra={"format": "date-time"},
+    )
+    soak_remaining_seconds: int | None = _text("Seconds of soak time left before the next batch may open.")
+    awaiting_approval: int | None = _text(
+        "The batch whose gate (pauseAfterBatch) waits for approval: `nodewright approve <nw> --compartment"
+        " <name>`."
     )
 
 
@@ -1016,15 +1043,100 @@ class PolicyBudget(_Model):
     count: Annotated[int, Field(ge=1, le=INT_MAX)] | None = _text("Absolute number of nodes.")
 
 
-class PolicyDefault(_Model):
-    """Budget and strategy of nodes that match no compartment."""
+DATE_PATTERN = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"
+MAX_WINDOWS = 16
+MAX_BLACKOUTS = 64
+MAX_GATES = 32
+TIME_ZONE_MAX = 64
+
+
+class MaintenanceWindow(_Model):
+    """A recurring period in which nodes may be admitted: a cron schedule opens it, `duration` closes it."""
+
+    schedule: Annotated[str, Field(min_length=1, max_length=256)] = _req(
+        "When the window opens: a cron expression (minute hour day-of-month month day-of-week) in timeZone;"
+        " L, # and W are allowed, e.g. `0 22 * * 1-5` (weekdays 22:00) or `0 2 * * TUE#2` (02:00 on the"
+        " second Tuesday of the month)."
+    )
+    duration: Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)] = _req(
+        "How long the window stays open (Go duration of elapsed time, e.g. 4h; a window may cross midnight)."
+    )
+    time_zone: Annotated[str, Field(min_length=1, max_length=TIME_ZONE_MAX)] | None = _text(
+        "IANA time zone of the schedule, e.g. Europe/Berlin; default: the maintenance timeZone."
+    )
+
+
+class Blackout(_Model):
+    """Whole days (from start to end, both included, in the maintenance timeZone) on which nothing is
+    admitted, whatever the windows say."""
+
+    cel_rules = (
+        CelRule(
+            rule="self.end >= self.start",
+            message="end must not be before start",
+            check=lambda o: o["end"] >= o["start"],
+            field_path=".end",
+        ),
+    )
+
+    start: Annotated[str, Field(pattern=DATE_PATTERN, max_length=10)] = _req("First day (YYYY-MM-DD).")
+    end: Annotated[str, Field(pattern=DATE_PATTERN, max_length=10)] = _req("Last day (YYYY-MM-DD), included.")
+    reason: Annotated[str, Field(max_length=256)] | None = _text("Why (shown in the waiting reason).")
+
+
+class Maintenance(_Model):
+    """When nodes may be admitted: inside any window and outside every blackout. No windows means always
+    (blackouts still apply). Nodes admitted inside a window finish after it closes."""
+
+    time_zone: Annotated[str, Field(min_length=1, max_length=TIME_ZONE_MAX)] = _text(
+        "IANA time zone of the windows without their own and of the blackout days, e.g. America/New_York.",
+        default="UTC",
+    )
+    windows: list[MaintenanceWindow] | None = _text(
+        "Windows; a node is admitted only while at least one is open.",
+        max_length=MAX_WINDOWS,
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},
+    )
+    blackouts: list[Blackout] | None = _text(
+        "Days on which no node is admitted.",
+        max_length=MAX_BLACKOUTS,
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},
+    )
+
+
+_GATES_RULE = CelRule(
+    rule="self.all(b, b >= 1)",
+    message="batch numbers start at 1",
+    check=lambda v: all(b >= 1 for b in v),
+)
+
+
+class CompartmentRollout(_Model):
+    """Pacing shared by compartments and the default: soak time and manual approval gates."""
+
+    soak_time: Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)] | None = _text(
+        "How long to wait after a batch settles before the next batch opens (Go duration, e.g. 30m)."
+    )
+    pause_after_batch: Annotated[list[Annotated[int, Field(ge=1, le=INT_MAX)]] | None, _GATES_RULE] = _text(
+        "Batch numbers after which the compartment waits for approval (`nodewright approve`, or the"
+        " annotation nodewright.io/approve) before the next batch opens, e.g. [1] for a canary.",
+        max_length=MAX_GATES,
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    maintenance: Maintenance | None = _text(
+        "When this compartment may admit nodes; unset: the policy's spec.maintenance."
+    )
+
+
+class PolicyDefault(CompartmentRollout):
+    """Budget, strategy and pacing of nodes that match no compartment."""
 
     budget: PolicyBudget = _req("Ceiling of nodes in progress at once.")
     strategy: Strategy = _req("How batches grow.")
 
 
-class Compartment(_Model):
-    """A group of nodes (by label selector) with its own budget and strategy."""
+class Compartment(CompartmentRollout):
+    """A group of nodes (by label selector) with its own budget, strategy and pacing."""
 
     name: Annotated[
         str,
@@ -1063,6 +1175,9 @@ class DeploymentPolicySpec(_Model):
     )
     reset_batch_state_on_completion: bool = _text(
         "Reset batch state when a rollout completes or a package version changes.", default=True
+    )
+    maintenance: Maintenance | None = _text(
+        "Maintenance windows and blackouts of every compartment (and the default) that sets none itself."
     )
 
 

@@ -53,6 +53,7 @@ from nodewright.api import k8svalidation as k8s
 from nodewright.api.images import ImageReferenceError, parse_image
 from nodewright.api.k8svalidation import FieldError as FieldError  # re-exported: the public error type
 from nodewright.api.models import DeploymentPolicy, InterruptType, NodeWright, field_cel_rules
+from nodewright.api.schedules import maintenance_problems
 
 _GLOB_CHARS = set("*?[")
 # Pydantic's type errors, said in JSON's words (the user wrote JSON or YAML, not Python).
@@ -627,6 +628,20 @@ def _strategy_paths(spec: Any) -> list[tuple[str, Mapping[str, Any]]]:
     return out
 
 
+def _maintenance_errors(spec: Mapping[str, Any]) -> list[FieldError]:
+    """Cron schedules, durations and time zones the API server cannot check (it has no cron parser)."""
+    found: list[tuple[str, Any]] = [("spec.maintenance", spec.get("maintenance"))]
+    found.append(("spec.default.maintenance", _map(spec.get("default")).get("maintenance")))
+    for i, comp in enumerate(_list(spec.get("compartments"))):
+        found.append((f"spec.compartments[{i}].maintenance", _map(comp).get("maintenance")))
+    return [
+        FieldError(path, problem)
+        for base, value in found
+        if isinstance(value, Mapping)
+        for path, problem in maintenance_problems(value, base)
+    ]
+
+
 def validate_deploymentpolicy(obj: Any, *, old: Mapping[str, Any] | None = None) -> ValidationResult:
     """All problems of a DeploymentPolicy (CREATE or UPDATE; an unchanged spec is not re-validated)."""
     if not isinstance(obj, Mapping):
@@ -684,6 +699,7 @@ def validate_deploymentpolicy(obj: Any, *, old: Mapping[str, Any] | None = None)
             )
         else:
             seen_selectors[canon] = (i, cname)
+    errors.extend(_maintenance_errors(spec))
     for path, strategy in _strategy_paths(spec):
         for kind, params in strategy.items():
             if isinstance(params, Mapping) and params.get("failureThreshold") is None:

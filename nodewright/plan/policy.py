@@ -20,6 +20,9 @@ Sources of compartments, in order:
    count))` (count 0 counts as 1); `percent` gives `initialBatch = max(1, floor(n * percent / 100))`;
    batchThreshold 100, safetyLimit 50, no failureThreshold.
 
+Pacing (`Pacing`): the compartment's maintenance windows (its own `maintenance`, else the policy's
+`spec.maintenance`), its `soakTime` and its `pauseAfterBatch` gates; the legacy compartment has none.
+
 The ceiling (`ceiling_for`) is `count`, or `max(1, floor(matched * percent / 100))`, and 0 for an empty
 compartment. Unlike the reference, the rollout planner enforces it as a hard concurrency cap.
 
@@ -31,20 +34,23 @@ Whether batch state resets when a compartment completes or the spec fingerprint 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 from nodewright.api import constants
 from nodewright.api.models import (
     Budget,
+    CompartmentRollout,
     DeploymentPolicy,
     FixedStrategy,
     LabelSelector,
+    Maintenance,
     NodeWright,
     PolicyBudget,
     Strategy,
 )
 from nodewright.plan.selectors import matches
+from nodewright.plan.windows import Schedule, compile_schedule, parse_duration
 
 LEGACY_POLICY_NAME = "legacy"
 """Policy label used (metrics, status) for the synthetic compartment built from `interruptionBudget`."""
@@ -141,6 +147,29 @@ def ceiling_for(budget: BudgetSpec, matched: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class Pacing:
+    """When a compartment may open its next batch: maintenance windows, soak time, approval gates."""
+
+    schedule: Schedule = field(default_factory=lambda: compile_schedule(None))
+    soak_seconds: float = 0.0
+    pause_after: frozenset[int] = frozenset()
+    has_maintenance: bool = False
+
+    @classmethod
+    def from_model(cls, own: CompartmentRollout, default: Maintenance | None) -> Pacing:
+        maintenance = own.maintenance or default
+        return cls(
+            schedule=compile_schedule(maintenance),
+            soak_seconds=parse_duration(own.soak_time).total_seconds() if own.soak_time else 0.0,
+            pause_after=frozenset(own.pause_after_batch or ()),
+            has_maintenance=maintenance is not None,
+        )
+
+
+NO_PACING = Pacing()
+
+
+@dataclass(frozen=True, slots=True)
 class CompartmentSpec:
     """One compartment's rules. `strategy` None means "no strategy": every batch is the ceiling."""
 
@@ -148,6 +177,7 @@ class CompartmentSpec:
     selector: LabelSelector | None
     budget: BudgetSpec
     strategy: StrategyParams | None
+    pacing: Pacing = NO_PACING
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,11 +246,13 @@ def reset_on_completion(nodewright: NodeWright, policy: DeploymentPolicy | None)
 def _from_policy(
     nodewright: NodeWright, *, policy: DeploymentPolicy, nodes: Sequence[NodeRef]
 ) -> Compartments:
+    maintenance = policy.spec.maintenance
     default = CompartmentSpec(
         name=constants.DEFAULT_COMPARTMENT,
         selector=None,
         budget=BudgetSpec.from_model(policy.spec.default.budget),
         strategy=StrategyParams.from_model(policy.spec.default.strategy),
+        pacing=Pacing.from_model(policy.spec.default, maintenance),
     )
     declared = [
         CompartmentSpec(
@@ -228,6 +260,7 @@ def _from_policy(
             selector=c.selector,
             budget=BudgetSpec.from_model(c.budget),
             strategy=StrategyParams.from_model(c.strategy),
+            pacing=Pacing.from_model(c, maintenance),
         )
         for c in policy.spec.compartments or ()
         if c.name != constants.DEFAULT_COMPARTMENT

@@ -5,7 +5,10 @@ simulated fleet — plan, write the admissions, let every active node finish, pl
 controller applies a plan, so the predicted batch sequence is the sequence the controller will produce
 if every node succeeds (or follows `outcome`, which tests use to inject failures). Nodes that are
 blocked, unavailable or waiting for another NodeWright stay where they are; a halted compartment stops
-its sequence; a paused, disabled or policy-less NodeWright predicts no batch.
+its sequence; a paused, disabled or policy-less NodeWright predicts no batch. Time moves on only where
+the planner waits for it: when nothing can start until a soak time ends or a maintenance window opens,
+the replay continues at that moment (the batches are the same whenever they open); an approval gate
+(`pauseAfterBatch`) ends the prediction of its compartment, since only a person opens it.
 
 `ideal_makespan` turns a batch sequence into a lower bound on rollout time (used by the scale
 benchmark): a batch lasts as long as its slowest node, a compartment's batches run one after another,
@@ -22,7 +25,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nodewright.api.models import CompartmentStatus, DeploymentPolicy, NodeWright, Status
-from nodewright.plan.rollout import Phase, RolloutNode, RolloutPlan, phase_of, plan_rollout
+from nodewright.plan.rollout import Phase, RolloutNode, RolloutPlan, WaitReason, phase_of, plan_rollout
+from nodewright.plan.stages import ts
 
 MAX_EXAMPLES = 5
 Outcome = Callable[[str], Status]
@@ -141,6 +145,10 @@ def simulate_rollout(
         fleet = _apply(plan, fleet)
         carryover = any(phase_of(n, fingerprint=fingerprint) is Phase.CARRYOVER for n in fleet.values())
         if not plan.admissions and not plan.active and not carryover:
+            timed = any(w.reason in (WaitReason.WINDOW, WaitReason.SOAKING) for w in plan.waiting)
+            if timed and plan.wake_at is not None and ts(plan.wake_at) > now:
+                now = ts(plan.wake_at)  # a soak ends or a window opens: the controller plans again then
+                continue
             break
         fleet = {name: _finish(node, plan, fingerprint, outcome) for name, node in fleet.items()}
     return Simulation(tuple(plans), tuple(fleet.values()), statuses)

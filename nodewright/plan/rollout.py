@@ -70,7 +70,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from enum import Enum, StrEnum
 
 from nodewright.api.models import (
@@ -80,8 +80,14 @@ from nodewright.api.models import (
     NodeWright,
     Status,
 )
-from nodewright.plan import batches
-from nodewright.plan.policy import Compartments, NodeRef, PolicyNotFound, resolve_compartments
+from nodewright.plan import batches, windows
+from nodewright.plan.policy import (
+    Compartments,
+    CompartmentSpec,
+    NodeRef,
+    PolicyNotFound,
+    resolve_compartments,
+)
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 MAX_FAILING_NODES = 10
@@ -100,6 +106,9 @@ class WaitReason(StrEnum):
     BLOCKED = "Blocked"
     NODE_UNAVAILABLE = "NodeUnavailable"
     POLICY_NOT_FOUND = "PolicyNotFound"
+    WINDOW = "Window"
+    SOAKING = "Soaking"
+    AWAITING_APPROVAL = "AwaitingApproval"
 
 
 class Phase(Enum):
@@ -199,6 +208,12 @@ class CompartmentPlan:
     batch_evaluated: batches.BatchOutcome | None
     halt: Halt | None
     message: str
+    window: windows.WindowState | None = None
+    soak_until: datetime | None = None
+    awaiting_approval: int | None = None
+    wake_at: datetime | None = None
+    """The next moment at which time alone changes what this compartment may do (soak ends, a window
+    opens or closes); the controller plans again then."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +230,14 @@ class RolloutPlan:
     halts: tuple[Halt, ...]
     reset_applied: bool
     next_order: int
+    approvals_applied: tuple[str, ...] = ()
+    """Compartments whose gate this plan approved (from the `approvals` input)."""
+
+    @property
+    def wake_at(self) -> datetime | None:
+        """The earliest `CompartmentPlan.wake_at`: when to plan again although nothing else changes."""
+        times = [c.wake_at for c in self.compartments.values() if c.wake_at is not None]
+        return min(times, default=None)
 
     @property
     def compartment_statuses(self) -> dict[str, CompartmentStatus]:
@@ -290,8 +313,14 @@ def plan_rollout(
     paused: bool = False,
     disabled: bool = False,
     next_order_hint: int = 0,
+    approvals: Mapping[str, int] | None = None,
 ) -> RolloutPlan:
-    """Decide admissions, batch state and why-waiting reasons for one NodeWright (module docstring)."""
+    """Decide admissions, batch state and why-waiting reasons for one NodeWright (module docstring).
+
+    `now` (RFC 3339) is also the moment maintenance windows and soak times are judged at; `approvals`
+    maps a compartment to the batch whose `pauseAfterBatch` gate a user approved (annotation
+    `nodewright.io/approve`): it opens that gate only, so an approval never carries over to a later one.
+    """
     by_name = {n.name: n for n in nodes}
     resolved = resolve_compartments(
         nodewright, policy=policy, nodes=[NodeRef(n.name, n.labels) for n in nodes]
@@ -315,9 +344,11 @@ def plan_rollout(
         compartments=resolved,
         fingerprint=fingerprint,
         now=now,
+        moment=_moment(now),
         reset_requested=reset_requested,
         paused=paused,
         disabled=disabled,
+        approvals=dict(approvals or {}),
     )
     plans: dict[str, CompartmentPlan] = {}
     admissions: list[NewAdmission] = []
@@ -343,7 +374,15 @@ def plan_rollout(
         halts=tuple(p.halt for p in plans.values() if p.halt is not None),
         reset_applied=reset_requested,
         next_order=order,
+        approvals_applied=tuple(
+            sorted(n for n, p in plans.items() if p.status.batch_state and _approved(ctx, n, p))
+        ),
     )
+
+
+def _approved(ctx: _Context, name: str, plan: CompartmentPlan) -> bool:
+    state = plan.status.batch_state
+    return state is not None and ctx.approvals.get(name) == state.approved_batch and state.approved_batch > 0
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -354,9 +393,11 @@ class _Context:
     compartments: Compartments
     fingerprint: str
     now: str
+    moment: datetime
     reset_requested: bool
     paused: bool
     disabled: bool
+    approvals: Mapping[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,6 +426,7 @@ def _plan_compartment(
     batch = _batch_members(ctx, name, state.current_batch, members)
     outcome: batches.BatchOutcome | None = None
     if batch and all(phases[n.name] in _SETTLED for n in batch):
+        settled_number = state.current_batch
         complete = sum(phases[n.name] in (Phase.DONE, Phase.SUCCEEDED) for n in members)
         erroring = sum(phases[n.name] is Phase.FAILED for n in members)
         outcome = batches.evaluate_batch(
@@ -396,7 +438,7 @@ def _plan_compartment(
             erroring_in_compartment=erroring,
             total=len(members),
         )
-        state = outcome.state
+        state = outcome.state.model_copy(update={"last_settled_batch": settled_number, "settled_at": ctx.now})
         batch = []
     if ctx.compartments.reset_on_completion and all(phases[n.name] in _COMPLETE for n in members):
         state = batches.fresh_state(current_batch=state.current_batch)
@@ -406,7 +448,9 @@ def _plan_compartment(
     free = ceiling - len(holding) - len(others)
     candidates = [n for n in members if phases[n.name] in _PICKABLE and _eligible(n)]
     halted = state.should_stop
-    can_open = not batch and not halted and not ctx.paused and not ctx.disabled
+    pacing = _pacing(ctx, name, spec, state=state, waiting=bool(candidates) and not batch)
+    state = pacing.state
+    can_open = not batch and not halted and not ctx.paused and not ctx.disabled and pacing.reason is None
     wanted = 0
     picked: list[RolloutNode] = []
     if can_open and candidates:
@@ -426,13 +470,21 @@ def _plan_compartment(
     picked_names = {n.name for n in picked}
     budget_full = {n.name for n in candidates[len(picked) : wanted]}
     waiting = tuple(
-        _why_waiting(ctx, n, compartment=name, halted=halted, budget_full=n.name in budget_full)
+        _why_waiting(
+            ctx,
+            n,
+            compartment=name,
+            halted=halted,
+            budget_full=n.name in budget_full,
+            pacing=None if batch else pacing.reason,
+        )
         for n in members
         if phases[n.name] in _PICKABLE and n.name not in picked_names
     )
     in_progress = len(holding) + len(picked)
     complete = sum(phases[n.name] in _COMPLETE for n in members)
     halt = _halt(name, state, members=members, phases=phases) if halted else None
+    window = pacing.window
     status = CompartmentStatus(
         matched=len(members),
         ceiling=ceiling,
@@ -440,6 +492,14 @@ def _plan_compartment(
         completed=complete,
         progress_percent=complete * 100 // len(members) if members else 0,
         batch_state=state,
+        window_active=window.active if window is not None else None,
+        window_closes_at=_ts(window.closes_at) if window is not None and window.closes_at else None,
+        next_window_at=_ts(window.next_open) if window is not None and window.next_open else None,
+        soak_until=_ts(pacing.soak_until) if pacing.soak_until is not None else None,
+        soak_remaining_seconds=(
+            _remaining(pacing.soak_until, ctx.moment) if pacing.soak_until is not None else None
+        ),
+        awaiting_approval=pacing.gate if pacing.gate is not None and candidates and not batch else None,
     )
     plan = CompartmentPlan(
         name=name,
@@ -450,9 +510,78 @@ def _plan_compartment(
         open_batch=state.current_batch if (batch or picked) else None,
         batch_evaluated=outcome,
         halt=halt,
-        message=_slots_message(in_progress + len(others), ceiling, len(others)),
+        message=_slots_message(in_progress + len(others), ceiling, len(others))
+        + (f"; {pacing.reason[1]}" if pacing.reason is not None and candidates and not batch else ""),
+        window=window,
+        soak_until=pacing.soak_until,
+        awaiting_approval=status.awaiting_approval,
+        wake_at=pacing.wake_at,
     )
     return _CompartmentResult(plan, admissions, waiting)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pacing:
+    state: BatchState
+    window: windows.WindowState | None
+    soak_until: datetime | None
+    gate: int | None
+    reason: tuple[WaitReason, str] | None
+    wake_at: datetime | None
+
+
+def _pacing(ctx: _Context, name: str, spec: CompartmentSpec, *, state: BatchState, waiting: bool) -> _Pacing:
+    """Whether time or a human holds the next batch of a compartment (gate, then soak, then window).
+
+    A gate (`pauseAfterBatch`) holds after the batch that settled last until `approvals` names exactly
+    that batch, which is then recorded as `approvedBatch` (so the approval cannot open a later gate).
+    Soak time counts from when the last batch settled. A closed maintenance window only stops new
+    admissions: admitted nodes finish.
+    """
+    pacing = spec.pacing
+    window = windows.evaluate(pacing.schedule, ctx.moment) if pacing.has_maintenance else None
+    soak_until: datetime | None = None
+    if pacing.soak_seconds > 0 and state.settled_at:
+        settled = _moment(state.settled_at)
+        soak_until = settled + timedelta(seconds=pacing.soak_seconds)
+        if soak_until <= ctx.moment:
+            soak_until = None
+    last = state.last_settled_batch
+    gate: int | None = None
+    if last in pacing.pause_after and state.approved_batch < last:
+        if ctx.approvals.get(name) == last:
+            state = state.model_copy(update={"approved_batch": last})
+        else:
+            gate = last
+    reason: tuple[WaitReason, str] | None = None
+    if gate is not None:
+        reason = (
+            WaitReason.AWAITING_APPROVAL,
+            f"batch {gate} of {name!r} settled; the next batch waits for approval"
+            f" (nodewright approve <nodewright> --compartment {name})",
+        )
+    elif soak_until is not None:
+        reason = (WaitReason.SOAKING, f"soaking after batch {last} of {name!r} until {_ts(soak_until)}")
+    elif window is not None and not window.active:
+        reason = (WaitReason.WINDOW, window.describe())
+    wakes = [soak_until]
+    if window is not None and waiting:
+        wakes.append(window.closes_at if window.active else window.next_open)
+    wake_at = min((w for w in wakes if w is not None), default=None)
+    return _Pacing(state, window, soak_until, gate, reason, wake_at)
+
+
+def _moment(text: str) -> datetime:
+    parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def _ts(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _remaining(until: datetime, now: datetime) -> int:
+    return max(0, int((until - now).total_seconds() + 0.999))
 
 
 _COMPLETE = frozenset({Phase.DONE, Phase.SUCCEEDED})
@@ -518,7 +647,13 @@ def _eligible(node: RolloutNode) -> bool:
 
 
 def _why_waiting(
-    ctx: _Context, node: RolloutNode, *, compartment: str, halted: bool, budget_full: bool
+    ctx: _Context,
+    node: RolloutNode,
+    *,
+    compartment: str,
+    halted: bool,
+    budget_full: bool,
+    pacing: tuple[WaitReason, str] | None = None,
 ) -> Waiting:
     def waiting(reason: WaitReason, message: str, detail: str | None = None) -> Waiting:
         return Waiting(node.name, compartment, reason, detail, message)
@@ -539,6 +674,8 @@ def _why_waiting(
         return waiting(
             WaitReason.COMPARTMENT_HALTED, f"compartment {compartment!r} is halted; reset to resume"
         )
+    if pacing is not None:
+        return waiting(pacing[0], pacing[1])
     if budget_full:
         return waiting(WaitReason.BUDGET_FULL, f"compartment {compartment!r} has no free slot")
     return waiting(WaitReason.NOT_YET_IN_BATCH, f"waiting for a later batch of {compartment!r}")

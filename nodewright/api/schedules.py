@@ -1,0 +1,71 @@
+"""Checks of maintenance schedules that the CRD schema cannot express: cron syntax and IANA time zones.
+
+The API server validates the shape of `maintenance` (patterns, lengths); whether `0 2 * * TUE#2` is a
+cron expression and `Europe/Berlin` a time zone needs a cron evaluator (cronsim, the one the rollout
+planner uses, `nodewright.plan.windows`) and the zone database (zoneinfo, with the `tzdata` package
+where the system has none). The webhook reports these problems with their field paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+from nodewright.api.models import DURATION_PATTERN
+
+_ZERO = ("0", "0s", "0m", "0h")
+
+
+def zone_problem(name: object) -> str | None:
+    """Why `name` is not an IANA time zone, or None."""
+    if not isinstance(name, str):
+        return None  # the schema reports the type
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return f"unknown time zone {name!r}: use an IANA name such as Europe/Berlin or America/New_York"
+    return None
+
+
+def cron_problem(expression: object) -> str | None:
+    """Why `expression` is not a cron schedule (five fields), or None."""
+    if not isinstance(expression, str):
+        return None
+    try:
+        CronSim(expression, datetime(2000, 1, 1, tzinfo=UTC))
+    except CronSimError as exc:
+        return (
+            f"cron expression {expression!r} cannot be read ({exc}); five fields: minute hour"
+            " day-of-month month day-of-week, e.g. '0 22 * * 1-5'"
+        )
+    return None
+
+
+def maintenance_problems(maintenance: Mapping[str, Any], path: str) -> list[tuple[str, str]]:
+    """(field path, problem) for every schedule, duration or time zone of `maintenance` that fails."""
+    import re
+
+    out: list[tuple[str, str]] = []
+    if problem := zone_problem(maintenance.get("timeZone", "UTC")):
+        out.append((f"{path}.timeZone", problem))
+    windows = maintenance.get("windows")
+    for index, window in enumerate(windows if isinstance(windows, list) else ()):
+        if not isinstance(window, Mapping):
+            continue
+        wpath = f"{path}.windows[{index}]"
+        if "timeZone" in window and (problem := zone_problem(window["timeZone"])):
+            out.append((f"{wpath}.timeZone", problem))
+        if problem := cron_problem(window.get("schedule")):
+            out.append((f"{wpath}.schedule", problem))
+        duration = window.get("duration")
+        if isinstance(duration, str) and re.fullmatch(DURATION_PATTERN, duration) and _is_zero(duration):
+            out.append((f"{wpath}.duration", "a window must stay open for a positive duration, e.g. 4h"))
+    return out
+
+
+def _is_zero(duration: str) -> bool:
+    return all(ch in "0.nsuµmh" for ch in duration) and not any(ch in "123456789" for ch in duration)
