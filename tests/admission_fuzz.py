@@ -95,6 +95,14 @@ STRING_CLASSES: dict[str, tuple[str, list[str]]] = {
     "spec.additionalTolerations.*.key": (EMPTY_OK, _LABEL_KEYS),
     "spec.additionalTolerations.*.value": (EMPTY_OK, _LABEL_VALUES),
     "spec.compartments.*.name": (STRICT, ["__default__", "zone a", "zöne"]),
+    "**.soakTime": (STRICT, _DURATIONS),
+    "**.maintenance.timeZone": (STRICT, ["Mars/Olympus", "utc+1"]),
+    "**.maintenance.windows.*.timeZone": (STRICT, ["Mars/Olympus"]),
+    "**.maintenance.windows.*.schedule": (STRICT, ["0 25 * * *", "every night", "0 2 * *"]),
+    "**.maintenance.windows.*.duration": (STRICT, [*_DURATIONS, "0"]),
+    "**.maintenance.blackouts.*.start": (STRICT, ["2026-13-01", "tomorrow", "2026-1-1"]),
+    "**.maintenance.blackouts.*.end": (STRICT, ["2026-02-30x", "2026/01/02"]),
+    "**.maintenance.blackouts.*.reason": (EMPTY_OK, []),
 }
 # Map keys: schema path of the map -> (class, extra invalid keys).
 KEY_CLASSES: dict[str, tuple[str, list[str]]] = {

@@ -26,7 +26,7 @@ def zone_problem(name: object) -> str | None:
         return None  # the schema reports the type
     try:
         ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a name too long for a file
         return f"unknown time zone {name!r}: use an IANA name such as Europe/Berlin or America/New_York"
     return None
 

@@ -47,7 +47,7 @@ from nodewright.controller.context import (
     try_node_state,
 )
 from nodewright.controller.drainer import read_timing
-from nodewright.kube.resources import JSON, NODEWRIGHTS, NotFound
+from nodewright.kube.resources import JSON, NODEWRIGHTS, Conflict, NotFound
 from nodewright.kube.trim import node_ready
 from nodewright.kube.workqueue import Result
 from nodewright.observability import events
@@ -59,7 +59,15 @@ from nodewright.observability.metrics import (
 from nodewright.plan import sequencing
 from nodewright.plan.node import NodeFacts, Taint, is_disabled, is_paused, node_complete, untolerated_taints
 from nodewright.plan.podspec import parse_duration_seconds
-from nodewright.plan.rollout import RolloutNode, RolloutPlan, plan_rollout, spec_fingerprint
+from nodewright.plan.rollout import (
+    APPROVE_ANNOTATION,
+    RolloutNode,
+    RolloutPlan,
+    format_approvals,
+    parse_approvals,
+    plan_rollout,
+    spec_fingerprint,
+)
 from nodewright.plan.stages import ts
 from nodewright.plan.status import NodeReport, PackageReport, StatusSummary, aggregate_status
 
@@ -363,12 +371,14 @@ class RolloutReconciler:
         await self._apply_admissions(name, plan, snap.views)
         if snap.reset and plan.reset_applied:
             await self._clear_reset_annotation(name)
+        if plan.approvals_applied:
+            await self._clear_approvals(obj, plan)
         await self._emit_transitions(model, plan, summary.status.status, snap.malformed)
         self._update_metrics(name, snap.nodewright, snap.views, plan, summary.status.status, snap.policy_name)
         self._open[name] = _open_batches(snap.rollout_nodes, snap.fingerprint, plan)
         if deleting:
             return await self._finish_deletion(obj, model, snap.nodes)
-        return Result(requeue_after=self._requeue(snap))
+        return Result(requeue_after=self._requeue(snap, plan))
 
     def _forget(self, name: str) -> None:
         self.rt.metrics.domain.remove_nodewright(name)
@@ -417,6 +427,7 @@ class RolloutReconciler:
             fingerprint=snap.fingerprint,
             now=ts(snap.now),
             reset_requested=snap.reset,
+            approvals=parse_approvals((model.metadata.annotations or {}).get(APPROVE_ANNOTATION)),
             paused=is_paused(model),
             disabled=is_disabled(model),
             next_order_hint=previous.next_order if previous.rollout_fingerprint == snap.fingerprint else 0,
@@ -447,9 +458,12 @@ class RolloutReconciler:
         self._add_compartment_details(status, plan)
         return summary, status
 
-    def _requeue(self, snap: _Snapshot) -> float:
+    def _requeue(self, snap: _Snapshot, plan: RolloutPlan | None = None) -> float:
         in_flight = any(v.status in (Status.IN_PROGRESS, Status.ERRORING) for v in snap.views)
         requeue = RESYNC_ACTIVE if in_flight else self.rt.options.resync_seconds
+        wake_at = plan.wake_at if plan is not None else None
+        if wake_at is not None:  # a soak ends or a maintenance window opens or closes
+            requeue = min(requeue, max(1.0, (wake_at - snap.now).total_seconds() + 0.5))
         for view in snap.views:
             _, retry_at = node_reported_block(snap.nodewright, view.node, status=view.status, now=snap.now)
             if retry_at is not None:
@@ -649,6 +663,29 @@ class RolloutReconciler:
                 batches=sorted({f"{c}#{b}" for c, b in started}),
             )
 
+    async def _clear_approvals(self, obj: JSON, plan: RolloutPlan) -> None:
+        """Drop the approvals this plan recorded in the batch state (`approvedBatch`) from the annotation.
+
+        The patch carries the resourceVersion the plan was made from: an approval added meanwhile makes
+        it fail (409) and survives for the next pass instead of being lost.
+        """
+        meta = obj["metadata"]
+        left = parse_approvals((meta.get("annotations") or {}).get(APPROVE_ANNOTATION))
+        for compartment in plan.approvals_applied:
+            left.pop(compartment, None)
+        patch = {
+            "metadata": {
+                "annotations": {APPROVE_ANNOTATION: format_approvals(left) or None},
+                "resourceVersion": meta["resourceVersion"],
+            }
+        }
+        try:
+            written = await self.rt.client.patch(NODEWRIGHTS, meta["name"], patch)
+        except Conflict:
+            self.rt.enqueue_rollout(meta["name"])
+            return
+        self.rt.nodewright_view.record(written)
+
     async def _clear_reset_annotation(self, name: str) -> None:
         written = await self.rt.client.patch(
             NODEWRIGHTS, name, {"metadata": {"annotations": {constants.ANNOTATION_RESET_BATCH: None}}}
@@ -801,6 +838,7 @@ class RolloutReconciler:
                     cplan.status.batch_state.consecutive_failures if cplan.status.batch_state else 0
                 ),
                 halted=cplan.halt is not None,
+                window_active=cplan.status.window_active is not False,
             )
             for cname, cplan in plan.compartments.items()
         ]

@@ -84,6 +84,7 @@ ROLLOUT_PROGRESS: Final = "nodewright_rollout_progress_percent"
 ROLLOUT_BATCH: Final = "nodewright_rollout_current_batch"
 ROLLOUT_FAILURES: Final = "nodewright_rollout_consecutive_failures"
 ROLLOUT_HALTED: Final = "nodewright_rollout_halted"
+WINDOW_ACTIVE: Final = "nodewright_window_active"
 DRAIN_BLOCKED: Final = "nodewright_drain_blocked_nodes"
 WAITING_NODES: Final = "nodewright_waiting_nodes"
 OLDEST_STAGE_AGE: Final = "nodewright_oldest_stage_age_seconds"
@@ -136,6 +137,7 @@ EXPORTED_METRICS: Final[tuple[str, ...]] = (
     ROLLOUT_BATCH,
     ROLLOUT_FAILURES,
     ROLLOUT_HALTED,
+    WINDOW_ACTIVE,
     DRAIN_BLOCKED,
     WAITING_NODES,
     OLDEST_STAGE_AGE,
@@ -245,6 +247,7 @@ class CompartmentSnapshot:
     current_batch: int = 0
     consecutive_failures: int = 0
     halted: bool = False
+    window_active: bool = True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -327,6 +330,7 @@ class DomainMetrics:
             (ROLLOUT_BATCH, "current_batch", "Current batch number of the compartment (0 before the first)."),
             (ROLLOUT_FAILURES, "consecutive_failures", "Consecutive failed batches in the compartment."),
             (ROLLOUT_HALTED, "halted", "1 when the compartment's rollout is halted by the failure policy."),
+            (WINDOW_ACTIVE, "window_active", "1 while the compartment may admit nodes (maintenance window)."),
         ):
             gauge(name, description, self._compartment_callback(attr))
         meter.create_observable_counter(

@@ -111,6 +111,24 @@ class WaitReason(StrEnum):
     AWAITING_APPROVAL = "AwaitingApproval"
 
 
+APPROVE_ANNOTATION = "nodewright.io/approve"
+"""On a NodeWright: `<compartment>=<batch>[,...]`, approving the gate after that batch (pauseAfterBatch)."""
+
+
+def parse_approvals(text: str | None) -> dict[str, int]:
+    """The approvals of `APPROVE_ANNOTATION` (`zone-a=1,zone-b=2`); unreadable entries are ignored."""
+    out: dict[str, int] = {}
+    for item in (text or "").split(","):
+        name, sep, number = item.strip().rpartition("=")
+        if sep and name and number.isdigit():
+            out[name] = int(number)
+    return out
+
+
+def format_approvals(approvals: Mapping[str, int]) -> str:
+    return ",".join(f"{name}={batch}" for name, batch in sorted(approvals.items()))
+
+
 class Phase(Enum):
     DONE = "done"
     PENDING = "pending"

@@ -122,7 +122,7 @@ def zone(name: str) -> ZoneInfo:
     """The IANA time zone `name`; raises WindowError for an unknown one."""
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
         raise WindowError(f"unknown time zone {name!r}: use an IANA name such as Europe/Berlin") from exc
 
 
