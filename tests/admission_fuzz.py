@@ -102,7 +102,7 @@ STRING_CLASSES: dict[str, tuple[str, list[str]]] = {
     "**.maintenance.windows.*.duration": (STRICT, [*_DURATIONS, "0"]),
     "**.maintenance.blackouts.*.start": (STRICT, ["2026-13-01", "tomorrow", "2026-1-1"]),
     "**.maintenance.blackouts.*.end": (STRICT, ["2026-02-30x", "2026/01/02"]),
-    "**.maintenance.blackouts.*.reason": (EMPTY_OK, []),
+    "**.maintenance.blackouts.*.reason": (FREE, []),
 }
 # Map keys: schema path of the map -> (class, extra invalid keys).
 KEY_CLASSES: dict[str, tuple[str, list[str]]] = {

@@ -112,6 +112,7 @@ def test_free_text_fields_take_any_text() -> None:
     assert {k for k, v in STRING_CLASSES.items() if v[0] == FREE} == {
         "spec.packages.*.configMap.*",
         "spec.packages.*.env.*.value",
+        "**.maintenance.blackouts.*.reason",
     }
     doc = dict(iter_docs())["gpu-driver-upgrade.yaml:gpu-driver"]
     package = doc["spec"]["packages"]["nvidia-driver"]

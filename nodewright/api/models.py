@@ -1045,6 +1045,9 @@ class PolicyBudget(_Model):
 
 DATE_PATTERN = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"
 MAX_WINDOWS = 16
+# Five cron fields separated by single spaces (cronsim checks the values; the shape keeps stray
+# whitespace and control characters out, which a cron evaluator would silently accept).
+CRON_PATTERN = r"^[0-9A-Za-z*/,#?-]+( [0-9A-Za-z*/,#?-]+){4}$"
 MAX_BLACKOUTS = 64
 MAX_GATES = 32
 TIME_ZONE_MAX = 64
@@ -1053,7 +1056,7 @@ TIME_ZONE_MAX = 64
 class MaintenanceWindow(_Model):
     """A recurring period in which nodes may be admitted: a cron schedule opens it, `duration` closes it."""
 
-    schedule: Annotated[str, Field(min_length=1, max_length=256)] = _req(
+    schedule: Annotated[str, Field(min_length=9, max_length=256, pattern=CRON_PATTERN)] = _req(
         "When the window opens: a cron expression (minute hour day-of-month month day-of-week) in timeZone;"
         " L, # and W are allowed, e.g. `0 22 * * 1-5` (weekdays 22:00) or `0 2 * * TUE#2` (02:00 on the"
         " second Tuesday of the month)."

@@ -629,17 +629,32 @@ def _strategy_paths(spec: Any) -> list[tuple[str, Mapping[str, Any]]]:
 
 
 def _maintenance_errors(spec: Mapping[str, Any]) -> list[FieldError]:
-    """Cron schedules, durations and time zones the API server cannot check (it has no cron parser)."""
+    """Cron schedules, time zones (the API server has no cron parser or zone database) and durations
+    beyond Go's time.Duration, of maintenance windows and soak times."""
     found: list[tuple[str, Any]] = [("spec.maintenance", spec.get("maintenance"))]
     found.append(("spec.default.maintenance", _map(spec.get("default")).get("maintenance")))
     for i, comp in enumerate(_list(spec.get("compartments"))):
         found.append((f"spec.compartments[{i}].maintenance", _map(comp).get("maintenance")))
-    return [
+    errors = [
         FieldError(path, problem)
         for base, value in found
         if isinstance(value, Mapping)
         for path, problem in maintenance_problems(value, base)
     ]
+    for base, value in found:
+        for i, window in enumerate(_list(_map(value).get("windows"))):
+            duration = _map(window).get("duration")
+            if isinstance(duration, str):
+                errors.extend(k8s.errors_at(f"{base}.windows[{i}].duration", k8s.go_duration(duration)))
+    soaks = [("spec.default.soakTime", _map(spec.get("default")).get("soakTime"))]
+    soaks += [
+        (f"spec.compartments[{i}].soakTime", _map(c).get("soakTime"))
+        for i, c in enumerate(_list(spec.get("compartments")))
+    ]
+    for path, soak in soaks:
+        if isinstance(soak, str):
+            errors.extend(k8s.errors_at(path, k8s.go_duration(soak)))
+    return errors
 
 
 def validate_deploymentpolicy(obj: Any, *, old: Mapping[str, Any] | None = None) -> ValidationResult:
