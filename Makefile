@@ -22,6 +22,18 @@ venv: $(VENV)/.installed ## create the virtualenv with runtime and dev dependenc
 controlplane: ## build kube-apiserver, kube-controller-manager, kubectl, etcd, kwok from Go modules (cached)
 	bash hack/controlplane/build.sh
 
+.PHONY: helm
+helm: ## build helm v3 from Go modules (cached in ~/.cache/nodewright/helm/); the chart tests use it
+	bash hack/helm/build.sh >/dev/null
+
+.PHONY: images
+images: venv ## operator, webhook, agent images as OCI layouts in build/images/ (no container engine; checked with chroot as root)
+	$(PY) hack/images/build.py --out build/images $(if $(filter 0,$(shell id -u)),--check,)
+
+.PHONY: chart
+chart: helm ## package the Helm chart into build/chart/ (push: helm push build/chart/*.tgz oci://REGISTRY/charts)
+	$$(bash hack/helm/build.sh 2>/dev/null) package helm/nodewright -d build/chart
+
 .PHONY: generate
 generate: venv ## regenerate CRD YAML (manifests/crds, helm) from the pydantic models
 	$(PY) -m nodewright.api.crdgen --write
@@ -36,11 +48,11 @@ lint: venv ## ruff, mypy --strict, import-linter
 	$(PY) -m nodewright.api.crdgen --check
 
 .PHONY: unit
-unit: venv ## unit and property tests (no cluster)
+unit: venv helm ## unit and property tests (no cluster)
 	$(PY) -m pytest -q tests
 
 .PHONY: e2e
-e2e: venv controlplane ## end-to-end tests against a real local control plane started by the tests
+e2e: venv controlplane helm ## end-to-end tests against a real local control plane started by the tests
 	$(PY) -m pytest -q e2e -m "not outside_ci"
 
 .PHONY: e2e-outside-ci
@@ -65,4 +77,4 @@ demo: venv controlplane ## simulated GPU fleet + operator + a real rollout, prog
 .PHONY: clean
 clean: ## stop any simulated cluster started from this checkout and remove local state
 	-$(PY) -m nodewright sim down
-	rm -rf .sim
+	rm -rf .sim build

@@ -115,8 +115,14 @@ class OperatorProcess:
         log = self.log_path.open("ab")
         log.write(f"\n===== start {self.starts + 1}: {' '.join(self.command())}\n".encode())
         log.flush()
+        # Unbuffered: a SIGKILLed operator's last log lines are the ones a failing test needs.
         self.proc = subprocess.Popen(
-            self.command(), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            self.command(),
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         log.close()
         self.starts += 1

@@ -22,11 +22,11 @@ fixture, e2e/invariants.py); exactly one successful pod per node, package, versi
 from the monitor's pod watch (pods are deleted after success, so the end state cannot tell); no node
 left cordoned.
 
-`test_chaos_rollout` is the short variant that `make test` runs (30 nodes, 4 kills, 1 API-server restart,
-1 failover; about two minutes on 2 shared cores); `test_chaos_rollout_full` (marked `slow` and
-`outside_ci`, run by `make e2e-outside-ci`) is the run of issue 13: 200 nodes, 20 kills, 3 API-server
-restarts, 1 failover (about 8 minutes). The seed
-and the schedule are printed; set NODEWRIGHT_CHAOS_SEED to replay one.
+`test_chaos_rollout[short]` is the variant that `make test` runs (30 nodes, 4 kills, 1 API-server
+restart, 1 failover; about two minutes on 2 shared cores); `test_chaos_rollout[full]` (marked `slow`
+and `outside_ci`, run by `make e2e-outside-ci`) is the run of issue 13: 200 nodes, 20 kills, 3
+API-server restarts, 1 failover (about 8 minutes). The seed and the schedule are printed; set
+NODEWRIGHT_CHAOS_SEED to replay one.
 """
 
 from __future__ import annotations
@@ -137,6 +137,10 @@ def rollout_policy(name: str, size: int) -> JSON:
     }
 
 
+def _describe(pod: StagePod) -> str:
+    return f"{pod.name} (uid {pod.uid[:8]}, {pod.outcome or 'never finished'})"
+
+
 def count_stage_runs(pods: list[StagePod], names: list[str]) -> tuple[list[str], list[str]]:
     """(problems, notes): every expected (node, package, version, stage) must have exactly one success."""
     runs: dict[tuple[str, str, str, str], list[StagePod]] = defaultdict(list)
@@ -153,9 +157,9 @@ def count_stage_runs(pods: list[StagePod], names: list[str]) -> tuple[list[str],
         seen = runs.get(key, [])
         succeeded = [p for p in seen if p.outcome == "succeeded"]
         unknown = [p for p in seen if p.outcome_unknown]
-        others = [f"{p.name} ({p.outcome or 'never finished'})" for p in seen if p not in succeeded]
+        others = [_describe(p) for p in seen if p not in succeeded]
         if key not in expected:
-            problems.append(f"{key}: pods of a stage that should not run: {[p.name for p in seen]}")
+            problems.append(f"{key}: pods of a stage that should not run: {[_describe(p) for p in seen]}")
         elif len(succeeded) == 1:
             if others:
                 notes.append(f"{key}: besides the success, {others}")
@@ -165,7 +169,7 @@ def count_stage_runs(pods: list[StagePod], names: list[str]) -> tuple[list[str],
             notes.append(f"{key}: {seen[0].name} vanished in a watch gap before its outcome was seen")
         else:
             problems.append(
-                f"{key}: {len(succeeded)} successful pods of {len(seen)}: {[p.name for p in seen]}"
+                f"{key}: {len(succeeded)} successful pods of {len(seen)}: {[_describe(p) for p in seen]}"
             )
     return problems, notes
 
@@ -276,8 +280,17 @@ async def chaos_rollout(
         assert not survivors, f"status labels left after the NodeWright was deleted: {survivors}"
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.parametrize(
+    "scale",
+    [
+        pytest.param(SHORT, id="short", marks=pytest.mark.timeout(420)),
+        pytest.param(
+            FULL, id="full", marks=[pytest.mark.slow, pytest.mark.outside_ci, pytest.mark.timeout(2700)]
+        ),
+    ],
+)
 async def test_chaos_rollout(
+    scale: Scale,
     cluster: ControlPlane,
     replica_factory: Callable[[], OperatorProcess],
     kube: KubeClient,
@@ -285,27 +298,7 @@ async def test_chaos_rollout(
     unique: str,
 ) -> None:
     await chaos_rollout(
-        SHORT,
-        cluster=cluster,
-        replica_factory=replica_factory,
-        kube=kube,
-        invariants=invariants,
-        unique=unique,
-    )
-
-
-@pytest.mark.slow
-@pytest.mark.outside_ci
-@pytest.mark.timeout(2700)
-async def test_chaos_rollout_full(
-    cluster: ControlPlane,
-    replica_factory: Callable[[], OperatorProcess],
-    kube: KubeClient,
-    invariants: InvariantMonitor,
-    unique: str,
-) -> None:
-    await chaos_rollout(
-        FULL,
+        scale,
         cluster=cluster,
         replica_factory=replica_factory,
         kube=kube,

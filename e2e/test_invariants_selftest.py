@@ -594,6 +594,13 @@ async def pod_or_none(client: KubeClient, namespace: str, pod: str) -> JSON | No
         raise
 
 
+async def wait_gone(client: KubeClient, namespace: str, pod: str, *, within: float) -> None:
+    async def gone() -> bool:
+        return await pod_or_none(client, namespace, pod) is None
+
+    await fleet.wait_for(gone, within=within, what=f"pod {pod} gone")
+
+
 async def test_i9_one_pod_per_package_at_a_time(
     scratch: Scratch, monitor: InvariantMonitor, unique: str
 ) -> None:
@@ -648,11 +655,7 @@ async def test_i9_one_pod_per_package_at_a_time(
     )
     await monitor.sync()
     await scratch.client.delete(f"/api/v1/namespaces/{ns}/pods/{b_uninstall}")
-
-    async def gone() -> bool:
-        return await pod_or_none(scratch.client, ns, b_uninstall) is None
-
-    await fleet.wait_for(gone, within=30, what=f"{b_uninstall} gone")
+    await wait_gone(scratch.client, ns, b_uninstall, within=30)
     await monitor.sync()
     await scratch.package_pod(
         name=f"{prefix}-b-apply", node=other, package="b", version="2.0.0", nodewright=nw, env=LONG
@@ -668,11 +671,7 @@ async def test_i9_one_pod_per_package_at_a_time(
         name=f"{prefix}-c-config", node=other, package="c", stage="config", nodewright=nw, env=LONG
     )
     await scratch.client.delete(f"/api/v1/namespaces/{ns}/pods/{c_apply}")
-
-    async def c_gone() -> bool:
-        return await pod_or_none(scratch.client, ns, c_apply) is None
-
-    await fleet.wait_for(c_gone, within=10, what=f"finished {c_apply} gone without lingering")
+    await wait_gone(scratch.client, ns, c_apply, within=10)  # it does not linger
     await monitor.sync()
     assert [b.node for b in monitor.breaches_of("I9")] == [node, other], monitor.report()
     assert not monitor.breaches_of("I7"), monitor.report()

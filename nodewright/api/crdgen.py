@@ -18,7 +18,8 @@ model classes directly:
 - Every property carries the field's description, so `kubectl explain` is useful.
 
 `python -m nodewright.api.crdgen --write` writes the YAML to `manifests/crds/` and the Helm chart's
-`files/crds/`; `--check` exits 1 and prints a diff when the committed files are stale (CI and a unit test run it).
+`files/crds/`; `--check` exits 1 and prints a diff when the committed files are stale (CI and a unit test
+run it).
 """
 
 from __future__ import annotations
