@@ -7,6 +7,7 @@ install, upgrade and uninstall on a real API server are e2e/test_helm.py and e2e
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 from collections.abc import Iterable
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from nodewright.cli.main import build_parser
+from nodewright.cli.flags import OneLineParser
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "nodewright"
@@ -32,6 +33,14 @@ def helm() -> str:
     )
     assert done.returncode == 0, f"hack/helm/build.sh failed:\n{done.stderr[-3000:]}"
     return done.stdout.strip().splitlines()[-1]
+
+
+def parse_args(args: list[str]) -> Any:
+    """`args` parsed by the parser of their command (`nodewright <command> ...`), as the image runs them."""
+    parser = OneLineParser(prog="nodewright")
+    subparsers = parser.add_subparsers(dest="command")
+    importlib.import_module(f"nodewright.cli.{args[0]}_cmd").register(subparsers)
+    return parser.parse_args(args)
 
 
 def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
@@ -173,7 +182,7 @@ def test_defaults_render_the_expected_objects() -> None:
 def test_every_container_args_parse(kind: str, name: str, command: str) -> None:
     args = container(one(render("drain.allowForce=true"), kind, name))["args"]
     assert args[0] == command
-    parsed = build_parser().parse_args(args)
+    parsed = parse_args(args)
     assert parsed.namespace == NAMESPACE
     if command == "operator":
         assert parsed.leader_elect is True and parsed.allow_force_drain is True

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from nodewright.api import constants, nodestate
-from nodewright.cli.main import build_parser
-from nodewright.cli.uninstall_cmd import Options, Report, Uninstaller, go_duration, node_cleanup
+from nodewright.cli.flags import OneLineParser
+from nodewright.cli.uninstall_cmd import Options, Report, Uninstaller, go_duration, node_cleanup, register
 from nodewright.kube.client import KubeClient
 from tests.kubefake import NODES_C, FakeKube, node
 
@@ -119,7 +119,11 @@ def test_durations_take_go_syntax() -> None:
 
 
 def test_the_charts_hook_args_parse() -> None:
-    args = build_parser().parse_args(
+    parser = OneLineParser(prog="nodewright")
+    register(
+        cast("argparse._SubParsersAction[argparse.ArgumentParser]", parser.add_subparsers(dest="command"))
+    )
+    args = parser.parse_args(
         ["uninstall", "--namespace=nodewright-system", "--wait-for-package-uninstall=0s", "--timeout=300s"]
     )
     assert args.func.__module__ == "nodewright.cli.uninstall_cmd" and args.timeout == 300
