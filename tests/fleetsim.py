@@ -246,6 +246,8 @@ class Fleet:
         even once a soak time ends or a maintenance window opens."""
         if any(node.pods for node in self.nodes.values()):
             return False
+        if any(value == Status.IN_PROGRESS.value for value in self.labels.values()):
+            return False  # e.g. a reboot in flight under an older spec (carry-over): no pod, still busy
         plan = self.rollout_plan()
         timed = any(w.reason in (WaitReason.WINDOW, WaitReason.SOAKING) for w in plan.waiting)
         return not plan.admissions and not plan.active and not timed
