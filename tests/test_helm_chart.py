@@ -235,7 +235,7 @@ def test_operator_rbac_is_least_privilege() -> None:
     assert not unrestricted(namespaced, "leases", "update") and not unrestricted(namespaced, "leases", "get")
     assert grants(namespaced, "leases", "update", name="nodewright-operator")
     assert rules(objs, "Role", "nw-nodewright-events") == [
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}
     ]
     assert one(objs, "Role", "nw-nodewright-events")["metadata"]["namespace"] == "default"
     forced = rules(render("drain.allowForce=true"), "ClusterRole", "nw-nodewright")
