@@ -421,7 +421,7 @@ def explain_api_error(
     if exc.status == 403:
         return (
             f"{what}: forbidden (403: {message}); grant the operator's ServiceAccount the RBAC in"
-            " helm/nodewright/templates/rbac.yaml"
+            " helm/nodewright/templates/operator-rbac.yaml (docs/security.md)"
         )
     if exc.status == 404 and details.get("kind") == "namespaces":
         namespace = details.get("name") or "?"

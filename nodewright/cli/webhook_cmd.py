@@ -281,7 +281,7 @@ def _explain(exc: Any, args: argparse.Namespace) -> str:
     if exc.status == 403:
         return (
             f"forbidden (403: {message}); grant the webhook's ServiceAccount the RBAC in"
-            " helm/nodewright/templates/rbac.yaml"
+            " helm/nodewright/templates/webhook-rbac.yaml (docs/security.md)"
         )
     return f"webhook certificate: {exc.status} {exc.reason}: {message}"
 
