@@ -227,3 +227,13 @@ async def test_a_conflict_on_a_node_is_read_again(fake: FakeKube) -> None:
     assert not (fake.objects[NODES_C]["n1"]["metadata"].get("annotations") or {}).get(
         constants.state_annotation("a")
     )
+
+
+async def test_without_our_crds_the_nodes_and_namespace_are_still_cleaned(fake: FakeKube) -> None:
+    """CRDs already deleted (or never installed): the API server answers 404 for the kinds; nothing fails."""
+    seed(fake)
+    fake.fail("GET", "/apis/nodewright.io/", 404, times=100)
+    report = await run(fake)
+    assert report.problems == []
+    assert "unschedulable" not in fake.objects[NODES_C]["n1"]["spec"]
+    assert sorted(fake.objects[SECRETS_C]) == ["unrelated"]

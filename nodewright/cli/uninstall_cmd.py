@@ -332,6 +332,15 @@ class Uninstaller:
         self.options = options
         self.report = report
 
+    async def listed(self, resource: Any, **kwargs: Any) -> list[JSONDict]:
+        """The objects of `resource`; none when the API server does not serve it (CRDs not installed)."""
+        from nodewright.kube.resources import NotFound
+
+        try:
+            return (await self.client.list(resource, **kwargs)).items
+        except NotFound:
+            return []
+
     async def run(self) -> None:
         opts = self.options
         await self.delete_nodewrights()
@@ -349,7 +358,7 @@ class Uninstaller:
     async def delete_nodewrights(self) -> None:
         from nodewright.kube.resources import NODEWRIGHTS, NotFound
 
-        for obj in (await self.client.list(NODEWRIGHTS)).items:
+        for obj in await self.listed(NODEWRIGHTS):
             name = str(obj["metadata"]["name"])
             if obj["metadata"].get("deletionTimestamp"):
                 continue
@@ -365,7 +374,7 @@ class Uninstaller:
 
         deadline = time.monotonic() + seconds
         while True:
-            left = [str(o["metadata"]["name"]) for o in (await self.client.list(NODEWRIGHTS)).items]
+            left = [str(o["metadata"]["name"]) for o in await self.listed(NODEWRIGHTS)]
             if not left:
                 return
             if time.monotonic() >= deadline:
@@ -405,7 +414,7 @@ class Uninstaller:
         from nodewright.api import constants
         from nodewright.kube.resources import NODEWRIGHTS, Conflict, NotFound
 
-        for obj in (await self.client.list(NODEWRIGHTS)).items:
+        for obj in await self.listed(NODEWRIGHTS):
             name = str(obj["metadata"]["name"])
             for _attempt in range(5):
                 meta = obj["metadata"]
@@ -434,7 +443,7 @@ class Uninstaller:
         if self.options.dry_run:
             return
         deadline = time.monotonic() + self.options.gone_within
-        while left := (await self.client.list(NODEWRIGHTS)).items:
+        while left := await self.listed(NODEWRIGHTS):
             if time.monotonic() >= deadline:
                 break
             await asyncio.sleep(POLL_SECONDS)
@@ -448,7 +457,7 @@ class Uninstaller:
     async def delete_policies(self) -> None:
         from nodewright.kube.resources import DEPLOYMENTPOLICIES, ApiError, NotFound
 
-        for obj in (await self.client.list(DEPLOYMENTPOLICIES)).items:
+        for obj in await self.listed(DEPLOYMENTPOLICIES):
             name = str(obj["metadata"]["name"])
             if not self.options.dry_run:
                 try:
