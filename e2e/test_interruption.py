@@ -266,7 +266,7 @@ async def test_drain_timeout_wait_reports_and_keeps_trying_force_deletes(
             message = condition_of(node, wprefix)["message"]  # type: ignore[index]
             assert status_of(node, wprefix) == "in_progress" and node["spec"].get("unschedulable"), node
             assert f"disruption budget {wjob.pdb}" in message and wjob.pods[0] in message, message
-            assert (condition_of(node, wprefix) or {}).get("reason") == "Draining"
+            assert (condition_of(node, wprefix) or {}).get("reason") == "DrainTimeout"
             # It keeps trying: once the PDB allows it, the pending eviction goes through on its own.
             await _relax(kube, wjob)
             nodes = await wait_statuses(kube, wprefix, wprefix, "complete", within=60)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,6 @@ from nodewright.controller.context import (
     POD_ANNOTATION_SIGNATURE,
     POD_EXPECTATION_TTL,
     SIGNATURE_VERSION,
-    EventRecorder,
     MalformedAdmission,
     ModelCache,
     PodExpectations,
@@ -321,54 +318,7 @@ def test_model_cache_reports_invalid_specs_instead_of_raising() -> None:
     assert model is not None and error is None
 
 
-class _EventSink:
-    def __init__(self, *, fail: bool = False) -> None:
-        self.created: list[tuple[str, str]] = []
-        self.fail = fail
-        self.gate: asyncio.Event | None = None
-
-    async def create_event(self, namespace: str, **kwargs: Any) -> dict[str, Any]:
-        if self.gate is not None:
-            await self.gate.wait()
-        if self.fail:
-            raise RuntimeError("apiserver down")
-        self.created.append((namespace, kwargs["reason"]))
-        return {}
-
-
-def _recorder(sink: _EventSink, **kwargs: Any) -> EventRecorder:
-    return EventRecorder(sink, clock=lambda: datetime.now(UTC), instance="t", **kwargs)  # type: ignore[arg-type]
-
-
-async def test_events_are_sent_in_the_background_and_deduplicated() -> None:
-    sink = _EventSink()
-    recorder = _recorder(sink)
-    for reason in ("A", "A", "B"):
-        await recorder.record(kind="Node", name="n1", uid=None, reason=reason, message="m")
-    async with asyncio.timeout(5):
-        await recorder.flush()
-    assert sink.created == [("default", "A"), ("default", "B")]
-    await recorder.close()
-
-
-async def test_a_full_queue_drops_events_instead_of_blocking() -> None:
-    sink = _EventSink()
-    sink.gate = asyncio.Event()
-    recorder = _recorder(sink, queue_size=2)
-    for i in range(6):
-        async with asyncio.timeout(1):
-            await recorder.record(kind="Node", name="n1", uid=None, reason=f"R{i}", message="m")
-    assert recorder.dropped >= 3
-    sink.gate.set()
-    await recorder.close()
-    assert 1 <= len(sink.created) <= 3
-
-
-async def test_event_failures_never_raise() -> None:
-    recorder = _recorder(_EventSink(fail=True))
-    await recorder.record(kind="NodeWright", name="nw", uid="u", reason="X", message="m")
-    await recorder.close()
-    assert recorder.sent == 0
+# The Event recorder (series with counts, never dropping) is tested in tests/test_obs_recorder.py.
 
 
 def _package_pod(name: str, node: str, uid: str, *, deleting: bool = False) -> dict[str, Any]:
@@ -435,31 +385,3 @@ def test_pod_expectations_remember_the_uids_this_process_created_until_sealed_or
     now[0] = OWN_POD_MEMORY + 1
     exp.created(_package_pod("c", "n2", "uc"))  # prunes
     assert not exp.created_here("ub") and exp.created_here("uc")
-
-
-async def test_event_dedupe_expires_by_age_and_forgets_the_oldest_when_full() -> None:
-    sink = _EventSink()
-    now = [datetime(2026, 1, 1, tzinfo=UTC)]
-    recorder = EventRecorder(
-        sink,  # type: ignore[arg-type]
-        clock=lambda: now[0],
-        instance="t",
-        dedupe_seconds=60,
-        dedupe_size=3,
-    )
-
-    async def send(reason: str) -> None:
-        await recorder.record(kind="Node", name="n1", uid=None, reason=reason, message="m")
-
-    for reason in ("A", "B", "C", "A"):
-        await send(reason)
-    now[0] += timedelta(seconds=61)
-    await send("A")  # older than the window: sent again
-    for reason in ("D", "E", "F"):
-        await send(reason)  # the map holds 3 keys: A goes out
-    await send("A")
-    await send("F")  # still remembered
-    async with asyncio.timeout(5):
-        await recorder.flush()
-    assert [r for _, r in sink.created] == ["A", "B", "C", "A", "D", "E", "F", "A"]
-    await recorder.close()

@@ -692,9 +692,11 @@ def test_drain_timeout_wait_keeps_evicting_and_names_the_pdb() -> None:
     plan = plan_node(inp(drain_nw("wait"), state, node=CORDONED, drain=draining(since_seconds=60)))
     drains = [a for a in plan.actions if isinstance(a, Drain)]
     assert drains == [Drain(("team/web-0",), force=False)]
-    assert plan.status == Status.IN_PROGRESS and plan.condition.reason == "Draining"
+    # Past the timeout the reason says so (it used to stay `Draining`), and the pods left are named.
+    assert plan.status == Status.IN_PROGRESS and plan.condition.reason == "DrainTimeout"
     assert "web-pdb" in plan.condition.message and "team/web-0" in plan.condition.message
     assert "timeout 5s exceeded (policy wait)" in plan.condition.message
+    assert "1 pod(s) left (team/web-0)" in plan.condition.message
     assert plan.state.cordoned and not creates(plan) and not plan.drain_skipped
 
 

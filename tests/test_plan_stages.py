@@ -82,7 +82,8 @@ def test_advance_records_config_and_completes() -> None:
     )
     assert done is not None
     assert done.state == PackageState.COMPLETE and done.config == (("k", "abcd1234"),)
-    assert done.changed == () and done.attempts == 0 and done.error == ""
+    # The attempts it took stay on the complete entry (issue 16: they used to vanish on completion).
+    assert done.changed == () and done.attempts == 2 and done.error == ""
     nxt = advance(entry(PackageStage.APPLY), pkg, now=T0, applied_config=())
     assert nxt is not None and (nxt.stage, nxt.state) == (PackageStage.CONFIG, PackageState.PENDING)
     assert advance(entry(PackageStage.UNINSTALL), pkg, now=T0, applied_config=()) is None

@@ -1,17 +1,106 @@
-"""The list of subcommand modules of the `nodewright` command."""
+"""The subcommands of `nodewright` (and of `kubectl nodewright`), imported only when they run.
+
+Each command lives in its own module exposing `register(subparsers)`; the module sets a `func` default
+on its parser that takes the parsed namespace and returns an exit code. Importing every module up front
+cost seconds before `--help` printed anything (the operator's module pulls in the client stack and
+OpenTelemetry), so this table carries what the top-level parser needs -- the name and a help line --
+and `nodewright.cli.main` imports the one module whose command is being run (all of them only for
+shell completion).
+
+`plugin=True` marks the day-2 verbs that `kubectl nodewright` (console script `kubectl-nodewright`)
+offers; `nodewright <verb>` offers them too. A command that another issue adds (e.g. `consistency`)
+is one more row here and a module with `register`.
+"""
 
 from __future__ import annotations
 
-from types import ModuleType
+from dataclasses import dataclass
 
-from nodewright.cli import demo_cmd, operator_cmd, package_cmd, plan_cmd, sim_cmd, uninstall_cmd, webhook_cmd
 
-MODULES: tuple[ModuleType, ...] = (
-    operator_cmd,
-    plan_cmd,
-    demo_cmd,
-    sim_cmd,
-    webhook_cmd,
-    package_cmd,
-    uninstall_cmd,
+@dataclass(frozen=True, slots=True)
+class Command:
+    name: str
+    module: str
+    help: str
+    plugin: bool = False
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("operator", "nodewright.cli.operator_cmd", "run the NodeWright operator (controller)"),
+    Command("webhook", "nodewright.cli.webhook_cmd", "run the admission webhook server"),
+    Command(
+        "plan",
+        "nodewright.cli.plan_cmd",
+        "predict a rollout (compartments, ceilings, batches, blockers) without changing anything",
+        plugin=True,
+    ),
+    Command(
+        "demo", "nodewright.cli.demo_cmd", "simulated GPU fleet + operator + a real rollout, to completion"
+    ),
+    Command("sim", "nodewright.cli.sim_cmd", "local control plane with a simulated GPU fleet"),
+    Command(
+        "uninstall",
+        "nodewright.cli.uninstall_cmd",
+        "remove NodeWright from the cluster: NodeWrights, finalizers, node keys and cordons, leftovers",
+    ),
+    Command(
+        "package",
+        "nodewright.cli.plugin.package_verbs",
+        "package authoring (init, validate, run, build) and packages on the cluster (status, logs, rerun)",
+        plugin=True,
+    ),
+    Command(
+        "status",
+        "nodewright.cli.plugin.status_verbs",
+        "roll-up of NodeWrights: compartments, batches, slots, halts",
+        plugin=True,
+    ),
+    Command(
+        "pause",
+        "nodewright.cli.plugin.lifecycle_verbs",
+        "stop admitting nodes; nodes in flight keep their cordons",
+        plugin=True,
+    ),
+    Command("resume", "nodewright.cli.plugin.lifecycle_verbs", "undo pause", plugin=True),
+    Command(
+        "disable",
+        "nodewright.cli.plugin.lifecycle_verbs",
+        "leave every node alone; cordons are released once running pods finish",
+        plugin=True,
+    ),
+    Command("enable", "nodewright.cli.plugin.lifecycle_verbs", "undo disable", plugin=True),
+    Command(
+        "node",
+        "nodewright.cli.plugin.node_verbs",
+        "nodes of a NodeWright: list, status, ignore, unignore, reset, retry",
+        plugin=True,
+    ),
+    Command(
+        "policy",
+        "nodewright.cli.plugin.policy_verbs",
+        "DeploymentPolicies: show compartments and ceilings, reset batch state",
+        plugin=True,
+    ),
+    Command(
+        "why",
+        "nodewright.cli.plugin.why_verbs",
+        "why a node is waiting, computed like the operator",
+        plugin=True,
+    ),
+    Command(
+        "watch", "nodewright.cli.plugin.watch_verbs", "live full-screen progress of NodeWrights", plugin=True
+    ),
+    Command(
+        "completion",
+        "nodewright.cli.plugin.completion_verbs",
+        "print a shell completion script (bash, zsh)",
+        plugin=True,
+    ),
 )
+
+HIDDEN_COMPLETE = "__complete"
+"""The hidden command the completion scripts call: `<prog> __complete <words...>` prints candidates."""
+
+
+def by_name(*, plugin_only: bool = False) -> dict[str, Command]:
+    return {c.name: c for c in COMMANDS if c.plugin or not plugin_only}

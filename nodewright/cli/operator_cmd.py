@@ -169,6 +169,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="let drain.policy force delete pods (needs pod delete in all namespaces); when off, such"
         " drains keep evicting and report why",
     )
+    flags.add_switch(
+        parser,
+        "--keep-succeeded-logs",
+        default=False,
+        help="keep the log tail of succeeded stage attempts too (failed ones are always kept, for"
+        " `kubectl nodewright package logs`)",
+    )
     parser.add_argument(
         "--resync-seconds",
         type=flags.float_at_least(1.0),
@@ -363,6 +370,7 @@ async def run_operator(args: argparse.Namespace, rt: OperatorRuntime) -> int:
                 reapply_on_reboot=args.reapply_on_reboot,
                 resync_seconds=args.resync_seconds,
                 allow_force_drain=args.allow_force_drain,
+                keep_succeeded_logs=args.keep_succeeded_logs,
             ),
             metrics=rt.metrics,
             tracer=rt.tracer,

@@ -294,7 +294,7 @@ class Inputs:
 
 async def gather(args: argparse.Namespace) -> Inputs:
     from nodewright.kube.client import KubeClient
-    from nodewright.kube.config import load_config
+    from nodewright.kube.config import load_config, load_kubeconfig
     from nodewright.kube.resources import DEPLOYMENTPOLICIES, NODES, NODEWRIGHTS, NotFound
 
     file_nw: NodeWright | None = None
@@ -309,7 +309,9 @@ async def gather(args: argparse.Namespace) -> Inputs:
     if args.policy is not None:
         file_policies += [parse_policy(p) for p in pick(load_documents(args.policy), constants.KIND_POLICY)]
 
-    async with KubeClient(load_config(args.kubeconfig)) as client:
+    context = getattr(args, "context", None)
+    config = load_kubeconfig(args.kubeconfig, context=context) if context else load_config(args.kubeconfig)
+    async with KubeClient(config) as client:
         # Nodes before NodeWrights: the operator writes a NodeWright's batch state before the admissions
         # it opens on nodes, so reading in the opposite order never pairs admissions with an older batch
         # state (which would predict the open batch's successors from stale counters).
@@ -357,6 +359,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="a DeploymentPolicy manifest (default: read from the cluster)",
     )
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default: $KUBECONFIG or in-cluster)")
+    parser.add_argument("--context", default=None, help="kubeconfig context (default: current-context)")
     parser.add_argument("-o", "--output", choices=("table", "wide", "json"), default="table")
     parser.set_defaults(func=run)
 

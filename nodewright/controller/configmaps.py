@@ -16,10 +16,14 @@ Kubernetes behaviour handled:
   `409 Conflict`).
 - What was written is cached by name → digest of (data, owner uid), so steady-state reconciles issue no
   request at all. The cache is only a shortcut: after a restart the first ensure re-reads.
+- Old versions: once a rollout is complete, the ConfigMaps of versions that left the spec are deleted
+  (`prune`, called by the rollout controller; needs `list` and `delete` on ConfigMaps in the operator
+  namespace). Until then an old version's pods may still need theirs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Mapping
@@ -30,7 +34,7 @@ import structlog
 from nodewright.api import constants
 from nodewright.api.models import NodeWright, Package
 from nodewright.kube.client import KubeClient
-from nodewright.kube.resources import JSON, Conflict, Resource
+from nodewright.kube.resources import JSON, ApiError, Conflict, NotFound, Resource
 from nodewright.plan import podspec
 
 log = structlog.get_logger("nodewright.controller.configmaps")
@@ -116,3 +120,27 @@ class PackageConfigMaps:
 
     def forget(self, name: str) -> None:
         self._written.pop(name, None)
+
+    async def prune(self, nw: NodeWright, *, keep: set[str]) -> bool:
+        """Delete this NodeWright's package ConfigMaps whose name is not in `keep` (versions that left
+        the spec); True when done. Only ConfigMaps owned by this NodeWright's uid are touched; the log
+        store's (`controller.logstore`) carry no package label and are never listed here."""
+        selector = f"{constants.POD_LABEL_NODEWRIGHT}={nw.metadata.name},{constants.POD_LABEL_PACKAGE}"
+        try:
+            listed = await self._client.list(CONFIGMAPS, namespace=self._namespace, label_selector=selector)
+            for item in listed.items:
+                meta = item.get("metadata") or {}
+                name = str(meta.get("name") or "")
+                owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
+                if name in keep or nw.metadata.uid not in owners:
+                    continue
+                with contextlib.suppress(NotFound):
+                    await self._client.delete(
+                        CONFIGMAPS, name, namespace=self._namespace, uid=meta.get("uid")
+                    )
+                self.forget(name)
+                log.info("old package configmap deleted", configmap=name, nodewright=nw.metadata.name)
+        except ApiError as exc:
+            log.warning("old package configmaps not pruned", nodewright=nw.metadata.name, error=str(exc))
+            return False
+        return True

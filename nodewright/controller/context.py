@@ -25,8 +25,6 @@ package pod -- forged, altered or re-created -- therefore never changes a node's
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import hmac
 import json
@@ -35,7 +33,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
@@ -47,8 +45,9 @@ from nodewright.api.models import DeploymentPolicy, NodeWright
 from nodewright.api.nodestate import MalformedNodeState, NodeState, decode
 from nodewright.kube.client import KubeClient
 from nodewright.kube.informer import Informer
-from nodewright.kube.resources import JSON
+from nodewright.kube.resources import EVENTS, JSON, NotFound
 from nodewright.observability.metrics import OperatorMetrics
+from nodewright.observability.recorder import EventRecorder as SeriesRecorder
 from nodewright.observability.tracing import RolloutTracer
 from nodewright.plan import podspec, selectors
 from nodewright.plan.rollout import Admission
@@ -155,6 +154,8 @@ class OperatorOptions:
     # drain.policy force deletes pods (needs pod delete in every namespace; the chart grants it only with
     # drain.allowForce). When False such drains keep evicting and say why they do not force.
     allow_force_drain: bool = True
+    # Keep the log tail of succeeded attempts too (failed ones are always kept): controller.logstore.
+    keep_succeeded_logs: bool = False
 
     @property
     def runtime_required_taint_key(self) -> str:
@@ -631,107 +632,29 @@ class PodSigner:
 # Events
 
 
-class EventRecorder:
-    """Creates core/v1 Events in the background, dropping exact repeats within `dedupe_seconds`.
+class _KubeEvents:
+    """`observability.recorder.EventSink` over the operator's client."""
 
-    Events about cluster-scoped objects (Nodes, NodeWrights) live in the `default` namespace, as
-    client-go's recorder puts them. Events are best effort and must never slow a node down: `record`
-    only queues (bounded; when full, the event is dropped and counted), and one background task sends
-    them through a client with its own rate limit, so a burst of events never takes write budget from
-    state transitions. A failure is logged, never raised.
-    """
-
-    def __init__(
-        self,
-        client: KubeClient,
-        *,
-        clock: Callable[[], datetime],
-        instance: str,
-        dedupe_seconds: float = 600.0,
-        dedupe_size: int = 10_000,
-        queue_size: int = 2000,
-    ) -> None:
+    def __init__(self, client: KubeClient) -> None:
         self._client = client
-        self._clock = clock
-        self._instance = instance
-        self._dedupe = dedupe_seconds
-        self._dedupe_size = dedupe_size
-        self._recent: dict[tuple[str, str, str, str], datetime] = {}
-        self._queue: asyncio.Queue[tuple[JSON, str, str, str, datetime]] = asyncio.Queue(queue_size)
-        self._task: asyncio.Task[None] | None = None
-        self.dropped = 0
-        self.sent = 0
 
-    async def record(
-        self, *, kind: str, name: str, uid: str | None, reason: str, message: str, event_type: str = "Normal"
-    ) -> None:
-        now = self._clock()
-        key = (kind, name, reason, message)
-        last = self._recent.get(key)
-        if last is not None and (now - last).total_seconds() < self._dedupe:
-            return
-        # Oldest first (a re-sent key moves to the end), so expiry only ever looks at the front:
-        # O(1) per event, where rebuilding the map on every event once it was full cost O(map).
-        self._recent.pop(key, None)
-        self._recent[key] = now
-        cutoff = now - timedelta(seconds=self._dedupe)
-        while self._recent:
-            oldest_key = next(iter(self._recent))
-            if self._recent[oldest_key] >= cutoff and len(self._recent) <= self._dedupe_size:
-                break
-            del self._recent[oldest_key]
-        api_version = "v1" if kind == "Node" else constants.API_VERSION
-        involved: JSON = {
-            "apiVersion": api_version,
-            "kind": kind,
-            "metadata": {"name": name, "uid": uid or ""},
-        }
+    async def create_event(self, namespace: str, body: JSON) -> JSON:
+        return await self._client.create(EVENTS, body, namespace=namespace)
+
+    async def patch_event(self, namespace: str, name: str, patch: JSON) -> bool:
         try:
-            self._queue.put_nowait((involved, reason, message, event_type, now))
-        except asyncio.QueueFull:
-            self.dropped += 1
-            if self.dropped % 100 == 1:
-                log.warning("event queue full, dropping events", dropped=self.dropped)
-            return
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._send(), name="event-recorder")
+            await self._client.patch(EVENTS, name, patch, namespace=namespace)
+        except NotFound:
+            return False
+        return True
 
-    async def _send(self) -> None:
-        while True:
-            involved, reason, message, event_type, now = await self._queue.get()
-            try:
-                await self._client.create_event(
-                    "default",
-                    involved=involved,
-                    reason=reason,
-                    message=message,
-                    event_type=event_type,
-                    instance=self._instance,
-                    now=now,
-                )
-                self.sent += 1
-            except Exception as exc:  # best effort by design (see class docstring)
-                name = involved["metadata"]["name"]
-                log.warning(
-                    "event not recorded", kind=involved["kind"], name=name, reason=reason, error=str(exc)
-                )
-            finally:
-                self._queue.task_done()
 
-    async def flush(self) -> None:
-        """Wait until every queued event was handled (callers bound it with `asyncio.timeout`)."""
-        await self._queue.join()
+class EventRecorder(SeriesRecorder):
+    """Events as series with counts, never dropped (`nodewright.observability.recorder`), sent through
+    `client` (the operator gives Events a client with its own rate limit)."""
 
-    async def close(self, *, grace: float = 5.0) -> None:
-        """Send what is queued (for at most `grace` seconds), then stop the sender."""
-        if self._task is not None and not self._task.done():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(grace):
-                    await self.flush()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+    def __init__(self, client: KubeClient, *, clock: Callable[[], datetime], instance: str) -> None:
+        super().__init__(_KubeEvents(client), clock=clock, instance=instance)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -79,14 +79,15 @@ from nodewright.controller.context import (
     split_node_key,
 )
 from nodewright.controller.drainer import Drainer, Timing, read_timing, timing_annotation, update_timing
-from nodewright.controller.pods import PodLogs, summarize_with_logs
+from nodewright.controller.logstore import LogStore
+from nodewright.controller.pods import PodLogs, failed_container, summarize_with_logs
 from nodewright.controller.trust import PodTrust
 from nodewright.kube.client import PatchType, metadata_applied
 from nodewright.kube.resources import JSON, NODES, ApiError, Conflict, NotFound
 from nodewright.kube.trim import node_ready
 from nodewright.kube.workqueue import Result
 from nodewright.observability import events as catalogue
-from nodewright.observability.tracing import NodeRollout
+from nodewright.observability.tracing import NodeRollout, gate_spans
 from nodewright.plan import drain as drain_mod
 from nodewright.plan import podspec, sequencing
 from nodewright.plan.node import (
@@ -118,17 +119,6 @@ SEQUENCING_FACTS_TTL: Final = 1.0  # seconds; the facts are O(nodes x NodeWright
 MAX_PASSES: Final = 3  # plan again at once after our own cordon instead of waiting for a requeue
 AGAIN_SOON: Final = 1.0  # seconds; after MAX_PASSES passes that each asked to plan again
 CONDITION_MESSAGE_LIMIT: Final = 1024
-
-# Plan event reasons → the observability catalogue's reasons (kubectl get events --field-selector).
-_EVENT_REASONS: Final[Mapping[str, str]] = {
-    "PackageComplete": catalogue.Reason.PACKAGE_COMPLETED.value,
-    "PackageRetry": catalogue.Reason.PACKAGE_FAILED.value,
-    "Cordon": catalogue.Reason.NODE_CORDONED.value,
-    "Uncordon": catalogue.Reason.NODE_UNCORDONED.value,
-    "Interrupt": catalogue.Reason.INTERRUPT_STARTED.value,
-}
-# Package-level news that also goes on the NodeWright (a rollout's history in `kubectl describe nw`).
-_NODEWRIGHT_EVENTS: Final = frozenset({"PackageStarted", "PackageComplete", "PackageFailed"})
 
 
 @dataclass
@@ -175,6 +165,9 @@ class NodeReconciler:
         self.drainer = Drainer(rt.client, allow_force=rt.options.allow_force_drain)
         self.configmaps = PackageConfigMaps(rt.client, namespace=rt.options.namespace)
         self.logs = PodLogs(rt.client)
+        self.logstore = LogStore(
+            rt.client, namespace=rt.options.namespace, keep_succeeded=rt.options.keep_succeeded_logs
+        )
         opts = rt.options
         self.pod_options = podspec.PodOptions(
             namespace=opts.namespace,
@@ -259,7 +252,24 @@ class NodeReconciler:
             uncordon,
             ctx.now,
             previous_status,
+            new_timing=new_timing,
+            cordoned=cordon,
         )
+        if (
+            plan.status is Status.BLOCKED
+            and plan.condition.reason == "Blocked"
+            and previous_status != Status.BLOCKED.value
+        ):
+            # Skipped for a reason on the node (ignore label, untolerated taint, ...): say so once.
+            blocked = catalogue.node_blocked(nw_name, plan.condition.message)
+            await self.rt.events.record(
+                kind="Node",
+                name=node_name,
+                uid=node["metadata"].get("uid"),
+                reason=blocked.reason.value,
+                message=blocked.message,
+                event_type=blocked.type.value,
+            )
         requeue = await self._execute(key, ctx.model, ctx.inp.nodewright, node, plan, ctx.now)
         if ctx.inp.sequencing_blocker and ctx.admission is not None:
             # Admitted but held by an earlier NodeWright (admitted before that one appeared, or a
@@ -457,8 +467,32 @@ class NodeReconciler:
             summary = await summarize_with_logs(pod, version_of=version_of, logs=self.logs)
             if summary is not None:
                 out.append(summary)
+                await self._keep_log(nw, pod, summary)
         await self._flush_warnings()
         return out
+
+    async def _keep_log(self, nw: NodeWright, pod: JSON, summary: PodSummary) -> None:
+        """A finished attempt's log tail goes to the log store before the pod is deleted."""
+        if summary.outcome in (PodOutcome.FAILED, PodOutcome.DEADLINE):
+            outcome, failed = "failed", failed_container(pod)
+        elif summary.outcome is PodOutcome.SUCCEEDED and summary.stage not in INTERRUPT_STAGES:
+            outcome, failed = "succeeded", None
+        else:
+            return
+        if not self.logstore.wants(outcome):
+            return
+        await self.logstore.record(
+            nw,
+            pod,
+            package=summary.package,
+            version=summary.version,
+            stage=summary.stage.value,
+            attempt=summary.attempt,
+            outcome=outcome,
+            container=failed[0] if failed else None,
+            message=summary.message,
+            now=self.rt.clock(),
+        )
 
     @staticmethod
     def _usable_admission(admission: Admission | None, effective: NodeWright) -> StateAdmission | None:
@@ -745,19 +779,25 @@ class NodeReconciler:
 
     async def _event(self, model: NodeWright, node_name: str, node_uid: Any, event: Event) -> None:
         nw_name = model.metadata.name
-        reason = _EVENT_REASONS.get(event.reason, event.reason)
+        # One list of reasons (observability.events): the plan's event names map onto the catalogue,
+        # which also says the type and whether the NodeWright gets it too (its rollout history).
+        known = catalogue.for_plan_event(event.reason, event.type)
+        if known is None:
+            log.warning("plan event missing from the catalogue", reason=event.reason)
+        reason = known.value if known is not None else event.reason
+        event_type = catalogue.event_type(known).value if known is not None else event.type
         message = f"[{nw_name}] {event.message}"
         await self.rt.events.record(
-            kind="Node", name=node_name, uid=node_uid, reason=reason, message=message, event_type=event.type
+            kind="Node", name=node_name, uid=node_uid, reason=reason, message=message, event_type=event_type
         )
-        if event.reason in _NODEWRIGHT_EVENTS:
+        if known is not None and catalogue.info(known).also_on_nodewright:
             await self.rt.events.record(
                 kind=constants.KIND_NODEWRIGHT,
                 name=nw_name,
                 uid=model.metadata.uid,
                 reason=reason,
                 message=f"[{node_name}] {event.message}",
-                event_type=event.type,
+                event_type=event_type,
             )
 
     async def _warn_once(
@@ -786,12 +826,32 @@ class NodeReconciler:
         uncordon: bool,
         now: datetime,
         previous_status: str | None,
+        *,
+        new_timing: Timing | None = None,
+        cordoned: bool = False,
     ) -> None:
         rt = self.rt
         nw_name = model.metadata.name
         domain = rt.metrics.domain
         old = stored or NodeState()
         rollout = _rollout_ref(model, node_name, admission or old.admission)
+        if rollout is not None and new_timing is not None:
+            # The node gate (cordon, protected pods, drain, uncordon) as spans, like the stages.
+            for span in gate_spans(
+                timing,
+                new_timing,
+                now=now,
+                cordoned=cordoned,
+                uncordoned=uncordon,
+                drain_skipped=plan.drain_skipped,
+            ):
+                rt.tracer.stage_finished(
+                    rollout,
+                    stage=span.stage,
+                    started_at=span.started_at,
+                    finished_at=span.finished_at,
+                    error=span.error,
+                )
 
         def stage_ended(entry: PackageEntry, started: datetime, error: str | None) -> None:
             """One stage attempt ended (done, or failed): its duration and its span."""

@@ -18,6 +18,7 @@ enqueues this controller again, so batches settle as soon as their last node fin
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -27,6 +28,7 @@ import structlog
 
 from nodewright.api import constants
 from nodewright.api.models import (
+    CompartmentStatus,
     Condition,
     DeploymentPolicy,
     NodeWright,
@@ -35,6 +37,7 @@ from nodewright.api.models import (
 )
 from nodewright.api.nodestate import NodeState, PackageState
 from nodewright.controller import taints
+from nodewright.controller.configmaps import PackageConfigMaps
 from nodewright.controller.context import (
     Runtime,
     admission_annotation,
@@ -55,16 +58,21 @@ from nodewright.observability.metrics import (
     CompartmentSnapshot,
     NodeWrightSnapshot,
     count_package_nodes,
+    strategy_label,
 )
-from nodewright.plan import sequencing
+from nodewright.plan import batches, sequencing
 from nodewright.plan.node import NodeFacts, Taint, is_disabled, is_paused, node_complete, untolerated_taints
+from nodewright.plan.podspec import package_configmap_name as podspec_configmap_name
 from nodewright.plan.podspec import parse_duration_seconds
 from nodewright.plan.rollout import (
     APPROVE_ANNOTATION,
+    Phase,
     RolloutNode,
     RolloutPlan,
+    WaitReason,
     format_approvals,
     parse_approvals,
+    phase_of,
     plan_rollout,
     spec_fingerprint,
 )
@@ -135,6 +143,7 @@ class _Snapshot:
     facts: list[sequencing.NodeWrightFacts]
     reset: bool
     now: datetime
+    reset_compartments: frozenset[str] = frozenset()
 
 
 def _names_of(nodes: Sequence[JSON], entries: Sequence[_NodeEntry], *, malformed: bool) -> list[str]:
@@ -314,6 +323,9 @@ class RolloutReconciler:
         self._open: dict[str, dict[str, set[str]]] = {}
         self._inactive: dict[str, str] = {}  # this pass's paused/disabled NodeWrights
         self._deletion_warned: dict[str, str] = {}  # NodeWright -> reason of the DeletionBlocked Event sent
+        self._fingerprint: dict[str, str] = {}  # NodeWright -> spec fingerprint of the last pass
+        self._pruned: dict[str, str] = {}  # NodeWright -> fingerprint whose old package ConfigMaps are gone
+        self.configmaps = PackageConfigMaps(rt.client, namespace=rt.options.namespace)
 
     def settles_batch(self, name: str, node: str, labels: Mapping[str, str]) -> bool:
         """Whether this node update ends the last in-flight node of its batch (as of the last pass).
@@ -369,11 +381,13 @@ class RolloutReconciler:
         # opens it again, with the same nodes).
         await self._write_status(obj, status)
         await self._apply_admissions(name, plan, snap.views)
-        if snap.reset and plan.reset_applied:
+        if (snap.reset and plan.reset_applied) or snap.reset_compartments:
             await self._clear_reset_annotation(name)
         if plan.approvals_applied:
             await self._clear_approvals(obj, plan)
-        await self._emit_transitions(model, plan, summary.status.status, snap.malformed)
+        self._fingerprint[name] = snap.fingerprint
+        await self._emit_transitions(model, plan, summary.status.status, snap.malformed, snap.rollout_nodes)
+        await self._prune_configmaps(model, summary.status.status, snap.fingerprint)
         self._update_metrics(name, snap.nodewright, snap.views, plan, summary.status.status, snap.policy_name)
         self._open[name] = _open_batches(snap.rollout_nodes, snap.fingerprint, plan)
         if deleting:
@@ -382,7 +396,15 @@ class RolloutReconciler:
 
     def _forget(self, name: str) -> None:
         self.rt.metrics.domain.remove_nodewright(name)
-        for memory in (self._halted, self._last_status, self._compute, self._memo, self._open):
+        for memory in (
+            self._halted,
+            self._last_status,
+            self._compute,
+            self._memo,
+            self._open,
+            self._fingerprint,
+            self._pruned,
+        ):
             memory.pop(name, None)
 
     def _snapshot(self, name: str, model: NodeWright) -> _Snapshot:
@@ -397,7 +419,9 @@ class RolloutReconciler:
         selected = [e for e in entries if e.view is not None]
         policy, policy_name = self._policy(nodewright)
         facts = self._sequencing_facts(all_names, nodes)
-        reset = (model.metadata.annotations or {}).get(constants.ANNOTATION_RESET_BATCH, "").lower()
+        reset, reset_some = parse_reset_annotation(
+            (model.metadata.annotations or {}).get(constants.ANNOTATION_RESET_BATCH, "")
+        )
         return _Snapshot(
             nodewright=nodewright,
             nodes=nodes,
@@ -413,8 +437,9 @@ class RolloutReconciler:
             policy=policy,
             policy_name=policy_name,
             facts=facts,
-            reset=reset in ("true", "1", "yes"),
+            reset=reset,
             now=rt.clock(),
+            reset_compartments=reset_some,
         )
 
     def _plan(self, snap: _Snapshot, model: NodeWright) -> RolloutPlan:
@@ -423,7 +448,9 @@ class RolloutReconciler:
             snap.nodewright,
             policy=snap.policy,
             nodes=snap.rollout_nodes,
-            compartment_statuses=previous.compartment_statuses or {},
+            compartment_statuses=reset_compartments(
+                previous.compartment_statuses or {}, snap.reset_compartments
+            ),
             fingerprint=snap.fingerprint,
             now=ts(snap.now),
             reset_requested=snap.reset,
@@ -437,7 +464,10 @@ class RolloutReconciler:
         self, snap: _Snapshot, model: NodeWright, plan: RolloutPlan, taint_report: taints.TaintReport
     ) -> tuple[StatusSummary, dict[str, Any]]:
         """The NodeWright status to write: aggregates, compartments, conditions."""
-        extra = [self._taint_condition(model, taint_report, snap.now)]
+        extra = [
+            self._taint_condition(model, taint_report, snap.now),
+            self._predecessor_condition(model, plan, snap),
+        ]
         if model.metadata.deletion_timestamp:
             extra.append(self._deletion_condition(model, snap.now))
         summary = aggregate_status(
@@ -452,6 +482,7 @@ class RolloutReconciler:
             extra_conditions=extra,
         )
         status = summary.to_json_dict()
+        status["waitingReasons"] = waiting_counts(plan, snap.views, model.metadata.name)
         status["nodesMatched"] = len(snap.matched)
         status["rolloutFingerprint"] = snap.fingerprint
         status["nextOrder"] = plan.next_order
@@ -611,6 +642,33 @@ class RolloutReconciler:
         )
         return NodeReport(name=node.name, status=node.status, packages=packages)
 
+    def _predecessor_condition(self, model: NodeWright, plan: RolloutPlan, snap: _Snapshot) -> Condition:
+        """`WaitingForNodeWright`: nodes (or the whole NodeWright, `sequencing: all`) wait for an earlier
+        NodeWright; reason `PredecessorPaused` when that one is paused, since then it never finishes by
+        itself (the waiting nodes show only `waiting` otherwise)."""
+        counts: Counter[str] = Counter(
+            w.detail for w in plan.waiting if w.reason is WaitReason.WAITING_FOR_PRIORITY and w.detail
+        )
+        everywhere = self._global_sequencing_blocker(model.metadata.name, snap.facts)
+        if everywhere:
+            counts[everywhere] = max(counts[everywhere], len(snap.rollout_nodes))
+        paused = sorted(n for n in counts if self._inactive.get(n) == "paused")
+        parts = []
+        for other, n in sorted(counts.items()):
+            why = ", which is paused: resume it to let this rollout go on" if other in paused else ""
+            parts.append(f"{n} node(s) wait for NodeWright {other!r} (earlier by priority/sequencing){why}")
+        previous = {c.type: c for c in (model.status.conditions or [])} if model.status else {}
+        status: Literal["True", "False"] = "True" if counts else "False"
+        old = previous.get(WAITING_FOR_NODEWRIGHT)
+        return Condition(
+            type=WAITING_FOR_NODEWRIGHT,
+            status=status,
+            reason="PredecessorPaused" if paused else "PredecessorIncomplete" if counts else "NotWaiting",
+            message="; ".join(parts)[:1024],
+            last_transition_time=old.last_transition_time if old and old.status == status else ts(snap.now),
+            observed_generation=model.metadata.generation,
+        )
+
     def _taint_condition(self, model: NodeWright, report: taints.TaintReport, now: datetime) -> Condition:
         held = report.held_while_inactive
         previous = {c.type: c for c in (model.status.conditions or [])} if model.status else {}
@@ -686,6 +744,24 @@ class RolloutReconciler:
             return
         self.rt.nodewright_view.record(written)
 
+    async def _prune_configmaps(self, model: NodeWright, status: Status | None, fingerprint: str) -> None:
+        """Once a rollout is complete, the per-version package ConfigMaps of versions no longer in the
+        spec are deleted (no pod can mount them any more: every node finished, and new pods only mount
+        the spec version's). Once per spec; a failure is logged and retried on the next completion."""
+        name = model.metadata.name
+        if (
+            status is not Status.COMPLETE
+            or self._pruned.get(name) == fingerprint
+            or model.metadata.deletion_timestamp
+        ):
+            return
+        keep = {
+            podspec_configmap_name(name, pkg_name, pkg.version)
+            for pkg_name, pkg in model.spec.packages.items()
+        }
+        if await self.configmaps.prune(model, keep=keep):
+            self._pruned[name] = fingerprint
+
     async def _clear_reset_annotation(self, name: str) -> None:
         written = await self.rt.client.patch(
             NODEWRIGHTS, name, {"metadata": {"annotations": {constants.ANNOTATION_RESET_BATCH: None}}}
@@ -754,9 +830,9 @@ class RolloutReconciler:
             kind=constants.KIND_NODEWRIGHT,
             name=obj["metadata"]["name"],
             uid=obj["metadata"].get("uid"),
-            reason="InvalidSpec",
+            reason=events.Reason.INVALID_SPEC.value,
             message=message,
-            event_type="Warning",
+            event_type=events.EventType.WARNING.value,
         )
 
     def _add_compartment_details(self, status: dict[str, Any], plan: RolloutPlan) -> None:
@@ -781,19 +857,42 @@ class RolloutReconciler:
         )
 
     async def _emit_transitions(
-        self, model: NodeWright, plan: RolloutPlan, status: Status | None, malformed: Sequence[str]
+        self,
+        model: NodeWright,
+        plan: RolloutPlan,
+        status: Status | None,
+        malformed: Sequence[str],
+        nodes: Sequence[RolloutNode] = (),
     ) -> None:
         name = model.metadata.name
         halted_now = frozenset(h.compartment for h in plan.halts)
+        for cname, cplan in sorted(plan.compartments.items()):
+            outcome = cplan.batch_evaluated
+            if outcome is not None and outcome.evaluated:
+                number = outcome.state.current_batch - 1
+                succeeded, failed = _batch_counts(nodes, self._fingerprint.get(name, ""), cname, number)
+                await self._event(
+                    name,
+                    events.batch_finished(
+                        cname, number, succeeded=succeeded, failed=failed, failed_batch=outcome.failed
+                    ),
+                )
+        was_halted = self._halted.get(name, frozenset())
         for halt in plan.halts:
-            if halt.compartment not in self._halted.get(name, frozenset()):
+            if halt.compartment not in was_halted:
                 await self._event(name, events.EventSpec(events.Reason.COMPARTMENT_HALTED, halt.message))
+        for resumed in sorted(was_halted - halted_now):
+            await self._event(name, events.compartment_resumed(resumed))
         self._halted[name] = halted_now
         persisted = model.status.status if model.status is not None else None
         old = self._last_status.get(name) or (persisted.value if persisted is not None else None)
         new = status.value if status is not None else None
         if new is not None and old != new:
             await self._event(name, events.status_changed(old or "unknown", new))
+            if new == Status.PAUSED.value:
+                await self._event(name, events.rollout_paused())
+            elif new == Status.DISABLED.value:
+                await self._event(name, events.rollout_disabled())
             if new == Status.COMPLETE.value:
                 total = sum(c.status.matched for c in plan.compartments.values())
                 await self._event(name, events.rollout_complete(total))
@@ -827,7 +926,7 @@ class RolloutReconciler:
             CompartmentSnapshot(
                 name=cname,
                 policy=policy_name,
-                strategy=cplan.strategy.split(" ")[0],
+                strategy=strategy_label(cplan.strategy),
                 matched=cplan.status.matched,
                 ceiling=cplan.status.ceiling,
                 in_progress=cplan.status.in_progress,
@@ -845,7 +944,7 @@ class RolloutReconciler:
         drain_blocked = sum(
             1
             for view in views
-            if _condition_reason(view.node, name) in ("Draining", "WaitingForProtectedPods")
+            if _condition_reason(view.node, name) in ("Draining", "DrainTimeout", "WaitingForProtectedPods")
             and view.status is Status.IN_PROGRESS
         )
         self.rt.metrics.domain.update_nodewright(
@@ -858,7 +957,7 @@ class RolloutReconciler:
                 packages=frozenset(nodewright.spec.packages),
                 compartments=compartments,
                 drain_blocked=drain_blocked,
-                waiting_by_reason=plan.waiting_counts,
+                waiting_by_reason=waiting_counts(plan, views, name),
                 oldest_stage_started_at=oldest,
             ),
         )
@@ -961,6 +1060,73 @@ class RolloutReconciler:
 
 
 DELETION_BLOCKED = "DeletionBlocked"
+WAITING_FOR_NODEWRIGHT = "WaitingForNodeWright"
+HELD_BY_PROTECTED_PODS = "ProtectedPods"
+HELD_BY_DRAIN = "DrainBlocked"
+
+
+def parse_reset_annotation(text: str) -> tuple[bool, frozenset[str]]:
+    """`nodewright.io/reset-batch-state`: true (every compartment) or a comma-separated list of
+    compartment names (only those)."""
+    value = text.strip()
+    if value.lower() in ("true", "1", "yes"):
+        return True, frozenset()
+    if value.lower() in ("", "false", "0", "no"):
+        return False, frozenset()
+    return False, frozenset(part.strip() for part in value.split(",") if part.strip())
+
+
+def reset_compartments(
+    statuses: Mapping[str, CompartmentStatus], names: frozenset[str]
+) -> dict[str, CompartmentStatus]:
+    """The persisted statuses with the batch state of `names` reset as a requested reset does it
+    (counters and halt cleared, the batch number kept: admissions record it)."""
+    out = dict(statuses)
+    for name in names & set(out):
+        state = out[name].batch_state
+        if state is not None:
+            out[name] = out[name].model_copy(
+                update={"batch_state": batches.fresh_state(current_batch=state.current_batch)}
+            )
+    return out
+
+
+def waiting_counts(plan: RolloutPlan, views: Sequence[_NodeView], nodewright: str) -> dict[str, int]:
+    """Nodes waiting, by reason: the planner's (not admitted: NotYetInBatch, BudgetFull, ...) and the
+    admitted nodes held at their node gate -- by protected pods (`ProtectedPods`) or by a drain that
+    cannot progress (`DrainBlocked`: an eviction refused, or the drain timeout passed)."""
+    counts: Counter[str] = Counter(plan.waiting_counts)
+    for view in views:
+        if view.status is not Status.IN_PROGRESS:
+            continue
+        reason = _condition_reason(view.node, nodewright)
+        if reason == "WaitingForProtectedPods":
+            counts[HELD_BY_PROTECTED_PODS] += 1
+        elif reason == "DrainTimeout" or (
+            reason == "Draining" and "eviction blocked" in (_condition_message(view.node, nodewright) or "")
+        ):
+            counts[HELD_BY_DRAIN] += 1
+    return dict(sorted(counts.items()))
+
+
+def _batch_counts(
+    nodes: Sequence[RolloutNode], fingerprint: str, compartment: str, batch: int
+) -> tuple[int, int]:
+    """(succeeded, failed) members of a settled batch."""
+    succeeded = failed = 0
+    for node in nodes:
+        adm = node.admission
+        if (
+            adm is None
+            or adm.fingerprint != fingerprint
+            or adm.compartment != compartment
+            or adm.batch != batch
+        ):
+            continue
+        phase = phase_of(node, fingerprint=fingerprint)
+        succeeded += phase is Phase.SUCCEEDED
+        failed += phase is Phase.FAILED
+    return succeeded, failed
 
 
 def _deletion_blocker(model: NodeWright) -> tuple[str, str] | None:

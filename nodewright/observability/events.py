@@ -10,9 +10,14 @@ Messages quote names in brackets like the reference ("Package [p:v] ...") and ar
 
 `build_event` returns a core/v1 Event body ready to POST. Node and NodeWright are cluster-scoped, so
 their Events live in the `default` namespace (what client-go's recorder does). The name is
-`<object>.<hex nanoseconds>` like client-go's. Repeats of the same (object, reason, message) should be
-folded by the recorder into one Event: `aggregation_key` identifies them and `bump_patch` is the
+`<object>.<hex nanoseconds>` like client-go's. Repeats of the same (object, reason, message) are
+folded into one Event with a count (`EventCorrelator`, client-go's algorithm; the recorder in
+`observability.recorder` sends the result): `aggregation_key` identifies them and `bump_patch` is the
 merge patch that increments `count` and moves `lastTimestamp`.
+
+One list. `CATALOGUE` is the only list of reasons: the plan layer's event names map onto it
+(`for_plan_event`), the controllers emit nothing else, and docs/observability.md's table is checked
+against it by a unit test.
 """
 
 from __future__ import annotations
@@ -50,14 +55,22 @@ class Reason(StrEnum):
     POLICY_NOT_FOUND = "PolicyNotFound"
     STATE_MALFORMED = "StateMalformed"
     DELETION_BLOCKED = "DeletionBlocked"
+    INVALID_SPEC = "InvalidSpec"
     # Node events (involvedObject: the Node)
     PACKAGE_STARTED = "PackageStarted"
     PACKAGE_COMPLETED = "PackageCompleted"
     PACKAGE_FAILED = "PackageFailed"
+    PACKAGE_RETRIED = "PackageRetried"
+    PACKAGE_UNINSTALLED = "PackageUninstalled"
+    UNINSTALL_CANCELLED = "UninstallCancelled"
     NODE_CORDONED = "NodeCordoned"
     NODE_DRAINING = "NodeDraining"
     NODE_DRAIN_BLOCKED = "NodeDrainBlocked"
+    NODE_DRAIN_TIMEOUT = "NodeDrainTimeout"
+    PROTECTED_PODS_TIMEOUT = "ProtectedPodsTimeout"
     INTERRUPT_STARTED = "InterruptStarted"
+    INTERRUPT_COMPLETED = "InterruptCompleted"
+    INTERRUPT_FAILED = "InterruptFailed"
     NODE_REBOOTED = "NodeRebooted"
     NODE_UNCORDONED = "NodeUncordoned"
     NODE_COMPLETE = "NodeComplete"
@@ -71,6 +84,12 @@ class ReasonInfo:
     type: EventType
     kind: str  # the kind of the involved object
     meaning: str
+    also_on_nodewright: bool = False  # a Node event also recorded on the NodeWright (its rollout history)
+
+    @property
+    def objects(self) -> str:
+        """The docs' "Object" column."""
+        return f"{self.kind} and NodeWright" if self.also_on_nodewright else self.kind
 
 
 _NW = constants.KIND_NODEWRIGHT
@@ -89,14 +108,48 @@ CATALOGUE: Final[tuple[ReasonInfo, ...]] = (
     ReasonInfo(Reason.POLICY_NOT_FOUND, EventType.WARNING, _NW, "The referenced DeploymentPolicy is missing"),
     ReasonInfo(Reason.STATE_MALFORMED, EventType.WARNING, _NW, "Node state annotations cannot be parsed"),
     ReasonInfo(Reason.DELETION_BLOCKED, EventType.WARNING, _NW, "The finalizer cannot complete"),
-    ReasonInfo(Reason.PACKAGE_STARTED, EventType.NORMAL, "Node", "A package stage pod was created"),
-    ReasonInfo(Reason.PACKAGE_COMPLETED, EventType.NORMAL, "Node", "A package stage succeeded"),
-    ReasonInfo(Reason.PACKAGE_FAILED, EventType.WARNING, "Node", "A package stage attempt failed"),
+    ReasonInfo(
+        Reason.INVALID_SPEC, EventType.WARNING, _NW, "The spec fails validation; nodes are left alone"
+    ),
+    ReasonInfo(Reason.PACKAGE_STARTED, EventType.NORMAL, "Node", "A package stage pod was created", True),
+    ReasonInfo(Reason.PACKAGE_COMPLETED, EventType.NORMAL, "Node", "A package is complete on the node", True),
+    ReasonInfo(Reason.PACKAGE_FAILED, EventType.WARNING, "Node", "A package stage attempt failed", True),
+    ReasonInfo(
+        Reason.PACKAGE_RETRIED,
+        EventType.NORMAL,
+        "Node",
+        "An erroring package restarts under a fresh admission",
+    ),
+    ReasonInfo(Reason.PACKAGE_UNINSTALLED, EventType.NORMAL, "Node", "A package was uninstalled", True),
+    ReasonInfo(
+        Reason.UNINSTALL_CANCELLED,
+        EventType.NORMAL,
+        "Node",
+        "uninstall.apply was set back before it finished",
+    ),
     ReasonInfo(Reason.NODE_CORDONED, EventType.NORMAL, "Node", "The node was cordoned for maintenance"),
     ReasonInfo(Reason.NODE_DRAINING, EventType.NORMAL, "Node", "Evictions were issued"),
     ReasonInfo(Reason.NODE_DRAIN_BLOCKED, EventType.WARNING, "Node", "Drain cannot progress (PDB, pods)"),
+    ReasonInfo(
+        Reason.NODE_DRAIN_TIMEOUT,
+        EventType.WARNING,
+        "Node",
+        "drain.timeout passed under policy skip: the node is released and retried later",
+    ),
+    ReasonInfo(
+        Reason.PROTECTED_PODS_TIMEOUT,
+        EventType.WARNING,
+        "Node",
+        "interruptWait.timeout passed with protected pods still running: the run fails",
+    ),
     ReasonInfo(Reason.INTERRUPT_STARTED, EventType.NORMAL, "Node", "The merged interrupt pod was created"),
-    ReasonInfo(Reason.NODE_REBOOTED, EventType.NORMAL, "Node", "A reboot was observed (boot id changed)"),
+    ReasonInfo(Reason.INTERRUPT_COMPLETED, EventType.NORMAL, "Node", "The interrupt finished"),
+    ReasonInfo(
+        Reason.INTERRUPT_FAILED, EventType.WARNING, "Node", "The node did not return from its reboot in time"
+    ),
+    ReasonInfo(
+        Reason.NODE_REBOOTED, EventType.NORMAL, "Node", "A reboot was observed (boot id changed)", True
+    ),
     ReasonInfo(Reason.NODE_UNCORDONED, EventType.NORMAL, "Node", "The node was returned to service"),
     ReasonInfo(Reason.NODE_COMPLETE, EventType.NORMAL, "Node", "All packages of the NodeWright are complete"),
     ReasonInfo(Reason.NODE_BLOCKED, EventType.WARNING, "Node", "The node is skipped (taint or ignore label)"),
@@ -104,14 +157,48 @@ CATALOGUE: Final[tuple[ReasonInfo, ...]] = (
         Reason.UNTRUSTED_PACKAGE_POD,
         EventType.WARNING,
         "Node",
-        "A pod with package-pod labels failed verification and was deleted (also on the NodeWright)",
+        "A pod with package-pod labels failed verification and was deleted",
+        True,
     ),
 )
 _BY_REASON: Final = {info.reason: info for info in CATALOGUE}
 
+# The plan layer (pure, below this one) names its events; each name means exactly one catalogue reason.
+PLAN_EVENTS: Final[dict[str, Reason]] = {
+    "PackageStarted": Reason.PACKAGE_STARTED,
+    "StageStarted": Reason.PACKAGE_STARTED,  # a retry attempt's pod (the message says which attempt)
+    "PackageComplete": Reason.PACKAGE_COMPLETED,
+    "PackageFailed": Reason.PACKAGE_FAILED,
+    "PackageUninstalled": Reason.PACKAGE_UNINSTALLED,
+    "UninstallCancelled": Reason.UNINSTALL_CANCELLED,
+    "Cordon": Reason.NODE_CORDONED,
+    "Uncordon": Reason.NODE_UNCORDONED,
+    "DrainTimeout": Reason.NODE_DRAIN_TIMEOUT,
+    "InterruptWaitTimeout": Reason.PROTECTED_PODS_TIMEOUT,
+    "Interrupt": Reason.INTERRUPT_STARTED,
+    "InterruptComplete": Reason.INTERRUPT_COMPLETED,
+    "InterruptFailed": Reason.INTERRUPT_FAILED,
+    "NodeRebooted": Reason.NODE_REBOOTED,
+    "Reboot": Reason.NODE_REBOOTED,  # reapplyOnReboot: a reboot of a complete node restarts its packages
+    "NodeComplete": Reason.NODE_COMPLETE,
+}
+
 
 def event_type(reason: Reason) -> EventType:
     return _BY_REASON[reason].type
+
+
+def info(reason: Reason) -> ReasonInfo:
+    return _BY_REASON[reason]
+
+
+def for_plan_event(name: str, event_type: str) -> Reason | None:
+    """The catalogue reason of a plan-layer event; None for a name this catalogue does not know (a
+    unit test keeps that from happening). `PackageRetry` is a failed attempt that will be retried
+    (Warning) or an erroring package restarted by a fresh admission (Normal)."""
+    if name == "PackageRetry":
+        return Reason.PACKAGE_FAILED if event_type == EventType.WARNING.value else Reason.PACKAGE_RETRIED
+    return PLAN_EVENTS.get(name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,3 +442,92 @@ def aggregation_key(event: dict[str, Any]) -> tuple[str, str, str, str, str]:
 def bump_patch(event: dict[str, Any], *, now: datetime) -> dict[str, Any]:
     """Merge patch recording one more occurrence of an existing Event."""
     return {"count": int(event.get("count") or 1) + 1, "lastTimestamp": _rfc3339(now)}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Correlation: client-go's EventCorrelator (aggregation of similar events, series of identical ones)
+
+COMBINED_PREFIX: Final = "(combined from similar events): "
+MAX_SIMILAR: Final = 10
+SIMILAR_WINDOW: Final = 600.0
+SERIES_WINDOW: Final = 3600.0
+
+SeriesKey = tuple[str, str, str, str, str]
+"""(kind, name, reason, type, message) of a series of identical events."""
+
+
+@dataclass(frozen=True, slots=True)
+class Correlated:
+    """What one occurrence becomes: the series it joins (`key`), the message to show, and whether the
+    series is new (the recorder creates an Event) or a repeat (it bumps the Event's count)."""
+
+    key: SeriesKey
+    message: str
+    new_series: bool
+
+
+@dataclass(slots=True)
+class _Similar:
+    since: datetime
+    messages: set[str]
+
+
+class EventCorrelator:
+    """Folds events the way client-go's `EventCorrelator` does, pure (time is a parameter).
+
+    - Identical events (same object, reason, type and message) form one series: the first creates an
+      Event, repeats only increase its count (`count`, `lastTimestamp`), as `kubectl describe` shows
+      ("x12 over 3m").
+    - Similar events (same object, reason and type, different messages): once more than `max_similar`
+      distinct messages were seen within `similar_window` seconds, further ones join one series whose
+      message is `(combined from similar events): <the newest message>` -- a node retrying with a new
+      message each time cannot flood the API server with Events.
+    - A series unseen for `series_window` seconds (kube-apiserver's default Event TTL) ends: the next
+      occurrence starts a new Event.
+
+    Memory is bounded by `max_keys` remembered similarity groups and series (least recently seen
+    forgotten first: a forgotten series simply starts a new Event). Nothing is ever dropped.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_similar: int = MAX_SIMILAR,
+        similar_window: float = SIMILAR_WINDOW,
+        series_window: float = SERIES_WINDOW,
+        max_keys: int = 20_000,
+    ) -> None:
+        self._max_similar = max_similar
+        self._similar_window = similar_window
+        self._series_window = series_window
+        self._max_keys = max_keys
+        self._similar: dict[tuple[str, str, str, str], _Similar] = {}
+        self._series: dict[SeriesKey, datetime] = {}
+
+    def observe(
+        self, *, kind: str, name: str, reason: str, event_type: str, message: str, now: datetime
+    ) -> Correlated:
+        group = (kind, name, reason, event_type)
+        similar = self._similar.pop(group, None)
+        if similar is None or (now - similar.since).total_seconds() > self._similar_window:
+            similar = _Similar(now, set())
+        self._similar[group] = similar
+        if message in similar.messages or len(similar.messages) < self._max_similar:
+            similar.messages.add(message)
+            key: SeriesKey = (kind, name, reason, event_type, message)
+            shown = message
+        else:
+            key = (kind, name, reason, event_type, COMBINED_PREFIX)
+            shown = COMBINED_PREFIX + message
+        last = self._series.pop(key, None)
+        new = last is None or (now - last).total_seconds() > self._series_window
+        self._series[key] = now
+        self._trim()
+        return Correlated(key, shown, new)
+
+    def _trim(self) -> None:
+        # Least recently seen first: observe() re-inserts what it touches.
+        while len(self._similar) > self._max_keys:
+            del self._similar[next(iter(self._similar))]
+        while len(self._series) > self._max_keys:
+            del self._series[next(iter(self._series))]

@@ -232,9 +232,22 @@ class PackageKey(NamedTuple):
     state: str
 
 
+STRATEGY_LABELS: Final = ("fixed", "linear", "exponential", "none")
+
+
+def strategy_label(described: str) -> str:
+    """The `strategy` label value from a strategy's description (`fixed(initial=1, ...)`): the kind
+    only, so the label has a closed set of values (`fixed`, `linear`, `exponential`, `none` for a
+    compartment without a strategy, else `unknown`)."""
+    head = described.strip().lower()
+    kind = head.split("(", 1)[0].split(" ", 1)[0].strip()
+    return kind if kind in STRATEGY_LABELS else "unknown"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class CompartmentSnapshot:
-    """One compartment's rollout state (from `CompartmentStatus` and its batch state)."""
+    """One compartment's rollout state (from `CompartmentStatus` and its batch state). `strategy` is
+    normalised with `strategy_label`, whatever the caller passes."""
 
     name: str
     policy: str = LEGACY_POLICY
@@ -248,6 +261,9 @@ class CompartmentSnapshot:
     consecutive_failures: int = 0
     halted: bool = False
     window_active: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "strategy", strategy_label(self.strategy))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

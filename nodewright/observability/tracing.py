@@ -36,7 +36,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final
+from typing import Final, Protocol
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -244,3 +244,47 @@ def _finish(span: trace.Span, *, error: str | None, end: datetime) -> None:
     else:
         span.set_status(StatusCode.OK)
     span.end(end_time=_ns(end))
+
+
+class GateTimes(Protocol):
+    """The node controller's persisted maintenance timestamps (`controller.drainer.Timing`)."""
+
+    @property
+    def protected_since(self) -> datetime | None: ...
+
+    @property
+    def draining_since(self) -> datetime | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GateSpan:
+    stage: str
+    started_at: datetime
+    finished_at: datetime
+    error: str | None = None
+
+
+def gate_spans(
+    before: GateTimes,
+    after: GateTimes,
+    *,
+    now: datetime,
+    cordoned: bool,
+    uncordoned: bool,
+    drain_skipped: bool = False,
+) -> list[GateSpan]:
+    """The node-gate spans one node-controller pass ended: `cordon` and `uncordon` (the write), `wait`
+    (protected pods waited for: from when they were first seen until they were gone) and `drain` (from
+    the first eviction until every evicted pod was gone; ERROR when `drain.policy: skip` released the
+    node instead). Times come from the persisted timing annotation, so spans survive restarts."""
+    spans: list[GateSpan] = []
+    if cordoned:
+        spans.append(GateSpan("cordon", now, now))
+    if before.protected_since is not None and after.protected_since is None:
+        spans.append(GateSpan("wait", before.protected_since, now))
+    if before.draining_since is not None and after.draining_since is None:
+        error = "drain timed out (policy skip): node released" if drain_skipped else None
+        spans.append(GateSpan("drain", before.draining_since, now, error))
+    if uncordoned:
+        spans.append(GateSpan("uncordon", now, now))
+    return spans

@@ -364,6 +364,7 @@ class _Planner:
         self.node_gate_ok = False  # cordoned + no protected pods + drained, this plan
         self.skip: DrainSkip | None = inp.drain_skip  # drain.policy skip memory (see DrainSkip)
         self.skipped_now = False  # this plan released the node after a drain timeout
+        self.drain_overdue = False  # drain.timeout passed and the policy keeps the node draining (wait)
         self.skip_blocked: str | None = None  # status message while released for a drain timeout
 
     # -- small utilities ------------------------------------------------------------------------
@@ -531,6 +532,9 @@ class _Planner:
                 return True
             if pod is not None:
                 self.delete(pod, "reboot completed")
+            self.events.append(
+                Event("NodeRebooted", f"boot id changed; {carrier.name}:{carrier.version} rebooted")
+            )
             self.finish_interrupt(carrier, skipped)
             return True
         started = parse_ts(self.state.interrupt_at)
@@ -881,7 +885,10 @@ class _Planner:
             if sel.evict:
                 self.actions.append(Drain(sel.evict, force=force))
             late = f"drain timeout {timeout_text} exceeded (policy {policy}); " if expired else ""
-            self.waiting.append(f"draining: {late}{left} pod(s) left{blocked}")
+            self.drain_overdue = self.drain_overdue or (expired and policy != "force")
+            pods = (*sel.evict, *sel.terminating)
+            named = ", ".join(pods[:5]) + (f" and {len(pods) - 5} more" if len(pods) > 5 else "")
+            self.waiting.append(f"draining: {late}{left} pod(s) left ({named}){blocked}")
             self.requeue(self.opts.poll_interval, "drain")
             return False
         self.node_gate_ok = True
@@ -1286,6 +1293,8 @@ class _Planner:
                 reason = "WaitingForProtectedPods"
             elif "reboot" in why:
                 reason = "Rebooting"
+            elif self.drain_overdue:
+                reason = "DrainTimeout"  # the timeout passed; policy wait keeps the node draining
             elif any(isinstance(a, Drain) for a in self.actions) or "draining" in why:
                 reason = "Draining"
             return Status.IN_PROGRESS, reason, (doing or "starting") + (f"; {why}" if why else "")

@@ -486,7 +486,17 @@ def _plan_compartment(
         for i, n in enumerate(picked)
     )
     picked_names = {n.name for n in picked}
-    budget_full = {n.name for n in candidates[len(picked) : wanted]}
+    budget_full = _budget_full(
+        spec,
+        state,
+        batch=batch,
+        candidates=candidates,
+        picked=len(picked),
+        wanted=wanted,
+        free=free,
+        total=len(members),
+        ceiling=ceiling,
+    )
     waiting = tuple(
         _why_waiting(
             ctx,
@@ -662,6 +672,34 @@ def _eligible(node: RolloutNode) -> bool:
     and it stays cordoned afterwards); a NotReady node or one held by another NodeWright may not."""
     unavailable = node.unavailable_reason is not None and not node.may_start_while_unavailable
     return not (unavailable or node.blocked_reason or node.waiting_for_priority)
+
+
+def _budget_full(
+    spec: CompartmentSpec,
+    state: BatchState,
+    *,
+    batch: Sequence[RolloutNode],
+    candidates: Sequence[RolloutNode],
+    picked: int,
+    wanted: int,
+    free: int,
+    total: int,
+    ceiling: int,
+) -> set[str]:
+    """Candidates the strategy wants in the current batch that the ceiling keeps out (`BudgetFull`).
+
+    When a batch opens in this plan, they are the wanted ones beyond the free slots. While a batch is
+    open the strategy's size for it is still known (opening changes no persisted counter): the members
+    it lacks are held by the budget when no slot is free for them -- without this, such nodes read
+    `NotYetInBatch` from the second pass on, although a slot is what they wait for.
+    """
+    if wanted:
+        return {n.name for n in candidates[picked:wanted]}
+    if not batch:
+        return set()
+    raw = batches.strategy_batch_size(spec.strategy, state, total=total, ceiling=ceiling)
+    shortfall = max(0, min(raw, len(batch) + len(candidates)) - len(batch))
+    return {n.name for n in candidates[max(0, free) : shortfall]}
 
 
 def _why_waiting(

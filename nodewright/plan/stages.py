@@ -164,7 +164,9 @@ def advance(
     if nxt == Done.REMOVE:
         return None
     if nxt == Done.COMPLETE:
-        return replace(base, state=PackageState.COMPLETE, changed=())
+        # The attempts of the last stage stay on the complete entry: "complete after 3 attempts" is
+        # worth seeing (node status, `kubectl nodewright node list`); the next run starts from 0 anyway.
+        return replace(base, state=PackageState.COMPLETE, changed=(), attempts=entry.attempts)
     return replace(base, stage=nxt, state=PackageState.PENDING, started=None)
 
 

@@ -1,0 +1,140 @@
+"""Reading the cluster for the plugin: NodeWrights, policies, nodes, package pods, Events, PDBs.
+
+Everything is a GET or LIST through `nodewright.kube.client` (no watch, no cache). Nodes are listed
+before NodeWrights for the reason `nodewright plan` gives: the operator writes a NodeWright's batch
+state before the admissions it opens on nodes, so this order never pairs admissions with an older batch
+state. Workload pods are listed per node (field selector `spec.nodeName`), only for the nodes a verb
+explains in detail, and PodDisruptionBudgets only in the namespaces of those pods -- never a
+cluster-wide pod list.
+
+Objects are parsed with the operator's own `ModelCache`, so an object the operator refuses is refused
+here for the same reason (and reported, never a traceback).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from nodewright.api import constants
+from nodewright.cli.plugin.common import NotFoundError
+
+if TYPE_CHECKING:
+    from nodewright.api.models import DeploymentPolicy, NodeWright
+    from nodewright.kube.client import KubeClient
+
+JSON = dict[str, Any]
+
+
+@dataclass
+class ClusterState:
+    """One consistent-enough read of what the plugin explains."""
+
+    nodes: list[JSON]
+    nodewright_objects: list[JSON]
+    nodewrights: dict[str, NodeWright]
+    invalid: dict[str, str]
+    policies: dict[str, DeploymentPolicy]
+    policy_objects: dict[str, JSON]
+    now: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    def nodewright(self, name: str) -> NodeWright:
+        model = self.nodewrights.get(name)
+        if model is not None:
+            return model
+        if name in self.invalid:
+            raise NotFoundError(
+                f"NodeWright {name!r} is invalid and the operator leaves it alone: {self.invalid[name]}"
+            )
+        raise NotFoundError(f"NodeWright {name!r} not found (kubectl get nodewrights lists them)")
+
+    def node(self, name: str) -> JSON:
+        for node in self.nodes:
+            if node["metadata"]["name"] == name:
+                return node
+        raise NotFoundError(f"node {name!r} not found")
+
+    def raw(self, name: str) -> JSON:
+        for obj in self.nodewright_objects:
+            if obj["metadata"]["name"] == name:
+                return obj
+        raise NotFoundError(f"NodeWright {name!r} not found")
+
+
+async def read_state(client: KubeClient, *, label_selector: str | None = None) -> ClusterState:
+    from nodewright.controller.context import ModelCache
+    from nodewright.kube.resources import DEPLOYMENTPOLICIES, NODES, NODEWRIGHTS
+
+    nodes = (await client.list(NODES, label_selector=label_selector)).items
+    nw_objects = (await client.list(NODEWRIGHTS)).items
+    policy_objects = (await client.list(DEPLOYMENTPOLICIES)).items
+    cache = ModelCache()
+    models: dict[str, NodeWright] = {}
+    invalid: dict[str, str] = {}
+    for obj in nw_objects:
+        model, error = cache.nodewright(obj)
+        name = str(obj["metadata"]["name"])
+        if model is not None:
+            models[name] = model
+        else:
+            invalid[name] = error or "invalid"
+    policies: dict[str, DeploymentPolicy] = {}
+    for obj in policy_objects:
+        policy, _ = cache.policy(obj)
+        if policy is not None:
+            policies[policy.metadata.name] = policy
+    return ClusterState(
+        nodes=nodes,
+        nodewright_objects=nw_objects,
+        nodewrights=models,
+        invalid=invalid,
+        policies=policies,
+        policy_objects={str(o["metadata"]["name"]): o for o in policy_objects},
+    )
+
+
+async def package_pods(
+    client: KubeClient, namespace: str, *, nodewright: str, node: str | None = None
+) -> list[JSON]:
+    """The NodeWright's package pods in the operator namespace (optionally on one node)."""
+    from nodewright.kube.resources import PODS
+
+    selector = f"{constants.POD_LABEL_NODEWRIGHT}={nodewright}"
+    field_selector = f"spec.nodeName={node}" if node else None
+    return (
+        await client.list(PODS, namespace=namespace, label_selector=selector, field_selector=field_selector)
+    ).items
+
+
+async def node_pods(client: KubeClient, node: str) -> list[JSON]:
+    """Every pod bound to `node` (workloads included), for the drain explanation."""
+    from nodewright.kube.resources import PODS
+
+    return (await client.list(PODS, field_selector=f"spec.nodeName={node}")).items
+
+
+async def disruption_budgets(client: KubeClient, namespaces: Iterable[str]) -> list[JSON]:
+    from nodewright.kube.resources import PODDISRUPTIONBUDGETS
+
+    out: list[JSON] = []
+    for namespace in sorted(set(namespaces)):
+        out.extend((await client.list(PODDISRUPTIONBUDGETS, namespace=namespace)).items)
+    return out
+
+
+async def recent_events(client: KubeClient, *, kind: str, name: str, limit: int = 50) -> list[JSON]:
+    """The newest Events NodeWright recorded about one object (default namespace, where Events about
+    cluster-scoped objects live), oldest first. Selected by the API server (field selectors), so a
+    cluster with thousands of Events costs one small answer."""
+    from nodewright.kube.resources import EVENTS
+
+    selector = f"involvedObject.kind={kind},involvedObject.name={name},source={COMPONENT}"
+    page = await client.list_page(EVENTS, namespace="default", field_selector=selector, limit=None)
+    items = list(page.get("items") or [])
+    items.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    return items[-limit:]
+
+
+COMPONENT = "nodewright-operator"
