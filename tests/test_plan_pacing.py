@@ -138,3 +138,21 @@ def test_plan_predicts_batches_across_soak_and_windows() -> None:
     )
     sizes = {c.name: c.sizes for c in predicted.compartments if c.batches}
     assert sizes == {"__default__": (1, 1, 1, 1)}
+
+
+def test_plan_json_shows_the_window_state_and_next_opening() -> None:
+    from nodewright.plan.preview import preview_rollout
+
+    window = Maintenance(windows=[MaintenanceWindow(schedule="0 3 * * *", duration="10m")])
+    fleet = Fleet(nodewright(), paced_policy(maintenance=window.to_json_dict()), fleet_of(2))
+    doc = preview_rollout(
+        fleet.nodewright,
+        policy=fleet.policy,
+        nodes=fleet.rollout_views(),
+        fingerprint=fleet.fingerprint,
+        now=ts(fleet.now),
+    ).to_json()
+    (comp,) = [c for c in doc["compartments"] if c["name"] == "__default__"]
+    assert comp["windowActive"] is False
+    assert comp["nextWindowAt"] == ts(T0 + timedelta(hours=3))
+    assert "next opens" in comp["message"]

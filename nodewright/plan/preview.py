@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodewright.api.models import CompartmentStatus, DeploymentPolicy, NodeWright, Status
@@ -49,6 +49,9 @@ class CompartmentPreview:
     batches: tuple[PlannedBatch, ...]
     halted: bool
     message: str
+    pacing: Mapping[str, Any] = field(default_factory=dict)
+    """Window, soak and gate now (`windowActive`, `windowClosesAt`, `nextWindowAt`, `soakUntil`,
+    `awaitingApproval`), as the compartment status shows them."""
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -86,6 +89,7 @@ class RolloutPreview:
                     "ceiling": c.ceiling,
                     "halted": c.halted,
                     "message": c.message,
+                    **c.pacing,
                     "batchSizes": list(c.sizes),
                     "batches": [{"number": b.number, "nodes": list(b.nodes)} for b in c.batches],
                 }
@@ -193,6 +197,7 @@ def preview_rollout(
             ),
             halted=last.compartments[name].halt is not None if name in last.compartments else False,
             message=c.message,
+            pacing=_pacing(c.status),
         )
         for name, c in first.compartments.items()
     )
@@ -283,6 +288,14 @@ def _finish(node: RolloutNode, plan: RolloutPlan, fingerprint: str, outcome: Out
     if result is Status.COMPLETE:
         return replace(node, status=Status.COMPLETE, needs_work=False, admission=used)
     return replace(node, status=result, admission=used)
+
+
+_PACING_FIELDS = ("windowActive", "windowClosesAt", "nextWindowAt", "soakUntil", "awaitingApproval")
+
+
+def _pacing(status: CompartmentStatus) -> dict[str, Any]:
+    doc = status.to_json_dict()
+    return {key: doc[key] for key in _PACING_FIELDS if key in doc}
 
 
 def _blockers(plan: RolloutPlan) -> tuple[Blocker, ...]:
