@@ -70,6 +70,12 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command("enable", "nodewright.cli.plugin.lifecycle_verbs", "undo disable", plugin=True),
     Command(
+        "approve",
+        "nodewright.cli.plugin.approve_verbs",
+        "let a compartment waiting at a pauseAfterBatch gate open its next batch",
+        plugin=True,
+    ),
+    Command(
         "node",
         "nodewright.cli.plugin.node_verbs",
         "nodes of a NodeWright: list, status, ignore, unignore, reset, retry",
