@@ -9,9 +9,15 @@
 3. CRDs installed, the operator started as a child process, `manifests/samples/demo-policy.yaml` applied.
 4. `nodewright plan` for `manifests/samples/demo-kernel-tuning.yaml` printed (the prediction), then the
    NodeWright applied.
-5. Progress per compartment every 2 s until the NodeWright is complete, then a summary (duration,
-   batches per compartment against the plan, reboots, most nodes in progress at once against the
-   ceiling, erroring nodes), and everything is stopped unless `--keep`.
+5. Progress every 2 s until the NodeWright is complete -- the screen of `kubectl nodewright watch`
+   (per-compartment bars, slots against the ceiling, nodes that need a look with the planner's reason,
+   recent Events) -- then a summary that tells the safety story: duration, batches per compartment
+   against the plan, the most nodes in progress at once against each ceiling, the training pods waited
+   for (by name, and how long), the evictions that honoured PodDisruptionBudgets and the ones a PDB
+   refused (from the operator's Events), the safety checks (budget never exceeded, every node back in
+   service), reboots, erroring nodes -- and a picture (`<dir>/demo-rollout.png`: nodes in progress per
+   compartment over time against the ceilings, batch starts marked), named at the end. Everything is
+   stopped unless `--keep`.
 
 Fails with exit code 1 and the tail of the operator log if the operator dies, the rollout makes no
 progress for `--stall-minutes`, or `--timeout` passes.
@@ -23,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -229,8 +236,10 @@ async def _demo(args: argparse.Namespace, plane: Any) -> tuple[Outcome, Any]:
     kubectl_apply(plane.bin_dir, kubeconfig, paths=[nw_path])
     say(f"applied NodeWright {NODEWRIGHT} ({nw_path.relative_to(SAMPLES_DIR.parents[1])})\n")
     outcome, tracker, nw_obj, elapsed = await _follow(args, kubeconfig, operator)
-    _summary(tracker, nw_obj, predicted, elapsed)
+    evictions = await _evictions(kubeconfig)
+    _summary(tracker, nw_obj, predicted, elapsed, evictions)
     _read_back(plane.dir / "roots")
+    say(f"\npicture: {_picture(tracker, nw_obj, plane.dir / 'demo-rollout.png')}")
     return outcome, operator
 
 
@@ -283,26 +292,34 @@ async def _plan(kubeconfig: Path, nw_path: Path) -> dict[str, list[int]]:
 async def _follow(
     args: argparse.Namespace, kubeconfig: Path, operator: Any
 ) -> tuple[Outcome, Any, Any, float]:
-    from nodewright.sim.demo import FleetTracker, Screen, get_nodewright, progress_lines
-    from nodewright.sim.kubeapi import ApiError, KubeClient
+    from nodewright.cli.plugin.common import open_client
+    from nodewright.cli.plugin.view import screen
+    from nodewright.cli.plugin.watch_verbs import frame
+    from nodewright.kube.resources import ApiError
+    from nodewright.sim.demo import FleetTracker, Screen, get_nodewright
+    from nodewright.sim.kubeapi import KubeClient
 
     tracker = FleetTracker(kubeconfig, NODEWRIGHT)
     watcher = asyncio.create_task(tracker.run())
-    screen = Screen()
+    display = Screen()
     started = time.monotonic()
     nw_obj: Any = None
     outcome = Outcome(False, "not finished")
+    flags = argparse.Namespace(kubeconfig=str(kubeconfig), context=None, request_timeout=30.0)
     try:
         await asyncio.wait_for(tracker.synced.wait(), 60)
         tracker.last_change = time.monotonic()
-        async with KubeClient(kubeconfig) as client:
+        async with KubeClient(kubeconfig) as client, open_client(flags) as plugin_client:
             while True:
                 if watcher.done():
                     watcher.result()  # re-raises the watch failure
                 with contextlib.suppress(ApiError, OSError, TimeoutError):
                     nw_obj = await get_nodewright(client, NODEWRIGHT)
+                    docs, news = await frame(plugin_client, NODEWRIGHT, events=4)
+                    now = time.monotonic()
+                    lines = screen(docs, events=news, elapsed=now - started, title="make demo", width=118)
+                    display.show(lines)
                 now = time.monotonic()
-                screen.show(progress_lines(nw_obj, tracker, elapsed=now - started))
                 status = ((nw_obj or {}).get("status") or {}).get("status")
                 counts = tracker.status_counts()
                 if status == "complete" and counts.get("complete", 0) == len(tracker.nodes):
@@ -323,11 +340,57 @@ async def _follow(
                     break
                 await asyncio.sleep(2.0)
     finally:
-        screen.release()
+        display.release()
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await watcher
     return outcome, tracker, nw_obj, time.monotonic() - started
+
+
+@dataclass
+class Evictions:
+    """What the operator's Events say about the drains of the demo's NodeWright."""
+
+    evicted: int = 0
+    refused: int = 0
+    budgets: tuple[str, ...] = ()
+
+
+EVICTING = re.compile(r"Evicting (\d+) pod\(s\)")
+BUDGET = re.compile(r"disruption budget ([a-z0-9][-a-z0-9.]*)")
+
+
+def evictions_from(events: Sequence[Mapping[str, Any]], nodewright: str) -> Evictions:
+    """Sum the NodeDraining (accepted evictions) and NodeDrainBlocked (refused) series of `nodewright`."""
+    out = Evictions()
+    budgets: set[str] = set()
+    for event in events:
+        message = str(event.get("message") or "")
+        if not message.startswith(f"[{nodewright}]") and f"[{nodewright}]" not in message:
+            continue
+        count = int(event.get("count") or 1)
+        if event.get("reason") == "NodeDraining" and (found := EVICTING.search(message)):
+            out.evicted += int(found.group(1)) * count
+        elif event.get("reason") == "NodeDrainBlocked":
+            out.refused += count
+            budgets.update(BUDGET.findall(message))
+    out.budgets = tuple(sorted(budgets))
+    return out
+
+
+async def _evictions(kubeconfig: Path) -> Evictions:
+    from nodewright.sim.kubeapi import ApiError, KubeClient
+
+    found: list[Any] = []
+    async with KubeClient(kubeconfig) as client:
+        for reason in ("NodeDraining", "NodeDrainBlocked"):
+            selector = f"reason={reason},source=nodewright-operator"
+            with contextlib.suppress(ApiError, OSError, TimeoutError):
+                listed = await client.list_all(
+                    "/api/v1/namespaces/default/events", params={"fieldSelector": selector}
+                )
+                found += listed["items"]
+    return evictions_from(found, NODEWRIGHT)
 
 
 READ_BACK = ("net.core.rmem_max", "net.ipv4.tcp_rmem", "kernel.numa_balancing", "vm.max_map_count")
@@ -357,7 +420,9 @@ def _read_back(roots: Path) -> None:
         say(line)
 
 
-def _summary(tracker: Any, nw_obj: Any, predicted: Mapping[str, Sequence[int]], elapsed: float) -> None:
+def _summary(
+    tracker: Any, nw_obj: Any, predicted: Mapping[str, Sequence[int]], elapsed: float, evictions: Evictions
+) -> None:
     from nodewright.sim.demo import compartment_statuses
 
     comps = compartment_statuses(nw_obj)
@@ -371,18 +436,22 @@ def _summary(tracker: Any, nw_obj: Any, predicted: Mapping[str, Sequence[int]], 
         f" {tracker.reboots()} reboots (bootID changes), node statuses {dict(sorted(counts.items()))}"
     )
     say(
-        f"  {'COMPARTMENT':<12} {'NODES':>5} {'CEILING':>7} {'MAX IN PROGRESS':>15}  BATCHES (observed)  PLAN"
+        f"  {'COMPARTMENT':<12} {'NODES':>5} {'CEILING':>7} {'PEAK IN PROGRESS':>16}"
+        "  BATCHES (observed)  PLAN"
     )
     mismatches = 0
+    over: list[str] = []
     for name, pred, obs, same in batch_comparison(predicted, observed):
         comp = comps.get(name, {})
         ceiling = int(comp.get("ceiling", 0))
         peak = tracker.max_in_progress.get(name, 0)
-        flag = "" if peak <= ceiling else "  OVER CEILING"
+        if peak > ceiling:
+            over.append(f"{name} ({peak} > {ceiling})")
         verdict = "= plan" if same else "DIFFERS, plan " + sizes_text(pred)
         say(
-            f"  {name:<12} {int(comp.get('matched', sum(obs))):>5} {ceiling:>7} {peak:>15}  "
-            f"{len(obs)}: {sizes_text(obs):<24} {verdict}{flag}"
+            f"  {name:<12} {int(comp.get('matched', sum(obs))):>5} {ceiling:>7}"
+            f" {f'{peak} of {ceiling}':>16}  "
+            f"{len(obs)}: {sizes_text(obs):<24} {verdict}"
         )
         mismatches += 0 if same else 1
     if mismatches:
@@ -390,9 +459,97 @@ def _summary(tracker: Any, nw_obj: Any, predicted: Mapping[str, Sequence[int]], 
             f"  note: {mismatches} compartment(s) batched differently from the `nodewright plan` prediction"
             " (which assumes every node succeeds)"
         )
+    for line in safety_lines(tracker, evictions, over):
+        say(line)
     erroring = sorted(n for n, r in tracker.nodes.items() if r.status == "erroring")
     if erroring:
         say(f"  erroring nodes ({len(erroring)}): {', '.join(erroring[:10])}")
+
+
+def safety_lines(tracker: Any, evictions: Evictions, over: Sequence[str]) -> list[str]:
+    """What was protected, and the checks that nothing unsafe happened."""
+    lines = ["  what was protected:"]
+    waits = tracker.protected_waits()
+    if waits:
+        longest = []
+        for node, wait in waits[:4]:
+            seconds = (wait.until or time.monotonic()) - wait.since
+            longest.append(f"{node} {seconds:.0f}s for {', '.join(wait.pods[:2]) or 'protected pods'}")
+        lines.append(
+            f"    training pods waited for (podNonInterruptLabels): {len(waits)} node(s) held until their"
+            f" protected pods finished; longest: {'; '.join(longest)}"
+        )
+    else:
+        lines.append("    training pods waited for: none (no protected pod ran on a node when it was due)")
+    refused = f", {', '.join(evictions.budgets[:4])}" if evictions.budgets else ""
+    lines.append(
+        f"    evictions: {evictions.evicted} pod(s) evicted through the Eviction API, honouring their"
+        f" PodDisruptionBudgets; {evictions.refused} eviction attempt(s) refused by a PDB and retried"
+        f" later{' (' + refused.lstrip(', ') + ')' if refused else ''}"
+    )
+    cordoned = sorted(n for n, r in tracker.nodes.items() if r.unschedulable)
+    breaches = len(over) + (1 if cordoned else 0)
+    detail = "; ".join(
+        [*(f"in progress above the ceiling in {o}" for o in over)]
+        + ([f"{len(cordoned)} node(s) still cordoned: {', '.join(cordoned[:5])}"] if cordoned else [])
+    )
+    lines.append(
+        f"    invariant breaches: {breaches}"
+        + (
+            f" ({detail})"
+            if detail
+            else " (in progress never above a ceiling at any observed change; every node back in service)"
+        )
+    )
+    return lines
+
+
+def _picture(tracker: Any, nw_obj: Any, path: Path) -> str:
+    """In-progress nodes per compartment over time against the ceilings, batch starts marked."""
+    from nodewright.sim.demo import compartment_statuses
+
+    try:
+        import matplotlib
+    except ImportError:
+        return "not drawn (matplotlib is not installed: make venv installs it)"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    comps = compartment_statuses(nw_obj)
+    series = tracker.samples
+    names = sorted({c for _, counts in series for c in counts})
+    fig, ax = plt.subplots(figsize=(11, 5))
+    for i, name in enumerate(names):
+        color = f"C{i}"
+        ax.step(
+            [t for t, _ in series],
+            [c.get(name, 0) for _, c in series],
+            where="post",
+            color=color,
+            label=f"{name} in progress",
+        )
+        ceiling = int((comps.get(name) or {}).get("ceiling", 0))
+        if ceiling:
+            ax.axhline(ceiling, color=color, linestyle="--", linewidth=1, label=f"{name} ceiling {ceiling}")
+        for (comp, batch), at in sorted(tracker.batch_starts.items()):
+            if comp == name:
+                ax.axvline(at, color=color, linestyle=":", linewidth=0.8, alpha=0.6)
+                ax.annotate(
+                    str(batch),
+                    (at, ceiling or 1),
+                    color=color,
+                    fontsize=7,
+                    xytext=(2, 2),
+                    textcoords="offset points",
+                )
+    ax.set_title(f"{NODEWRIGHT}: nodes in progress per compartment (dashed: ceiling; dotted: batch starts)")
+    ax.set_xlabel("seconds since the demo started following the rollout")
+    ax.set_ylabel("nodes in progress")
+    ax.legend(loc="upper right", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
 
 
 if __name__ == "__main__":  # `python -m nodewright.cli.demo_cmd demo ...` until it is registered

@@ -122,6 +122,9 @@ def _rollout_relevant(old: JSON, new: JSON, nodewrights: Iterable[str]) -> bool:
     old_ann, new_ann = _meta(old).get("annotations") or {}, _meta(new).get("annotations") or {}
     return any(
         old_ann.get(constants.state_annotation(nw)) != new_ann.get(constants.state_annotation(nw))
+        # An admission removed by someone else (`kubectl nodewright node retry`) makes the node a
+        # candidate again; the rollout's own writes add or consume admissions and need no pass.
+        or (admission_annotation(nw) in old_ann and admission_annotation(nw) not in new_ann)
         for nw in nodewrights
     )
 

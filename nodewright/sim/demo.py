@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -233,6 +234,18 @@ def split_evenly(total: int, parts: int) -> list[int]:
 # Watching the fleet
 
 
+PROTECTED_WAIT = re.compile(r"waiting for protected pods: ([^;]+)")
+
+
+@dataclass
+class ProtectedWait:
+    """A node held at its gate by protected pods (the operator's condition says which), and how long."""
+
+    pods: tuple[str, ...]
+    since: float
+    until: float | None = None
+
+
 @dataclass
 class NodeRecord:
     status: str | None = None
@@ -245,6 +258,7 @@ class NodeRecord:
     unschedulable: bool = False
     in_progress_since: float | None = None
     completed_at: float | None = None
+    protected: ProtectedWait | None = None
 
 
 def _admission(annotations: Mapping[str, str], nodewright: str) -> tuple[str | None, int | None, str | None]:
@@ -271,6 +285,8 @@ class FleetTracker:
     started: float = field(default_factory=time.monotonic)
     synced: asyncio.Event = field(default_factory=asyncio.Event)
     errors: int = 0
+    batch_starts: dict[tuple[str, int], float] = field(default_factory=dict)
+    """(compartment, batch) -> seconds since start when its first admission was seen."""
     on_node: Callable[[JSON, float], None] | None = None
     """Called with every node object seen (list and watch), before the tracker's own update."""
 
@@ -300,6 +316,9 @@ class FleetTracker:
             rec.fingerprint,
             rec.ready,
         )
+        if compartment is not None and batch is not None:
+            self.batch_starts.setdefault((compartment, batch), now - self.started)
+        self._protected(rec, status, now)
         if new_status == "in_progress" and rec.status != "in_progress":
             rec.in_progress_since = now
         if new_status == "complete" and rec.status != "complete":
@@ -311,6 +330,26 @@ class FleetTracker:
         if changed and not first:
             self.last_change = now
             self._sample(now)
+
+    def _protected(self, rec: NodeRecord, status: Mapping[str, Any], now: float) -> None:
+        kind = constants.node_condition_type(self.nodewright)
+        cond = next((c for c in status.get("conditions") or [] if c.get("type") == kind), None)
+        waiting = cond is not None and cond.get("reason") == "WaitingForProtectedPods"
+        if waiting and (rec.protected is None or rec.protected.until is not None):
+            found = PROTECTED_WAIT.search(str(cond.get("message") or "")) if cond else None
+            pods = tuple(p.strip() for p in found.group(1).split(",")) if found else ()
+            if rec.protected is None:
+                rec.protected = ProtectedWait(pods, now)
+            else:
+                rec.protected.until = None
+        elif not waiting and rec.protected is not None and rec.protected.until is None:
+            rec.protected.until = now
+
+    def protected_waits(self) -> list[tuple[str, ProtectedWait]]:
+        """Nodes that waited for protected pods, longest wait first."""
+        waits = [(n, r.protected) for n, r in self.nodes.items() if r.protected is not None]
+        end = time.monotonic()
+        return sorted(waits, key=lambda item: -((item[1].until or end) - item[1].since))
 
     def _sample(self, now: float) -> None:
         counts = self.in_progress_by_compartment()

@@ -95,17 +95,29 @@ async def read_state(client: KubeClient, *, label_selector: str | None = None) -
     )
 
 
+TARGET_NODE_ANNOTATION = f"{constants.PREFIX}target-node"
+
+
+def pod_node(pod: JSON) -> str:
+    """The node a package pod runs on, or will run on once the operator binds it."""
+    bound = (pod.get("spec") or {}).get("nodeName")
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return str(bound or annotations.get(TARGET_NODE_ANNOTATION) or "")
+
+
 async def package_pods(
     client: KubeClient, namespace: str, *, nodewright: str, node: str | None = None
 ) -> list[JSON]:
-    """The NodeWright's package pods in the operator namespace (optionally on one node)."""
+    """The NodeWright's package pods in the operator namespace (optionally for one node: selected by
+    the pods' node label, then checked against the node they are bound or targeted to)."""
     from nodewright.kube.resources import PODS
+    from nodewright.plan.podspec import label_value
 
     selector = f"{constants.POD_LABEL_NODEWRIGHT}={nodewright}"
-    field_selector = f"spec.nodeName={node}" if node else None
-    return (
-        await client.list(PODS, namespace=namespace, label_selector=selector, field_selector=field_selector)
-    ).items
+    if node:
+        selector += f",{constants.POD_LABEL_NODE}={label_value(node)}"
+    pods = (await client.list(PODS, namespace=namespace, label_selector=selector)).items
+    return [p for p in pods if node is None or pod_node(p) == node]
 
 
 async def node_pods(client: KubeClient, node: str) -> list[JSON]:

@@ -92,7 +92,10 @@ def _takes_value(action: argparse.Action) -> bool:
 
 def candidates(parser: argparse.ArgumentParser, words: Sequence[str]) -> tuple[list[str], str | None]:
     """(static candidates, the kind of cluster name wanted or None) for `words` (the last is partial)."""
+    from nodewright.cli.main import split_command
+
     *done, prefix = list(words) or [""]
+    done = split_command(done)[1] if done else done  # global flags before the verb, as kubectl allows
     current = parser
     positionals: list[str] = []
     index = 0

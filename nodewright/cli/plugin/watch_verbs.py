@@ -47,15 +47,13 @@ def run(args: argparse.Namespace) -> int:
     return common.run(args, _run)
 
 
-async def frame_docs(
-    session: common.Session, name: str | None, *, events: int
-) -> tuple[list[JSON], dict[str, list[JSON]]]:
-    """The documents of one frame: `status_doc` per NodeWright and its newest Events."""
+async def frame(client: Any, name: str | None, *, events: int) -> tuple[list[JSON], dict[str, list[JSON]]]:
+    """The documents of one frame: `status_doc` per NodeWright and its newest Events (also `make demo`'s)."""
     from nodewright.cli.plugin.cluster import read_state, recent_events
     from nodewright.cli.plugin.explain import analyse
     from nodewright.cli.plugin.status_verbs import status_doc
 
-    state = await read_state(session.client)
+    state = await read_state(client)
     names = [name] if name else sorted(state.nodewrights)
     if name:
         state.nodewright(name)
@@ -63,7 +61,7 @@ async def frame_docs(
     news: dict[str, list[JSON]] = {}
     if events > 0:
         for n in names:
-            news[n] = await recent_events(session.client, kind="NodeWright", name=n, limit=events)
+            news[n] = await recent_events(client, kind="NodeWright", name=n, limit=events)
     return docs, news
 
 
@@ -77,7 +75,7 @@ async def _run(session: common.Session) -> int:
         sys.stdout.write(ENTER)
     try:
         while True:
-            docs, news = await frame_docs(session, args.nodewright, events=args.events)
+            docs, news = await frame(session.client, args.nodewright, events=args.events)
             size = shutil.get_terminal_size((120, 40))
             lines = screen(
                 docs,
