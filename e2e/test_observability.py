@@ -338,3 +338,73 @@ async def test_one_trace_per_node_rollout(
             2,
         ]
         await delete_nodewright(kube, nw, within=60)
+
+
+async def test_the_node_gate_has_spans_cordon_wait_drain_uncordon(
+    cluster: ControlPlane,
+    tracing_operator: Callable[[], OperatorProcess],
+    collector: Collector,
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    """Issue 16: the traces had no spans for the node gate although the docs promised them. An
+    interrupt-bearing package on two nodes: one waits for a protected pod, both evict a workload pod."""
+    prefix = nw = f"gate-{unique}"
+    tracing_operator()
+    async with fleet_of(cluster, prefix, 2) as names:
+        work = await fleet.create_workloads(cluster.kubeconfig, nodes=names, job=f"gw-{unique}")
+        guard = await fleet.create_workloads(
+            cluster.kubeconfig, nodes=names[:1], job=f"gp-{unique}", protected=True, run_for="6s"
+        )
+        pkg = package(duration="1s", interrupt={"type": "service", "services": ["containerd"]})
+        await create_nodewright(
+            kube,
+            nodewright_manifest(
+                nw,
+                fleet_prefix=prefix,
+                packages={"svc": pkg},
+                interruptionBudget={"count": 2},
+                podNonInterruptLabels={"matchLabels": {fleet.PROTECTED_LABEL: "true"}},
+            ),
+        )
+        await wait_statuses(kube, prefix, nw, "complete", within=120)
+
+        def ours() -> list[Span]:
+            return [s for s in collector.spans if Collector.attrs(s).get("nodewright.name") == nw]
+
+        async def exported() -> bool:
+            return sum(s.name == "node-rollout" for s in ours()) >= 2
+
+        await fleet.wait_for(exported, within=30, what="2 node traces exported")
+        await asyncio.sleep(1.0)
+        by_node: dict[str, list[Span]] = defaultdict(list)
+        for span in ours():
+            by_node[str(Collector.attrs(span)["k8s.node.name"])].append(span)
+        for node in names:
+            spans = by_node[node]
+            [root] = [s for s in spans if s.name == "node-rollout"]
+            children = sorted((s for s in spans if s is not root), key=lambda s: s.start_time_unix_nano)
+            stages = [c.name for c in children]
+            expected = {"cordon", "drain", "apply", "config", "interrupt", "post-interrupt", "uncordon"}
+            if node == names[0]:
+                expected.add("wait")
+            assert set(stages) == expected, (node, stages)
+            for child in children:
+                assert child.parent_span_id == root.span_id and child.trace_id == root.trace_id
+                assert root.start_time_unix_nano <= child.start_time_unix_nano
+                assert child.end_time_unix_nano <= root.end_time_unix_nano
+            start = {c.name: c.start_time_unix_nano for c in children}
+            end = {c.name: c.end_time_unix_nano for c in children}
+            # Persisted times (stage starts, the first eviction) have second precision: one second of slack.
+            second = 1_000_000_000
+            assert start["cordon"] <= start["drain"] + second and end["drain"] <= start["apply"] + second
+            assert end["post-interrupt"] <= start["uncordon"] + second
+            if "wait" in start:
+                assert end["wait"] - start["wait"] >= 2 * second, "the protected pod ran for seconds"
+                assert end["wait"] <= start["drain"] + second
+        await delete_nodewright(kube, nw, within=60)
+        invariants.allow_workload_deletion(work)
+        invariants.allow_workload_deletion(guard)
+        await fleet.delete_workloads(cluster.kubeconfig, work)
+        await fleet.delete_workloads(cluster.kubeconfig, guard)
