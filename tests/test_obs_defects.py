@@ -294,3 +294,22 @@ async def test_policy_reset_of_a_compartment_resumes_it_and_is_consumed(env: _En
     assert not state.get("shouldStop") and not state.get("consecutiveFailures")
     assert constants.ANNOTATION_RESET_BATCH not in (stored["metadata"].get("annotations") or {})
     assert "CompartmentResumed" in {e["reason"] for e in _events(env)}
+
+
+def test_a_reboot_is_reported_as_node_rebooted_once() -> None:
+    """The reference's `Reboot` reason was undocumented here and the reboot itself had no Event: the
+    plan now says `NodeRebooted` when the new boot id is seen (mapped to the catalogue, also on the
+    NodeWright)."""
+    from nodewright.observability import events as catalogue
+    from nodewright.plan.node import Event
+    from tests.planfake import FakeNode
+    from tests.test_plan_node import reboot_nw
+
+    node = FakeNode(reboot_nw())
+    node.run()
+    rebooted = [
+        a for p in node.plans for a in p.actions if isinstance(a, Event) and a.reason == "NodeRebooted"
+    ]
+    assert len(rebooted) == 1 and node.reboots == 1
+    reason = catalogue.for_plan_event(rebooted[0].reason, rebooted[0].type)
+    assert reason is catalogue.Reason.NODE_REBOOTED and catalogue.info(reason).also_on_nodewright
