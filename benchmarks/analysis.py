@@ -198,8 +198,9 @@ def minimum_writes(packages: Sequence[PackageShape], *, workload_pods_per_node: 
     Per node:
     - 1 admission (the rollout controller records batch membership on the node);
     - per stage: 1 pod create and 1 pod delete (every stage is its own pod; a package pod's pause
-      container never exits, so the pod must be removed), and 1 pod patch that seals the created pod
-      with its uid (the uid exists only once the pod does; see `controller.context.PodSigner`);
+      container never exits, so the pod must be removed), and 1 binding that places the created pod on
+      its node together with its seal over its uid (the uid exists only once the pod does, and the pod
+      must not run unsealed; see `controller.context.PodSigner`);
     - state annotation writes: the start of a node's work must be durable before the first pod exists
       (1 write: all root packages start together once admitted), and every stage completion is a
       durable transition (1 write each), which also records the next stage's start, or the package's
@@ -217,7 +218,7 @@ def minimum_writes(packages: Sequence[PackageShape], *, workload_pods_per_node: 
     breakdown = {
         "admission": 1,
         "pod_create": stages,
-        "pod_seal": stages,
+        "pod_bind": stages,
         "pod_delete": stages,
         "state": stages + 1,
         "condition": 1 if interrupts else 0,

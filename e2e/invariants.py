@@ -57,6 +57,7 @@ import aiohttp
 
 from nodewright.api import constants as c
 from nodewright.api.nodestate import Admission, MalformedNodeState, NodeState, decode
+from nodewright.plan import podspec
 from nodewright.sim.fleet import WORKLOAD_JOB_LABEL, TrainingJob
 from nodewright.sim.kubeapi import JSON, ApiError, KubeClient
 
@@ -311,6 +312,10 @@ class PodRecord:
 
     @property
     def is_package(self) -> bool:
+        """A package stage pod. Drift-check pods (read-only, outside batches: no cordon, no budget slot)
+        are not judged as stage pods."""
+        if self.labels.get(c.POD_LABEL_PURPOSE) == c.POD_PURPOSE_DRIFT_CHECK:
+            return False
         return all(self.labels.get(k) == v for k, v in OPERATOR_LABELS.items())
 
     @property
@@ -375,7 +380,7 @@ def _pod_record(obj: Mapping[str, Any], old: PodRecord | None) -> PodRecord:
         name=meta.get("name", ""),
         uid=meta.get("uid", ""),
         labels=labels,
-        node=(obj.get("spec") or {}).get("nodeName") or "",
+        node=podspec.pod_node(obj),  # created unbound, for this node (bound by the operator)
         phase=(obj.get("status") or {}).get("phase") or "Pending",
         # A recorded success survives later status changes (a deleted pod does not "unsucceed").
         outcome=outcome or (old.outcome if old else None),

@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 
 from nodewright.api.nodestate import decode
+from nodewright.plan import podspec
 from nodewright.sim import fleet
 from nodewright.sim.controlplane import ControlPlane, free_port
 from nodewright.sim.kubeapi import JSON, ApiError, KubeClient
@@ -439,7 +440,7 @@ class PodCreations:
                 self.created.append(
                     (
                         obj["metadata"]["name"],
-                        obj["spec"]["nodeName"],
+                        podspec.pod_node(obj),
                         labels["nodewright.io/package"],
                         labels["nodewright.io/stage"],
                         obj["metadata"]["annotations"]["nodewright.io/attempt"],

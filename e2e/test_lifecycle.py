@@ -33,6 +33,7 @@ from e2e.operator_fixture import (
     wait_statuses,
 )
 from nodewright.api.nodestate import decode
+from nodewright.plan import podspec
 from nodewright.sim import fleet
 from nodewright.sim.controlplane import ControlPlane
 from nodewright.sim.kubeapi import KubeClient
@@ -82,7 +83,7 @@ async def stages_run(kube: KubeClient, nw: str) -> list[tuple[str, str, str, str
     """(node, package, version, stage) of every package pod currently in the namespace."""
     return sorted(
         (
-            p["spec"]["nodeName"],
+            podspec.pod_node(p),
             p["metadata"]["labels"]["nodewright.io/package"],
             p["metadata"]["labels"]["nodewright.io/version"],
             p["metadata"]["labels"]["nodewright.io/stage"],
@@ -442,7 +443,7 @@ async def test_ignore_label_and_untolerated_taint_block_until_tolerated(
         assert status_of(by_name[free], nw) == "complete"
         assert "nodewright.io/ignore=true" in (condition_of(by_name[ignored], nw) or {}).get("message", "")
         assert "dedicated=infer:NoSchedule" in (condition_of(by_name[tainted], nw) or {}).get("message", "")
-        assert not any(p["spec"]["nodeName"] in (ignored, tainted) for p in await package_pods(kube, nw))
+        assert not any(podspec.pod_node(p) in (ignored, tainted) for p in await package_pods(kube, nw))
         await patch_nodewright(
             kube,
             nw,

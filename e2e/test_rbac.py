@@ -371,11 +371,9 @@ async def rollout(chart: ChartCluster, kube: KubeClient, work: Path) -> None:
     # Deleting with the operator running: it releases its nodes and the finalizer itself.
     await delete_nodewright(kube, "rb-f", within=90)
     await delete_nodewright(kube, "rb-s", within=90)
-    # The operator's own release (docs: state, status label, condition, timing go). The admission
-    # annotation `nodewright.io/batch.<nw>` can survive it when a rollout pass re-admits the node while
-    # it is being released (seen here; reported to the rollout controller's owner): the uninstall below
-    # sweeps it, and assert_clean checks that it did.
-    leftovers = [k for k in node_leftovers(await node(kube, force_node)) if "nodewright.io/batch." not in k]
+    # The operator's own release (docs: state, status label, condition, timing and admission go; an
+    # admission written by the very pass that releases the finalizer is removed too).
+    leftovers = node_leftovers(await node(kube, force_node))
     assert leftovers == [], leftovers
     assert status_of(await node(kube, wait_node), "rb-w") == "in_progress"  # left for the uninstall
 

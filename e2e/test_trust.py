@@ -389,5 +389,23 @@ async def test_the_api_server_keeps_the_digest_of_our_pods(kube: KubeClient, uni
             assert stored["spec"] != manifest["spec"], "kube-apiserver fills in defaults"
             assert podspec.run_spec_changes(manifest, stored) == []
             assert podspec.run_digest(stored) == podspec.run_digest(manifest)
+            # The operator's binding (uid precondition, seal annotation) places it: still the same digest.
+            await kube.create(
+                f"{PODS}/{manifest['metadata']['name']}/binding",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Binding",
+                    "metadata": {
+                        "name": manifest["metadata"]["name"],
+                        "uid": stored["metadata"]["uid"],
+                        "annotations": {"nodewright.io/seal": "probe"},
+                    },
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": f"nowhere-{unique}"},
+                },
+            )
+            bound = await kube.get(f"{PODS}/{manifest['metadata']['name']}")
+            assert bound["spec"]["nodeName"] == f"nowhere-{unique}"
+            assert bound["metadata"]["annotations"]["nodewright.io/seal"] == "probe"
+            assert podspec.run_digest(bound) == podspec.run_digest(manifest)
         finally:
             await kube.delete(f"{PODS}/{manifest['metadata']['name']}", body={"gracePeriodSeconds": 0})

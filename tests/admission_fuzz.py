@@ -96,6 +96,8 @@ STRING_CLASSES: dict[str, tuple[str, list[str]]] = {
     "spec.additionalTolerations.*.value": (EMPTY_OK, _LABEL_VALUES),
     "spec.compartments.*.name": (STRICT, ["__default__", "zone a", "zöne"]),
     "**.soakTime": (STRICT, _DURATIONS),
+    "spec.driftDetection.interval": (STRICT, [*_DURATIONS, "9s", "0"]),
+    "spec.packages.*.driftDetection.interval": (STRICT, [*_DURATIONS, "1s"]),
     "**.maintenance.timeZone": (STRICT, ["Mars/Olympus", "utc+1"]),
     "**.maintenance.windows.*.timeZone": (STRICT, ["Mars/Olympus"]),
     "**.maintenance.windows.*.schedule": (STRICT, ["0 25 * * *", "every night", "0 2 * *"]),

@@ -5,8 +5,9 @@ It speaks enough of the REST protocol to exercise the real client code over real
 - collections of JSON objects addressed like the real API (`/api/v1/nodes`, `/api/v1/namespaces/ns/pods`,
   `/apis/<group>/<version>/...`), a global resourceVersion counter, and a history of events;
 - GET (item and paginated list with `limit`/`continue`), POST (create, `generateName`, 409 AlreadyExists,
-  and `pods/<name>/eviction`), PUT (409 on a stale resourceVersion), PATCH (JSON merge patch; strategic
-  merge of `status.conditions` by `type`), DELETE;
+  `pods/<name>/eviction`, and `pods/<name>/binding` with its uid precondition and annotations), PUT
+  (409 on a stale resourceVersion), PATCH (JSON merge patch; strategic merge of `status.conditions` by
+  `type`), DELETE;
 - watches: *live* (history after the requested resourceVersion, then changes as they happen, 410 if the
   resourceVersion is older than the compaction point) or *scripted* (the next queued `WatchScript` for that
   collection: literal lines, pauses, HTTP statuses, hangs);
@@ -217,8 +218,12 @@ class FakeKube:
     def watch_requests(self) -> list[Req]:
         return [r for r in self.requests if r.query.get("watch") in ("1", "true")]
 
-    def count(self, method: str, path_contains: str = "") -> int:
-        return sum(1 for r in self.requests if r.method == method and path_contains in r.path)
+    def count(self, method: str, path_contains: str = "", *, ends: str = "") -> int:
+        return sum(
+            1
+            for r in self.requests
+            if r.method == method and path_contains in r.path and r.path.endswith(ends)
+        )
 
     def _commit(self, collection: Collection, kind: str, obj: JSON, *, store: bool = True) -> JSON:
         self.rv += 1
@@ -251,6 +256,8 @@ class FakeKube:
             return self._get(collection, name, query)
         if request.method == "POST" and sub == "eviction" and name is not None:
             return self._evict(collection, name)
+        if request.method == "POST" and sub == "binding" and name is not None:
+            return self._bind(collection, name, body or {})
         if request.method == "POST":
             return self._create(collection, body or {})
         assert name is not None
@@ -339,6 +346,23 @@ class FakeKube:
         if uid and uid != current["metadata"]["uid"]:
             return web.json_response(status_body(409, "Conflict", "uid precondition failed"), status=409)
         return web.json_response(self.remove(collection, name))
+
+    def _bind(self, collection: Collection, name: str, body: JSON) -> web.Response:
+        """kube-apiserver's BindingREST: uid precondition, once only, annotations copied onto the pod."""
+        current = self.objects.get(collection, {}).get(name)
+        if current is None:
+            return web.json_response(status_body(404, "NotFound", f"pods {name} not found"), status=404)
+        meta = body.get("metadata") or {}
+        if meta.get("uid") and meta["uid"] != current["metadata"]["uid"]:
+            return web.json_response(status_body(409, "Conflict", "uid precondition failed"), status=409)
+        if (current.get("spec") or {}).get("nodeName"):
+            message = f"pod {name} is already assigned to node {current['spec']['nodeName']!r}"
+            return web.json_response(status_body(409, "Conflict", message), status=409)
+        updated = copy.deepcopy(current)
+        updated.setdefault("spec", {})["nodeName"] = (body.get("target") or {}).get("name")
+        updated["metadata"].setdefault("annotations", {}).update(meta.get("annotations") or {})
+        self.put(collection, updated)
+        return web.json_response({"kind": "Status", "status": "Success"}, status=201)
 
     def _evict(self, collection: Collection, name: str) -> web.Response:
         if name not in self.objects.get(collection, {}):

@@ -95,7 +95,7 @@ def test_minimum_writes_without_interrupt() -> None:
     assert m.breakdown == {
         "admission": 1,
         "pod_create": 6,
-        "pod_seal": 6,
+        "pod_bind": 6,
         "pod_delete": 6,
         "state": 7,
         "condition": 0,

@@ -36,6 +36,7 @@ from nodewright.kube.resources import DEPLOYMENTPOLICIES, NODES, NODEWRIGHTS, PO
 from nodewright.kube.trim import trim_node, trim_pod
 from nodewright.observability.metrics import OperatorMetrics
 from nodewright.observability.tracing import RolloutTracer
+from nodewright.plan import podspec
 from nodewright.plan.rollout import Admission, spec_fingerprint
 from tests.kubefake import FakeKube, pods_c
 
@@ -147,7 +148,7 @@ async def env() -> AsyncIterator[Env]:
     client = KubeClient(kube.config(), max_retries=0)
     nodes = Informer(client, NODES, transform=trim_node)
     pods = Informer(client, PODS, namespace=NS, transform=trim_pod)
-    pods.add_index("node", lambda p: [str((p.get("spec") or {}).get("nodeName") or "")])
+    pods.add_index("node", lambda p: [podspec.pod_node(p)])
     nodewrights = Informer(client, NODEWRIGHTS)
     rollouts: list[str] = []
     rt = make_runtime(
@@ -372,12 +373,12 @@ async def test_a_created_pod_is_not_created_again_before_the_watch_shows_it(env:
     # Our own state patch brings the key back before the pod informer has seen the new pod.
     env.rt.nodes.upsert(trim_node(env.node()))
     await env.reconciler.reconcile("nw/n1")
-    assert env.kube.count("POST", "/pods") == 1
+    assert env.kube.count("POST", ends="/pods") == 1
     [pod] = env.pods()
     env.rt.pods.upsert(trim_pod(pod))
     env.rt.pod_expectations.observed(trim_pod(pod))
     await env.reconciler.reconcile("nw/n1")
-    assert env.kube.count("POST", "/pods") == 1
+    assert env.kube.count("POST", ends="/pods") == 1
 
 
 async def test_a_deleted_pod_is_not_deleted_again_before_the_watch_shows_it(env: Env) -> None:
@@ -389,7 +390,7 @@ async def test_a_deleted_pod_is_not_deleted_again_before_the_watch_shows_it(env:
     env.rt.nodes.upsert(trim_node(env.node()))
     await env.reconciler.reconcile("nw/n1")
     assert env.kube.count("DELETE", "/pods/") == 1
-    assert env.kube.count("POST", "/pods") == 2
+    assert env.kube.count("POST", ends="/pods") == 2
 
 
 async def test_node_metadata_falls_back_to_its_own_patch_when_status_drops_it(env: Env) -> None:
@@ -486,3 +487,30 @@ async def test_a_pod_the_api_server_refuses_makes_the_node_erroring_with_its_mes
     assert "tolerations[0].operator" in condition["message"], condition
     assert env.pods() == []
     assert '"d":true' in node["metadata"]["annotations"][admission_annotation("nw")], "settled: consumed"
+
+
+async def test_a_drifted_package_is_repaired_in_a_pod_that_re_runs_its_steps(env: Env) -> None:
+    """driftDetection.action reapply: an admitted, drifted node gets an apply pod with the repair env."""
+    env.rt.nodewrights.upsert(nw_obj(driftDetection={"action": "reapply", "interval": "10m"}))
+    env.kube.creation_timestamp = "2026-01-01T11:59:00Z"
+    drifted = PackageEntry(
+        name="tool",
+        version="1.0.0",
+        stage=PackageStage.CONFIG,
+        state=PackageState.COMPLETE,
+        attempts=1,
+        updated="2026-01-01T10:00:00Z",
+        drifted="apply-check failed: value differs",
+    )
+    state = NodeState(packages=(drifted,), generation=1, boot_id="b1")
+    annotations = {constants.state_annotation("nw"): encode(state), **env.admit()}
+    env.put_node(node_obj(annotations))
+    await env.reconciler.reconcile("nw/n1")
+    [pod] = env.pods()
+    assert pod["metadata"]["labels"][constants.POD_LABEL_STAGE] == "apply"
+    env_vars = {e["name"]: e.get("value") for c in pod["spec"]["initContainers"] for e in c.get("env") or ()}
+    assert env_vars.get("NODEWRIGHT_REPAIR") == "true", env_vars
+    entry = decode(env.node()["metadata"]["annotations"][constants.state_annotation("nw")]).entry(
+        "tool", "1.0.0"
+    )
+    assert entry is not None and entry.repair and entry.state == PackageState.IN_PROGRESS

@@ -12,15 +12,18 @@ import pytest
 
 from nodewright.api import constants
 from nodewright.api.models import Status
+from nodewright.api.nodestate import NodeState, PackageEntry, PackageStage, PackageState, encode
 from nodewright.controller import rollout as rollout_mod
 from nodewright.controller.context import (
     Runtime,
+    admission_annotation,
 )
 from nodewright.controller.rollout import RolloutReconciler
 from nodewright.kube.client import KubeClient
 from nodewright.kube.informer import Informer
 from nodewright.kube.resources import NODES, NODEWRIGHTS, PODS
 from nodewright.kube.trim import trim_node
+from nodewright.plan import podspec
 from nodewright.plan.rollout import Admission, NewAdmission, RolloutNode, RolloutPlan
 from tests.kubefake import FakeKube
 from tests.test_controller_nodes import NS, make_runtime, nw_obj
@@ -212,7 +215,7 @@ async def test_deleting_an_invalid_nodewright_releases_nodes_and_the_finalizer(e
     """A spec the models refuse (stored before a stricter rule) must not make its deletion hang."""
     from nodewright.controller.nodes import NodeReconciler
 
-    env.rt.pods.add_index("node", lambda p: [str((p.get("spec") or {}).get("nodeName") or "")])
+    env.rt.pods.add_index("node", lambda p: [podspec.pod_node(p)])
     obj = nw_obj(nodeSelectors={"matchLabels": {"pool": "a"}})
     obj["spec"]["packages"]["tool"]["image"] = "NOT A VALID IMAGE"
     obj["metadata"]["finalizers"] = [constants.FINALIZER]
@@ -231,3 +234,37 @@ async def test_deleting_an_invalid_nodewright_releases_nodes_and_the_finalizer(e
     assert constants.state_annotation("nw") not in (released["metadata"].get("annotations") or {})
     await env.reconciler.reconcile("nw")
     assert not (env.kube.get(NW_C, "nw") or {}).get("metadata", {}).get("finalizers")
+
+
+async def test_a_deleting_nodewright_admits_only_nodes_that_hold_something_of_it(env: _Env) -> None:
+    """A released (or never touched) node is no candidate of a leaving NodeWright: re-admitting it
+    would have the node controller release it again, batch after batch, ahead of the nodes with work."""
+    obj = nw_obj(nodeSelectors={"matchLabels": {"pool": "a"}})
+    obj["spec"]["packages"]["tool"]["uninstall"] = {"enabled": True}
+    obj["metadata"]["finalizers"] = [constants.FINALIZER]
+    obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    env.put_nodewright(obj)
+    installed = NodeState(
+        packages=(
+            PackageEntry(
+                name="tool", version="1.0.0", stage=PackageStage.CONFIG, state=PackageState.COMPLETE
+            ),
+        ),
+        generation=1,
+    )
+    for i in range(3):
+        node = _node(f"n{i}")
+        if i == 2:
+            node["metadata"]["labels"][constants.status_label("nw")] = "complete"
+            node["metadata"]["annotations"] = {constants.state_annotation("nw"): encode(installed)}
+        env.put_node(node)
+    await env.reconciler.reconcile("nw")
+    admitted = {
+        r.path.rsplit("/", 1)[-1]
+        for r in env.kube.requests
+        if r.method == "PATCH"
+        and "/nodes/" in r.path
+        and admission_annotation("nw") in ((r.body or {}).get("metadata", {}).get("annotations") or {})
+        and (r.body or {})["metadata"]["annotations"][admission_annotation("nw")] is not None
+    }
+    assert admitted == {"n2"}, admitted

@@ -43,7 +43,7 @@ def state_entry(env: Env) -> Any:
 
 
 async def start_apply_pod(env: Env) -> dict[str, Any]:
-    """Admit n1; the node controller creates (and seals) the apply pod; informers up to date."""
+    """Admit n1; the node controller creates (and binds, sealed) the apply pod; informers up to date."""
     env.kube.creation_timestamp = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")  # a fresh pod, not a stuck one
     env.put_node(node_obj(env.admit()))
     await env.reconciler.reconcile("nw/n1")
@@ -95,12 +95,22 @@ def succeed(env: Env, pod: dict[str, Any]) -> None:
     env.rt.pods.upsert(trim_pod(pod))
 
 
-async def test_created_pods_are_sealed_with_a_uid_precondition(env: Env) -> None:
+def bindings(env: Env) -> list[Any]:
+    return [r.body for r in env.kube.requests if r.method == "POST" and r.path.endswith("/binding")]
+
+
+async def test_created_pods_are_bound_with_their_seal_under_a_uid_precondition(env: Env) -> None:
     pod = await start_apply_pod(env)
+    [create] = [r.body for r in env.kube.requests if r.method == "POST" and r.path.endswith("/pods")]
+    assert "nodeName" not in create["spec"], "created unbound: nothing runs before the binding"
+    assert create["spec"]["schedulerName"] == constants.POD_SCHEDULER_NAME
+    assert create["metadata"]["annotations"][constants.POD_ANNOTATION_NODE] == "n1"
+    [binding] = bindings(env)
+    assert binding["metadata"]["uid"] == pod["metadata"]["uid"] and binding["target"]["name"] == "n1"
     annotations = pod["metadata"]["annotations"]
-    assert annotations[POD_ANNOTATION_SIGNATURE].startswith("v2:") and annotations[POD_ANNOTATION_SEAL]
-    [patch] = [r for r in env.kube.requests if r.method == "PATCH" and "/pods/" in r.path]
-    assert patch.body["metadata"]["uid"] == pod["metadata"]["uid"]
+    assert binding["metadata"]["annotations"] == {POD_ANNOTATION_SEAL: annotations[POD_ANNOTATION_SEAL]}
+    assert annotations[POD_ANNOTATION_SIGNATURE].startswith("v2:") and pod["spec"]["nodeName"] == "n1"
+    assert [r for r in env.kube.requests if r.method == "PATCH" and "/pods/" in r.path] == [], "no patch"
     assert env.rt.signer.check(trim_pod(pod)).sealed
 
 
@@ -174,38 +184,83 @@ async def test_a_signature_copied_to_another_node_fails_on_that_node(env: Env) -
     assert deletes_of(env, ours["metadata"]["name"]) == [], "our pod on n1 is untouched"
 
 
-async def test_a_restarted_operator_trusts_its_sealed_pods_and_redoes_unsealed_ones(env: Env) -> None:
-    env.kube.fail("PATCH", "/pods/", 500, times=10)  # the seal cannot be written (the client retries 5xx)
+async def test_a_restarted_operator_binds_its_unbound_pods_and_redoes_unsealed_bound_ones(env: Env) -> None:
+    env.kube.fail("POST", "/binding", 500, times=10)  # the binding fails (the client retries 5xx)
     ours = await start_apply_pod(env)
-    assert POD_ANNOTATION_SEAL not in ours["metadata"]["annotations"]
-    assert env.rt.pod_expectations.seal_pending(ours["metadata"]["uid"])
+    assert "nodeName" not in ours["spec"] and POD_ANNOTATION_SEAL not in ours["metadata"]["annotations"]
     env.kube.faults.clear()
-    await env.reconciler.reconcile("nw/n1")
-    assert deletes_of(env, ours["metadata"]["name"]) == [], "ours by its uid while the seal is pending"
-    [sealed] = env.pods()
-    assert POD_ANNOTATION_SEAL in sealed["metadata"]["annotations"], "the seal is retried by the next scan"
-    env.rt.pods.upsert(trim_pod(sealed))
 
+    # Killed before the binding: the next operator finds a signed pod that has run nothing, which its
+    # stage still expects. It binds it (with the seal) instead of running the stage again.
     restarted = NodeReconciler(dataclasses.replace(env.rt, pod_expectations=PodExpectations(trim_pod)))
     await restarted.reconcile("nw/n1")
+    assert deletes_of(env, ours["metadata"]["name"]) == [], "an unbound pod of ours is not lost work"
+    [bound] = env.pods()
+    assert bound["metadata"]["uid"] == ours["metadata"]["uid"] and bound["spec"]["nodeName"] == "n1"
+    assert bindings(env)[-1]["metadata"]["uid"] == ours["metadata"]["uid"]
+    env.rt.pods.upsert(trim_pod(bound))
+    assert env.rt.signer.check(trim_pod(bound)).sealed
+
+    again = NodeReconciler(dataclasses.replace(env.rt, pod_expectations=PodExpectations(trim_pod)))
+    await again.reconcile("nw/n1")
     assert deletes_of(env, ours["metadata"]["name"]) == [], "a sealed pod survives a restart"
 
-    # Killed between create and seal: the pod verifies but no one vouches for its uid.
-    unsealed = copy.deepcopy(sealed)
+    # Bound without our seal (an older operator version's pod, or someone with pods/binding): it may
+    # have run anything of what we signed at any time, so it does not count and its stage is redone.
+    unsealed = copy.deepcopy(bound)
     del unsealed["metadata"]["annotations"][POD_ANNOTATION_SEAL]
     env.kube.put(PODS_C, unsealed)
     env.rt.pods.upsert(trim_pod(unsealed))
-    await restarted.reconcile("nw/n1")
+    await again.reconcile("nw/n1")
     assert len(deletes_of(env, ours["metadata"]["name"])) == 1
     assert untrusted_count(env, UntrustedReason.UNSEALED) == 1
     assert state_entry(env).state == PackageState.IN_PROGRESS, "not wedged: the stage is simply redone"
 
 
+async def test_an_unbound_pod_no_stage_expects_is_deleted_not_bound(env: Env) -> None:
+    ours = await start_apply_pod(env)
+    stale = copy.deepcopy(ours)
+    stale["metadata"]["name"] = "stale"
+    stale["metadata"]["annotations"][constants.POD_ANNOTATION_ATTEMPT] = "7"
+    del stale["spec"]["nodeName"]
+    env.rt.signer.sign(stale)
+    for key in ("uid", "resourceVersion"):
+        stale["metadata"].pop(key)
+    stored = env.kube.put(PODS_C, stale)
+    env.rt.pods.upsert(trim_pod(stored))
+    await env.reconciler.reconcile("nw/n1")
+    assert len(deletes_of(env, "stale")) == 1
+    assert [b for b in bindings(env) if b["metadata"]["name"] == "stale"] == []
+    assert await warning_events(env) == [], "ours and harmless: removed without a warning"
+
+
+async def test_a_refused_binding_deletes_the_pod_and_fails_the_attempt_naming_the_permission(
+    env: Env,
+) -> None:
+    one_attempt = {"tool": {"version": "1.0.0", "image": "ghcr.io/x/tool", "maxAttempts": 1}}
+    env.rt.nodewrights.upsert(nodes_tests.nw_obj(packages=one_attempt))
+    env.kube.fail("POST", "/binding", 403, times=5)
+    env.kube.creation_timestamp = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
+    env.put_node(node_obj(env.admit()))
+    for _ in range(3):
+        await env.reconciler.reconcile("nw/n1")
+    assert env.pods() == [], "an unbound pod that cannot be bound does not linger"
+    node = env.node()
+    condition = next(
+        c for c in node["status"]["conditions"] if c["type"] == constants.node_condition_type("nw")
+    )
+    assert "pods/binding" in condition["message"], condition
+    assert node["metadata"]["labels"][constants.status_label("nw")] == "erroring"
+
+
 async def test_a_seal_never_lands_on_a_pod_that_replaced_ours(env: Env) -> None:
     ours = await start_apply_pod(env)
-    impostor = replace_pod(env, ours, ours)
-    await env.reconciler.trust.seal(trim_pod(ours))  # e.g. a retried seal of our (deleted) pod
-    assert env.kube.get(PODS_C, impostor["metadata"]["name"]) == impostor, "422: uid is immutable"
+    unbound = copy.deepcopy(ours)
+    del unbound["spec"]["nodeName"]
+    del unbound["metadata"]["annotations"][POD_ANNOTATION_SEAL]
+    impostor = replace_pod(env, ours, unbound)
+    assert await env.reconciler.trust.bind(trim_pod(ours)) is False  # e.g. a retried binding of ours
+    assert env.kube.get(PODS_C, impostor["metadata"]["name"]) == impostor, "409: uid precondition"
 
 
 async def test_a_pod_mutated_on_create_is_deleted_and_its_create_refused(env: Env) -> None:
@@ -246,7 +301,7 @@ async def test_a_pod_mutated_on_create_is_deleted_and_its_create_refused(env: En
     [event, _] = await warning_events(env)
     assert "spec.containers" in event["message"]
     assert not env.rt.pod_expectations.created_here(created["metadata"]["uid"]), "never vouched for"
-    assert [r for r in env.kube.requests if r.method == "PATCH" and "/pods/" in r.path] == [], "not sealed"
+    assert bindings(env) == [], "never bound, so it never ran"
 
 
 async def test_our_pod_of_an_earlier_nodewright_of_the_same_name_is_left_to_the_gc(env: Env) -> None:

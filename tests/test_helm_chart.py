@@ -234,6 +234,8 @@ def test_operator_rbac_is_least_privilege() -> None:
     assert grants(namespaced, "secrets", "get", name="nodewright-operator-signing-key")
     assert not unrestricted(namespaced, "leases", "update") and not unrestricted(namespaced, "leases", "get")
     assert grants(namespaced, "leases", "update", name="nodewright-operator")
+    assert grants(namespaced, "pods/binding", "create"), "package pods are bound (and sealed) by the operator"
+    assert not grants(namespaced, "pods", "patch") and not grants(cluster, "pods/binding", "create")
     assert rules(objs, "Role", "nw-nodewright-events") == [
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}
     ]

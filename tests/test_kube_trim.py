@@ -74,7 +74,7 @@ def test_trim_node_keeps_what_the_controller_needs_and_is_idempotent(
     assert [c["type"] for c in trimmed["status"]["conditions"]] == ["Ready", "nodewright.io/a"]
     assert trimmed["status"]["conditions"][1]["message"] == "done"
     assert "lastHeartbeatTime" not in trimmed["status"]["conditions"][0]  # changes every few seconds
-    assert trimmed["status"]["nodeInfo"] == {"bootID": "boot-1"}
+    assert trimmed["status"]["nodeInfo"] == {"bootID": "boot-1", "kernelVersion": "6.8"}  # drift re-checks
     assert node_ready(trimmed)
 
 

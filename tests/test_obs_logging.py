@@ -181,3 +181,23 @@ def test_json_is_default_when_not_a_tty() -> None:
     configure_logging("info", stream=buf)
     get_logger().info("x")
     assert lines(buf)[0]["event"] == "x"
+
+
+def _fail_with_a_secret_local() -> None:
+    authorization = "Bearer sekrit-token-0123456789"
+    raise RuntimeError(f"request failed ({len(authorization)} bytes of header)")
+
+
+@pytest.mark.parametrize("use_json", [True, False])
+def test_tracebacks_never_show_local_variables(use_json: bool) -> None:
+    """The API client's frames hold the bearer token: a logged exception must not print locals."""
+    buf = io.StringIO()
+    configure_logging("info", json=use_json, stream=buf)
+    try:
+        _fail_with_a_secret_local()
+    except RuntimeError:
+        get_logger().exception("reconcile failed")
+        logging.getLogger("stdlib").exception("stdlib too")
+    text = buf.getvalue()
+    assert "request failed" in text and "_fail_with_a_secret_local" in text, text
+    assert "sekrit" not in text, text

@@ -363,6 +363,7 @@ def test_exported_names_match_scrape(metrics: OperatorMetrics) -> None:
     metrics.reconcile(controller="node", result="error", seconds=0.1)
     metrics.record_loop_lag(0.001)
     metrics.count_untrusted_pod("replayed")
+    d.count_drift_check(nodewright="nw", result="clean")
 
     names: set[str] = set()
     for name, _, _ in samples(metrics):

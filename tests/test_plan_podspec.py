@@ -32,6 +32,7 @@ from nodewright.plan.podspec import (
     package_configmap_name,
     parse_duration_seconds,
     pod_name,
+    pod_node,
     safe_name,
     spec_hash,
 )
@@ -99,7 +100,9 @@ def test_package_pod() -> None:
     )
     pod = build(nw)
     spec = pod["spec"]
-    assert spec["nodeName"] == "node-a" and spec["restartPolicy"] == "Never"
+    assert "nodeName" not in spec and spec["schedulerName"] == constants.POD_SCHEDULER_NAME, "bound later"
+    assert pod["metadata"]["annotations"][constants.POD_ANNOTATION_NODE] == "node-a"
+    assert pod_node(pod) == "node-a" and spec["restartPolicy"] == "Never"
     assert spec["hostPID"] and spec["hostNetwork"]
     assert spec["terminationGracePeriodSeconds"] == 90
     init = spec["initContainers"]

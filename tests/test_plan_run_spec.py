@@ -265,6 +265,34 @@ def test_any_change_to_what_the_pod_runs_changes_the_digest(tamper: str) -> None
     assert podspec.run_spec_changes(pod, changed), tamper
 
 
+def test_the_operators_binding_to_the_target_node_keeps_the_digest_and_any_other_node_does_not() -> None:
+    nw = NodeWright.model_validate(
+        {
+            "metadata": {"name": "nw", "uid": "u1", "generation": 1},
+            "spec": {"packages": {"tool": {"version": "1.0.0", "image": "ghcr.io/x/tool"}}},
+        }
+    )
+    options = podspec.PodOptions(namespace="ns", agent_image="agent:1", pause_image="pause:3")
+    pod = podspec.build_pod(
+        nw,
+        nw.spec.packages["tool"],
+        package_name="tool",
+        version="1.0.0",
+        stage=PackageStage.APPLY,
+        node="gpu-node-1",
+        attempt=1,
+        node_order=0,
+        options=options,
+    )
+    assert "nodeName" not in pod["spec"]
+    bound, elsewhere = copy.deepcopy(pod), copy.deepcopy(pod)
+    bound["spec"]["nodeName"] = "gpu-node-1"
+    elsewhere["spec"]["nodeName"] = "gpu-node-2"
+    assert podspec.run_digest(bound) == podspec.run_digest(pod)
+    assert podspec.run_digest(elsewhere) != podspec.run_digest(pod)
+    assert podspec.pod_node(pod) == podspec.pod_node(bound) == "gpu-node-1"
+
+
 def test_a_token_mount_elsewhere_is_not_taken_for_the_injected_one() -> None:
     recorded = json.loads((DATA / "kube-apiserver-v1.36.3-apply-default-admission.json").read_text())
     stored = copy.deepcopy(recorded["stored"])

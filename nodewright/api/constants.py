@@ -88,6 +88,10 @@ POD_ANNOTATION_ATTEMPT: Final = f"{PREFIX}attempt"
 POD_ANNOTATION_INTERRUPT: Final = f"{PREFIX}interrupt"
 POD_ANNOTATION_SPEC_HASH: Final = f"{PREFIX}spec-hash"
 POD_ANNOTATION_DRIFT_SLOT: Final = f"{PREFIX}drift-slot"  # drift-check pods: the check slot they belong to
+POD_ANNOTATION_NODE: Final = f"{PREFIX}target-node"
+"""The node a package pod is for. Stage pods are created unbound and bound there by the operator."""
+POD_SCHEDULER_NAME: Final = "nodewright-operator"
+"""The schedulerName of package pods: no scheduler serves it, so only the operator's binding places them."""
 
 # Environment variables passed to every package pod (reference names and our equivalents).
 ENV_NODE_ORDER: Final = ("SKYHOOK_NODE_ORDER", "NODEWRIGHT_NODE_ORDER")

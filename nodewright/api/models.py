@@ -583,6 +583,32 @@ class InterruptWait(_Model):
     )
 
 
+class DriftAction(StrEnum):
+    REPORT = "report"
+    REAPPLY = "reapply"
+
+
+class DriftDetection(_Model):
+    """Periodic re-checks of complete nodes: do they still have what this NodeWright applied?"""
+
+    enabled: bool = _text(
+        "Check this NodeWright (or package) at all; false opts a package out.", default=True
+    )
+    interval: Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)] = _text(
+        "How often each complete node is checked (Go duration, at least 10s); checks are spread over the"
+        " interval per node (a fixed offset derived from the node's name), and a node is also checked"
+        " at once when it rebooted outside an interrupt of ours or its kernel or OS image changed.",
+        default="1h",
+    )
+    action: DriftAction = _text(
+        "report: a node whose check fails is labelled drifted, with a condition, an Event and metrics,"
+        " and nothing else happens; reapply: it is also repaired (the package's apply and config run again,"
+        " with its interrupt), through batches and budgets like any change.",
+        default=DriftAction.REPORT,
+        strict=False,
+    )
+
+
 def _image_name_ok(value: str) -> bool:
     name = re.match(IMAGE_NAME_FIND, value)
     return (name is None or len(name.group(0)) <= NAME_MAX) and re.fullmatch(IMAGE_ID_PATTERN, value) is None
@@ -689,6 +715,9 @@ class Package(_Model):
     stage_timeout: Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)] = _text(
         "Maximum duration of one stage (Go duration); a stage running longer counts as a failed attempt.",
         default="30m",
+    )
+    drift_detection: DriftDetection | None = _text(
+        "Overrides the NodeWright's driftDetection for this package (enabled: false opts it out)."
     )
 
 
@@ -806,6 +835,10 @@ class NodeWrightSpec(_Model):
     interrupt_wait: InterruptWait | None = _text(
         "Bound on waiting for podNonInterruptLabels pods before an interrupt; unset waits indefinitely."
     )
+    drift_detection: DriftDetection | None = _text(
+        "Keep verifying complete nodes with the packages' check modes (apply-check, config-check,"
+        " post-interrupt-check), and report or repair drift; off when unset."
+    )
 
     def effective_drain(self) -> Drain:
         return self.drain or Drain()
@@ -822,6 +855,7 @@ class Status(StrEnum):
     PAUSED = "paused"
     IN_PROGRESS = "in_progress"
     ERRORING = "erroring"
+    DRIFTED = "drifted"  # nodes only: complete once, a drift check failed since (driftDetection)
 
 
 class Condition(_Model):
@@ -903,6 +937,22 @@ class CompartmentStatus(_Model):
     )
 
 
+MAX_CONSISTENCY_GROUPS = 8
+
+
+class ConsistencyGroup(_Model):
+    """Nodes that have one package at the same version with the same configuration."""
+
+    version: Annotated[str, Field(max_length=LABEL_VALUE_MAX)] = _req("Installed version.")
+    config: Annotated[str, Field(max_length=16)] = _text(
+        "Digest of the package configMap last applied (empty: none).", default=""
+    )
+    state: Annotated[str, Field(max_length=32)] = _text(
+        "complete, in_progress, erroring, drifted...", default=""
+    )
+    nodes: int = _req("Number of nodes.")
+
+
 class NodeWrightStatus(_Model):
     """Observed state, aggregated over the selected nodes (per-node detail lives on the nodes)."""
 
@@ -940,6 +990,17 @@ class NodeWrightStatus(_Model):
     waiting_examples: (
         dict[str, Annotated[list[Annotated[str, Field(max_length=253)]], Field(max_length=5)]] | None
     ) = _text("A few example node names per waiting reason.", max_length=16)
+    drifted_nodes: int = _text("Nodes whose last drift check failed.", default=0)
+    drifted_examples: list[Annotated[str, Field(max_length=253)]] | None = _text(
+        "A few drifted nodes.", max_length=5
+    )
+    consistency: (
+        dict[str, Annotated[list[ConsistencyGroup], Field(max_length=MAX_CONSISTENCY_GROUPS)]] | None
+    ) = _text(
+        "Per package, the distinct (version, config) combinations found on the nodes with their node"
+        " counts (at most a few per package, most common first): uniform when there is one.",
+        max_length=MAX_PACKAGES,
+    )
 
 
 class ObjectMeta(_Model):

@@ -25,12 +25,16 @@ share a 256 KiB budget with every other tool's annotations).
             "r": "2024-...Z",                 earliest time of the next attempt (after a failure)
             "h": "<hex>",                     spec hash of the pod of the current attempt
             "x": "2024-...Z",                 first time the current pod was seen failing to pull
-            "fu": "2/7/2024-...Z"}},          erroring: the admission it gave up under (batch/order/at)
+            "fu": "2/7/2024-...Z",            erroring: the admission it gave up under (batch/order/at)
+            "dr": "apply-check: ...",         complete, but its last drift check failed (the reason)
+            "rp": true}},                     the run in progress repairs drift (steps run again)
      "a": {"c": "gpu", "b": 2, "o": 7, "at": "2024-...Z"},   rollout admission (omitted when absent)
      "cd": true,                              this NodeWright cordoned the node (omitted when false)
      "bid": "<bootID>",                       boot ID at interrupt start / at completion
      "ia": "2024-...Z",                       when the current node interrupt started
-     "g": 3}                                  NodeWright generation last completed on the node
+     "g": 3,                                  NodeWright generation last completed on the node
+     "kv": "5.15.0-1063-nvidia",              node kernel version when last checked (drift re-check)
+     "oi": "Ubuntu 22.04.4 LTS"}              node OS image when last checked
 
 Several versions of a package may be present at once (keys are `name|version`): under the reference's
 "D2" rule a present entry means "files of this version may remain on the host", so an older or newer
@@ -102,6 +106,8 @@ class PackageEntry:
     spec_hash: str = ""
     pull_error_since: str | None = None
     failed_under: str = ""  # erroring: "<batch>/<order>/<at>" of the admission it gave up under ("" none)
+    drifted: str = ""  # complete, but the last drift check failed: why ("" not drifted)
+    repair: bool = False  # the run in progress re-applies after drift (the agent re-runs flagged steps)
 
     @property
     def key(self) -> str:
@@ -120,6 +126,8 @@ class NodeState:
     boot_id: str | None = None
     interrupt_at: str | None = None
     generation: int | None = None
+    kernel: str | None = None  # status.nodeInfo.kernelVersion when last checked (drift re-check signal)
+    os_image: str | None = None  # status.nodeInfo.osImage when last checked
     version: int = field(default=SCHEMA_VERSION)
 
     def __post_init__(self) -> None:
@@ -179,6 +187,8 @@ def _entry_to_json(e: PackageEntry) -> dict[str, Any]:
         "h": e.spec_hash or None,
         "x": e.pull_error_since,
         "fu": e.failed_under or None,
+        "dr": e.drifted or None,
+        "rp": True if e.repair else None,
     }
     out.update({k: v for k, v in optional.items() if v is not None})
     if e.config:
@@ -202,6 +212,10 @@ def encode(state: NodeState) -> str:
         doc["ia"] = state.interrupt_at
     if state.generation is not None:
         doc["g"] = state.generation
+    if state.kernel is not None:
+        doc["kv"] = state.kernel
+    if state.os_image is not None:
+        doc["oi"] = state.os_image
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -251,6 +265,13 @@ def _ts(value: Any, path: str) -> str:
     return text
 
 
+def _bool(doc: Mapping[str, Any], key: str, path: str) -> bool:
+    value = doc.get(key, False)
+    if not isinstance(value, bool):
+        raise _fail(path, "expected a boolean")
+    return value
+
+
 def _opt_ts(doc: Mapping[str, Any], key: str, path: str) -> str | None:
     return _ts(doc[key], f"{path}.{key}") if key in doc else None
 
@@ -268,7 +289,8 @@ def _entry(key: str, value: Any) -> PackageEntry:
     name, sep, version = key.partition("|")
     if not sep or not name or not version or "|" in version:
         raise _fail(path, "key must be '<name>|<version>'")
-    doc = _obj(value, path, {"s", "t", "n", "b", "u", "i", "c", "k", "e", "r", "h", "x", "fu"}, {"s", "t"})
+    fields = {"s", "t", "n", "b", "u", "i", "c", "k", "e", "r", "h", "x", "fu", "dr", "rp"}
+    doc = _obj(value, path, fields, {"s", "t"})
     config: tuple[tuple[str, str], ...] = ()
     if "c" in doc:
         raw = doc["c"]
@@ -306,6 +328,8 @@ def _entry(key: str, value: Any) -> PackageEntry:
         spec_hash=spec_hash,
         pull_error_since=_opt_ts(doc, "x", path),
         failed_under=_str(doc["fu"], f"{path}.fu", limit=128) if "fu" in doc else "",
+        drifted=_str(doc["dr"], f"{path}.dr", limit=MAX_ERROR_LENGTH) if "dr" in doc else "",
+        repair=_bool(doc, "rp", f"{path}.rp"),
     )
 
 
@@ -315,7 +339,7 @@ def decode(text: str) -> NodeState:
         doc = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
         raise MalformedNodeState(f"node state is not valid JSON: {exc}") from None
-    root = _obj(doc, "root", {"v", "p", "a", "cd", "bid", "ia", "g"}, {"v", "p"})
+    root = _obj(doc, "root", {"v", "p", "a", "cd", "bid", "ia", "g", "kv", "oi"}, {"v", "p"})
     version = _int(root["v"], "v", minimum=1)
     if version != SCHEMA_VERSION:
         raise _fail("v", f"schema version {version} is not supported (this operator reads {SCHEMA_VERSION})")
@@ -342,5 +366,7 @@ def decode(text: str) -> NodeState:
         boot_id=_str(root["bid"], "bid", limit=128) if "bid" in root else None,
         interrupt_at=_opt_ts(root, "ia", "root"),
         generation=_int(root["g"], "g") if "g" in root else None,
+        kernel=_str(root["kv"], "kv", limit=256) if "kv" in root else None,
+        os_image=_str(root["oi"], "oi", limit=256) if "oi" in root else None,
         version=version,
     )

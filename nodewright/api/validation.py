@@ -44,7 +44,7 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from pydantic import BaseModel, ValidationError
 
@@ -402,6 +402,11 @@ def validate_nodewright(
         timeout = _map(spec.get(parent)).get("timeout")
         if isinstance(timeout, str):
             errors.extend(k8s.errors_at(f"spec.{parent}.timeout", k8s.go_duration(timeout)))
+    errors.extend(_drift_interval_errors(spec.get("driftDetection"), "spec.driftDetection"))
+    for name, pkg in _map(spec.get("packages")).items():
+        errors.extend(
+            _drift_interval_errors(_map(pkg).get("driftDetection"), f"spec.packages[{name}].driftDetection")
+        )
 
     policy = spec.get("deploymentPolicy")
     if isinstance(policy, str) and policy:
@@ -524,6 +529,24 @@ def _check_package(
     _services_errors(interrupt, f"{base}.interrupt", errors)
     if interrupt.get("type") == InterruptType.SERVICE and not _list(interrupt.get("services")):
         warnings.append(f"{base}.interrupt: type service with no services restarts nothing; list the units")
+
+
+DRIFT_MIN_INTERVAL_NS: Final = 10 * 1_000_000_000
+
+
+def _drift_interval_errors(drift: Any, base: str) -> list[FieldError]:
+    interval = _map(drift).get("interval")
+    if not isinstance(interval, str):
+        return []
+    if problems := k8s.go_duration(interval):
+        return k8s.errors_at(f"{base}.interval", problems)
+    if (k8s.go_duration_ns(interval) or 0) < DRIFT_MIN_INTERVAL_NS:
+        return [
+            FieldError(
+                f"{base}.interval", f"{interval!r} is shorter than the minimum of 10s: use 10s or more"
+            )
+        ]
+    return []
 
 
 def _interrupt_type(value: Any) -> Any:

@@ -44,6 +44,12 @@ COMMANDS: tuple[Command, ...] = (
         "remove NodeWright from the cluster: NodeWrights, finalizers, node keys and cordons, leftovers",
     ),
     Command(
+        "consistency",
+        "nodewright.cli.consistency_cmd",
+        "how uniform the fleet is: package versions, configs, drift, kernels, drivers (skew marked)",
+        plugin=True,
+    ),
+    Command(
         "package",
         "nodewright.cli.plugin.package_verbs",
         "package authoring (init, validate, run, build) and packages on the cluster (status, logs, rerun)",

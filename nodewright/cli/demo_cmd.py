@@ -16,8 +16,11 @@
    for (by name, and how long), the evictions that honoured PodDisruptionBudgets and the ones a PDB
    refused (from the operator's Events), the safety checks (budget never exceeded, every node back in
    service), reboots, erroring nodes -- and a picture (`<dir>/demo-rollout.png`: nodes in progress per
-   compartment over time against the ceilings, batch starts marked), named at the end. Everything is
-   stopped unless `--keep`.
+   compartment over time against the ceilings, batch starts marked), named at the end.
+6. Drift (unless `--no-drift`, `nodewright.cli.demo_drift`): a tuned sysctl is changed by hand on two
+   really-run nodes; drift detection is turned on, finds and reports them (label, condition,
+   `nodewright consistency`), then repairs them through the batches, and the value is read back.
+   Everything is stopped unless `--keep`.
 
 Fails with exit code 1 and the tail of the operator log if the operator dies, the rollout makes no
 progress for `--stall-minutes`, or `--timeout` passes.
@@ -76,6 +79,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         " (default: every canary)",
     )
     parser.add_argument("--no-workloads", action="store_true", help="skip the training jobs and PDBs")
+    parser.add_argument(
+        "--no-drift",
+        action="store_true",
+        help="skip the drift part (a tuned value changed by hand on two nodes, reported, then repaired)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -240,7 +248,20 @@ async def _demo(args: argparse.Namespace, plane: Any) -> tuple[Outcome, Any]:
     _summary(tracker, nw_obj, predicted, elapsed, evictions)
     _read_back(plane.dir / "roots")
     say(f"\npicture: {_picture(tracker, nw_obj, plane.dir / 'demo-rollout.png')}")
+    if outcome.ok and not args.no_drift:
+        outcome = await _drift(plane, operator)
     return outcome, operator
+
+
+async def _drift(plane: Any, operator: Any) -> Outcome:
+    from nodewright.cli.demo_drift import drift_story
+
+    roots_dir = plane.dir / "roots"
+    roots = sorted(p for p in roots_dir.iterdir() if p.is_dir())[:2] if roots_dir.is_dir() else []
+    result = await drift_story(plane.kubeconfig, roots, nodewright=NODEWRIGHT, say=say, within=240.0)
+    if result.ok:
+        return Outcome(True)
+    return Outcome(False, f"drift: {result.message}\n{operator.tail()}")
 
 
 async def _workloads(kubeconfig: Path, names: Sequence[str]) -> list[Any]:

@@ -177,6 +177,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         " `kubectl nodewright package logs`)",
     )
     parser.add_argument(
+        "--drift-checks",
+        type=flags.int_at_least(1),
+        default=_DEFAULTS.drift_check_limit,
+        help="drift-check pods in flight at once across all NodeWrights (driftDetection); keeps checking a"
+        " large fleet light for the API server and the nodes",
+    )
+    parser.add_argument(
         "--resync-seconds",
         type=flags.float_at_least(1.0),
         default=_DEFAULTS.resync_seconds,
@@ -371,6 +378,7 @@ async def run_operator(args: argparse.Namespace, rt: OperatorRuntime) -> int:
                 resync_seconds=args.resync_seconds,
                 allow_force_drain=args.allow_force_drain,
                 keep_succeeded_logs=args.keep_succeeded_logs,
+                drift_check_limit=args.drift_checks,
             ),
             metrics=rt.metrics,
             tracer=rt.tracer,

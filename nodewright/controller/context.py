@@ -156,6 +156,8 @@ class OperatorOptions:
     allow_force_drain: bool = True
     # Keep the log tail of succeeded attempts too (failed ones are always kept): controller.logstore.
     keep_succeeded_logs: bool = False
+    # Drift-check pods in flight at once across all NodeWrights (controller.drift).
+    drift_check_limit: int = 4
 
     @property
     def runtime_required_taint_key(self) -> str:
@@ -280,9 +282,10 @@ class WriteThrough:
 POD_EXPECTATION_TTL: Final = 60.0
 """Seconds after which an unobserved expectation is dropped (a watch that lost the event relists)."""
 OWN_POD_MEMORY: Final = 86_400.0
-"""Seconds this process vouches for the uid of a pod it created. Only needed until the seal is written,
-but a seal that cannot be written (RBAC without `patch` on pods) must not end a long stage; entries
-normally go with the pod's delete event, so this only bounds what a missed event leaves behind."""
+"""Seconds this process vouches for the uid of a pod it created. Bound pods carry their seal from the
+binding on; the memory matters for pods created bound and never sealed (drift checks, which finish in
+minutes). Entries normally go with the pod's delete event, so this only bounds what a missed event
+leaves behind."""
 
 
 class PodExpectations:
@@ -295,9 +298,9 @@ class PodExpectations:
     expected of it; the TTL only bounds memory when a watch restart swallowed that event.
 
     It also remembers the uid of every pod this process created (from the create response) and whether
-    its seal was written (see `PodSigner`): until the seal is on the pod, that uid is what makes the pod
-    ours. Entries go when the pod is deleted, or after `OWN_POD_MEMORY` seconds (a seal that could not
-    be written in that time leaves the pod unsealed: it is then deleted and its stage runs again).
+    it was bound with its seal (see `PodSigner`): for a pod created bound and never sealed (drift
+    checks), that uid is what makes the pod ours. Entries go when the pod is deleted, or after
+    `OWN_POD_MEMORY` seconds.
     """
 
     def __init__(self, transform: Any = None, *, clock: Callable[[], float] = time.monotonic) -> None:
@@ -330,6 +333,11 @@ class PodExpectations:
         key = self._key(pod)
         if key in self._created:  # not observed yet: the sealed copy stands in for it
             self._created[key] = (self._created[key][0], self._transform(pod))
+
+    def forget(self, pod: JSON) -> None:
+        """A pod we created and deleted again at once (its binding was refused): expect nothing of it."""
+        self._created.pop(self._key(pod), None)
+        self._own.pop(str((pod.get("metadata") or {}).get("uid") or ""), None)
 
     def created_here(self, uid: str | None) -> bool:
         """Whether this process created the pod with this uid (and still remembers it)."""
@@ -367,7 +375,7 @@ class PodExpectations:
         names = {self._key(p) for p in known}
         out = []
         for key, (_, pod) in self._created.items():
-            if key not in names and (pod.get("spec") or {}).get("nodeName") == node:
+            if key not in names and podspec.pod_node(pod) == node:
                 out.append(pod)
         return out
 
@@ -473,8 +481,9 @@ UNTRUSTED_EXPLANATIONS: Final[Mapping[UntrustedReason, str]] = {
         " the operator signed"
     ),
     UntrustedReason.UNSEALED: (
-        "its signature is valid but no operator recorded its uid (created by an operator that stopped"
-        " before sealing it, or a copy of such a pod); its stage runs again in a new pod"
+        "its signature is valid but it was bound to its node without the operator's seal (a pod of an"
+        " older operator version that stopped before sealing it, bound by someone else, or a copy);"
+        " its stage runs again in a new pod"
     ),
     UntrustedReason.REPLAYED: "its seal names another pod uid: it is a re-creation of an operator pod",
     UntrustedReason.MUTATED_ON_CREATE: (
@@ -490,6 +499,7 @@ class PodVerdict:
 
     reason: UntrustedReason | None
     sealed: bool = False
+    bound: bool = True  # False: not bound to its node yet, so nothing of it has run
 
     @property
     def trusted(self) -> bool:
@@ -513,7 +523,8 @@ class PodSigner:
     if all of these hold:
 
     1. **Signature** (annotation `nodewright.io/signature`, written before create):
-       `v2:<identity MAC>:<run MAC>`. The identity MAC binds the pod's name, namespace, `nodeName`, the
+       `v2:<identity MAC>:<run MAC>`. The identity MAC binds the pod's name, namespace, node (the
+       `nodewright.io/target-node` annotation while unbound, `nodeName` once bound), the
        uids of its controller owner references and every `nodewright.io/` label and annotation (except
        signature and seal). The run MAC binds the name and the digest of what the pod runs:
        `plan.podspec.run_spec` -- the whole pod spec, canonicalised. The canonical form drops exactly
@@ -523,15 +534,22 @@ class PodSigner:
        test `e2e/test_trust.py` repeats that check on every run), is listed in `run_spec`'s docstring.
        Anything else -- another image, command, env, volume, host namespace, security context, service
        account, node or toleration, an added container, probe or lifecycle hook -- fails the run MAC.
-    2. **Seal** (annotation `nodewright.io/seal`, written right after create, from the create
-       response, with a uid-preconditioned patch): `v2:<MAC of the pod uid and its signature>`. A
-       re-created pod gets a new uid, so a copied seal fails. Between create and seal the operator
-       trusts the pod by its uid from the create response, in memory (`PodExpectations`).
-       A pod whose signature verifies but that has no seal and whose uid this process did not create
-       is the pod of an operator that was killed between create and seal (or a copy of it): it is not
-       trusted, deleted, and its stage runs again (the planner re-creates a lost pod), so a SIGKILL at
-       that moment costs one stage run, never a wedged node. The uid lives on the pod rather than in the
-       node state: that costs one pod patch per created pod instead of a node write.
+    2. **Seal** (annotation `nodewright.io/seal`): `v2:<MAC of the pod uid and its signature>`. Stage
+       and interrupt pods are created **unbound** (`plan.podspec`: no `nodeName`, a `schedulerName` no
+       scheduler serves), and the operator then binds them to their node with a `Binding` that carries
+       the pod's uid as a precondition and the seal as an annotation: kube-apiserver sets `nodeName`
+       and the seal in one write, so a pod runs only if it is sealed. A re-created pod gets a new uid,
+       so a copied seal fails.
+       - An unbound pod whose signature verifies has run nothing: it is trusted as "not started". The
+         node controller binds it if its stage still expects it (also after an operator restart: the
+         SIGKILL between create and bind costs nothing) and deletes it otherwise.
+       - A bound pod must carry a valid seal, except one this process created bound itself (drift-check
+         pods, read-only and never sealed; trusted by the uid from the create response in memory,
+         `PodExpectations`). A bound, unsealed pod of anyone else -- a pod of an older operator version
+         that sealed after create, or a pod someone with `pods/binding` placed before the operator did
+         -- is not trusted, deleted, and its stage runs again.
+       The uid lives on the pod rather than in the node state: one binding per pod (which any pod
+       needs anyway), no extra write.
 
     Versions: the version tag (`v2`) is part of both values. Pods signed by the previous scheme (v1: a
     bare MAC over metadata only, which let a re-created pod with another image pass) are treated as
@@ -565,7 +583,7 @@ class PodSigner:
             _SIGNATURE_TAG,
             str(meta.get("name", "")),
             str(meta.get("namespace", "")),
-            str((pod.get("spec") or {}).get("nodeName", "")),
+            podspec.pod_node(pod),
             ",".join(owners),
             "\n".join(labels),
             "\n".join(annotations),
@@ -614,6 +632,10 @@ class PodSigner:
             return PodVerdict(UntrustedReason.IDENTITY_MISMATCH)
         if not hmac.compare_digest(parsed["run"], self._run_mac(pod)):
             return PodVerdict(UntrustedReason.SPEC_MISMATCH)
+        if not (pod.get("spec") or {}).get("nodeName"):
+            # Signed by the key holder and placed nowhere: nothing of it has run. Whoever holds its uid,
+            # the operator may bind it (with a seal) if its stage still wants it, or delete it.
+            return PodVerdict(None, sealed=False, bound=False)
         seal = annotations.get(POD_ANNOTATION_SEAL)
         sealed = (
             isinstance(seal, str)

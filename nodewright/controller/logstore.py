@@ -257,7 +257,7 @@ class LogStore:
         self._seen[uid] = None
         while len(self._seen) > _SEEN_LIMIT:
             self._seen.popitem(last=False)
-        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        node = podspec.pod_node(pod)
         names = [container] if container else stage_containers(pod, package)
         texts: list[str] = []
         for name in names:

@@ -79,9 +79,10 @@ from nodewright.controller.context import (
     split_node_key,
 )
 from nodewright.controller.drainer import Drainer, Timing, read_timing, timing_annotation, update_timing
+from nodewright.controller.drift import DriftScheduler
 from nodewright.controller.logstore import LogStore
-from nodewright.controller.pods import PodLogs, failed_container, summarize_with_logs
-from nodewright.controller.trust import PodTrust
+from nodewright.controller.pods import PodLogs, classify, failed_container, summarize_with_logs
+from nodewright.controller.trust import BindRefused, PodTrust, is_drift_check
 from nodewright.kube.client import PatchType, metadata_applied
 from nodewright.kube.resources import JSON, NODES, ApiError, Conflict, NotFound
 from nodewright.kube.trim import node_ready
@@ -89,13 +90,17 @@ from nodewright.kube.workqueue import Result
 from nodewright.observability import events as catalogue
 from nodewright.observability.tracing import NodeRollout, gate_spans
 from nodewright.plan import drain as drain_mod
-from nodewright.plan import podspec, sequencing
+from nodewright.plan import drift, podspec, sequencing
 from nodewright.plan.node import (
+    BindPod,
     Cordon,
+    CreateDriftCheck,
     CreatePod,
     DeletePod,
     Drain,
     DrainFacts,
+    DriftCheckPod,
+    DriftInput,
     Event,
     NodeCondition,
     NodeFacts,
@@ -105,6 +110,7 @@ from nodewright.plan.node import (
     RequeueAfter,
     Taint,
     Uncordon,
+    is_paused,
     plan_node,
 )
 from nodewright.plan.rollout import Admission, spec_fingerprint
@@ -185,6 +191,7 @@ class NodeReconciler:
         self._sequencing = _SequencingCache()
         self._warned: set[tuple[str, str]] = set()  # (key or pod uid, problem) already reported
         self.trust = PodTrust(rt)  # which package pods count; reports and deletes the others
+        self.drift = DriftScheduler(limit=rt.options.drift_check_limit)  # drift checks: memory and cap
         # (node, pod name) -> the refusal of that pod's creation, as a failed attempt (`_create_refused`).
         self._refused: dict[tuple[str, str], PodSummary] = {}
         self._metadata_via_status = True  # see `_write`; off if the API server ignores it
@@ -242,6 +249,8 @@ class NodeReconciler:
         if node is None:
             self.drainer.forget(key)
             return None
+        if plan.drift_result is not None:
+            self.rt.metrics.domain.count_drift_check(nodewright=nw_name, result=plan.drift_result)
         self._observe(
             ctx.model,
             node_name,
@@ -351,10 +360,12 @@ class NodeReconciler:
             return _Done(None)
         deleting = bool(model.metadata.deletion_timestamp)
         effective = effective_nodewright(model)
-        pods_raw = self._package_pods(node_name, model)
+        trusted = self._package_pods(node_name, model)
         await self._flush_warnings()  # untrusted pods are reported and deleted on every path
+        pods_raw = [p for p in trusted if not is_drift_check(p)]
+        checks = [p for p in trusted if is_drift_check(p)]
         if not deleting and not matches_nodewright(model, node):
-            return _Done(await self._unselected(key, nw_name, node, stored, pods_raw))
+            return _Done(await self._unselected(key, nw_name, node, stored, trusted))
         plan_nw = _deletion_spec(effective, stored or NodeState()) if deleting else effective
         summaries = [*await self._summaries(pods_raw, plan_nw, stored), *self._refused_pods(node_name)]
         admission = node_admission(node, nw_name)
@@ -370,6 +381,7 @@ class NodeReconciler:
             sequencing_blocker=self._sequencing_blocker(nw_name, node),
             options=self.plan_options,
             drain_skip=timing.drain_skip,
+            drift=await self._drift_input(key, model, node_name, checks),
         )
         return _PassContext(
             model=model,
@@ -502,6 +514,78 @@ class NodeReconciler:
             return None
         return StateAdmission(
             compartment=admission.compartment, batch=admission.batch, order=admission.order, at=admission.at
+        )
+
+    async def _drift_input(
+        self, key: str, model: NodeWright, node_name: str, pods: Sequence[JSON]
+    ) -> DriftInput | None:
+        """What the planner needs for drift checks of this node (None: no driftDetection, or the
+        NodeWright is paused or being deleted; a check pod already running is still read)."""
+        interval = drift.node_interval(model)
+        inactive = interval is None or bool(model.metadata.deletion_timestamp) or is_paused(model)
+        if inactive and not pods:
+            self.drift.forget(key)
+            return None
+        now = self.rt.clock().timestamp()
+        interval = interval or drift.MIN_INTERVAL
+        slot = drift.slot(now, nodewright=model.metadata.name, node=node_name, interval=interval)
+        checks = []
+        for pod in pods:
+            outcome, message = classify(pod)
+            failed = failed_container(pod)
+            if failed is not None:
+                tail = await self.logs.tail(pod, failed[0])
+                message = f"{message}; log: {tail}" if tail else message
+            meta = pod.get("metadata") or {}
+            checks.append(
+                DriftCheckPod(
+                    name=str(meta.get("name")),
+                    outcome=outcome,
+                    failed_container=failed[0] if failed is not None else None,
+                    message=message,
+                    terminating=bool(meta.get("deletionTimestamp")),
+                )
+            )
+        return DriftInput(
+            pods=tuple(checks),
+            slot=slot,
+            due=not inactive and self.drift.due(key, slot),
+            may_start=not inactive and self.drift.may_start(self.rt.pods.objects()),
+            seconds_to_next=drift.seconds_to_next_slot(
+                now, nodewright=model.metadata.name, node=node_name, interval=interval
+            ),
+        )
+
+    async def _create_drift_check(
+        self, key: str, nw: NodeWright, node_name: str, action: CreateDriftCheck
+    ) -> None:
+        """The node's drift-check pod (signed like every package pod, not sealed: `controller.trust`)."""
+        state = node_state(self.rt.node(node_name) or {"metadata": {}}, nw.metadata.name) or NodeState()
+        checked = [c for c in drift.check_plan(nw, state) if c[0] in action.packages]
+        if not checked:
+            return
+        for name, pkg, _ in checked:
+            if pkg.config_map:
+                await self.configmaps.ensure(nw, name, pkg)
+        manifest = podspec.build_drift_check_pod(
+            nw, checked, node=node_name, slot=action.slot, options=self.pod_options
+        )
+        self.rt.signer.sign(manifest)
+        self.drift.checked(key, action.slot)
+        try:
+            created = await self.rt.client.create_pod(self.rt.options.namespace, manifest)
+        except Conflict as exc:
+            if not exc.already_exists:
+                raise
+            return
+        self.drift.started(str(manifest["metadata"]["name"]))
+        await self.trust.adopt(created, manifest, nw=nw)
+        log.info(
+            "drift check started",
+            pod=manifest["metadata"]["name"],
+            node=node_name,
+            packages=list(action.packages),
+            reason=action.reason,
         )
 
     def _refused_pods(self, node_name: str) -> list[PodSummary]:
@@ -680,6 +764,18 @@ class NodeReconciler:
                     requeue.append(DRAIN_POLL)
             elif isinstance(action, DeletePod):
                 await self._delete_pod(node_name, action)
+            elif isinstance(action, BindPod):
+                if not await self._bind_pod(node_name, action):
+                    requeue.append(REFUSED_RETRY)
+            elif isinstance(action, CreateDriftCheck):
+                try:
+                    await self._create_drift_check(key, plan_nw, node_name, action)
+                except ApiError as exc:
+                    if not _refusal(exc):
+                        raise
+                    # Not a node failure: the check could not run. Said once, tried at the next slot.
+                    log.warning("drift check refused", node=node_name, key=key, error=str(exc))
+                    rt.metrics.domain.count_drift_check(nodewright=model.metadata.name, result="error")
             elif isinstance(action, CreatePod):
                 try:
                     await self._create_pod(plan_nw, node_name, action)
@@ -708,6 +804,22 @@ class NodeReconciler:
             self.rt.pod_expectations.deleted(uid)
         log.info("package pod deleted", pod=action.name, node=node_name, reason=action.reason, existed=gone)
 
+    async def _bind_pod(self, node_name: str, action: BindPod) -> bool:
+        """Bind a pod created earlier (by this process or one before it); False: not bound now."""
+        cached = self.rt.pods.get(f"{self.rt.options.namespace}/{action.name}")
+        if cached is None or (cached.get("spec") or {}).get("nodeName"):
+            return True  # gone, or bound meanwhile: the watch brings the next state
+        try:
+            bound = await self.trust.bind(cached)
+        except BindRefused as exc:
+            # Until the permission is granted the pod waits unbound (nothing runs) and its stage
+            # timeout ends the attempt; said on every try, it is an operator misconfiguration.
+            log.warning("package pod binding refused", pod=action.name, node=node_name, error=str(exc))
+            return False
+        if bound:
+            log.info("package pod bound", pod=action.name, node=node_name, reason="created before, unbound")
+        return bound
+
     async def _create_pod(self, nw: NodeWright, node_name: str, action: CreatePod) -> None:
         pkg = nw.spec.packages[action.package]
         if action.stage not in INTERRUPT_STAGES and pkg.config_map:
@@ -723,6 +835,7 @@ class NodeReconciler:
             node_order=action.node_order,
             options=self.pod_options,
             interrupt=action.interrupt,
+            repair=action.repair,
         )
         if manifest["metadata"]["name"] != action.name:
             # The planner and the builder disagree on the pod's identity: creating it would make the
@@ -1042,6 +1155,7 @@ def _untouched(ctx: _PassContext, plan: NodePlan) -> bool:
 
 def node_facts(node: JSON) -> NodeFacts:
     spec = node.get("spec") or {}
+    info = (node.get("status") or {}).get("nodeInfo") or {}
     taints = tuple(
         Taint(key=str(t.get("key") or ""), effect=str(t.get("effect") or ""), value=t.get("value"))
         for t in spec.get("taints") or []
@@ -1052,7 +1166,9 @@ def node_facts(node: JSON) -> NodeFacts:
         taints=taints,
         unschedulable=bool(spec.get("unschedulable")),
         ready=node_ready(node),
-        boot_id=str(((node.get("status") or {}).get("nodeInfo") or {}).get("bootID") or ""),
+        boot_id=str(info.get("bootID") or ""),
+        kernel=str(info.get("kernelVersion") or ""),
+        os_image=str(info.get("osImage") or ""),
     )
 
 

@@ -62,6 +62,7 @@ from nodewright.kube.trim import node_ready, trim_node, trim_pod
 from nodewright.kube.workqueue import Result
 from nodewright.observability.metrics import OperatorMetrics
 from nodewright.observability.tracing import RolloutTracer
+from nodewright.plan import podspec
 from nodewright.plan.node import is_disabled, is_paused
 
 log = structlog.get_logger("nodewright.operator")
@@ -156,7 +157,8 @@ class Operator:
             label_selector=f"{constants.POD_OWNER_LABEL}={constants.POD_OWNER_VALUE}",
             transform=trim_pod,
         )
-        pods.add_index("node", lambda pod: [str((pod.get("spec") or {}).get("nodeName") or "")])
+        # By the node the pod is for: stage pods are created unbound and bound by the operator later.
+        pods.add_index("node", lambda pod: [podspec.pod_node(pod)])
         self.rt = Runtime(
             client=client,
             options=options,
@@ -262,8 +264,8 @@ class Operator:
         def pod_keys(pod: JSON) -> list[str]:
             labels = _meta(pod).get("labels") or {}
             nw = labels.get(constants.POD_LABEL_NODEWRIGHT)
-            node = (pod.get("spec") or {}).get("nodeName")
-            return [node_key(str(nw), str(node))] if nw and node else []
+            node = podspec.pod_node(pod)
+            return [node_key(str(nw), node)] if nw and node else []
 
         expectations = rt.pod_expectations
         rt.pods.add_handler(

@@ -169,6 +169,7 @@ def summarize(pod: Mapping[str, Any], *, version_of: Mapping[tuple[str, str], st
         outcome=outcome,
         message=message,
         terminating=bool(meta.get("deletionTimestamp")),
+        bound=bool((pod.get("spec") or {}).get("nodeName")),
     )
 
 

@@ -61,6 +61,7 @@ from nodewright.observability.metrics import (
     strategy_label,
 )
 from nodewright.plan import batches, sequencing
+from nodewright.plan.configdiff import config_digest
 from nodewright.plan.node import NodeFacts, Taint, is_disabled, is_paused, node_complete, untolerated_taints
 from nodewright.plan.podspec import package_configmap_name as podspec_configmap_name
 from nodewright.plan.podspec import parse_duration_seconds
@@ -336,7 +337,8 @@ class RolloutReconciler:
         compartments = self._open.get(name)
         if not compartments:
             return False
-        if labels.get(constants.status_label(name)) in (Status.IN_PROGRESS.value, Status.WAITING.value):
+        working = (Status.IN_PROGRESS.value, Status.WAITING.value, Status.DRIFTED.value)
+        if labels.get(constants.status_label(name)) in working:
             return False
         for members in compartments.values():
             if node in members:
@@ -563,6 +565,12 @@ class RolloutReconciler:
         state, err = try_node_state(node, name)
         if err is not None:
             return self._malformed_entry(name, nodewright, node, rv, all_names, err)
+        if nodewright.metadata.deletion_timestamp and (state is None or not state.packages):
+            # Nothing of a leaving NodeWright is on this node (never touched, or already released):
+            # there is nothing to uninstall, so it is no candidate. Admitting it would only have the
+            # node controller release it again -- and the next batch admit it again, forever, ahead of
+            # the nodes that do have work.
+            return _NodeEntry(rv, matched=False)
         view = _NodeView(node=node, state=state, status=_status_of(node, name))
         rollout = rollout_node(
             nodewright,
@@ -637,9 +645,20 @@ class RolloutReconciler:
 
     def _report(self, view: _NodeView, node: RolloutNode) -> NodeReport:
         packages = tuple(
-            PackageReport(name=e.name, version=e.version, stage=e.stage.value, state=e.state.value)
+            PackageReport(
+                name=e.name,
+                version=e.version,
+                stage=e.stage.value,
+                state=e.state.value,
+                config=config_digest(e.config_map) if e.config else "",
+                drifted=bool(e.drifted),
+            )
             for e in (view.state.packages if view.state is not None else ())
         )
+        if node.status is Status.DRIFTED:
+            # Drift only reported: the node is complete (kstatus Current); to be repaired: it waits.
+            counted = Status.WAITING if node.needs_work else Status.COMPLETE
+            return NodeReport(name=node.name, status=counted, packages=packages, drifted=True)
         return NodeReport(name=node.name, status=node.status, packages=packages)
 
     def _predecessor_condition(self, model: NodeWright, plan: RolloutPlan, snap: _Snapshot) -> Condition:
@@ -721,6 +740,24 @@ class RolloutReconciler:
                 batches=sorted({f"{c}#{b}" for c, b in started}),
             )
 
+    async def _prune_configmaps(self, model: NodeWright, status: Status | None, fingerprint: str) -> None:
+        """Once a rollout is complete, the per-version package ConfigMaps of versions no longer in the
+        spec are deleted (no pod can mount them any more: every node finished, and new pods only mount
+        the spec version's). Once per spec; a failure is logged and retried on the next completion."""
+        name = model.metadata.name
+        if (
+            status is not Status.COMPLETE
+            or self._pruned.get(name) == fingerprint
+            or model.metadata.deletion_timestamp
+        ):
+            return
+        keep = {
+            podspec_configmap_name(name, pkg_name, pkg.version)
+            for pkg_name, pkg in model.spec.packages.items()
+        }
+        if await self.configmaps.prune(model, keep=keep):
+            self._pruned[name] = fingerprint
+
     async def _clear_approvals(self, obj: JSON, plan: RolloutPlan) -> None:
         """Drop the approvals this plan recorded in the batch state (`approvedBatch`) from the annotation.
 
@@ -743,24 +780,6 @@ class RolloutReconciler:
             self.rt.enqueue_rollout(meta["name"])
             return
         self.rt.nodewright_view.record(written)
-
-    async def _prune_configmaps(self, model: NodeWright, status: Status | None, fingerprint: str) -> None:
-        """Once a rollout is complete, the per-version package ConfigMaps of versions no longer in the
-        spec are deleted (no pod can mount them any more: every node finished, and new pods only mount
-        the spec version's). Once per spec; a failure is logged and retried on the next completion."""
-        name = model.metadata.name
-        if (
-            status is not Status.COMPLETE
-            or self._pruned.get(name) == fingerprint
-            or model.metadata.deletion_timestamp
-        ):
-            return
-        keep = {
-            podspec_configmap_name(name, pkg_name, pkg.version)
-            for pkg_name, pkg in model.spec.packages.items()
-        }
-        if await self.configmaps.prune(model, keep=keep):
-            self._pruned[name] = fingerprint
 
     async def _clear_reset_annotation(self, name: str) -> None:
         written = await self.rt.client.patch(
@@ -1033,6 +1052,9 @@ class RolloutReconciler:
         self._deletion_warned.pop(name, None)
         label_key = constants.status_label(name)
         adm_key = admission_annotation(name)
+        # The newest copies: this very pass may have admitted nodes (written after the snapshot), and an
+        # admission left behind would outlive the NodeWright.
+        nodes = [rt.node(str(n["metadata"]["name"])) or n for n in nodes]
         pending = [str(n["metadata"]["name"]) for n in nodes if label_key in node_labels(n)]
         for node_name in pending:
             rt.enqueue_node(name, node_name)
@@ -1157,7 +1179,7 @@ def _open_batches(
         adm = node.admission
         if adm is None or adm.fingerprint != fingerprint or not node.needs_work:
             continue
-        if node.status in (Status.IN_PROGRESS, Status.WAITING):
+        if node.status in (Status.IN_PROGRESS, Status.WAITING, Status.DRIFTED):
             out.setdefault(adm.compartment, set()).add(node.name)
     if plan is not None:
         released = set(plan.releases)

@@ -4,17 +4,21 @@ A package pod runs privileged on a host with the host's root mounted, and its ex
 state. So the node controller reads a pod only after `PodSigner.check` (see `controller.context` for
 the signature, the seal and the threat model), and this module does the Kubernetes side of it:
 
-- **Sealing.** Right after the operator creates a pod, the create response is checked against the
-  manifest it sent: if the stored spec differs in anything the signature binds (an admission webhook
-  mutated it), the pod is deleted at once and the creation fails like a pod the API server refused
-  (`PodMutatedOnCreate`, a 422: the stage fails through its attempts and the node ends `erroring`
-  with the reason). Otherwise the uid is remembered (`PodExpectations`) and the seal annotation is
-  written with a merge patch that carries `metadata.uid` as a precondition (kube-apiserver answers
-  422 "field is immutable" if a re-created pod took the name meanwhile, so the seal can never land on
-  someone else's pod). A seal that could not be written is retried on later reconciles.
+- **Binding with the seal.** Stage and interrupt pods are created unbound (`plan.podspec`). Right
+  after the operator creates one, the create response is checked against the manifest it sent: if the
+  stored spec differs in anything the signature binds (an admission webhook mutated it), the pod is
+  deleted at once and the creation fails like a pod the API server refused (`PodMutatedOnCreate`, a
+  422: the stage fails through its attempts and the node ends `erroring` with the reason). Otherwise
+  the uid is remembered (`PodExpectations`) and the pod is bound to its node through
+  `pods/<name>/binding` with `metadata.uid` as a precondition and the seal as an annotation
+  (kube-apiserver writes `nodeName` and the seal together, so the seal can never land on someone
+  else's pod and nothing runs unsealed). A binding that failed (timeout, 5xx) or was cut off by an
+  operator restart is done by a later reconcile: the planner asks for it (`BindPod`) while the pod's
+  stage still expects it. A binding the API server refuses (403: RBAC without `pods/binding`) deletes
+  the pod and fails the attempt like a refused create, naming the missing permission.
 - **Untrusted pods.** A pod in the operator namespace with this NodeWright's package-pod label that
   fails verification -- forged, altered, copied to another node, re-created after deletion (new uid),
-  signed by the previous scheme, or ours but never sealed -- never becomes a `PodSummary`. It is
+  signed by the previous scheme, or bound without our seal -- never becomes a `PodSummary`. It is
   reported once (a Warning Event `UntrustedPackagePod` on the node and on the NodeWright, naming the
   pod and the failed check; `nodewright_untrusted_pods_total{reason}`; a log line) and deleted with a
   uid precondition (so a legitimate pod that took the name meanwhile is never hit) and a 1-second
@@ -44,7 +48,7 @@ from nodewright.controller.context import (
     Runtime,
     UntrustedReason,
 )
-from nodewright.kube.resources import JSON, PODS, ApiError, NotFound
+from nodewright.kube.resources import JSON, ApiError, Conflict, NotFound
 from nodewright.observability import events as catalogue
 from nodewright.plan import podspec
 
@@ -52,6 +56,10 @@ log = structlog.get_logger("nodewright.controller.trust")
 
 UNTRUSTED_DELETE_GRACE: Final = 1  # seconds; see the module docstring
 MUTATED_REASON: Final = "MutatedOnCreate"
+
+
+class BindRefused(ApiError):
+    """The API server refused to bind a package pod to its node (403, 422, ...); see `PodTrust.adopt`."""
 
 
 class PodMutatedOnCreate(ApiError):
@@ -79,6 +87,11 @@ class _Untrusted:
     delete: bool
 
 
+def is_drift_check(pod: Mapping[str, Any]) -> bool:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(constants.POD_LABEL_PURPOSE) == constants.POD_PURPOSE_DRIFT_CHECK
+
+
 def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     meta: Mapping[str, Any] = pod.get("metadata") or {}
     return meta
@@ -91,7 +104,6 @@ class PodTrust:
         self.rt = rt
         self._reported: set[str] = set()  # uids (or namespace/name) already reported
         self._untrusted: list[_Untrusted] = []
-        self._to_seal: list[JSON] = []
 
     # -- the pod scan -------------------------------------------------------------------------------
 
@@ -105,22 +117,28 @@ class PodTrust:
             uid = str(meta.get("uid") or "")
             verdict = self.rt.signer.check(pod, created_here=expectations.created_here(uid))
             owners = [o.get("uid") for o in meta.get("ownerReferences") or () if o.get("controller")]
+            if verdict.reason is UntrustedReason.UNSEALED and is_drift_check(pod):
+                # Drift checks are not sealed (one write less per check): one this process did not
+                # create (an earlier operator's, cut off by a restart) is removed quietly and the node is
+                # checked again; it never counts.
+                self._distrust(nw, pod, verdict.reason, quiet=True)
+                continue
             if verdict.reason is not None:
                 self._distrust(nw, pod, verdict.reason)
                 continue
             if owner_uid not in owners:
                 continue  # ours, for an earlier NodeWright of this name: the garbage collector removes it
-            if not verdict.sealed and expectations.seal_pending(uid):
-                self._to_seal.append(pod)
             out.append(pod)
         return out
 
-    def _distrust(self, nw: NodeWright, pod: JSON, reason: UntrustedReason, detail: str = "") -> None:
+    def _distrust(
+        self, nw: NodeWright, pod: JSON, reason: UntrustedReason, detail: str = "", *, quiet: bool = False
+    ) -> None:
         meta = _meta(pod)
         namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
         uid = str(meta.get("uid") or "")
         marker = uid or f"{namespace}/{name}"
-        report = marker not in self._reported
+        report = marker not in self._reported and not quiet
         self._reported.add(marker)
         terminating = bool(meta.get("deletionTimestamp"))
         delete = not terminating and not self.rt.pod_expectations.deletion_pending(uid)
@@ -132,7 +150,7 @@ class PodTrust:
                     namespace=namespace,
                     name=name,
                     uid=uid,
-                    node=str((pod.get("spec") or {}).get("nodeName") or ""),
+                    node=podspec.pod_node(pod),
                     reason=reason,
                     detail=detail,
                     report=report,
@@ -141,17 +159,13 @@ class PodTrust:
             )
 
     async def flush(self) -> None:
-        """Report and delete what the scans found untrusted; write pending seals."""
+        """Report and delete what the scans found untrusted."""
         untrusted, self._untrusted = self._untrusted, []
-        to_seal, self._to_seal = self._to_seal, []
         for item in untrusted:
             if item.report:
                 await self._report(item)
             if item.delete:
                 await self._delete(item)
-        for pod in to_seal:
-            if self.rt.pod_expectations.seal_pending(str(_meta(pod).get("uid") or "")):
-                await self.seal(pod)
 
     async def _report(self, item: _Untrusted) -> None:
         why = UNTRUSTED_EXPLANATIONS[item.reason] + (f" ({item.detail})" if item.detail else "")
@@ -203,9 +217,11 @@ class PodTrust:
     # -- creation -----------------------------------------------------------------------------------
 
     async def adopt(self, created: JSON, manifest: JSON, *, nw: NodeWright) -> None:
-        """`created` is the API server's answer to creating `manifest`: check it, remember it, seal it.
+        """`created` is the API server's answer to creating `manifest`: check it, remember it, bind it.
 
-        Raises `PodMutatedOnCreate` (after deleting the pod) when what was stored is not what was signed.
+        Raises `PodMutatedOnCreate` (after deleting the pod) when what was stored is not what was
+        signed, and `BindRefused` (after deleting the pod) when the API server refuses the binding.
+        Pods created bound (drift checks) are only remembered.
         """
         changes = podspec.run_spec_changes(manifest, created)
         verdict = self.rt.signer.check(created, created_here=True)
@@ -223,20 +239,67 @@ class PodTrust:
                 f" cause: exclude namespace {self.rt.options.namespace} from webhooks that mutate pods"
             )
         self.rt.pod_expectations.created(created)
-        await self.seal(created)
+        if verdict.bound:
+            return
+        try:
+            await self.bind(created)
+        except BindRefused:
+            self.rt.pod_expectations.forget(created)
+            meta = _meta(created)
+            await self.rt.client.delete_pod(
+                str(meta.get("namespace")), str(meta.get("name")), uid=str(meta.get("uid") or "") or None
+            )
+            raise
 
-    async def seal(self, pod: JSON) -> None:
-        """Write the seal of a pod this process created (uid-preconditioned); failures are retried later."""
+    async def bind(self, pod: JSON) -> bool:
+        """Bind an unbound pod of ours to its node, sealed (uid-preconditioned); True when bound now.
+
+        Transient failures are logged and left to the next reconcile (the pod stays unbound, so nothing
+        ran); a refusal raises `BindRefused`.
+        """
         meta = _meta(pod)
         name, namespace, uid = str(meta.get("name")), str(meta.get("namespace")), str(meta.get("uid") or "")
-        patch = {"metadata": {"uid": uid, "annotations": {POD_ANNOTATION_SEAL: self.rt.signer.seal(pod)}}}
+        node = podspec.pod_node(pod)
+        seal = self.rt.signer.seal(pod)
         try:
-            sealed = await self.rt.client.patch(PODS, name, patch, namespace=namespace)
+            await self.rt.client.bind_pod(
+                namespace, name, uid=uid, node=node, annotations={POD_ANNOTATION_SEAL: seal}
+            )
         except NotFound:
-            return  # gone already
+            return False  # gone already
+        except Conflict as exc:
+            # Bound already (an earlier try whose answer was lost), or the name is another pod's now:
+            # the watch shows which, and verification decides.
+            log.info("package pod not bound", pod=f"{namespace}/{name}", uid=uid, error=str(exc))
+            return False
         except ApiError as exc:
-            # 422 (uid immutable): our pod was deleted and someone re-created the name; that pod is not
-            # ours and fails verification on its own. Anything else: the next reconcile tries again.
-            log.warning("package pod not sealed", pod=f"{namespace}/{name}", uid=uid, error=str(exc))
-            return
-        self.rt.pod_expectations.sealed(sealed)
+            if isinstance(exc.status, int) and 400 <= exc.status < 500 and exc.status not in (408, 429):
+                raise BindRefused(
+                    exc.status, exc.reason, _refused_message(namespace, name, node, exc)
+                ) from exc
+            log.warning("package pod not bound", pod=f"{namespace}/{name}", uid=uid, error=str(exc))
+            return False
+        except TimeoutError as exc:
+            log.warning("package pod not bound", pod=f"{namespace}/{name}", uid=uid, error=repr(exc))
+            return False
+        bound = {**pod, "spec": {**(pod.get("spec") or {}), "nodeName": node}}
+        bound["metadata"] = {
+            **meta,
+            "annotations": {**(meta.get("annotations") or {}), POD_ANNOTATION_SEAL: seal},
+        }
+        self.rt.pod_expectations.sealed(bound)
+        log.debug("package pod bound", pod=f"{namespace}/{name}", node=node)
+        return True
+
+
+def _refused_message(namespace: str, name: str, node: str, exc: ApiError) -> str:
+    hint = (
+        " The operator's ServiceAccount needs `create` on `pods/binding` in its namespace (the chart's"
+        " operator-rbac.yaml grants it)."
+        if exc.status == 403
+        else ""
+    )
+    return (
+        f"binding pod {namespace}/{name} to node {node} was refused: {exc.message}.{hint}"
+        " The pod was deleted."
+    )

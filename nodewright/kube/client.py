@@ -565,6 +565,31 @@ class KubeClient:
             return False  # uid precondition failed: the pod we meant no longer exists
         return True
 
+    async def bind_pod(
+        self, namespace: str, name: str, *, uid: str, node: str, annotations: Mapping[str, str]
+    ) -> None:
+        """Bind an unscheduled pod to `node` (POST `pods/<name>/binding`, what a scheduler does).
+
+        kube-apiserver applies the Binding only to the pod with `uid` (409 otherwise) that is not bound
+        yet (409 "already assigned"), and copies the Binding's annotations onto the pod in the same
+        write: the pod starts with them or not at all.
+        """
+        body: JSON = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": dict(annotations)},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        await self.request(
+            "POST",
+            PODS.item_path(name, namespace, "binding"),
+            resource="pods/binding",
+            body=body,
+            params={"fieldManager": self.field_manager},
+            # A lost answer retried gets 409 "already assigned": the caller re-reads the pod.
+            repeatable=True,
+        )
+
     async def evict(
         self, namespace: str, pod: str, *, grace_period: int | None = None, dry_run: bool = False
     ) -> EvictionResult:

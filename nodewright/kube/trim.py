@@ -73,7 +73,8 @@ def _condition(cond: JSON, *, full: bool) -> JSON:
 
 
 def trim_node(node: JSON) -> JSON:
-    """Name, uid, RV, creation time, labels, our annotations, taints, unschedulable, Ready, ours, bootID."""
+    """Name, uid, RV, creation time, labels, our annotations, taints, unschedulable, Ready, ours,
+    bootID, kernel and OS image."""
     meta = node.get("metadata") or {}
     spec = node.get("spec") or {}
     status = node.get("status") or {}
@@ -94,10 +95,16 @@ def trim_node(node: JSON) -> JSON:
         if c.get("type") == READY or str(c.get("type", "")).startswith(PREFIX)
     ]
     out_status: JSON = {"conditions": conditions}
-    boot_id = (status.get("nodeInfo") or {}).get("bootID")
-    if boot_id:
-        out_status["nodeInfo"] = {"bootID": boot_id}
+    # bootID (reboot completion, drift re-checks); kernel and OS image (drift re-checks): interned, since
+    # a fleet shares a handful of values.
+    info = status.get("nodeInfo") or {}
+    kept = {key: _intern(str(info[key])) for key in _NODE_INFO if info.get(key)}
+    if kept:
+        out_status["nodeInfo"] = kept
     return {"metadata": out_meta, "spec": out_spec, "status": out_status}
+
+
+_NODE_INFO = ("bootID", "kernelVersion", "osImage")
 
 
 def _container(container: JSON) -> JSON:

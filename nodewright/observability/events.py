@@ -75,6 +75,10 @@ class Reason(StrEnum):
     NODE_UNCORDONED = "NodeUncordoned"
     NODE_COMPLETE = "NodeComplete"
     NODE_BLOCKED = "NodeBlocked"
+    DRIFTED = "Drifted"
+    DRIFT_CLEARED = "DriftCleared"
+    DRIFT_REPAIRED = "DriftRepaired"
+    DRIFT_CHECK_FAILED = "DriftCheckFailed"
     UNTRUSTED_PACKAGE_POD = "UntrustedPackagePod"
 
 
@@ -153,6 +157,10 @@ CATALOGUE: Final[tuple[ReasonInfo, ...]] = (
     ReasonInfo(Reason.NODE_UNCORDONED, EventType.NORMAL, "Node", "The node was returned to service"),
     ReasonInfo(Reason.NODE_COMPLETE, EventType.NORMAL, "Node", "All packages of the NodeWright are complete"),
     ReasonInfo(Reason.NODE_BLOCKED, EventType.WARNING, "Node", "The node is skipped (taint or ignore label)"),
+    ReasonInfo(Reason.DRIFTED, EventType.WARNING, "Node", "A drift check found a complete package changed"),
+    ReasonInfo(Reason.DRIFT_CLEARED, EventType.NORMAL, "Node", "A drifted package's check passes again"),
+    ReasonInfo(Reason.DRIFT_REPAIRED, EventType.NORMAL, "Node", "A drifted package was re-applied"),
+    ReasonInfo(Reason.DRIFT_CHECK_FAILED, EventType.WARNING, "Node", "A drift check pod could not run"),
     ReasonInfo(
         Reason.UNTRUSTED_PACKAGE_POD,
         EventType.WARNING,
@@ -181,6 +189,10 @@ PLAN_EVENTS: Final[dict[str, Reason]] = {
     "NodeRebooted": Reason.NODE_REBOOTED,
     "Reboot": Reason.NODE_REBOOTED,  # reapplyOnReboot: a reboot of a complete node restarts its packages
     "NodeComplete": Reason.NODE_COMPLETE,
+    "Drifted": Reason.DRIFTED,
+    "DriftCleared": Reason.DRIFT_CLEARED,
+    "DriftRepaired": Reason.DRIFT_REPAIRED,
+    "DriftCheckFailed": Reason.DRIFT_CHECK_FAILED,
 }
 
 

@@ -27,6 +27,8 @@ from typing import Any, Final, Literal, Protocol, TextIO
 
 import structlog
 from opentelemetry import trace
+from structlog.processors import ExceptionRenderer
+from structlog.tracebacks import ExceptionDictTransformer
 
 LOG_KEYS: Final[tuple[str, ...]] = (
     "controller",
@@ -72,11 +74,15 @@ def configure_logging(level: str = "info", json: bool | None = None, *, stream: 
         _add_trace_ids,
     ]
     renderer: Any
+    # Tracebacks never show local variables: structlog's defaults (and rich's) print them, and the
+    # frames of the API client hold the bearer token and request headers.
     if use_json:
-        shared.append(structlog.processors.dict_tracebacks)
+        shared.append(ExceptionRenderer(ExceptionDictTransformer(show_locals=False)))
         renderer = structlog.processors.JSONRenderer()
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=out.isatty())
+        renderer = structlog.dev.ConsoleRenderer(
+            colors=out.isatty(), exception_formatter=structlog.dev.plain_traceback
+        )
     structlog.configure(
         processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(number),

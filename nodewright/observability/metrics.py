@@ -110,6 +110,8 @@ WATCH_EVENTS: Final = "nodewright_watch_events_total"
 LOOP_LAG: Final = "nodewright_event_loop_lag_seconds"
 LOOP_LAG_LAST: Final = "nodewright_event_loop_lag_last_seconds"
 UNTRUSTED_PODS: Final = "nodewright_untrusted_pods_total"
+DRIFTED_NODES: Final = "nodewright_drifted_nodes"
+DRIFT_CHECKS: Final = "nodewright_drift_checks_total"
 
 HISTOGRAM_METRICS: Final[frozenset[str]] = frozenset(
     {
@@ -162,6 +164,8 @@ EXPORTED_METRICS: Final[tuple[str, ...]] = (
     LOOP_LAG,
     LOOP_LAG_LAST,
     UNTRUSTED_PODS,
+    DRIFTED_NODES,
+    DRIFT_CHECKS,
 )
 
 # Histograms dropped at export for removed NodeWrights / packages (see module docstring).
@@ -323,6 +327,7 @@ class DomainMetrics:
         self._removed: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         self._retries: dict[tuple[str, str, str], int] = {}
+        self._drift_checks: dict[tuple[str, str], int] = {}
 
         def gauge(name: str, description: str, callback: Callable[[], Iterable[Observation]]) -> None:
             unit = "s" if name.endswith("_seconds") else ""
@@ -337,6 +342,7 @@ class DomainMetrics:
         gauge(DRAIN_BLOCKED, "Nodes whose drain is blocked (PDB or non-interruptible pods).", self._drain)
         gauge(WAITING_NODES, "Nodes waiting to be admitted, by reason.", self._waiting)
         gauge(OLDEST_STAGE_AGE, "Age of the longest-running in-progress stage.", self._oldest_stage)
+        gauge(DRIFTED_NODES, "Nodes whose last drift check failed (driftDetection).", self._drifted)
         for name, attr, description in (
             (ROLLOUT_MATCHED, "matched", "Nodes in the compartment."),
             (ROLLOUT_CEILING, "ceiling", "Maximum nodes in progress at once (budget ceiling)."),
@@ -349,6 +355,12 @@ class DomainMetrics:
             (WINDOW_ACTIVE, "window_active", "1 while the compartment may admit nodes (maintenance window)."),
         ):
             gauge(name, description, self._compartment_callback(attr))
+        meter.create_observable_counter(
+            DRIFT_CHECKS,
+            callbacks=[lambda _o: list(self._drift_check_observations())],
+            unit="",
+            description="Drift checks that finished, by result: clean, drifted, or error (could not run).",
+        )
         meter.create_observable_counter(
             PACKAGE_RETRIES,
             callbacks=[lambda _o: list(self._retry_observations())],
@@ -400,6 +412,11 @@ class DomainMetrics:
         with self._lock:
             key = (nodewright, package, version)
             self._retries[key] = self._retries.get(key, 0) + n
+
+    def count_drift_check(self, *, nodewright: str, result: str) -> None:
+        with self._lock:
+            key = (nodewright, result)
+            self._drift_checks[key] = self._drift_checks.get(key, 0) + 1
 
     def nodewrights(self) -> frozenset[str]:
         return frozenset(self._snapshots)
@@ -481,6 +498,17 @@ class DomainMetrics:
                     yield Observation(int(getattr(c, attr)), labels)
 
         return callback
+
+    def _drifted(self) -> Iterable[Observation]:
+        for nw, snap in self._snapshots.items():
+            yield Observation(snap.nodes_by_status.get("drifted", 0), {"nodewright": nw})
+
+    def _drift_check_observations(self) -> Iterable[Observation]:
+        with self._lock:
+            items = list(self._drift_checks.items())
+        for (nw, result), count in items:
+            if nw in self._snapshots:
+                yield Observation(count, {"nodewright": nw, "result": result})
 
     def _retry_observations(self) -> Iterable[Observation]:
         with self._lock:

@@ -60,7 +60,7 @@ from nodewright.api.nodestate import (
     PackageState,
     truncate_error,
 )
-from nodewright.plan import podspec
+from nodewright.plan import drift, podspec
 from nodewright.plan.configdiff import config_hashes, diff
 from nodewright.plan.dag import Graph
 from nodewright.plan.drain import DrainSelection
@@ -104,6 +104,8 @@ class NodeFacts:
     unschedulable: bool = False
     ready: bool = True
     boot_id: str = ""
+    kernel: str = ""  # status.nodeInfo.kernelVersion
+    os_image: str = ""  # status.nodeInfo.osImage
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +151,34 @@ class NodeInput:
     sequencing_blocker: str | None = None  # from sequencing.blocking(...).reason
     options: PlanOptions = field(default_factory=PlanOptions)
     drain_skip: DrainSkip | None = None  # persisted by the controller (see DrainSkip)
+    drift: DriftInput | None = None  # driftDetection: this node's check pods and schedule
+
+
+@dataclass(frozen=True, slots=True)
+class DriftCheckPod:
+    """A drift-check pod of this NodeWright on the node, as the controller read it."""
+
+    name: str
+    outcome: PodOutcome
+    failed_container: str | None = None
+    message: str = ""
+    terminating: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DriftInput:
+    """What the controller knows about drift checks of this node (see `plan.drift`).
+
+    `slot` is the node's current check slot; `due` says the schedule wants a check in it (the
+    controller's memory of checked slots); `may_start` that a fleet-wide check slot is free;
+    `seconds_to_next` when the next slot begins.
+    """
+
+    pods: tuple[DriftCheckPod, ...] = ()
+    slot: int = 0
+    due: bool = False
+    may_start: bool = False
+    seconds_to_next: float = 60.0
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -187,6 +217,23 @@ class CreatePod:
     node_order: int
     interrupt: Interrupt | None = None  # interrupt stages: the merged interrupt
     covers: tuple[str, ...] = ()  # interrupt stages: the other packages the interrupt completes
+    repair: bool = False  # a run that re-applies after drift (the agent re-runs flagged steps)
+
+
+@dataclass(frozen=True, slots=True)
+class CreateDriftCheck:
+    """Create the node's drift-check pod for check slot `slot` (read-only; no cordon, no drain)."""
+
+    slot: int
+    packages: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class BindPod:
+    """Bind (and so seal and start) a created, unbound pod its stage expects (`controller.trust`)."""
+
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +255,18 @@ class Event:
     type: Literal["Normal", "Warning"] = "Normal"
 
 
-Action = Cordon | Uncordon | WaitForProtectedPods | Drain | DeletePod | CreatePod | Event | RequeueAfter
+Action = (
+    Cordon
+    | Uncordon
+    | WaitForProtectedPods
+    | Drain
+    | DeletePod
+    | CreatePod
+    | BindPod
+    | CreateDriftCheck
+    | Event
+    | RequeueAfter
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +288,10 @@ class NodePlan:
     drain_skip: DrainSkip | None = None  # the skip memory after this plan (None: none / cleared)
     drain_skipped: bool = False  # this plan skipped the drain (the controller resets its drain timer)
     consume_admission: bool = False  # the node settled under its admission: the controller marks it used
+    drift_result: str | None = None  # a drift check finished in this plan: clean, drifted or error
 
+
+CONDITION_TEXT = 1000  # characters of a node condition message the planner composes
 
 # ----------------------------------------------------------------------------------------------------
 # Helpers
@@ -297,9 +358,9 @@ def _version_key(version: str) -> semver.Version:
         return semver.Version(0, 0, 0, ("invalid",))
 
 
-def package_complete(state: NodeState, name: str, pkg: Package) -> bool:
+def package_complete(state: NodeState, name: str, pkg: Package, *, repair_drift: bool = False) -> bool:
     """The package is done on the node: installed and complete at the spec version with the spec
-    config, or (uninstall requested) no longer present."""
+    config (and, when drift is repaired, not drifted), or (uninstall requested) no longer present."""
     if _uninstall_requested(pkg):
         return not state.entries_for(name)
     current = state.entry(name, pkg.version)
@@ -307,11 +368,15 @@ def package_complete(state: NodeState, name: str, pkg: Package) -> bool:
         current is not None
         and current.state == PackageState.COMPLETE
         and not diff(current.config, config_hashes(pkg.config_map))
+        and not (repair_drift and current.drifted)
     )
 
 
 def node_complete(nw: NodeWright, state: NodeState) -> bool:
-    return all(package_complete(state, n, p) for n, p in nw.spec.packages.items())
+    return all(
+        package_complete(state, n, p, repair_drift=drift.reapplies(nw, n))
+        for n, p in nw.spec.packages.items()
+    )
 
 
 def admission_key(admission: Admission) -> str:
@@ -319,7 +384,7 @@ def admission_key(admission: Admission) -> str:
     return f"{admission.batch}/{admission.order}/{admission.at}"
 
 
-def _may_run(pod: PodSummary, *, deleting: bool) -> bool:
+def _may_run(pod: PodSummary | DriftCheckPod, *, deleting: bool) -> bool:
     """The pod's containers may still run something on the host.
 
     A running pod may, also while it terminates (its grace period). A pod whose work ended (every init
@@ -356,6 +421,7 @@ class _Planner:
         self.events: list[Event] = []
         self.deletes: dict[str, DeletePod] = {}
         self.creates: list[CreatePod] = []
+        self.binds: list[BindPod] = []
         self.requeues: list[RequeueAfter] = []
         self.waiting: list[str] = []  # why the node is not progressing (first is the headline)
         self.blocked: list[str] = []  # package-level blocks
@@ -366,6 +432,10 @@ class _Planner:
         self.skipped_now = False  # this plan released the node after a drain timeout
         self.drain_overdue = False  # drain.timeout passed and the policy keeps the node draining (wait)
         self.skip_blocked: str | None = None  # status message while released for a drain timeout
+        self.drift_create: CreateDriftCheck | None = None
+        self.drift_requeue: RequeueAfter | None = None
+        self.drift_result: str | None = None
+        self.drift_recheck = False  # a host change is to be checked: keep the recorded bootID
 
     # -- small utilities ------------------------------------------------------------------------
 
@@ -397,6 +467,7 @@ class _Planner:
             stage=entry.stage,
             interrupt=interrupt,
             options=self.opts.pod,
+            repair=entry.repair and entry.stage not in INTERRUPT_STAGES,
         )
 
     def in_spec(self, entry: PackageEntry) -> bool:
@@ -474,6 +545,10 @@ class _Planner:
                 continue
             view = observe_pod(current, entry, now=self.now, policy=self.policy(entry.name))
             if view.observation == Observation.WAIT:
+                if not current.bound and not current.terminating:
+                    # Created but not placed (an operator restart, or a binding that failed): it has
+                    # run nothing and is still the pod this stage wants.
+                    self.binds.append(BindPod(current.name))
                 if view.pull_error_since != entry.pull_error_since:
                     self.put(replace(entry, pull_error_since=view.pull_error_since))
                 if view.recheck_after is not None:
@@ -579,6 +654,10 @@ class _Planner:
             self.state = self.state.without(entry.name, entry.version)
             self.events.append(Event("PackageUninstalled", f"{entry.name}:{entry.version} uninstalled"))
             return
+        if new.state == PackageState.COMPLETE and (new.drifted or new.repair):
+            if new.drifted:
+                self.events.append(Event("DriftRepaired", f"{entry.name}:{entry.version} re-applied"))
+            new = replace(new, drifted="", repair=False)
         self.put(new)
         if new.state == PackageState.COMPLETE:
             self.events.append(Event("PackageComplete", f"{entry.name}:{entry.version} complete"))
@@ -755,6 +834,21 @@ class _Planner:
                                 error="",
                             )
                         )
+                    elif current.drifted and drift.reapplies(self.nw, name):
+                        # Repair: the whole install again (apply, config, the interrupt if any), with
+                        # the agent running steps its flags say already succeeded.
+                        runs.append(
+                            replace(
+                                current,
+                                stage=PackageStage.APPLY,
+                                state=PackageState.PENDING,
+                                attempts=0,
+                                started=None,
+                                changed=(),
+                                error="",
+                                repair=True,
+                            )
+                        )
                 continue
             spec_v = _version_key(pkg.version)
             lower = [e for e in entries if _version_key(e.version) < spec_v]
@@ -801,6 +895,15 @@ class _Planner:
             if not leaving or _may_run(pod, deleting=True):
                 return True
         return False
+
+    def drift_check_running(self) -> str | None:
+        """A drift-check pod of this NodeWright that may still run on the node: no stage pod starts next
+        to it (and no check starts next to a stage pod, see `drift_checks`)."""
+        for pod in self.inp.drift.pods if self.inp.drift is not None else ():
+            deleting = pod.terminating or pod.name in self.deletes
+            if _may_run(pod, deleting=deleting):
+                return pod.name
+        return None
 
     def blocking_pod(self, package: str, *, name: str) -> PodSummary | None:
         """Another pod of `package` whose work may still run on the node: no second pod of a package
@@ -976,9 +1079,11 @@ class _Planner:
             self.nw.metadata.name, entry.name, entry.version, entry.stage, self.node.name, attempt, s_hash
         )
         blocker = self.blocking_pod(entry.name, name=name)
-        if blocker is not None:
-            self.waiting.append(f"{entry.name}: waiting for pod {blocker.name} to finish")
-            self.requeue(self.opts.poll_interval, f"pod {blocker.name} still running")
+        checking = self.drift_check_running()
+        if blocker is not None or checking is not None:
+            running = blocker.name if blocker is not None else checking
+            self.waiting.append(f"{entry.name}: waiting for pod {running} to finish")
+            self.requeue(self.opts.poll_interval, f"pod {running} still running")
             return entry
         image = (
             ""
@@ -996,6 +1101,7 @@ class _Planner:
                 node_order=self.node_order(),
                 interrupt=interrupt,
                 covers=covers,
+                repair=entry.repair and entry.stage not in INTERRUPT_STAGES,
             )
         )
         new = start_attempt(entry, attempt=attempt, spec_hash=s_hash, image=image, now=self.now)
@@ -1163,6 +1269,9 @@ class _Planner:
         was_complete = old.generation is not None and node_complete(self.nw, old) and not old.cordoned
         complete = node_complete(self.nw, self.state)
         if complete:
+            self.drift_checks(was_complete=node_complete(self.nw, old))
+            complete = node_complete(self.nw, self.state)  # a check may have found drift to repair
+        if complete:
             if self.state.cordoned:
                 self.actions.append(Uncordon())
             self.state = replace(
@@ -1171,8 +1280,14 @@ class _Planner:
                 generation=gen,
                 admission=None,
                 interrupt_at=None,
-                boot_id=self.node.boot_id or self.state.boot_id,
+                boot_id=self.state.boot_id
+                if self.drift_recheck
+                else (self.node.boot_id or self.state.boot_id),
             )
+            if self.inp.drift is not None and self.state.kernel is None:
+                self.state = replace(
+                    self.state, kernel=self.node.kernel or None, os_image=self.node.os_image or None
+                )
             if not was_complete:
                 self.events.append(
                     Event("NodeComplete", f"{self.nw.metadata.name} complete on {self.node.name}")
@@ -1190,16 +1305,21 @@ class _Planner:
             self.skip = None
         status, reason, message = self.status(complete)
         # Settling (complete, or erroring with nothing else running) uses up the admission.
-        consume = old.admission is not None and status in (Status.COMPLETE, Status.ERRORING)
+        consume = old.admission is not None and (complete or status in (Status.COMPLETE, Status.ERRORING))
         actions: list[Action] = [a for a in self.actions if isinstance(a, (Cordon, Uncordon))]
         actions += [a for a in self.actions if isinstance(a, (WaitForProtectedPods, Drain))]
         deletes: list[DeletePod] = sorted(self.deletes.values(), key=lambda d: d.name)
         actions += deletes
         actions += self.creates
+        actions += self.binds
+        if self.drift_create is not None:
+            actions.append(self.drift_create)
         actions += self.events
         if self.requeues and not complete:
             soonest = min(self.requeues, key=lambda r: r.seconds)
             actions.append(soonest)
+        elif complete and self.drift_requeue is not None:
+            actions.append(self.drift_requeue)
         return NodePlan(
             state=self.state,
             status=status,
@@ -1210,7 +1330,88 @@ class _Planner:
             drain_skip=self.skip,
             drain_skipped=self.skipped_now,
             consume_admission=consume,
+            drift_result=self.drift_result,
         )
+
+    def drift_checks(self, *, was_complete: bool) -> None:
+        """Drift detection on a node where this NodeWright is complete (rules in `plan.drift`).
+
+        Finished check pods are read (drifted packages get the reason, clean ones lose theirs; the
+        node's bootID, kernel and OS image are recorded as checked) and removed; then, if the node is
+        due (its slot, or a host change no interrupt of ours explains) and nothing else of this
+        NodeWright runs there, a check pod is created when a fleet-wide slot is free. No cordon, no
+        drain, no interrupt: the checks are read-only.
+        """
+        facts = self.inp.drift
+        if facts is None:
+            return
+        checked = drift.check_plan(self.nw, self.state)
+        alive = False
+        for pod in facts.pods:
+            if _may_run(pod, deleting=pod.terminating):
+                alive = True
+                continue
+            if pod.terminating:
+                continue  # already being removed
+            self.read_drift_check(pod, checked)
+        if alive:
+            self.requeue(self.opts.poll_interval, "drift check running")
+            return
+        old = self.inp.state or NodeState()
+        recheck = None
+        if was_complete:
+            recheck = drift.recheck_reason(
+                old, boot_id=self.node.boot_id, kernel=self.node.kernel, os_image=self.node.os_image
+            )
+        if self.drift_result is None and recheck is not None:
+            self.drift_recheck = True  # keep the old bootID until a check has run
+        if not checked or self.drift_result is not None or self.pod_running() or self.creates:
+            self.drift_requeue = RequeueAfter(max(1.0, facts.seconds_to_next), "next drift check")
+            return
+        if facts.due or recheck is not None:
+            if facts.may_start:
+                self.drift_create = CreateDriftCheck(
+                    slot=facts.slot,
+                    packages=tuple(name for name, _, _ in checked),
+                    reason=recheck or "scheduled",
+                )
+                self.requeue(self.opts.poll_interval, "drift check started")
+                return
+            self.drift_requeue = RequeueAfter(drift.DUE_RETRY, "waiting for a free drift-check slot")
+            return
+        self.drift_requeue = RequeueAfter(max(1.0, facts.seconds_to_next), "next drift check")
+
+    def read_drift_check(self, pod: DriftCheckPod, checked: list[tuple[str, Package, str]]) -> None:
+        if pod.outcome in (PodOutcome.SUCCEEDED, PodOutcome.FAILED):
+            outcome = drift.read_outcome(
+                checked,
+                succeeded=pod.outcome is PodOutcome.SUCCEEDED,
+                failed_container=pod.failed_container,
+                message=pod.message,
+            )
+        else:
+            outcome = drift.CheckOutcome(
+                drifted={}, clean=frozenset(), error=pod.message or pod.outcome.value
+            )
+        before = {e.name: e.drifted for e in drift.drifted_entries(self.state, self.nw)}
+        self.state = replace(
+            drift.apply_outcome(self.state, outcome, self.nw),
+            boot_id=self.node.boot_id or self.state.boot_id,
+            kernel=self.node.kernel or self.state.kernel,
+            os_image=self.node.os_image or self.state.os_image,
+        )
+        self.deletes.setdefault(pod.name, DeletePod(pod.name, f"drift check finished ({outcome.result})"))
+        self.drift_result = outcome.result
+        for name, reason in outcome.drifted.items():
+            if before.get(name) != reason[:500]:
+                self.events.append(Event("Drifted", f"{name}: {reason}", "Warning"))
+        for name in outcome.clean:
+            if name in before:
+                self.events.append(Event("DriftCleared", f"{name}: the check passes again"))
+        if outcome.error:
+            self.events.append(
+                Event("DriftCheckFailed", f"drift check did not run: {outcome.error}", "Warning")
+            )
 
     def finish_disabled(self) -> NodePlan:
         """Disabled: start nothing, let what runs finish (observed and recorded), then let go.
@@ -1253,6 +1454,9 @@ class _Planner:
         return not busy and not self.creates and not self.pod_running()
 
     def status(self, complete: bool) -> tuple[Status, str, str]:
+        drifted = drift.drifted_entries(self.state, self.nw)
+        if complete and drifted:
+            return Status.DRIFTED, "Drifted", drift.describe(drifted)[:CONDITION_TEXT]
         if complete:
             return Status.COMPLETE, "Complete", f"all {len(self.nw.spec.packages)} package(s) complete"
         errors = [e for e in self.state.packages if e.state == PackageState.ERRORING and self.in_spec(e)]
@@ -1300,6 +1504,9 @@ class _Planner:
             return Status.IN_PROGRESS, reason, (doing or "starting") + (f"; {why}" if why else "")
         if self.blocked:
             return Status.BLOCKED, "Blocked", "; ".join(self.blocked)
+        if drifted:
+            text = f"{drift.describe(drifted)}; waiting for the rollout to repair it"
+            return Status.DRIFTED, "Drifted", text[:CONDITION_TEXT]
         return Status.WAITING, "Waiting", why or "waiting"
 
 

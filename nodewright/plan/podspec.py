@@ -12,8 +12,14 @@ Package images built for the reference (NVIDIA Skyhook/NodeWright, anchor §2.12
 - env: `SKYHOOK_LOG_DIR`, `SKYHOOK_ROOT_DIR`, `COPY_RESOLV=false`, `SKYHOOK_RESOURCE_ID`,
   `SKYHOOK_NODE_ORDER` and `NODEWRIGHT_*` equivalents, then the package env (incl. valueFrom); package
   env cannot override the operator-managed names (except `COPY_RESOLV`, a documented toggle);
-- privileged, hostPID, hostNetwork, host `/` mounted with HostToContainer propagation, `nodeName` set
-  (no scheduler), tolerations for unschedulable + the runtime-required taint + additionalTolerations.
+- privileged, hostPID, hostNetwork, host `/` mounted with HostToContainer propagation, tolerations for
+  unschedulable + the runtime-required taint + additionalTolerations.
+
+Stage and interrupt pods are created **unbound** (no `nodeName`; `schedulerName` names no scheduler, so
+none places them) with the intended node in the annotation `nodewright.io/target-node`, and the operator
+binds them with a `Binding` that also carries the pod's seal (`controller.trust`): nothing of a pod runs
+before the operator holding the pod's uid has sealed it, so a crash between create and seal leaves a pod
+that did nothing. Drift-check pods (read-only) are created bound.
 
 Differences from the reference: `restartPolicy: Never` (the operator owns retries, attempts are counted
 and bounded, anchor §11.4); the image reference keeps registry ports intact (`registry:5000/x`, §11.8);
@@ -326,8 +332,9 @@ def drift_check_name(nodewright: str, node: str, slot: int, spec_digest: str) ->
 
 
 def drift_check_container(package: str, mode: str) -> str:
-    """Container name of one package's check in a drift-check pod (`<pkg>-applycheck`, ...)."""
-    return f"{package}-{mode.replace('-', '')}"
+    """Container name of one package's check in a drift-check pod (`<pkg>-applycheck`, ...), the same
+    names as in stage pods."""
+    return _mode_container(package, mode)
 
 
 def build_drift_check_pod(
@@ -373,7 +380,7 @@ def build_drift_check_pod(
         constants.POD_LABEL_STAGE: constants.POD_STAGE_DRIFT_CHECK,
     }
     annotations = {constants.POD_ANNOTATION_SPEC_HASH: digest, constants.POD_ANNOTATION_DRIFT_SLOT: str(slot)}
-    spec = _pod_spec(nw, node, init, volumes, options)
+    spec = _pod_spec(nw, node, init, volumes, options, bound=True)
     name = drift_check_name(nw_name, node, slot, digest)
     return _pod(nw, name, node, labels=labels, annotations=annotations, spec=spec, options=options)
 
@@ -498,12 +505,31 @@ def _mode_container(package_name: str, mode: str) -> str:
     return f"{package_name}-{mode}"
 
 
+def pod_node(pod: Mapping[str, Any]) -> str:
+    """The node a package pod runs on, or will once bound (`nodewright.io/target-node`)."""
+    bound = (pod.get("spec") or {}).get("nodeName")
+    if bound:
+        return str(bound)
+    return str(
+        ((pod.get("metadata") or {}).get("annotations") or {}).get(constants.POD_ANNOTATION_NODE) or ""
+    )
+
+
 def _pod_spec(
-    nw: NodeWright, node: str, init: list[dict[str, Any]], volumes: list[dict[str, Any]], options: PodOptions
+    nw: NodeWright,
+    node: str,
+    init: list[dict[str, Any]],
+    volumes: list[dict[str, Any]],
+    options: PodOptions,
+    *,
+    bound: bool = False,
 ) -> dict[str, Any]:
     pcpu, pmem = options.pause_resources
+    placement: dict[str, Any] = (
+        {"nodeName": node} if bound else {"schedulerName": constants.POD_SCHEDULER_NAME}
+    )
     spec: dict[str, Any] = {
-        "nodeName": node,
+        **placement,
         "restartPolicy": "Never",
         "hostPID": True,
         "hostNetwork": True,
@@ -551,6 +577,7 @@ def _pod(
         constants.POD_LABEL_NODE: label_value(node),
         **dict(options.extra_labels),
     }
+    annotations = {**annotations, constants.POD_ANNOTATION_NODE: node}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -727,6 +754,8 @@ def run_spec(pod: Mapping[str, Any]) -> dict[str, Any]:
       read-only mounts at the service-account path (exact shape only; what it grants follows from the
       bound `serviceAccountName` and `automountServiceAccountToken`), and DefaultTolerationSeconds'
       `not-ready`/`unreachable` NoExecute tolerations;
+    - `nodeName` when it equals the pod's `nodewright.io/target-node` annotation (the operator's
+      binding sets it after create; another node stays in and fails the digest);
     - not bound at all: `priority` and `overhead` (derived from the bound class names), pod and
       container `resources` and `resizePolicy` (quantities are rewritten, and they do not change what
       runs or its privileges), `resourceFieldRef.divisor`.
@@ -737,6 +766,10 @@ def run_spec(pod: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(spec, dict):
         return {}
     out = {k: v for k, v in spec.items() if k not in _UNBOUND_POD_FIELDS}
+    target = ((pod.get("metadata") or {}).get("annotations") or {}).get(constants.POD_ANNOTATION_NODE)
+    if target and out.get("nodeName") == target:
+        # Bound by the operator after create (the identity binds the target): not part of what runs.
+        del out["nodeName"]
     for key, default in _POD_DEFAULTS:
         if out.get(key) == default:
             del out[key]

@@ -66,6 +66,7 @@ class PodSummary:
     outcome: PodOutcome
     message: str = ""  # reason + last log lines when known
     terminating: bool = False  # deletion requested (deletionTimestamp set), the pod is not gone yet
+    bound: bool = True  # placed on its node; an unbound pod of ours has run nothing (controller.trust)
 
 
 @dataclass(frozen=True, slots=True)

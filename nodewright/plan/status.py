@@ -35,7 +35,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from nodewright.api.models import Condition, NodeWright, NodeWrightStatus, Status
+from nodewright.api.models import (
+    MAX_CONSISTENCY_GROUPS,
+    Condition,
+    ConsistencyGroup,
+    NodeWright,
+    NodeWrightStatus,
+    Status,
+)
 from nodewright.plan.rollout import RolloutPlan, WaitReason
 
 MAX_EXAMPLES = 5
@@ -49,6 +56,7 @@ DISABLED = "Disabled"
 POLICY_NOT_FOUND = "PolicyNotFound"
 NODE_STATE_MALFORMED = "NodeStateMalformed"
 BLOCKED = "Blocked"
+DRIFTED = "Drifted"
 OWNED_CONDITIONS = (
     READY,
     RECONCILING,
@@ -59,6 +67,7 @@ OWNED_CONDITIONS = (
     POLICY_NOT_FOUND,
     NODE_STATE_MALFORMED,
     BLOCKED,
+    DRIFTED,
 )
 
 _READY_REASON = {
@@ -70,6 +79,7 @@ _READY_REASON = {
     Status.WAITING: "Waiting",
     Status.DISABLED: "Disabled",
     Status.UNKNOWN: "Unknown",
+    Status.DRIFTED: "NodesConverged",
 }
 
 
@@ -81,13 +91,19 @@ class PackageReport:
     version: str
     stage: str
     state: str
+    config: str = ""  # digest of the configMap hashes last applied (fleet consistency)
+    drifted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class NodeReport:
+    """`status` is what the node counts as in the roll-up: a drifted node that only reports drift is
+    complete; one waiting for its repair (action reapply) waits. `drifted` marks both."""
+
     name: str
     status: Status
     packages: tuple[PackageReport, ...] = ()
+    drifted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +127,8 @@ class StatusSummary:
 
 def roll_up(statuses: Iterable[Status], *, halted: bool = False) -> Status:
     """Reference §4.1 roll-up of node statuses (plus the halted rule; see the module docstring)."""
-    remaining = {s for s in statuses if s is not Status.COMPLETE}
+    # A node labelled drifted whose drift is only reported counts as complete (drift is information).
+    remaining = {s for s in statuses if s not in (Status.COMPLETE, Status.DRIFTED)}
     if not remaining:
         return Status.COMPLETE
     if Status.IN_PROGRESS in remaining:
@@ -176,6 +193,7 @@ def aggregate_status(
         malformed=sorted(malformed_nodes),
         waiting_counts={k: len(v) for k, v in sorted(waiting_names.items())},
         blocked_details=blocked_details,
+        drifted=sorted(n.name for n in nodes if n.drifted),
     )
     conditions = merge_conditions(
         previous.conditions or [],
@@ -193,6 +211,9 @@ def aggregate_status(
         complete_nodes=f"{complete}/{len(nodes)}",
         package_list=package_list(nodewright),
         node_counts={s.value: len(names) for s, names in sorted(by_status.items(), key=lambda i: i[0].value)},
+        drifted_nodes=len(facts.drifted),
+        drifted_examples=list(_examples(facts.drifted)) or None,
+        consistency=consistency_summary(nodes) or None,
     )
     return StatusSummary(
         status=status,
@@ -203,6 +224,23 @@ def aggregate_status(
         waiting_reasons=facts.waiting_counts,
         waiting_examples={k: _examples(v) for k, v in sorted(waiting_names.items())},
     )
+
+
+def consistency_summary(nodes: Sequence[NodeReport]) -> dict[str, list[ConsistencyGroup]]:
+    """Per package, the distinct (version, config, state) found on the nodes with their counts, most
+    common first, at most `MAX_CONSISTENCY_GROUPS` (O(1) in the fleet size): one group means uniform."""
+    counts: dict[str, Counter[tuple[str, str, str]]] = defaultdict(Counter)
+    for node in nodes:
+        for pkg in node.packages:
+            state = "drifted" if pkg.drifted else pkg.state
+            counts[pkg.name][(pkg.version, pkg.config, state)] += 1
+    return {
+        name: [
+            ConsistencyGroup(version=v, config=c, state=st, nodes=n)
+            for (v, c, st), n in sorted(counter.items(), key=lambda i: (-i[1], i[0]))[:MAX_CONSISTENCY_GROUPS]
+        ]
+        for name, counter in sorted(counts.items())
+    }
 
 
 def package_list(nodewright: NodeWright) -> str:
@@ -245,6 +283,7 @@ class _Facts:
     malformed: Sequence[str]
     waiting_counts: Mapping[str, int]
     blocked_details: Counter[str]
+    drifted: Sequence[str] = ()
 
 
 def _override(
@@ -311,6 +350,14 @@ def _owned_conditions(f: _Facts) -> list[Condition]:
             ),
         ),
         cond(BLOCKED, blocked > 0, "NodesBlocked" if blocked else "NotBlocked", _blocked_message(f, blocked)),
+        cond(
+            DRIFTED,
+            bool(f.drifted),
+            "NodesDrifted" if f.drifted else "NoDrift",
+            _names_message(f"{len(f.drifted)} node(s) failed their last drift check:", f.drifted)
+            if f.drifted
+            else "",
+        ),
     ]
 
 
