@@ -15,6 +15,8 @@ from nodewright.cli.plugin import common
 from nodewright.cli.plugin.explain import Analysis, explain_all, names_text
 
 JSON = dict[str, Any]
+BUSY = frozenset({"Complete", "InProgress", "AdmittedNow", "Rebooting", "Draining", "FinishingOlderSpec"})
+"""Reasons of nodes doing something (or done): not counted as waiting."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,7 +43,7 @@ def status_doc(analysis: Analysis) -> JSON:
     counts = Counter(e.rollout.status.value for e in analysis.entries.values())
     waiting: Counter[str] = Counter()
     for exp in explanations.values():
-        if exp.reason not in ("Complete", "InProgress", "AdmittedNow"):
+        if exp.reason not in BUSY:
             waiting[exp.reason] += 1
     compartments = []
     for name, cplan in analysis.plan.compartments.items():
