@@ -72,6 +72,19 @@ async def plugin_json(cluster: ControlPlane, *args: str, expect: int = 0) -> Any
     return json.loads(done.stdout)
 
 
+async def complete(cluster: ControlPlane, *words: str) -> list[str]:
+    """What shell completion offers for `words` (the last one partial), asking the cluster for names."""
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [str(PLUGIN), "__complete", "--kubeconfig", str(cluster.kubeconfig), *words],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout.split()
+
+
 async def why(cluster: ControlPlane, node: str, nw: str) -> JSON:
     doc = await plugin_json(cluster, "why", node, nw, "--events", "0")
     [answer] = doc["answers"]
@@ -224,6 +237,13 @@ async def test_lifecycle_status_nodes_policy_and_kubectl_names(
         [default] = shown["compartments"]
         assert default["nodewrights"][nw] == {"matched": 6, "ceiling": 2}
         assert default["budgetText"] == "count 2" and default["strategyText"].startswith("fixed(")
+        # plan keeps working under the plugin; completion asks the cluster for names.
+        planned = await plugin_json(cluster, "plan", nw)
+        [pcomp] = planned["compartments"]
+        assert planned["exists"] and pcomp["name"] == "__default__" and pcomp["ceiling"] == 2
+        assert set(names) <= set(await complete(cluster, "why", prefix[:-1]))
+        assert nw in await complete(cluster, "status", nw[:4])
+        assert await complete(cluster, "node", "re") == ["reset", "retry"]
         reset = await plugin_json(cluster, "policy", "reset", nw, "-y")
         assert reset["compartments"] == ["__default__"]
 

@@ -119,6 +119,10 @@ def test_completion_walks_the_parser() -> None:
     )
     assert completion_verbs.candidates(parser, ["package", "logs", "nw", "p", "--node", ""]) == ([], "node")
     assert completion_verbs.candidates(parser, ["--context", "x", "status", ""])[1] == "nodewright"
+    assert completion_verbs.candidates(parser, ["--kubeconfig", "k", "node", "re"]) == (
+        ["reset", "retry"],
+        None,
+    )
 
 
 def test_completion_scripts(capsys: pytest.CaptureFixture[str]) -> None:

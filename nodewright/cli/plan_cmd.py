@@ -311,7 +311,7 @@ async def gather(args: argparse.Namespace) -> Inputs:
 
     context = getattr(args, "context", None)
     config = load_kubeconfig(args.kubeconfig, context=context) if context else load_config(args.kubeconfig)
-    async with KubeClient(config) as client:
+    async with KubeClient(config, timeout=float(getattr(args, "request_timeout", 30.0))) as client:
         # Nodes before NodeWrights: the operator writes a NodeWright's batch state before the admissions
         # it opens on nodes, so reading in the opposite order never pairs admissions with an older batch
         # state (which would predict the open batch's successors from stale counters).
@@ -360,6 +360,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default: $KUBECONFIG or in-cluster)")
     parser.add_argument("--context", default=None, help="kubeconfig context (default: current-context)")
+    parser.add_argument(
+        "--request-timeout",
+        type=flags.positive_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="deadline of each API request (default 30)",
+    )
     parser.add_argument("-o", "--output", choices=("table", "wide", "json"), default="table")
     parser.set_defaults(func=run)
 

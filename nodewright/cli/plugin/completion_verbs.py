@@ -92,7 +92,7 @@ def _takes_value(action: argparse.Action) -> bool:
 
 def candidates(parser: argparse.ArgumentParser, words: Sequence[str]) -> tuple[list[str], str | None]:
     """(static candidates, the kind of cluster name wanted or None) for `words` (the last is partial)."""
-    from nodewright.cli.main import split_command
+    from nodewright.cli.main import GLOBAL_VALUE_FLAGS, split_command
 
     *done, prefix = list(words) or [""]
     done = split_command(done)[1] if done else done  # global flags before the verb, as kubectl allows
@@ -110,6 +110,8 @@ def candidates(parser: argparse.ArgumentParser, words: Sequence[str]) -> tuple[l
             action = _option(current, word)
             if action is not None and _takes_value(action) and "=" not in word:
                 pending = action
+            elif action is None and word in GLOBAL_VALUE_FLAGS:
+                index += 1  # a cluster flag given before a nested verb: its value is not a word
             continue
         sub = _subparsers(current)
         if sub is not None and word in sub.choices and not positionals:
