@@ -307,3 +307,14 @@ def test_status_and_the_watch_screen_render_the_same_numbers() -> None:
     assert any("BatchStarted" in line and "x3" in line for line in lines)
     assert all(len(line) <= 100 for line in lines)
     assert len(screen([doc, doc, doc], width=80, height=10)) == 10
+
+
+def test_pacing_reasons_are_answered_with_the_planners_message() -> None:
+    nw = nodewright(deploymentPolicy="pol")
+    gated = policy("pol", 1, {"fixed": {"initialBatch": 1}})
+    # Sundays 03:00-04:00 UTC; NOW is Sunday 12:00: closed.
+    gated["spec"]["maintenance"] = {"windows": [{"schedule": "0 3 * * 0", "duration": "1h"}]}
+    st = state([node("n0", 0)], [nw], [gated])
+    answer = why(st, "n0")
+    assert answer.reason == "Window", answer
+    assert answer.summary and "not in a batch yet" not in answer.summary

@@ -536,6 +536,10 @@ def _explain_waiting(analysis: Analysis, entry: Entry, waiting: Waiting, answer:
             f" ({len(ours) + len(others)} of {ceiling} in use)",
             "slots held by: " + names_text(held, 10) if held else "",
         )
+    if reason is not WaitReason.NOT_YET_IN_BATCH:
+        # Pacing and any reason added later (maintenance window, soak, approval gate): the planner's
+        # own message says what it waits for and until when.
+        return answer(reason.value, waiting.message, cplan.message if cplan is not None else "")
     # Not yet in a batch.
     predicted = analysis.predicted_batch(node_name)
     state = cplan.status.batch_state if cplan is not None else None
