@@ -75,6 +75,9 @@ class Config:
     timeout_minutes: float
     stall_minutes: float
     profile: bool = False
+    drift_interval: float = 0.0  # seconds; 0: no drift phase
+    drift_intervals: int = 2
+    drift_checks: int = 4  # the operator's --drift-checks (fleet-wide concurrent checks)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -396,6 +399,7 @@ async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -
         extra_args=[
             "--agent-image=registry.local/nodewright/agent:sim",
             "--pause-image=registry.local/pause:sim",
+            f"--drift-checks={cfg.drift_checks}",
         ],
     )
     operator.start()
@@ -425,6 +429,7 @@ async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -
         wall = time.monotonic() - applied
         sampler.sample()
         after = analysis.parse_prometheus(operator.metrics_text() or "")
+        drift = await _measure_drift(cfg, kubeconfig, operator, sampler) if completed else None
     finally:
         for task in tasks:
             task.cancel()
@@ -532,9 +537,62 @@ async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -
         "node_statuses": tracker.status_counts(),
         "invariants": verdict,
     }
+    if drift is not None:
+        result["drift"] = drift
     if profiler is not None:
         result["profile"] = profiler.summary()
     return result
+
+
+async def _measure_drift(
+    cfg: Config, kubeconfig: Path, operator: OperatorProcess, sampler: ProcessSampler
+) -> dict[str, Any] | None:
+    """Drift checking on the complete fleet, nothing drifted: what it costs per node and interval.
+
+    `driftDetection: {interval, action: report}` is patched onto the NodeWright and the operator's
+    requests are counted over `drift_intervals` intervals (after a first interval of warm-up, which holds
+    the burst of every node becoming due at once from a cold start).
+    """
+    if cfg.drift_interval <= 0:
+        return None
+    interval = cfg.drift_interval
+    async with KubeClient(kubeconfig) as client:
+        await client.merge_patch(
+            f"/apis/nodewright.io/v1alpha1/nodewrights/{NODEWRIGHT}",
+            {"spec": {"driftDetection": {"interval": f"{interval:g}s", "action": "report"}}},
+        )
+    log(
+        f"drift detection on: interval {interval:g}s; warm-up {interval:g}s,"
+        f" then {cfg.drift_intervals} intervals measured"
+    )
+    await asyncio.sleep(interval)
+    cpu_before = sampler.cpu_seconds
+    before = analysis.parse_prometheus(operator.metrics_text() or "")
+    started = time.monotonic()
+    await asyncio.sleep(interval * cfg.drift_intervals)
+    seconds = time.monotonic() - started
+    sampler.sample()
+    after = analysis.parse_prometheus(operator.metrics_text() or "")
+    diff = analysis.delta(after, before)
+    writes = analysis.classify_writes(analysis.requests_table(diff))
+    checks = sum(analysis.sum_by(diff, "nodewright_drift_checks_total", ()).values())
+    drifted = sum(analysis.sum_by(after, "nodewright_drifted_nodes", ()).values())
+    intervals = seconds / interval
+    node_intervals = cfg.nodes * intervals
+    return {
+        "interval_seconds": interval,
+        "measured_seconds": round(seconds, 1),
+        "concurrent_checks_cap": cfg.drift_checks,
+        "checks": int(checks),
+        "checks_per_node_per_interval": round(checks / node_intervals, 3) if node_intervals else None,
+        "writes_node_and_pod": writes.node_and_pod,
+        "writes_per_node_per_interval": round(writes.node_and_pod / node_intervals, 3)
+        if node_intervals
+        else None,
+        "writes_per_check": round(writes.node_and_pod / checks, 3) if checks else None,
+        "drifted_nodes": int(drifted),
+        "operator_cpu_seconds": round(sampler.cpu_seconds - cpu_before, 2),
+    }
 
 
 def _ideal(sequences: Mapping[str, Sequence[Sequence[str]]], durations: Mapping[str, float]) -> float:
@@ -666,6 +724,8 @@ def write_outputs(result: Mapping[str, Any], out: Path, *, plot: bool) -> Path:
     stem = f"{run['nodes']}-nodes"
     if float(run["stage_seconds"]) != DEFAULT_STAGE_SECONDS:
         stem += f"-{run['stage_seconds']:g}s-stages"
+    if result.get("drift"):
+        stem += f"-drift-{result['drift']['interval_seconds']:g}s"
     path = out / f"{stem}.json"
     path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     if plot:
@@ -712,6 +772,25 @@ def render_readme(runs: Sequence[Mapping[str, Any]]) -> str:
             f" | {_ms(lag['p50'])}/{_ms(lag['p99'])} | {lat['p50']}/{lat['p99']}"
             f" | {r['invariants']['verdict']} |"
         )
+    drifts = [r for r in runs if r.get("drift")]
+    if drifts:
+        lines += [
+            "",
+            "Drift checking after the rollout, nothing drifted (`--drift-interval`): the operator's node and",
+            "pod writes over the measured intervals, per node and interval and per check.",
+            "",
+            "| nodes | interval s | cap | checks | checks/node/interval | writes/node/interval | writes/check"
+            " | operator CPU s |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in drifts:
+            d = r["drift"]
+            lines.append(
+                f"| {r['run']['nodes']} | {d['interval_seconds']:g} | {d['concurrent_checks_cap']}"
+                f" | {d['checks']} | {_or_dash(d['checks_per_node_per_interval'])}"
+                f" | {_or_dash(d['writes_per_node_per_interval'])} | {_or_dash(d['writes_per_check'])}"
+                f" | {d['operator_cpu_seconds']} |"
+            )
     machines = {json.dumps(r["machine"], sort_keys=True) for r in runs}
     lines += ["", "Machine(s):", ""]
     for m in sorted(machines):
@@ -798,6 +877,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument(
         "--profile", action="store_true", help="sample the operator with py-spy; top functions in the JSON"
     )
+    parser.add_argument(
+        "--drift-interval",
+        type=float,
+        default=0.0,
+        help="after the rollout, turn drift detection on with this interval (seconds) and measure its cost",
+    )
+    parser.add_argument("--drift-intervals", type=int, default=2, help="intervals measured (default 2)")
+    parser.add_argument("--drift-checks", type=int, default=4, help="the operator's --drift-checks cap")
     args = parser.parse_args(argv)
     kubeconfig = args.kubeconfig or (Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None)
     if args.smoke:
@@ -827,6 +914,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         timeout_minutes=args.timeout,
         stall_minutes=args.stall_minutes,
         profile=args.profile,
+        drift_interval=args.drift_interval,
+        drift_intervals=args.drift_intervals,
+        drift_checks=args.drift_checks,
     )
 
 

@@ -268,3 +268,11 @@ async def test_a_deleting_nodewright_admits_only_nodes_that_hold_something_of_it
         and (r.body or {})["metadata"]["annotations"][admission_annotation("nw")] is not None
     }
     assert admitted == {"n2"}, admitted
+
+
+async def test_a_finalizer_already_released_and_a_vanished_node_are_not_errors(env: _Env) -> None:
+    """An earlier pass released the finalizer (the object is gone, its watch event not here yet), and a
+    node deleted between plan and write: both are answers, not reconcile failures."""
+    meta = {"name": "gone", "finalizers": [constants.FINALIZER], "resourceVersion": "7"}
+    await env.reconciler._release_finalizer("gone", meta, "finalizer released")
+    assert await env.reconciler._annotate_node("no-such-node", admission_annotation("nw"), None) is False

@@ -29,6 +29,7 @@ from typing import Any
 from nodewright.api import constants
 from nodewright.api.nodestate import MalformedNodeState, decode
 from nodewright.cli import flags
+from nodewright.cli.plugin import common
 
 JSON = dict[str, Any]
 MAX_VALUES = 10
@@ -188,11 +189,9 @@ def render(report: ConsistencyReport) -> str:
 
 
 async def _gather(args: argparse.Namespace) -> tuple[list[JSON], list[JSON]]:
-    from nodewright.kube.client import KubeClient
-    from nodewright.kube.config import load_config
     from nodewright.kube.resources import NODES, NODEWRIGHTS, NotFound
 
-    async with KubeClient(load_config(args.kubeconfig)) as client:
+    async with common.open_client(args) as client:
         nodes = (await client.list(NODES)).items
         if args.name:
             try:
@@ -211,8 +210,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
     parser.add_argument("name", nargs="?", help="one NodeWright (default: all, and their nodes)")
-    parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default: $KUBECONFIG or in-cluster)")
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    common.add_cluster_flags(parser)  # kubectl's flags: --kubeconfig, --context, --request-timeout
     parser.set_defaults(func=run)
 
 

@@ -710,20 +710,41 @@ class RolloutReconciler:
 
     # -- writes -----------------------------------------------------------------------------------
 
+    async def _annotate_node(self, node: str, key: str, value: str | None) -> bool:
+        """Set (or with None remove) one annotation of ours; False when the node is gone (its delete
+        event brings the next pass, which no longer counts it)."""
+        try:
+            written = await self.rt.client.patch_node_metadata(node, annotations={key: value})
+        except NotFound:
+            log.info("node gone before its admission was written", node=node, annotation=key)
+            return False
+        self.rt.node_view.record(written)
+        return True
+
+    async def _release_finalizer(self, name: str, meta: JSON, why: str) -> None:
+        finalizers = [f for f in meta.get("finalizers") or [] if f != constants.FINALIZER]
+        if len(finalizers) == len(meta.get("finalizers") or []):
+            return
+        try:
+            await self.rt.client.patch(
+                NODEWRIGHTS,
+                name,
+                {"metadata": {"finalizers": finalizers or None, "resourceVersion": meta["resourceVersion"]}},
+            )
+        except NotFound:
+            return  # released by an earlier pass whose watch event has not arrived: the object is gone
+        log.info(why, nodewright=name)
+
     async def _apply_admissions(self, name: str, plan: RolloutPlan, views: Sequence[_NodeView]) -> None:
         rt = self.rt
         key = admission_annotation(name)
         # Releases first: a node released and picked again in one plan must end up admitted.
         for released in plan.releases:
-            written = await rt.client.patch_node_metadata(released, annotations={key: None})
-            rt.node_view.record(written)
-            rt.enqueue_node(name, released)
+            if await self._annotate_node(released, key, None):
+                rt.enqueue_node(name, released)
         for admitted in plan.admissions:
-            written = await rt.client.patch_node_metadata(
-                admitted.node, annotations={key: encode_admission(admitted.admission)}
-            )
-            rt.node_view.record(written)
-            rt.enqueue_node(name, admitted.node)
+            if await self._annotate_node(admitted.node, key, encode_admission(admitted.admission)):
+                rt.enqueue_node(name, admitted.node)
         started: dict[tuple[str, int], list[str]] = {}
         for admitted in plan.admissions:
             started.setdefault((admitted.admission.compartment, admitted.admission.batch), []).append(
@@ -1013,14 +1034,7 @@ class RolloutReconciler:
                 rt.enqueue_node(name, str(node["metadata"]["name"]))
             return Result(requeue_after=10.0)
         meta = (rt.nodewright(name)[0] or obj)["metadata"]
-        finalizers = [f for f in meta.get("finalizers") or [] if f != constants.FINALIZER]
-        if len(finalizers) != len(meta.get("finalizers") or []):
-            await rt.client.patch(
-                NODEWRIGHTS,
-                name,
-                {"metadata": {"finalizers": finalizers or None, "resourceVersion": meta["resourceVersion"]}},
-            )
-            log.info("finalizer released (invalid spec: no uninstall ran)", nodewright=name)
+        await self._release_finalizer(name, meta, "finalizer released (invalid spec: no uninstall ran)")
         return None
 
     def _deletion_condition(self, model: NodeWright, now: datetime) -> Condition:
@@ -1064,20 +1078,10 @@ class RolloutReconciler:
             return Result(requeue_after=10.0)
         for node in nodes:
             if adm_key in node_annotations(node):
-                written = await rt.client.patch_node_metadata(
-                    str(node["metadata"]["name"]), annotations={adm_key: None}
-                )
-                rt.node_view.record(written)
+                await self._annotate_node(str(node["metadata"]["name"]), adm_key, None)
         # The newest copy: this pass may have written the status, which changed the resourceVersion.
         meta = (rt.nodewright(name)[0] or obj)["metadata"]
-        finalizers = [f for f in meta.get("finalizers") or [] if f != constants.FINALIZER]
-        if len(finalizers) != len(meta.get("finalizers") or []):
-            await rt.client.patch(
-                NODEWRIGHTS,
-                name,
-                {"metadata": {"finalizers": finalizers or None, "resourceVersion": meta["resourceVersion"]}},
-            )
-            log.info("finalizer released", nodewright=name)
+        await self._release_finalizer(name, meta, "finalizer released")
         return None
 
 
