@@ -159,6 +159,16 @@ def test_paused_disabled_and_policy_missing() -> None:
     assert answer.reason == "PolicyNotFound" and "'missing'" in answer.summary
 
 
+def test_a_node_admitted_before_the_pause_says_how_to_resume() -> None:
+    nw = nodewright("p", annotations={"nodewright.io/pause": "true"})
+    held = running(0, nw)
+    held["metadata"]["labels"]["nodewright.io/status.p"] = "paused"
+    answer = why(state([held], [nw]), "n0", "p")
+    assert answer.reason == "Paused", answer
+    assert answer.summary == "NodeWright 'p' is paused; the node keeps what it holds"
+    assert "kubectl nodewright resume p" in answer.details[0], answer
+
+
 def test_waiting_for_an_earlier_paused_nodewright() -> None:
     first = nodewright("first", priority=1, annotations={"nodewright.io/pause": "true"})
     later = nodewright("later", priority=2)

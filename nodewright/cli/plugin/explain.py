@@ -600,7 +600,10 @@ def _explain_admitted(
     details: list[str] = []
     if rnode.status is Status.PAUSED:
         return answer(
-            WaitReason.PAUSED.value, f"NodeWright {nw!r} is paused; the node keeps what it holds", message
+            WaitReason.PAUSED.value,
+            f"NodeWright {nw!r} is paused; the node keeps what it holds",
+            f"resume it: kubectl nodewright resume {nw} (removes annotation {constants.ANNOTATION_PAUSE})",
+            message,
         )
     if reason == "WaitingForProtectedPods":
         protected = list(drain.protected) if drain is not None else []
