@@ -191,6 +191,21 @@ def test_every_container_args_parse(kind: str, name: str, command: str) -> None:
         assert parsed.operator_deployment == "nw-nodewright" and parsed.lease_name == "nodewright-operator"
 
 
+def test_operator_behaviour_values_reach_its_flags() -> None:
+    defaults = parse_args(container(one(render(), "Deployment", "nw-nodewright"))["args"])
+    assert defaults.reapply_on_reboot is False and defaults.keep_succeeded_logs is False
+    assert defaults.reboot_timeout == 1200 and defaults.drift_checks == 4
+    sets = (
+        "reapplyOnReboot=true",
+        "rebootTimeout=600",
+        "packageLogs.keepSucceeded=true",
+        "drift.maxConcurrentChecks=16",
+    )
+    parsed = parse_args(container(one(render(*sets), "Deployment", "nw-nodewright"))["args"])
+    assert parsed.reapply_on_reboot is True and parsed.keep_succeeded_logs is True
+    assert parsed.reboot_timeout == 600 and parsed.drift_checks == 16
+
+
 def test_each_component_selects_only_its_own_pods() -> None:
     objs = render()
     pods = {
@@ -408,6 +423,8 @@ def test_webhook_disabled_renders_no_webhook_objects() -> None:
         (("image.digest=sha256:xyz",), "digest"),
         (("uninstall.waitForPackageUninstall=5 minutes",), "waitForPackageUninstall"),
         (("drain.allowForce=yes",), "allowForce"),
+        (("drift.maxConcurrentChecks=0",), "maxConcurrentChecks"),
+        (("rebootTimeout=0",), "rebootTimeout"),
     ],
 )
 def test_the_schema_refuses_bad_values(sets: tuple[str, ...], message: str) -> None:

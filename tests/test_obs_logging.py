@@ -201,3 +201,21 @@ def test_tracebacks_never_show_local_variables(use_json: bool) -> None:
     text = buf.getvalue()
     assert "request failed" in text and "_fail_with_a_secret_local" in text, text
     assert "sekrit" not in text, text
+
+
+def test_the_plugin_logs_errors_without_local_variables(capsys: pytest.CaptureFixture[str]) -> None:
+    """`kubectl nodewright` shows library errors on stderr: plain tracebacks, never frame locals."""
+    from nodewright.cli.plugin.common import _configure_quiet_logging
+
+    _configure_quiet_logging()
+    try:
+        try:
+            _fail_with_a_secret_local()
+        except RuntimeError:
+            get_logger().exception("watch failed")
+        get_logger().warning("below the plugin's level")
+    finally:
+        structlog.reset_defaults()
+    err = capsys.readouterr().err
+    assert "watch failed" in err and "_fail_with_a_secret_local" in err, err
+    assert "sekrit" not in err and "below the plugin's level" not in err, err

@@ -218,7 +218,13 @@ def _configure_quiet_logging() -> None:
     """Library code logs through structlog; a CLI shows its own messages only (on stderr)."""
     import structlog
 
+    # Plain tracebacks without local variables: structlog's default renderer (rich, when installed)
+    # prints every frame's locals, and the API client's frames hold the bearer token.
     structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback),
+        ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=False,
