@@ -308,3 +308,51 @@ async def test_a_client_dry_run_sends_no_write(kube: FakeKube) -> None:
     )
     assert len([r for r in kube.requests if r.method == "PATCH"]) == before
     assert "a|1.0.0" in _stored(kube)["metadata"]["annotations"]["nodewright.io/state.nw"]
+
+
+def test_node_status_text_names_each_nodewrights_hold_and_packages() -> None:
+    def nodewright(name: str, **over: Any) -> JSON:
+        base: JSON = {
+            "nodewright": name,
+            "selected": True,
+            "status": "in_progress",
+            "stateError": None,
+            "cordonedByThis": True,
+            "admission": {"compartment": "gpu", "batch": 2, "order": 7, "consumed": False, "at": "t"},
+            "packages": [
+                {
+                    "package": "tuning",
+                    "version": "1.0.0",
+                    "stage": "config",
+                    "state": "erroring",
+                    "attempts": 3,
+                    "error": "x" * 100,
+                    "image": "ghcr.io/example/tuning:1.0.0",
+                }
+            ],
+            "why": {"reason": "InProgress", "summary": "tuning:1.0.0 config erroring"},
+        }
+        return {**base, **over}
+
+    doc = {
+        "node": "n1",
+        "unschedulable": True,
+        "ignored": False,
+        "nodewrights": [
+            nodewright("kernel"),
+            nodewright("old", selected=False, status=None, admission=None, packages=[], why=None,
+                       cordonedByThis=False, stateError="not JSON"),
+        ],
+    }  # fmt: skip
+    text = node_verbs._render_node_status(doc, wide=False)
+    lines = text.splitlines()
+    assert lines[0] == "node n1: cordoned"
+    assert "kernel: in_progress, cordoned by it, admitted batch 2 of gpu" in lines
+    assert "  why: InProgress: tuning:1.0.0 config erroring" in lines
+    assert "old: waiting (untouched) (no longer selected)" in lines
+    assert "  state unreadable: not JSON" in lines
+    assert "x" * 80 in text and "x" * 81 not in text and "ghcr.io/example" not in text
+    wide = node_verbs._render_node_status(doc, wide=True)
+    assert "x" * 100 in wide and "ghcr.io/example/tuning:1.0.0" in wide
+    empty = node_verbs._render_node_status({**doc, "unschedulable": False, "nodewrights": []}, wide=False)
+    assert empty == "node n1: schedulable\nno NodeWright selects this node or has state on it\n"

@@ -185,7 +185,7 @@ async def _list(session: common.Session) -> int:
 async def _status(session: common.Session) -> int:
     from nodewright.cli.plugin.cluster import read_state
     from nodewright.cli.plugin.why_verbs import explain_node
-    from nodewright.controller.context import matches_nodewright, node_admission, try_node_state
+    from nodewright.controller.context import matches_nodewright
 
     args = session.args
     state = await read_state(session.client)
@@ -197,101 +197,110 @@ async def _status(session: common.Session) -> int:
         if matches_nodewright(m, node) or constants.state_annotation(n) in annotations
     )
     answers = {a["nodewright"]: a for a in await explain_node(session, state, args.node, involved)}
-    docs: list[JSON] = []
-    for name in involved:
-        node_state, error = try_node_state(node, name)
-        admission = node_admission(node, name)
-        docs.append(
-            {
-                "nodewright": name,
-                "selected": matches_nodewright(state.nodewrights[name], node),
-                "status": (node["metadata"].get("labels") or {}).get(constants.status_label(name)),
-                "stateError": error,
-                "cordonedByThis": bool(node_state and node_state.cordoned),
-                "admission": (
-                    {
-                        "compartment": admission.compartment,
-                        "batch": admission.batch,
-                        "order": admission.order,
-                        "consumed": admission.consumed,
-                        "at": admission.at,
-                    }
-                    if admission
-                    else None
-                ),
-                "packages": [
-                    {
-                        "package": e.name,
-                        "version": e.version,
-                        "stage": e.stage.value,
-                        "state": e.state.value,
-                        "attempts": e.attempts,
-                        "error": e.error,
-                        "image": e.image,
-                    }
-                    for e in (node_state.packages if node_state else ())
-                ],
-                "why": answers.get(name),
-            }
-        )
     doc = {
         "node": args.node,
         "unschedulable": bool((node.get("spec") or {}).get("unschedulable")),
         "ignored": (node["metadata"].get("labels") or {}).get(constants.LABEL_IGNORE) == "true",
-        "nodewrights": docs,
+        "nodewrights": [
+            _node_nodewright_doc(node, name, state.nodewrights[name], answers.get(name)) for name in involved
+        ],
+    }
+    common.emit(args, doc, lambda wide: _render_node_status(doc, wide))
+    return common.OK
+
+
+def _node_nodewright_doc(node: JSON, name: str, model: Any, why: JSON | None) -> JSON:
+    """What one NodeWright holds on the node: selection, status label, admission, packages, why."""
+    from nodewright.controller.context import matches_nodewright, node_admission, try_node_state
+
+    node_state, error = try_node_state(node, name)
+    admission = node_admission(node, name)
+    return {
+        "nodewright": name,
+        "selected": matches_nodewright(model, node),
+        "status": (node["metadata"].get("labels") or {}).get(constants.status_label(name)),
+        "stateError": error,
+        "cordonedByThis": bool(node_state and node_state.cordoned),
+        "admission": (
+            {
+                "compartment": admission.compartment,
+                "batch": admission.batch,
+                "order": admission.order,
+                "consumed": admission.consumed,
+                "at": admission.at,
+            }
+            if admission
+            else None
+        ),
+        "packages": [
+            {
+                "package": e.name,
+                "version": e.version,
+                "stage": e.stage.value,
+                "state": e.state.value,
+                "attempts": e.attempts,
+                "error": e.error,
+                "image": e.image,
+            }
+            for e in (node_state.packages if node_state else ())
+        ],
+        "why": why,
     }
 
-    def render(wide: bool) -> str:
-        lines = [
-            f"node {args.node}: {'cordoned' if doc['unschedulable'] else 'schedulable'}"
-            + (", ignored" if doc["ignored"] else "")
-        ]
-        if not docs:
-            lines.append("no NodeWright selects this node or has state on it")
-        for d in docs:
-            adm = d["admission"]
-            lines.append("")
-            lines.append(
-                f"{d['nodewright']}: {d['status'] or 'waiting (untouched)'}"
-                + ("" if d["selected"] else " (no longer selected)")
-                + (", cordoned by it" if d["cordonedByThis"] else "")
-                + (
-                    f", admitted batch {adm['batch']} of {adm['compartment']}"
-                    + (" (used)" if adm["consumed"] else "")
-                    if adm
-                    else ""
-                )
-            )
-            if d["stateError"]:
-                lines.append(f"  state unreadable: {d['stateError']}")
-            if d["why"]:
-                lines.append(f"  why: {d['why']['reason']}: {d['why']['summary']}")
-            if d["packages"]:
-                headers = [
-                    "package",
-                    "version",
-                    "stage",
-                    "state",
-                    "attempts",
-                    *(["image", "error"] if wide else ["error"]),
-                ]
-                rows = [
-                    [
-                        p["package"],
-                        p["version"],
-                        p["stage"],
-                        p["state"],
-                        p["attempts"],
-                        *([p["image"]] if wide else []),
-                        (p["error"] or "")[: None if wide else 80],
-                    ]
-                    for p in d["packages"]
-                ]
-                lines.extend("  " + line for line in common.table(headers, rows).rstrip("\n").split("\n"))
-        return "\n".join(lines) + "\n"
 
-    common.emit(args, doc, render)
-    return common.OK
+def _render_node_status(doc: JSON, wide: bool) -> str:
+    lines = [
+        f"node {doc['node']}: {'cordoned' if doc['unschedulable'] else 'schedulable'}"
+        + (", ignored" if doc["ignored"] else "")
+    ]
+    if not doc["nodewrights"]:
+        lines.append("no NodeWright selects this node or has state on it")
+    for d in doc["nodewrights"]:
+        lines.append("")
+        lines.extend(_render_node_nodewright(d, wide))
+    return "\n".join(lines) + "\n"
+
+
+def _render_node_nodewright(d: JSON, wide: bool) -> list[str]:
+    adm = d["admission"]
+    lines = [
+        f"{d['nodewright']}: {d['status'] or 'waiting (untouched)'}"
+        + ("" if d["selected"] else " (no longer selected)")
+        + (", cordoned by it" if d["cordonedByThis"] else "")
+        + (
+            f", admitted batch {adm['batch']} of {adm['compartment']}"
+            + (" (used)" if adm["consumed"] else "")
+            if adm
+            else ""
+        )
+    ]
+    if d["stateError"]:
+        lines.append(f"  state unreadable: {d['stateError']}")
+    if d["why"]:
+        lines.append(f"  why: {d['why']['reason']}: {d['why']['summary']}")
+    if d["packages"]:
+        headers = [
+            "package",
+            "version",
+            "stage",
+            "state",
+            "attempts",
+            *(["image", "error"] if wide else ["error"]),
+        ]
+        rows = [
+            [
+                p["package"],
+                p["version"],
+                p["stage"],
+                p["state"],
+                p["attempts"],
+                *([p["image"]] if wide else []),
+                (p["error"] or "")[: None if wide else 80],
+            ]
+            for p in d["packages"]
+        ]
+        lines.extend("  " + line for line in common.table(headers, rows).rstrip("\n").split("\n"))
+    return lines
 
 
 # ----------------------------------------------------------------------------------------------------
