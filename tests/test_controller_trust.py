@@ -114,6 +114,20 @@ async def test_created_pods_are_bound_with_their_seal_under_a_uid_precondition(e
     assert env.rt.signer.check(trim_pod(pod)).sealed
 
 
+async def test_a_pod_bound_here_is_not_bound_again_while_the_cache_lags(env: Env) -> None:
+    # The watch delivers the create (unbound) after the binding was answered: the reconcile that event
+    # brings must not bind again (it would only be answered 409 "already assigned").
+    pod = await start_apply_pod(env)
+    unbound = copy.deepcopy(pod)
+    unbound["spec"].pop("nodeName")
+    unbound["metadata"]["annotations"].pop(POD_ANNOTATION_SEAL)
+    env.rt.pods.upsert(trim_pod(unbound))
+    env.rt.pod_expectations.observed(trim_pod(unbound))
+    await env.reconciler.reconcile("nw/n1")
+    assert len(bindings(env)) == 1, bindings(env)
+    assert deletes_of(env, pod["metadata"]["name"]) == []
+
+
 @pytest.mark.parametrize(
     ("attack", "reason"),
     [

@@ -343,6 +343,11 @@ class PodExpectations:
         """Whether this process created the pod with this uid (and still remembers it)."""
         return uid is not None and uid in self._own
 
+    def sealed_here(self, uid: str | None) -> bool:
+        """A pod this process created and has bound with its seal (the watch may not show it yet)."""
+        own = self._own.get(uid or "")
+        return own is not None and own[1]
+
     def seal_pending(self, uid: str | None) -> bool:
         """A pod this process created whose seal has not been written yet."""
         own = self._own.get(uid or "")

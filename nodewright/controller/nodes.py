@@ -809,6 +809,10 @@ class NodeReconciler:
         cached = self.rt.pods.get(f"{self.rt.options.namespace}/{action.name}")
         if cached is None or (cached.get("spec") or {}).get("nodeName"):
             return True  # gone, or bound meanwhile: the watch brings the next state
+        if self.rt.pod_expectations.sealed_here(str((cached.get("metadata") or {}).get("uid") or "")):
+            # Bound by this process already; the cache still holds the create's (unbound) copy, and a
+            # second binding would only be answered 409 "already assigned".
+            return True
         try:
             bound = await self.trust.bind(cached)
         except BindRefused as exc:
