@@ -161,6 +161,7 @@ def test_defaults_render_the_expected_objects() -> None:
         ("Job", "nw-nodewright-uninstall"),
         ("CustomResourceDefinition", "nodewrights.nodewright.io"),
         ("CustomResourceDefinition", "deploymentpolicies.nodewright.io"),
+        ("CustomResourceDefinition", "disruptionbudgets.nodewright.io"),
         ("ValidatingWebhookConfiguration", "nodewright-validating"),
         ("MutatingWebhookConfiguration", "nodewright-mutating"),
     }
@@ -226,6 +227,11 @@ def test_operator_rbac_is_least_privilege() -> None:
     namespaced = rules(objs, "Role", "nw-nodewright")
     assert grants(cluster, "deploymentpolicies/status", "patch")
     assert grants(cluster, "nodewrights/finalizers", "update")
+    for verb in ("get", "list", "watch"):
+        assert grants(cluster, "disruptionbudgets", verb)
+    assert grants(cluster, "disruptionbudgets/status", "patch") and not grants(
+        cluster, "disruptionbudgets", "patch"
+    )
     assert grants(cluster, "pods", "list") and grants(cluster, "pods/eviction", "create")
     assert not grants(cluster, "pods", "delete"), "pod delete needs drain.allowForce=true"
     assert not any("secrets" in r["resources"] or "configmaps" in r["resources"] for r in cluster)

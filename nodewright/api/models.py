@@ -1270,3 +1270,62 @@ class DeploymentPolicy(_Model):
     metadata: ObjectMeta
     spec: DeploymentPolicySpec = _req("Desired rollout rules.")
     status: DeploymentPolicyStatus | None = _text("Summary written by the operator.")
+
+
+# ----------------------------------------------------------------------------------------------------
+# DisruptionBudget
+
+
+MAX_BUDGET_SLOTS = 10_000
+MAX_BUDGET_HOLDERS = 1024
+
+
+class DisruptionBudgetSpec(_Model):
+    """Nodes (by label selector) of which at most `budget` may be disrupted at once, whoever disrupts them."""
+
+    node_selector: LabelSelector = _req(
+        "Nodes of the pool: every NodeWright's admissions of these nodes draw from this budget; an empty"
+        " selector selects every node."
+    )
+    budget: PolicyBudget = _req(
+        "How many nodes of the pool may be disrupted at once: count, or percent of the pool's nodes (at"
+        " least 1). Disrupted: admitted by a NodeWright and not settled, cordoned, NotReady, or in progress"
+        " for any NodeWright."
+    )
+
+
+class DisruptionBudgetStatus(_Model):
+    """Slots held and nodes disrupted, written by the operator (slots with resourceVersion preconditions)."""
+
+    observed_generation: int | None = _text("metadata.generation the status was computed from.")
+    matched: int = _text("Nodes the selector matches.", default=0)
+    ceiling: int = _text("Nodes of the pool that may be disrupted at once.", default=0)
+    disrupted: int = _text("Nodes of the pool disrupted now (with a slot or for other reasons).", default=0)
+    unavailable: int = _text(
+        "Disrupted nodes without a slot: cordoned by someone else, NotReady, or in progress outside a slot.",
+        default=0,
+    )
+    slots: dict[str, Annotated[dict[str, str], Field(max_length=MAX_BUDGET_HOLDERS)]] | None = _text(
+        "Per node of the pool, the NodeWrights holding a slot on it and since when (RFC 3339). A NodeWright"
+        " records its slot here before it admits the node, with the resourceVersion it planned from.",
+        max_length=MAX_BUDGET_SLOTS,
+    )
+    holders: dict[str, int] | None = _text("Slots held per NodeWright.", max_length=MAX_BUDGET_HOLDERS)
+    waiting: dict[str, str] | None = _text(
+        "NodeWrights refused a slot and since when: a free slot goes to the longest waiting first.",
+        max_length=MAX_BUDGET_HOLDERS,
+    )
+    message: Annotated[str, Field(max_length=1024)] = _text(
+        "Who holds the slots and which nodes are unavailable for other reasons.", default=""
+    )
+
+
+class DisruptionBudget(_Model):
+    """A disruption budget for a pool of nodes shared by every NodeWright (like a PodDisruptionBudget, for
+    nodes): the nodes of the pool disrupted at once never exceed it."""
+
+    api_version: str = constants.API_VERSION
+    kind: Literal["DisruptionBudget"] = "DisruptionBudget"
+    metadata: ObjectMeta
+    spec: DisruptionBudgetSpec = _req("The pool and its budget.")
+    status: DisruptionBudgetStatus | None = _text("Slots and disrupted nodes, written by the operator.")

@@ -347,7 +347,7 @@ async def run_operator(args: argparse.Namespace, rt: OperatorRuntime) -> int:
             lambda: rt.client.get_text("/version", timeout=PROBE_TIMEOUT),
             not_found=f"{rt.config.server} answered 404 for /version: it is not a Kubernetes API server",
         )
-        await _checked(
+        served = await _checked(
             rt,
             f"GET {api}",
             lambda: rt.client.get_text(api, timeout=PROBE_TIMEOUT),
@@ -356,6 +356,12 @@ async def run_operator(args: argparse.Namespace, rt: OperatorRuntime) -> int:
                 " install the CRDs (kubectl apply --server-side -f manifests/crds/) or the Helm chart"
             ),
         )
+        missing = missing_resources(served)
+        if missing:
+            raise UsageError(
+                f"API server {rt.config.server} does not serve {', '.join(missing)} ({constants.GROUP}):"
+                " upgrade the CRDs (kubectl apply --server-side -f manifests/crds/, or helm upgrade)"
+            )
         try:
             key = await _checked(
                 rt, f"pod-signing key ({secret})", lambda: load_signing_key(rt.client, namespace)
@@ -398,6 +404,23 @@ async def run_operator(args: argparse.Namespace, rt: OperatorRuntime) -> int:
         )
 
     return await rt.manager.run(setup=setup)
+
+
+def missing_resources(discovery: str) -> list[str]:
+    """The resources of our group the operator watches that a discovery document does not list."""
+    import json
+
+    from nodewright.api import constants
+
+    wanted = (constants.PLURAL_NODEWRIGHT, constants.PLURAL_POLICY, constants.PLURAL_BUDGET)
+    try:
+        doc = json.loads(discovery)
+        if not isinstance(doc, dict) or doc.get("kind") != "APIResourceList":
+            return []  # not a discovery document: the informers report what is wrong
+        listed = {str(r.get("name")) for r in doc.get("resources") or []}
+    except (ValueError, AttributeError):
+        return []
+    return [name for name in wanted if name not in listed]
 
 
 async def _checked(

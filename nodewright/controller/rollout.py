@@ -37,6 +37,7 @@ from nodewright.api.models import (
 )
 from nodewright.api.nodestate import NodeState, PackageState
 from nodewright.controller import taints
+from nodewright.controller.budgets import SharedBudgets
 from nodewright.controller.configmaps import PackageConfigMaps
 from nodewright.controller.context import (
     Runtime,
@@ -61,6 +62,7 @@ from nodewright.observability.metrics import (
     strategy_label,
 )
 from nodewright.plan import batches, sequencing
+from nodewright.plan.budgets import SharedBudget
 from nodewright.plan.configdiff import config_digest
 from nodewright.plan.node import NodeFacts, Taint, is_disabled, is_paused, node_complete, untolerated_taints
 from nodewright.plan.podspec import package_configmap_name as podspec_configmap_name
@@ -87,6 +89,8 @@ SKIP_RETRY_MIN = 10.0
 CORDONED_BY_SOMEONE_ELSE = "cordoned by someone else"
 RESYNC_ACTIVE = 60.0
 """Safety-net resync while nodes are in flight; progress itself is event-driven."""
+BUDGET_RETRY = 1.0
+"""Seconds before a pass whose DisruptionBudget writes kept conflicting is tried again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,8 +318,9 @@ def rollout_node(
 
 
 class RolloutReconciler:
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, budgets: SharedBudgets | None = None) -> None:
         self.rt = rt
+        self.budgets = budgets  # shared DisruptionBudgets (controller.budgets); None: none are watched
         self._halted: dict[str, frozenset[str]] = {}
         self._last_status: dict[str, str] = {}
         self._compute: dict[str, float] = {}
@@ -368,7 +373,10 @@ class RolloutReconciler:
         if not deleting and constants.FINALIZER not in (model.metadata.finalizers or []):
             await self._add_finalizer(obj)
         snap = self._snapshot(name, model)
-        plan = self._plan(snap, model)
+        secured = await self._secure(snap, model)
+        if secured is None:
+            return Result(requeue_after=BUDGET_RETRY)  # budget writers kept conflicting: nothing written
+        plan = secured
         compute = time.monotonic() - started
         # Taints first: a new node must be tainted before its admission marks it as touched.
         taint_report = await taints.reconcile_runtime_taints(
@@ -383,6 +391,8 @@ class RolloutReconciler:
         # opens it again, with the same nodes).
         await self._write_status(obj, status)
         await self._apply_admissions(name, plan, snap.views)
+        if self.budgets is not None:
+            self.budgets.admitted(name)
         if (snap.reset and plan.reset_applied) or snap.reset_compartments:
             await self._clear_reset_annotation(name)
         if plan.approvals_applied:
@@ -444,7 +454,22 @@ class RolloutReconciler:
             reset_compartments=reset_some,
         )
 
-    def _plan(self, snap: _Snapshot, model: NodeWright) -> RolloutPlan:
+    async def _secure(self, snap: _Snapshot, model: NodeWright) -> RolloutPlan | None:
+        """The plan, with the slots of shared DisruptionBudgets recorded before anything else is written
+        (None: other writers kept changing the budgets; `controller.budgets`)."""
+        if self.budgets is None:
+            return self._plan(snap, model)
+        secured = await self.budgets.plan(
+            model.metadata.name,
+            nodes=snap.nodes,
+            rollout_nodes=snap.rollout_nodes,
+            fingerprint=snap.fingerprint,
+            now=snap.now,
+            replan=lambda shared: self._plan(snap, model, shared),
+        )
+        return None if secured is None else secured.plan
+
+    def _plan(self, snap: _Snapshot, model: NodeWright, shared: Sequence[SharedBudget] = ()) -> RolloutPlan:
         previous = model.status or NodeWrightStatus()
         return plan_rollout(
             snap.nodewright,
@@ -460,6 +485,7 @@ class RolloutReconciler:
             paused=is_paused(model),
             disabled=is_disabled(model),
             next_order_hint=previous.next_order if previous.rollout_fingerprint == snap.fingerprint else 0,
+            shared_budgets=shared,
         )
 
     def _status(
