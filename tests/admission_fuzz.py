@@ -105,6 +105,10 @@ STRING_CLASSES: dict[str, tuple[str, list[str]]] = {
     "**.maintenance.blackouts.*.start": (STRICT, ["2026-13-01", "tomorrow", "2026-1-1"]),
     "**.maintenance.blackouts.*.end": (STRICT, ["2026-02-30x", "2026/01/02"]),
     "**.maintenance.blackouts.*.reason": (FREE, []),
+    "spec.notifications.*.name": (STRICT, ["team slack", "-a", "x" * 64]),
+    "spec.notifications.*.urlSecretRef.name": (STRICT, ["My_Secret", "a/b"]),
+    "spec.notifications.*.urlSecretRef.key": (STRICT, ["../x", "a/b", ".."]),
+    "spec.notifications.*.drainBlockedAfter": (STRICT, _DURATIONS),
 }
 # Map keys: schema path of the map -> (class, extra invalid keys).
 KEY_CLASSES: dict[str, tuple[str, list[str]]] = {

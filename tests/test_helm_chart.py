@@ -422,3 +422,24 @@ def test_the_schema_refuses_bad_values(sets: tuple[str, ...], message: str) -> N
 
 def test_the_default_namespace_is_refused() -> None:
     assert "not default" in refused(namespace="default")
+
+
+def test_notification_secrets_are_granted_by_name_and_the_cluster_sink_reaches_the_args() -> None:
+    plain = rules(render(), "Role", "nw-nodewright")
+    assert not grants(plain, "secrets", "get", name="team-webhooks")
+    objs = render(
+        "notifications.secretNames={team-webhooks,ops-webhook}",
+        "notifications.clusterSink.urlSecret=ops-webhook/url",
+        "notifications.clusterSink.format=slack",
+    )
+    namespaced = rules(objs, "Role", "nw-nodewright")
+    assert not unrestricted(namespaced, "secrets", "get")
+    for name in ("team-webhooks", "ops-webhook"):
+        assert grants(namespaced, "secrets", "get", name=name)
+    args = parse_args(container(one(objs, "Deployment", "nw-nodewright"))["args"])
+    assert (args.notify_url_secret, args.notify_format, args.notify_events) == (
+        "ops-webhook/url",
+        "slack",
+        None,
+    )
+    assert "/notifications/clusterSink/urlSecret" in refused("notifications.clusterSink.urlSecret=no-key")

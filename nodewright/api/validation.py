@@ -409,6 +409,11 @@ def validate_nodewright(
         if isinstance(timeout, str):
             errors.extend(k8s.errors_at(f"spec.{parent}.timeout", k8s.go_duration(timeout)))
     errors.extend(_drift_interval_errors(spec.get("driftDetection"), "spec.driftDetection"))
+    for i, sink in enumerate(_list(spec.get("notifications"))):
+        after = _map(sink).get("drainBlockedAfter")
+        if isinstance(after, str):
+            path = f"spec.notifications[{i}].drainBlockedAfter"
+            errors.extend(k8s.errors_at(path, k8s.go_duration(after)))
     for name, pkg in _map(spec.get("packages")).items():
         errors.extend(
             _drift_interval_errors(_map(pkg).get("driftDetection"), f"spec.packages[{name}].driftDetection")

@@ -51,6 +51,7 @@ from nodewright.controller.context import (
 )
 from nodewright.controller.manager import Controller, Manager
 from nodewright.controller.nodes import NodeReconciler
+from nodewright.controller.notify import Notifier, RolloutNotifications, Sink
 from nodewright.controller.rollout import RolloutReconciler, blocked_reason
 from nodewright.kube.client import KubeClient
 from nodewright.kube.resources import (
@@ -151,6 +152,7 @@ class Operator:
         node_workers: int = 64,
         instance: str = "nodewright-operator",
         event_client: KubeClient | None = None,
+        cluster_sink: Sink | None = None,
     ) -> None:
         client = manager.client
         self.manager = manager
@@ -182,7 +184,10 @@ class Operator:
             pod_expectations=PodExpectations(trim_pod),
         )
         self.budgets = SharedBudgets(self.rt, manager.informer(DISRUPTIONBUDGETS))
-        self.rollouts = RolloutReconciler(self.rt, budgets=self.budgets)
+        self.notifier = Notifier(client, options.namespace, count=metrics.count_notification)
+        self.rollouts = RolloutReconciler(
+            self.rt, budgets=self.budgets, notifications=RolloutNotifications(self.notifier, cluster_sink)
+        )
         self.rollout = manager.controller("rollout", self.rollouts.reconcile, workers=workers)
         # Node reconciles spend their time awaiting API calls (~3 per stage hand-off), so concurrency,
         # not CPU, bounds their throughput: at 5,000 nodes 16 workers left 200+ keys queued while the

@@ -51,6 +51,7 @@ from nodewright.controller.context import (
     try_node_state,
 )
 from nodewright.controller.drainer import read_timing
+from nodewright.controller.notify import RolloutNotifications
 from nodewright.kube.resources import JSON, NODEWRIGHTS, Conflict, NotFound
 from nodewright.kube.trim import node_ready
 from nodewright.kube.workqueue import Result
@@ -318,9 +319,15 @@ def rollout_node(
 
 
 class RolloutReconciler:
-    def __init__(self, rt: Runtime, budgets: SharedBudgets | None = None) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        budgets: SharedBudgets | None = None,
+        notifications: RolloutNotifications | None = None,
+    ) -> None:
         self.rt = rt
         self.budgets = budgets  # shared DisruptionBudgets (controller.budgets); None: none are watched
+        self.notifications = notifications  # webhook sinks (controller.notify); None: nothing is sent
         self._halted: dict[str, frozenset[str]] = {}
         self._last_status: dict[str, str] = {}
         self._compute: dict[str, float] = {}
@@ -399,6 +406,21 @@ class RolloutReconciler:
             await self._clear_approvals(obj, plan)
         self._fingerprint[name] = snap.fingerprint
         await self._emit_transitions(model, plan, summary.status.status, snap.malformed, snap.rollout_nodes)
+        if self.notifications is not None:
+            self.notifications.after_pass(
+                model,
+                plan,
+                summary.status.status,
+                snap.rollout_nodes,
+                fingerprint=snap.fingerprint,
+                now=snap.now,
+                conditions={
+                    str(v.node["metadata"]["name"]): m
+                    for v in snap.views
+                    if (m := _condition_message(v.node, name)) is not None
+                },
+                drain_blocked=_drain_blocked(snap.views, name),
+            )
         await self._prune_configmaps(model, summary.status.status, snap.fingerprint)
         self._update_metrics(name, snap.nodewright, snap.views, plan, summary.status.status, snap.policy_name)
         self._open[name] = _open_batches(snap.rollout_nodes, snap.fingerprint, plan)
@@ -408,6 +430,8 @@ class RolloutReconciler:
 
     def _forget(self, name: str) -> None:
         self.rt.metrics.domain.remove_nodewright(name)
+        if self.notifications is not None:
+            self.notifications.forget(name)
         for memory in (
             self._halted,
             self._last_status,
@@ -1154,11 +1178,25 @@ def waiting_counts(plan: RolloutPlan, views: Sequence[_NodeView], nodewright: st
         reason = _condition_reason(view.node, nodewright)
         if reason == "WaitingForProtectedPods":
             counts[HELD_BY_PROTECTED_PODS] += 1
-        elif reason == "DrainTimeout" or (
-            reason == "Draining" and "eviction blocked" in (_condition_message(view.node, nodewright) or "")
-        ):
+        elif _drain_held(view, nodewright):
             counts[HELD_BY_DRAIN] += 1
     return dict(sorted(counts.items()))
+
+
+def _drain_held(view: _NodeView, nodewright: str) -> bool:
+    """An admitted node whose drain cannot progress: an eviction refused, or the drain timeout passed."""
+    reason = _condition_reason(view.node, nodewright)
+    return reason == "DrainTimeout" or (
+        reason == "Draining" and "eviction blocked" in (_condition_message(view.node, nodewright) or "")
+    )
+
+
+def _drain_blocked(views: Sequence[_NodeView], nodewright: str) -> list[str]:
+    return [
+        str(v.node["metadata"]["name"])
+        for v in views
+        if v.status is Status.IN_PROGRESS and _drain_held(v, nodewright)
+    ]
 
 
 def _batch_counts(
