@@ -1,11 +1,11 @@
 """Fleet-safety invariant monitor for e2e tests on the real control plane.
 
-`InvariantMonitor` watches Nodes (cluster-wide), Pods (all namespaces), NodeWrights and
-DeploymentPolicies with raw watch streams and checks, at every event, the invariants I1-I9 documented
-in docs/invariants.md (budget hard cap, every change through batches, no disruption without our cordon,
-protected pods, foreign cordons, cleanup, stage order, halted compartments, one pod per node and
-package at a time: a terminating package pod may still be running on the host, so no pod of the same
-package starts on that node before it is gone) and I10 (shared DisruptionBudgets: across every
+`InvariantMonitor` watches Nodes (cluster-wide), Pods (all namespaces), NodeWrights, DeploymentPolicies
+and DisruptionBudgets with raw watch streams and checks, at every event, the invariants I1-I10
+documented in docs/invariants.md (budget hard cap, every change through batches, no disruption without
+our cordon, protected pods, foreign cordons, cleanup, stage order, halted compartments, one pod per
+node and package at a time: a terminating package pod may still be running on the host, so no pod of
+the same package starts on that node before it is gone; shared DisruptionBudgets: across every
 NodeWright, the disrupted nodes of a pool never exceed its budget). A breach is recorded as a
 `Breach` with full context; the e2e fixture `invariants` fails the test on any breach or if the monitor
 itself failed (crashed handler, watch that stayed broken): a monitor that cannot see must never pass.
@@ -496,7 +496,7 @@ class _HaltInterval:
 
 
 class InvariantMonitor:
-    """Watches the cluster beside a test and records `Breach`es of I1-I9 (see module docstring)."""
+    """Watches the cluster beside a test and records `Breach`es of I1-I10 (see module docstring)."""
 
     def __init__(self, kubeconfig: Path, *, namespace: str = "nodewright-system") -> None:
         self.kubeconfig = Path(kubeconfig)
