@@ -1,11 +1,12 @@
 """Fleet-safety invariant monitor for e2e tests on the real control plane.
 
-`InvariantMonitor` watches Nodes (cluster-wide), Pods (all namespaces), NodeWrights and
-DeploymentPolicies with raw watch streams and checks, at every event, the invariants I1-I9 documented
-in docs/invariants.md (budget hard cap, every change through batches, no disruption without our cordon,
-protected pods, foreign cordons, cleanup, stage order, halted compartments, one pod per node and
-package at a time: a terminating package pod may still be running on the host, so no pod of the same
-package starts on that node before it is gone). A breach is recorded as a
+`InvariantMonitor` watches Nodes (cluster-wide), Pods (all namespaces), NodeWrights, DeploymentPolicies
+and DisruptionBudgets with raw watch streams and checks, at every event, the invariants I1-I10
+documented in docs/invariants.md (budget hard cap, every change through batches, no disruption without
+our cordon, protected pods, foreign cordons, cleanup, stage order, halted compartments, one pod per
+node and package at a time: a terminating package pod may still be running on the host, so no pod of
+the same package starts on that node before it is gone; shared DisruptionBudgets: across every
+NodeWright, the disrupted nodes of a pool never exceed its budget). A breach is recorded as a
 `Breach` with full context; the e2e fixture `invariants` fails the test on any breach or if the monitor
 itself failed (crashed handler, watch that stayed broken): a monitor that cannot see must never pass.
 
@@ -83,6 +84,7 @@ INVARIANTS: Final[Mapping[str, str]] = {
     "I7": "package stage pods are created in stage order, each after its predecessor succeeded",
     "I8": "a halted compartment admits no new node until its batch state is reset",
     "I9": "one pod per node, NodeWright and package at a time: none created while another runs or terminates",
+    "I10": "across NodeWrights, the disrupted nodes of a DisruptionBudget's pool never exceed its budget",
     "MONITOR": "the monitor itself failed; its verdict cannot be trusted",
 }
 
@@ -98,6 +100,7 @@ PATHS: Final[Mapping[str, str]] = {
     "pods": "/api/v1/pods",
     "nodewrights": f"/apis/{c.GROUP}/{c.VERSION}/{c.PLURAL_NODEWRIGHT}",
     "policies": f"/apis/{c.GROUP}/{c.VERSION}/{c.PLURAL_POLICY}",
+    "budgets": f"/apis/{c.GROUP}/{c.VERSION}/{c.PLURAL_BUDGET}",
 }
 
 
@@ -432,6 +435,14 @@ class NodeRecord:
         s = self.states.get(nodewright)
         return s.admission if s is not None else None
 
+    @property
+    def disrupted(self) -> bool:
+        """Out of service (I10): in progress for any NodeWright, cordoned by anyone, or NotReady."""
+        in_progress = any(
+            k.startswith(c.STATUS_LABEL_PREFIX) and v == STATUS_IN_PROGRESS for k, v in self.labels.items()
+        )
+        return in_progress or self.unschedulable or not self.ready
+
 
 def _selection_labels(labels: Mapping[str, str]) -> dict[str, str]:
     # Status labels change at every node transition and are no selection input; skipping them keeps
@@ -485,7 +496,7 @@ class _HaltInterval:
 
 
 class InvariantMonitor:
-    """Watches the cluster beside a test and records `Breach`es of I1-I9 (see module docstring)."""
+    """Watches the cluster beside a test and records `Breach`es of I1-I10 (see module docstring)."""
 
     def __init__(self, kubeconfig: Path, *, namespace: str = "nodewright-system") -> None:
         self.kubeconfig = Path(kubeconfig)
@@ -506,6 +517,8 @@ class InvariantMonitor:
         self._active: dict[str, dict[str, set[tuple[str, str]]]] = {}
         self._nodewrights: dict[str, JSON] = {}
         self._policies: dict[str, JSON] = {}
+        self._budgets: dict[str, JSON] = {}
+        self._max_disrupted: dict[str, int] = {}
         self._compartments: dict[str, Compartments | None] = {}
         self._halts: dict[tuple[str, str], list[_HaltInterval]] = {}
         self._resets: dict[str, int] = {}
@@ -619,6 +632,12 @@ class InvariantMonitor:
 
     def breaches_of(self, invariant: str, *, node: str | None = None) -> list[Breach]:
         return [b for b in self.breaches if b.invariant == invariant and (node is None or b.node == node)]
+
+    def max_disrupted(self, budget: str) -> int:
+        """The most nodes of DisruptionBudget `budget`'s pool seen disrupted at once (I10's count: in
+        progress for any NodeWright, cordoned by anyone, or NotReady), over the monitor's lifetime."""
+        self._drain_pending(force=False)
+        return self._max_disrupted.get(budget, 0)
 
     async def wait_for_breach(
         self, invariant: str, *, node: str | None = None, within: float = 15.0
@@ -748,7 +767,7 @@ class InvariantMonitor:
                 if err.status == 410:
                     watch.relist = True
                     continue
-                if err.status == 404 and watch.kind in ("nodewrights", "policies"):
+                if err.status == 404 and watch.kind in ("nodewrights", "policies", "budgets"):
                     # CRDs not installed (yet): nothing to watch; poll until they are.
                     watch.installed = False
                     watch.relist = True
@@ -884,6 +903,8 @@ class InvariantMonitor:
             self._on_pod(event, obj, rv=rv, baseline=baseline, vanished=vanished)
         elif kind == "nodewrights":
             self._on_nodewright(event, obj, old, rv=rv)
+        elif kind == "budgets":
+            self._on_budget(event, obj)
         else:
             self._on_policy(event, obj)
 
@@ -963,6 +984,7 @@ class InvariantMonitor:
             return
         self._check_budget_on_node(rec, old, rv)
         self._check_admissions(rec, old, rv)
+        self._check_shared_budgets(rec, old, rv)
 
     def _track_cordon(self, rec: NodeRecord, old: NodeRecord | None, rv: int, *, baseline: bool) -> None:
         """I5: ownership of a cordon is decided when the node becomes unschedulable.
@@ -1052,6 +1074,64 @@ class InvariantMonitor:
                         details=(
                             ("compartment", f"{comp} ({comps.source}; {len(members)} matched nodes)"),
                             ("in progress", ", ".join(busy[:20])),
+                        ),
+                    )
+                )
+
+    # -- shared DisruptionBudgets, I10 ---------------------------------------------------------------
+
+    def _on_budget(self, event: str, obj: JSON) -> None:
+        name = (obj.get("metadata") or {}).get("name", "")
+        if event == "DELETED":
+            self._budgets.pop(name, None)
+        else:
+            self._budgets[name] = obj
+
+    def _check_shared_budgets(self, rec: NodeRecord, old: NodeRecord | None, rv: int) -> None:
+        """I10, checked when NodeWright work makes a node disrupted that was not (it enters in_progress
+        for some NodeWright while schedulable, Ready and in progress for none): the pool's disrupted
+        nodes, this one included, must not exceed the budget. A cordon by a person or a NotReady node
+        is no breach by itself, but it counts: after it, NodeWrights may disrupt fewer nodes."""
+        for name, obj in self._budgets.items():
+            spec = obj.get("spec") or {}
+            if not selector_matches(spec.get("nodeSelector"), rec.labels):
+                continue
+            pool = [n for n in self._nodes.values() if selector_matches(spec.get("nodeSelector"), n.labels)]
+            disrupted = sorted(n.name for n in pool if n.disrupted)
+            self._max_disrupted[name] = max(self._max_disrupted.get(name, 0), len(disrupted))
+            started = any(
+                k.startswith(c.STATUS_LABEL_PREFIX)
+                and v == STATUS_IN_PROGRESS
+                and (old is None or old.labels.get(k) != STATUS_IN_PROGRESS)
+                for k, v in rec.labels.items()
+            )
+            if not started or (old is not None and old.disrupted):
+                continue
+            cap = ceiling(spec.get("budget") or {}, len(pool))
+            if len(disrupted) > cap:
+                self._breach(
+                    Breach(
+                        "I10",
+                        f"{len(disrupted)} nodes of DisruptionBudget {name!r} disrupted, budget {cap}",
+                        node=rec.name,
+                        resource_version=rv,
+                        details=(
+                            ("disrupted", ", ".join(disrupted[:20])),
+                            (
+                                "why",
+                                "; ".join(
+                                    f"{n.name}: "
+                                    + ",".join(
+                                        k[len(c.STATUS_LABEL_PREFIX) :]
+                                        for k, v in n.labels.items()
+                                        if k.startswith(c.STATUS_LABEL_PREFIX) and v == STATUS_IN_PROGRESS
+                                    )
+                                    + (" cordoned" if n.unschedulable else "")
+                                    + ("" if n.ready else " NotReady")
+                                    for n in pool
+                                    if n.disrupted
+                                )[:1000],
+                            ),
                         ),
                     )
                 )

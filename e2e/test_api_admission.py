@@ -32,11 +32,18 @@ from typing import Any
 
 import pytest
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from nodewright.api import constants
 from nodewright.api import k8svalidation as k8s
-from nodewright.api.models import QUANTITY_PATTERN, DeploymentPolicy, NodeWright, Toleration, policy_status
+from nodewright.api.models import (
+    QUANTITY_PATTERN,
+    DeploymentPolicy,
+    DisruptionBudget,
+    NodeWright,
+    Toleration,
+    policy_status,
+)
 from nodewright.webhook import certs, configs
 from nodewright.webhook.server import server_ssl_context, start_webhook_server
 from tests.admission_fuzz import Mutation, seeded_sample
@@ -121,6 +128,7 @@ def crds(cluster: Any) -> Any:
         "--timeout=60s",
         "crd/nodewrights.nodewright.io",
         "crd/deploymentpolicies.nodewright.io",
+        "crd/disruptionbudgets.nodewright.io",
     )
     return cluster
 
@@ -188,8 +196,15 @@ SCHEMA_REFUSES = [
 ]
 
 
+_KINDS: dict[str, tuple[str, type[BaseModel]]] = {
+    constants.KIND_NODEWRIGHT: (constants.PLURAL_NODEWRIGHT, NodeWright),
+    constants.KIND_POLICY: (constants.PLURAL_POLICY, DeploymentPolicy),
+    constants.KIND_BUDGET: (constants.PLURAL_BUDGET, DisruptionBudget),
+}
+
+
 def _model_accepts(doc: dict[str, Any]) -> bool:
-    model = NodeWright if doc.get("kind") == "NodeWright" else DeploymentPolicy
+    model = _KINDS.get(str(doc.get("kind")), (constants.PLURAL_POLICY, DeploymentPolicy))[1]
     try:
         model.model_validate(doc)
     except ValidationError:
@@ -249,7 +264,7 @@ def test_sample_accepted(api: Any, policies: list[str], name: str, doc: dict[str
 
 def _create_dry_run(cluster: Any, doc: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """POST `doc` with dryRun=All; (HTTP status, Status or object)."""
-    plural = constants.PLURAL_NODEWRIGHT if doc.get("kind") == "NodeWright" else constants.PLURAL_POLICY
+    plural = _KINDS.get(str(doc.get("kind")), (constants.PLURAL_POLICY, DeploymentPolicy))[0]
     try:
         return 201, cluster.api("POST", f"/apis/{constants.API_VERSION}/{plural}?dryRun=All", doc)
     except urllib.error.HTTPError as err:

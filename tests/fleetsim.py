@@ -18,24 +18,52 @@ After every write the fleet-safety invariants are checked (raising `FleetBreach`
 - I2: per compartment, nodes with a pod that may still run (FakeNode pod outcome running) never exceed
   the ceiling.
 Time is shared: every node plans at the fleet's clock.
+
+`SharedFleet` runs several `Fleet`s (one NodeWright each, on their own nodes) under one shared
+DisruptionBudget, the way the operator does (`controller.budgets`): every rollout pass plans with what
+the budget leaves it, then writes its slots into the budget's status with a resourceVersion
+precondition, then its status, then its admissions. The passes of one round all plan from the same
+budget version before any of them writes, in a shuffled order, so every round but the quietest has
+writers racing for the same version: the loser's write is refused (409) and it re-reads and plans again,
+as the controller does. After every write (budget status, NodeWright status, admissions, every node
+write) I10 is checked: the disrupted nodes of the pool (in progress for any NodeWright, cordoned,
+NotReady) never exceed the budget, and neither do the pool nodes running a package pod.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import random
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
 from nodewright.api import constants
-from nodewright.api.models import CompartmentStatus, DeploymentPolicy, NodeWright, Status
+from nodewright.api.models import (
+    CompartmentStatus,
+    DeploymentPolicy,
+    DisruptionBudget,
+    DisruptionBudgetStatus,
+    NodeWright,
+    Status,
+)
 from nodewright.api.nodestate import Admission as StateAdmission
 from nodewright.api.nodestate import NodeState, decode, encode
+from nodewright.controller.budgets import pool_node
 from nodewright.controller.context import decode_admission, encode_admission
 from nodewright.controller.rollout import rollout_node
+from nodewright.plan import budgets as budget_plan
 from nodewright.plan.node import CreatePod, PlanOptions
 from nodewright.plan.policy import Compartments, NodeRef, resolve_compartments
-from nodewright.plan.rollout import Admission, RolloutPlan, WaitReason, plan_rollout, spec_fingerprint
+from nodewright.plan.rollout import (
+    Admission,
+    Phase,
+    RolloutPlan,
+    WaitReason,
+    phase_of,
+    plan_rollout,
+    spec_fingerprint,
+)
 from nodewright.plan.stages import PodOutcome, RetryPolicy, ts
 from tests.planfake import T0, FakeNode
 
@@ -68,6 +96,9 @@ class Fleet:
     approvals: dict[str, int] = field(default_factory=dict)  # the nodewright.io/approve annotation
     plans: list[RolloutPlan] = field(default_factory=list)
     breaches: list[str] = field(default_factory=list)
+    extra_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # node -> more labels
+    on_write: Callable[[], None] | None = None
+    """Also run after every write (a `SharedFleet` checks its budget there)."""
 
     def __post_init__(self) -> None:
         for index, name in enumerate(self.names):
@@ -77,7 +108,7 @@ class Fleet:
                 admitted=False,
                 options=OPTIONS,
                 outcomes=self._fate_of(name),
-                labels={"topology.kubernetes.io/zone": f"z{index % 2}"},
+                labels={"topology.kubernetes.io/zone": f"z{index % 2}", **self.extra_labels.get(name, {})},
             )
 
     def _fate_of(self, node: str) -> Callable[[CreatePod], str]:
@@ -151,7 +182,7 @@ class Fleet:
             )
         return out
 
-    def rollout_plan(self) -> RolloutPlan:
+    def rollout_plan(self, shared: Sequence[budget_plan.SharedBudget] = ()) -> RolloutPlan:
         return plan_rollout(
             self.nodewright,
             policy=self.policy,
@@ -162,6 +193,7 @@ class Fleet:
             reset_requested=self.reset,
             next_order_hint=self.next_order,
             approvals=self.approvals,
+            shared_budgets=shared,
         )
 
     def write_status(self, plan: RolloutPlan) -> None:
@@ -221,6 +253,8 @@ class Fleet:
     # -- checks --------------------------------------------------------------------------------------
 
     def check(self) -> None:
+        if self.on_write is not None:
+            self.on_write()
         compartments = self.compartments()
         for compartment, members in compartments.members.items():
             ceiling = compartments.ceiling(compartment)
@@ -258,3 +292,146 @@ class Fleet:
             value = self.labels.get(name, "waiting")
             counts[value] = counts.get(value, 0) + 1
         return counts
+
+
+@dataclass
+class SharedFleet:
+    """Several NodeWrights (one `Fleet` each, on disjoint nodes) under one shared DisruptionBudget."""
+
+    fleets: list[Fleet]
+    budget: DisruptionBudget
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    resource_version: int = 1
+    conflicts: int = 0
+    max_disrupted: int = 0
+    breaches: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for fleet in self.fleets:
+            fleet.on_write = self.check
+
+    # -- the budget as the API server holds it ---------------------------------------------------------
+
+    def node_objects(self) -> list[dict[str, Any]]:
+        return [fleet.node_object(name) for fleet in self.fleets for name in fleet.names]
+
+    def pool(self) -> dict[str, budget_plan.PoolNode]:
+        return {n.name: n for n in (pool_node(obj) for obj in self.node_objects())}
+
+    def view(self) -> budget_plan.BudgetView:
+        stored = self.budget.model_copy(
+            update={
+                "metadata": self.budget.metadata.model_copy(
+                    update={"resource_version": str(self.resource_version)}
+                )
+            }
+        )
+        return budget_plan.view(stored, self.pool().values())
+
+    def write_budget(self, version: str, update: budget_plan.SlotUpdate) -> bool:
+        """A status patch with a resourceVersion precondition: False (409) when the budget changed."""
+        if version != str(self.resource_version):
+            self.conflicts += 1
+            return False
+        status = self.budget.status or DisruptionBudgetStatus()
+        self.budget = self.budget.model_copy(
+            update={
+                "status": status.model_copy(
+                    update={"slots": update.slots or None, "waiting": update.waiting or None}
+                )
+            }
+        )
+        self.resource_version += 1
+        self.check()
+        return True
+
+    # -- passes ---------------------------------------------------------------------------------------
+
+    def prepare(self, fleet: Fleet) -> tuple[budget_plan.BudgetView, RolloutPlan, budget_plan.SlotUpdate]:
+        """Plan `fleet`'s pass from the budget as it is now, and the slot write it would make."""
+        nw = fleet.nodewright.metadata.name
+        current = self.view()
+        views = fleet.rollout_views()
+        shared = [current.for_nodewright(nw, self.pool())] if current.members & set(fleet.names) else []
+        plan = fleet.rollout_plan(shared)
+        fingerprint = fleet.fingerprint
+        holding = {
+            v.name for v in views if phase_of(v, fingerprint=fingerprint) in (Phase.ACTIVE, Phase.CARRYOVER)
+        }
+        admission_at = {name: adm.at for name in fleet.names if (adm := fleet.admission(name)) is not None}
+        update = budget_plan.slot_update(
+            current,
+            nw,
+            holding=holding | {a.node for a in plan.admissions},
+            admission_at=admission_at,
+            refused=current.name in plan.budget_refusals,
+            now=fleet.now,
+            waiting_since=current.waiting.get(nw),
+            known_nodes=[n for f in self.fleets for n in f.names],
+        )
+        return current, plan, update
+
+    def apply(
+        self, fleet: Fleet, current: budget_plan.BudgetView, plan: RolloutPlan, update: budget_plan.SlotUpdate
+    ) -> bool:
+        """The controller's write order: budget slots, then status, then admissions. False on 409."""
+        if update.changes(current) and not self.write_budget(current.resource_version, update):
+            return False
+        fleet.plans.append(plan)
+        fleet.write_status(plan)
+        fleet.check()
+        fleet.write_admissions(plan)
+        fleet.check()
+        return True
+
+    def round(self, *, step: float = 5.0) -> None:
+        """Every NodeWright plans from the same budget version, then they write in a random order; a
+        pass refused by the precondition plans again from the newer version (up to 4 attempts)."""
+        prepared = [(fleet, *self.prepare(fleet)) for fleet in self.fleets]
+        self.rng.shuffle(prepared)
+        for fleet, current, plan, update in prepared:
+            for _ in range(4):
+                if self.apply(fleet, current, plan, update):
+                    break
+                current, plan, update = self.prepare(fleet)
+        for fleet in self.fleets:
+            for name in fleet.names:
+                fleet.node_pass(name)
+        for fleet in self.fleets:
+            fleet.now += timedelta(seconds=step)
+
+    def settled(self) -> bool:
+        """Nothing runs and no pass would admit anything, within the budget as it is now."""
+        for fleet in self.fleets:
+            if any(node.pods for node in fleet.nodes.values()):
+                return False
+            if any(value == Status.IN_PROGRESS.value for value in fleet.labels.values()):
+                return False
+            current, plan, update = self.prepare(fleet)
+            if plan.admissions or plan.active or update.changes(current):
+                return False  # a pass would admit, or release a slot that lets another admit
+        return True
+
+    # -- I10 ------------------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        current = self.view()
+        disrupted = sorted(
+            name
+            for name, node in self.pool().items()
+            if name in current.members and (node.in_progress_for or node.unschedulable or not node.ready)
+        )
+        running = sorted(
+            name
+            for fleet in self.fleets
+            for name in fleet.names
+            if name in current.members
+            and any(p.summary.outcome is PodOutcome.RUNNING for p in fleet.nodes[name].pods.values())
+        )
+        self.max_disrupted = max(self.max_disrupted, len(disrupted))
+        for what, nodes in (("disrupted", disrupted), ("running package pods", running)):
+            if len(nodes) > current.ceiling:
+                self.breaches.append(
+                    f"I10 {len(nodes)} pool nodes {what} > budget {current.ceiling}: {nodes}"
+                )
+                raise FleetBreach(self.breaches[-1])

@@ -13,6 +13,7 @@ from nodewright.api.validation import (
     render_path,
     strategy_defaults_patch,
     validate_deploymentpolicy,
+    validate_disruptionbudget,
     validate_nodewright,
 )
 from tests.api_corpus import convert_reference, invalid_cases, normalize_path, sample_documents
@@ -29,6 +30,8 @@ EXISTING_POLICIES = {
 def _validate(doc: dict[str, Any]) -> ValidationResult:
     if doc["kind"] == "NodeWright":
         return validate_nodewright(doc, policy_exists=lambda n: n in EXISTING_POLICIES)
+    if doc["kind"] == "DisruptionBudget":
+        return validate_disruptionbudget(doc)
     return validate_deploymentpolicy(doc)
 
 
@@ -184,3 +187,22 @@ def test_semver_valid(text: str) -> None:
 @pytest.mark.parametrize("text", ["v1.2.3", "01.2", "1.2-rc1", "", "1.2.3.4", "latest"])
 def test_semver_invalid(text: str) -> None:
     assert not semver.is_semver(text)
+
+
+def test_a_disruption_budget_names_the_field_of_each_problem() -> None:
+    doc = {
+        "apiVersion": "nodewright.io/v1alpha1",
+        "kind": "DisruptionBudget",
+        "metadata": {"name": "Pool_A"},
+        "spec": {
+            "nodeSelector": {"matchExpressions": [{"key": "bad key", "operator": "In", "values": ["a"]}]},
+            "budget": {"count": 1, "percent": 10},
+        },
+    }
+    paths = [normalize_path(e.path) for e in validate_disruptionbudget(doc).errors]
+    for want in ("metadata.name", "spec.nodeSelector.matchExpressions", "spec.budget"):
+        assert any(p.startswith(want) for p in paths), (want, paths)
+    assert validate_disruptionbudget("x").errors
+    empty = {**doc, "metadata": {"name": "all"}, "spec": {"nodeSelector": {}, "budget": {"percent": 10}}}
+    result = validate_disruptionbudget(empty)
+    assert result.errors == [] and any("every node" in w for w in result.warnings)

@@ -195,11 +195,24 @@ async def kube() -> AsyncIterator[FakeKube]:
 def serve_discovery(kube: FakeKube) -> None:
     """The fake API server stores objects only; answer the two start-up probes like a real one."""
     kube.fail("GET", "/version", 200, body={"major": "1", "minor": "36"}, times=10_000)
-    kube.fail("GET", API_GROUP_PATH, 200, body={"kind": "APIResourceList"}, times=10_000)
+    resources = [{"name": n} for n in ("nodewrights", "deploymentpolicies", "disruptionbudgets")]
+    kube.fail(
+        "GET", API_GROUP_PATH, 200, body={"kind": "APIResourceList", "resources": resources}, times=10_000
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
 # Start-up failures that waiting cannot fix: one line, exit 2
+
+
+def test_a_crd_that_is_not_installed_is_named() -> None:
+    from nodewright.cli.operator_cmd import missing_resources
+
+    listed = (
+        '{"kind": "APIResourceList", "resources": [{"name": "nodewrights"}, {"name": "deploymentpolicies"}]}'
+    )
+    assert missing_resources(listed) == ["disruptionbudgets"]
+    assert missing_resources("not json") == [] and missing_resources('{"kind": "Status"}') == []
 
 
 @pytest.mark.parametrize("flag", ["--health-probe-bind-address", "--metrics-bind-address"])

@@ -194,3 +194,40 @@ def test_demo_reads_tuned_values_back_from_a_node_root(tmp_path: Path) -> None:
     assert "    sysctl net.core.rmem_max = 268435456" in lines
     assert "    sysctl vm.max_map_count = (not set)" in lines
     assert lines[-1].endswith("iommu.passthrough=1")
+
+
+def test_a_full_shared_budget_holds_its_pool_and_names_who_holds_it() -> None:
+    nw = NodeWright.model_validate(
+        {
+            "metadata": {"name": "tune"},
+            "spec": {
+                "nodeSelectors": {"matchLabels": {"role": "worker"}},
+                "interruptionBudget": {"count": 2},
+                "packages": {"sysctl": {"version": "1.0.0", "image": "x/sysctl"}},
+            },
+        }
+    )
+    nodes = _nodes(6, role="worker")
+    for node in nodes[:2]:
+        node["metadata"]["labels"]["pool"] = "a"
+    # A node of the pool this NodeWright does not select, cordoned by a person: the pool's one slot.
+    outsider = _nodes(7, pool="a")[6]
+    outsider["spec"]["unschedulable"] = True
+    budget = {
+        "apiVersion": "nodewright.io/v1alpha1",
+        "kind": "DisruptionBudget",
+        "metadata": {"name": "pool-a", "resourceVersion": "3"},
+        "spec": {"nodeSelector": {"matchLabels": {"pool": "a"}}, "budget": {"count": 1}},
+    }
+    report = plan_cmd.build_report(
+        nw, policy=None, nodes=[*nodes, outsider], now=NOW, budget_objects=[budget]
+    )
+    held = [b for b in report.preview.blockers if b.reason == "DisruptionBudget(pool-a)"]
+    assert held and sorted(held[0].examples) == sorted(n["metadata"]["name"] for n in nodes[:2]), held
+    # Who holds the slot is in the compartment's note (table) and message (JSON).
+    note = report.preview.compartments[0].message
+    assert f"{outsider['metadata']['name']} (cordoned by someone else)" in note, note
+    assert "DisruptionBudget(pool-a)" in plan_cmd.render(report) and "pool-a" in note
+    assert sum(report.preview.compartments[0].sizes) == 4, "the nodes outside the pool still roll out"
+    without = plan_cmd.build_report(nw, policy=None, nodes=[*nodes, outsider], now=NOW)
+    assert sum(without.preview.compartments[0].sizes) == 6

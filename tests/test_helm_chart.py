@@ -161,6 +161,7 @@ def test_defaults_render_the_expected_objects() -> None:
         ("Job", "nw-nodewright-uninstall"),
         ("CustomResourceDefinition", "nodewrights.nodewright.io"),
         ("CustomResourceDefinition", "deploymentpolicies.nodewright.io"),
+        ("CustomResourceDefinition", "disruptionbudgets.nodewright.io"),
         ("ValidatingWebhookConfiguration", "nodewright-validating"),
         ("MutatingWebhookConfiguration", "nodewright-mutating"),
     }
@@ -241,6 +242,11 @@ def test_operator_rbac_is_least_privilege() -> None:
     namespaced = rules(objs, "Role", "nw-nodewright")
     assert grants(cluster, "deploymentpolicies/status", "patch")
     assert grants(cluster, "nodewrights/finalizers", "update")
+    for verb in ("get", "list", "watch"):
+        assert grants(cluster, "disruptionbudgets", verb)
+    assert grants(cluster, "disruptionbudgets/status", "patch") and not grants(
+        cluster, "disruptionbudgets", "patch"
+    )
     assert grants(cluster, "pods", "list") and grants(cluster, "pods/eviction", "create")
     assert not grants(cluster, "pods", "delete"), "pod delete needs drain.allowForce=true"
     assert not any("secrets" in r["resources"] or "configmaps" in r["resources"] for r in cluster)
@@ -433,3 +439,24 @@ def test_the_schema_refuses_bad_values(sets: tuple[str, ...], message: str) -> N
 
 def test_the_default_namespace_is_refused() -> None:
     assert "not default" in refused(namespace="default")
+
+
+def test_notification_secrets_are_granted_by_name_and_the_cluster_sink_reaches_the_args() -> None:
+    plain = rules(render(), "Role", "nw-nodewright")
+    assert not grants(plain, "secrets", "get", name="team-webhooks")
+    objs = render(
+        "notifications.secretNames={team-webhooks,ops-webhook}",
+        "notifications.clusterSink.urlSecret=ops-webhook/url",
+        "notifications.clusterSink.format=slack",
+    )
+    namespaced = rules(objs, "Role", "nw-nodewright")
+    assert not unrestricted(namespaced, "secrets", "get")
+    for name in ("team-webhooks", "ops-webhook"):
+        assert grants(namespaced, "secrets", "get", name=name)
+    args = parse_args(container(one(objs, "Deployment", "nw-nodewright"))["args"])
+    assert (args.notify_url_secret, args.notify_format, args.notify_events) == (
+        "ops-webhook/url",
+        "slack",
+        None,
+    )
+    assert "/notifications/clusterSink/urlSecret" in refused("notifications.clusterSink.urlSecret=no-key")

@@ -364,6 +364,7 @@ def test_exported_names_match_scrape(metrics: OperatorMetrics) -> None:
     metrics.record_loop_lag(0.001)
     metrics.count_untrusted_pod("replayed")
     d.count_drift_check(nodewright="nw", result="clean")
+    metrics.count_notification("nw/team", "RolloutCompleted", "sent")
 
     names: set[str] = set()
     for name, _, _ in samples(metrics):

@@ -328,3 +328,29 @@ def test_pacing_reasons_are_answered_with_the_planners_message() -> None:
     answer = why(st, "n0")
     assert answer.reason == "Window", answer
     assert answer.summary and "not in a batch yet" not in answer.summary
+
+
+def test_a_full_shared_disruption_budget_names_the_budget_and_who_holds_its_slots() -> None:
+    # Another NodeWright's slot on x9 (a node of the pool this one does not select) fills the budget.
+    nw = nodewright(deploymentPolicy="pol")
+    nodes = [node(f"n{i}", i) for i in range(3)]
+    other = node("x9", 9)
+    other["metadata"]["labels"][FLEET] = "b"
+    for n in (nodes[0], nodes[1], other):
+        n["metadata"]["labels"]["pool"] = "gpu"
+    budget = {
+        "apiVersion": "nodewright.io/v1alpha1",
+        "kind": "DisruptionBudget",
+        "metadata": {"name": "gpu-pool", "resourceVersion": "5"},
+        "spec": {"nodeSelector": {"matchLabels": {"pool": "gpu"}}, "budget": {"count": 1}},
+        "status": {"slots": {"x9": {"drivers": "2026-03-01T11:58:00Z"}}},
+    }
+    st = state([*nodes, other], [nw], [policy("pol", 3, {"fixed": {"initialBatch": 3}})])
+    st.budget_objects = [budget]
+    analysis = explain.analyse(st, "nw")
+    assert [a.node for a in analysis.plan.admissions] == ["n2"], "outside the pool the batch goes on"
+    answer = explain.explain(analysis, "n0")
+    assert answer.reason == "DisruptionBudget"
+    assert "DisruptionBudget 'gpu-pool' has no free slot" in answer.summary
+    assert "x9 (slot of NodeWright 'drivers')" in answer.summary
+    assert any("kubectl get disruptionbudget gpu-pool" in d for d in answer.details), answer.details

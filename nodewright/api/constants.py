@@ -25,6 +25,10 @@ KIND_POLICY: Final = "DeploymentPolicy"
 PLURAL_POLICY: Final = "deploymentpolicies"
 SHORT_POLICY: Final = "dp"
 
+KIND_BUDGET: Final = "DisruptionBudget"
+PLURAL_BUDGET: Final = "disruptionbudgets"
+SHORT_BUDGET: Final = "ndb"
+
 # The reference system's group; manifests written for it convert by changing apiVersion and kind.
 REFERENCE_GROUP: Final = "skyhook.nvidia.com"
 

@@ -1,4 +1,4 @@
-"""Generate the CustomResourceDefinitions of NodeWright and DeploymentPolicy from the pydantic models.
+"""Generate the CustomResourceDefinitions of NodeWright, DeploymentPolicy and DisruptionBudget from models.
 
 The API server requires *structural* schemas (apiextensions.k8s.io/v1): every node has a `type`, no
 `$ref`, no `anyOf` for nullability, `x-kubernetes-preserve-unknown-fields` only where arbitrary content is
@@ -45,6 +45,9 @@ from nodewright.api.models import (
     DeploymentPolicy,
     DeploymentPolicySpec,
     DeploymentPolicyStatus,
+    DisruptionBudget,
+    DisruptionBudgetSpec,
+    DisruptionBudgetStatus,
     NodeWright,
     NodeWrightSpec,
     NodeWrightStatus,
@@ -351,6 +354,49 @@ def deploymentpolicy_crd() -> dict[str, Any]:
     )
 
 
+def disruptionbudget_crd() -> dict[str, Any]:
+    columns: list[dict[str, Any]] = [
+        {
+            "name": "Ceiling",
+            "type": "integer",
+            "jsonPath": ".status.ceiling",
+            "description": "Nodes of the pool that may be disrupted at once.",
+        },
+        {
+            "name": "Disrupted",
+            "type": "integer",
+            "jsonPath": ".status.disrupted",
+            "description": "Nodes of the pool disrupted now.",
+        },
+        {
+            "name": "Nodes",
+            "type": "integer",
+            "jsonPath": ".status.matched",
+            "description": "Nodes of the pool.",
+        },
+        {
+            "name": "Holders",
+            "type": "string",
+            "jsonPath": ".status.message",
+            "description": "Who holds the slots.",
+            "priority": 1,
+        },
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    return _crd(
+        kind=constants.KIND_BUDGET,
+        plural=constants.PLURAL_BUDGET,
+        short=constants.SHORT_BUDGET,
+        schema=_root(
+            DisruptionBudget,
+            DisruptionBudgetSpec,
+            DisruptionBudgetStatus,
+            " ".join((DisruptionBudget.__doc__ or "").split()),
+        ),
+        columns=columns,
+    )
+
+
 def render(crd: dict[str, Any]) -> str:
     return _HEADER + yaml.safe_dump(crd, sort_keys=False, width=110, allow_unicode=True)
 
@@ -360,6 +406,7 @@ def rendered_files() -> dict[str, str]:
     return {
         f"{constants.GROUP}_{constants.PLURAL_NODEWRIGHT}.yaml": render(nodewright_crd()),
         f"{constants.GROUP}_{constants.PLURAL_POLICY}.yaml": render(deploymentpolicy_crd()),
+        f"{constants.GROUP}_{constants.PLURAL_BUDGET}.yaml": render(disruptionbudget_crd()),
     }
 
 

@@ -753,6 +753,69 @@ class DeploymentPolicyOptions(_Model):
     )
 
 
+class NotificationFormat(StrEnum):
+    JSON = "json"
+    SLACK = "slack"
+
+
+class NotificationEvent(StrEnum):
+    """What a notification sink can be told about."""
+
+    ROLLOUT_STARTED = "RolloutStarted"
+    BATCH_SETTLED = "BatchSettled"
+    NODE_FAILED = "NodeFailed"
+    COMPARTMENT_HALTED = "CompartmentHalted"
+    DRAIN_BLOCKED = "DrainBlocked"
+    ROLLOUT_COMPLETED = "RolloutCompleted"
+
+
+class SecretKeySelector(_Model):
+    """A key of a Secret in the operator's namespace (the chart grants `get` on the Secrets it names)."""
+
+    name: Annotated[
+        str, Field(min_length=1, max_length=k8s.DNS1123_SUBDOMAIN_MAX, pattern=DNS_SUBDOMAIN_PATTERN)
+    ] = _req("Name of the Secret, in the operator's namespace.")
+    key: Annotated[
+        str, Field(min_length=1, max_length=k8s.CONFIG_MAP_KEY_MAX, pattern=CONFIG_MAP_KEY_PATTERN)
+    ] = _req("The key whose value is the webhook URL (http or https).")
+
+
+MAX_NOTIFICATION_SINKS = 8
+
+
+class NotificationSink(_Model):
+    """An HTTP webhook told about rollout events (a chat channel's incoming webhook, an alert router)."""
+
+    name: Annotated[
+        str, Field(min_length=1, max_length=LABEL_VALUE_MAX, pattern=COMPARTMENT_NAME_PATTERN)
+    ] = _req("Name of the sink (unique per NodeWright; a metric label value).")
+    url_secret_ref: SecretKeySelector = _req(
+        "Where the webhook URL is kept: it is a credential (whoever has it may post), so it is in a Secret"
+        " of the operator's namespace."
+    )
+    format: NotificationFormat = _text(
+        "Payload: json (an object with event, nodewright, compartment, node, message, time, key) or slack"
+        " (an object with text, which Slack- and Mattermost-compatible incoming webhooks accept).",
+        default=NotificationFormat.JSON,
+        strict=False,
+    )
+    events: list[Annotated[NotificationEvent, Field(strict=False)]] | None = _text(
+        "Events to send; unset sends all of them: RolloutStarted, BatchSettled, NodeFailed,"
+        " CompartmentHalted, DrainBlocked, RolloutCompleted.",
+        max_length=len(NotificationEvent),
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    drain_blocked_after: Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)] = _text(
+        "A DrainBlocked event is sent once a node's drain has been blocked for this long (Go duration).",
+        default="15m",
+    )
+
+
+def _sink_names_unique(items: list[dict[str, Any]]) -> bool:
+    names = [c["name"] for c in items]
+    return len(names) == len(set(names))
+
+
 def _packages_names_ok(m: dict[str, Any]) -> bool:
     return all(re.fullmatch(PACKAGE_NAME_PATTERN, k) and m[k].get("name", k) == k for k in m)
 
@@ -838,6 +901,16 @@ class NodeWrightSpec(_Model):
     drift_detection: DriftDetection | None = _text(
         "Keep verifying complete nodes with the packages' check modes (apply-check, config-check,"
         " post-interrupt-check), and report or repair drift; off when unset."
+    )
+    notifications: Annotated[
+        list[NotificationSink] | None,
+        # Uniqueness is enforced by the API server through the list-map key; the predicate mirrors it.
+        CelRule(rule="", message="notification sink names must be unique", check=_sink_names_unique),
+    ] = _text(
+        "Webhooks told about this rollout (started, batch settled, node failed, compartment halted, drain"
+        " blocked, completed), besides the operator's cluster-wide sink (--notify-url-secret).",
+        max_length=MAX_NOTIFICATION_SINKS,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
 
     def effective_drain(self) -> Drain:
@@ -1270,3 +1343,62 @@ class DeploymentPolicy(_Model):
     metadata: ObjectMeta
     spec: DeploymentPolicySpec = _req("Desired rollout rules.")
     status: DeploymentPolicyStatus | None = _text("Summary written by the operator.")
+
+
+# ----------------------------------------------------------------------------------------------------
+# DisruptionBudget
+
+
+MAX_BUDGET_SLOTS = 10_000
+MAX_BUDGET_HOLDERS = 1024
+
+
+class DisruptionBudgetSpec(_Model):
+    """Nodes (by label selector) of which at most `budget` may be disrupted at once, whoever disrupts them."""
+
+    node_selector: LabelSelector = _req(
+        "Nodes of the pool: every NodeWright's admissions of these nodes draw from this budget; an empty"
+        " selector selects every node."
+    )
+    budget: PolicyBudget = _req(
+        "How many nodes of the pool may be disrupted at once: count, or percent of the pool's nodes (at"
+        " least 1). Disrupted: admitted by a NodeWright and not settled, cordoned, NotReady, or in progress"
+        " for any NodeWright."
+    )
+
+
+class DisruptionBudgetStatus(_Model):
+    """Slots held and nodes disrupted, written by the operator (slots with resourceVersion preconditions)."""
+
+    observed_generation: int | None = _text("metadata.generation the status was computed from.")
+    matched: int = _text("Nodes the selector matches.", default=0)
+    ceiling: int = _text("Nodes of the pool that may be disrupted at once.", default=0)
+    disrupted: int = _text("Nodes of the pool disrupted now (with a slot or for other reasons).", default=0)
+    unavailable: int = _text(
+        "Disrupted nodes without a slot: cordoned by someone else, NotReady, or in progress outside a slot.",
+        default=0,
+    )
+    slots: dict[str, Annotated[dict[str, str], Field(max_length=MAX_BUDGET_HOLDERS)]] | None = _text(
+        "Per node of the pool, the NodeWrights holding a slot on it and since when (RFC 3339). A NodeWright"
+        " records its slot here before it admits the node, with the resourceVersion it planned from.",
+        max_length=MAX_BUDGET_SLOTS,
+    )
+    holders: dict[str, int] | None = _text("Slots held per NodeWright.", max_length=MAX_BUDGET_HOLDERS)
+    waiting: dict[str, str] | None = _text(
+        "NodeWrights refused a slot and since when: a free slot goes to the longest waiting first.",
+        max_length=MAX_BUDGET_HOLDERS,
+    )
+    message: Annotated[str, Field(max_length=1024)] = _text(
+        "Who holds the slots and which nodes are unavailable for other reasons.", default=""
+    )
+
+
+class DisruptionBudget(_Model):
+    """A disruption budget for a pool of nodes shared by every NodeWright (like a PodDisruptionBudget, for
+    nodes): the nodes of the pool disrupted at once never exceed it."""
+
+    api_version: str = constants.API_VERSION
+    kind: Literal["DisruptionBudget"] = "DisruptionBudget"
+    metadata: ObjectMeta
+    spec: DisruptionBudgetSpec = _req("The pool and its budget.")
+    status: DisruptionBudgetStatus | None = _text("Slots and disrupted nodes, written by the operator.")

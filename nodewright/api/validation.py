@@ -1,4 +1,4 @@
-"""Semantic validation of NodeWright and DeploymentPolicy objects, beyond what the CRD schema can check.
+"""Semantic validation of NodeWright, DeploymentPolicy and DisruptionBudget objects, beyond the CRD schema.
 
 The CRD schema and its CEL rules (generated from `nodewright.api.models`) are enforced by the API server
 even when the admission webhook is down. This module adds the rules that need the whole object, the
@@ -52,7 +52,13 @@ from nodewright.api import constants, semver
 from nodewright.api import k8svalidation as k8s
 from nodewright.api.images import ImageReferenceError, parse_image
 from nodewright.api.k8svalidation import FieldError as FieldError  # re-exported: the public error type
-from nodewright.api.models import DeploymentPolicy, InterruptType, NodeWright, field_cel_rules
+from nodewright.api.models import (
+    DeploymentPolicy,
+    DisruptionBudget,
+    InterruptType,
+    NodeWright,
+    field_cel_rules,
+)
 from nodewright.api.schedules import maintenance_problems
 
 _GLOB_CHARS = set("*?[")
@@ -403,6 +409,11 @@ def validate_nodewright(
         if isinstance(timeout, str):
             errors.extend(k8s.errors_at(f"spec.{parent}.timeout", k8s.go_duration(timeout)))
     errors.extend(_drift_interval_errors(spec.get("driftDetection"), "spec.driftDetection"))
+    for i, sink in enumerate(_list(spec.get("notifications"))):
+        after = _map(sink).get("drainBlockedAfter")
+        if isinstance(after, str):
+            path = f"spec.notifications[{i}].drainBlockedAfter"
+            errors.extend(k8s.errors_at(path, k8s.go_duration(after)))
     for name, pkg in _map(spec.get("packages")).items():
         errors.extend(
             _drift_interval_errors(_map(pkg).get("driftDetection"), f"spec.packages[{name}].driftDetection")
@@ -747,6 +758,22 @@ def validate_deploymentpolicy(obj: Any, *, old: Mapping[str, Any] | None = None)
                     " to stop after that many failed batches in a row"
                 )
     return ValidationResult(_ratchet(_merge(model, errors), obj, old), warnings)
+
+
+def validate_disruptionbudget(obj: Any) -> ValidationResult:
+    """All problems of a DisruptionBudget: the model's, its name, and Kubernetes' label-selector rules."""
+    if not isinstance(obj, Mapping):
+        return ValidationResult([FieldError("<root>", "a DisruptionBudget must be a JSON object")], [])
+    model = _validate_model(DisruptionBudget, obj)
+    errors = _metadata_name_errors(obj, constants.KIND_BUDGET, k8s.DNS1123_SUBDOMAIN_MAX)
+    spec = obj.get("spec")
+    warnings: list[str] = []
+    if isinstance(spec, Mapping):
+        selector = spec.get("nodeSelector")
+        errors.extend(k8s.label_selector(selector, "spec.nodeSelector"))
+        if isinstance(selector, Mapping) and not canonical_selector(selector):
+            warnings.append("spec.nodeSelector: empty, so the budget's pool is every node of the cluster")
+    return ValidationResult(_merge(model, errors), warnings)
 
 
 def _dedupe(errors: list[FieldError]) -> list[FieldError]:

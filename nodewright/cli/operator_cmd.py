@@ -184,6 +184,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         " large fleet light for the API server and the nodes",
     )
     parser.add_argument(
+        "--notify-url-secret",
+        metavar="SECRET/KEY",
+        default=None,
+        help="a cluster-wide notification sink told about every NodeWright: the key of a Secret in the"
+        " operator's namespace whose value is the webhook URL (docs/rollout.md, Notifications)",
+    )
+    parser.add_argument(
+        "--notify-format",
+        choices=["json", "slack"],
+        default="json",
+        help='payload of the cluster-wide sink: json, or slack ({"text": ...})',
+    )
+    parser.add_argument(
+        "--notify-events",
+        metavar="EVENT,...",
+        default=None,
+        help="events the cluster-wide sink gets (default all): RolloutStarted, BatchSettled, NodeFailed,"
+        " CompartmentHalted, DrainBlocked, RolloutCompleted",
+    )
+    parser.add_argument(
         "--resync-seconds",
         type=flags.float_at_least(1.0),
         default=_DEFAULTS.resync_seconds,
@@ -333,6 +353,7 @@ async def run_operator(args: argparse.Namespace, rt: OperatorRuntime) -> int:
 
     from nodewright.api import constants
     from nodewright.controller.context import SIGNING_SECRET_NAME, PodSigner
+    from nodewright.controller.notify import parse_cluster_sink
     from nodewright.controller.operator import Operator, load_signing_key
 
     log = structlog.get_logger("nodewright.operator")
@@ -347,7 +368,7 @@ async def run_operator(args: argparse.Namespace, rt: OperatorRuntime) -> int:
             lambda: rt.client.get_text("/version", timeout=PROBE_TIMEOUT),
             not_found=f"{rt.config.server} answered 404 for /version: it is not a Kubernetes API server",
         )
-        await _checked(
+        served = await _checked(
             rt,
             f"GET {api}",
             lambda: rt.client.get_text(api, timeout=PROBE_TIMEOUT),
@@ -356,6 +377,12 @@ async def run_operator(args: argparse.Namespace, rt: OperatorRuntime) -> int:
                 " install the CRDs (kubectl apply --server-side -f manifests/crds/) or the Helm chart"
             ),
         )
+        missing = missing_resources(served)
+        if missing:
+            raise UsageError(
+                f"API server {rt.config.server} does not serve {', '.join(missing)} ({constants.GROUP}):"
+                " upgrade the CRDs (kubectl apply --server-side -f manifests/crds/, or helm upgrade)"
+            )
         try:
             key = await _checked(
                 rt, f"pod-signing key ({secret})", lambda: load_signing_key(rt.client, namespace)
@@ -364,6 +391,10 @@ async def run_operator(args: argparse.Namespace, rt: OperatorRuntime) -> int:
             raise UsageError(
                 f"{secret} has no base64 data.key: restore it, or delete it to have a new key generated"
             ) from None
+        try:
+            cluster_sink = parse_cluster_sink(args.notify_url_secret, args.notify_format, args.notify_events)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         operator = Operator(
             rt.manager,
             options=OperatorOptions(
@@ -387,8 +418,10 @@ async def run_operator(args: argparse.Namespace, rt: OperatorRuntime) -> int:
             node_workers=args.node_workers,
             instance=rt.identity,
             event_client=rt.event_client,
+            cluster_sink=cluster_sink,
         )
         rt.stack.push_async_callback(operator.rt.events.close)
+        rt.stack.push_async_callback(operator.notifier.close)
         log.info(
             "starting operator",
             server=rt.config.server,
@@ -398,6 +431,23 @@ async def run_operator(args: argparse.Namespace, rt: OperatorRuntime) -> int:
         )
 
     return await rt.manager.run(setup=setup)
+
+
+def missing_resources(discovery: str) -> list[str]:
+    """The resources of our group the operator watches that a discovery document does not list."""
+    import json
+
+    from nodewright.api import constants
+
+    wanted = (constants.PLURAL_NODEWRIGHT, constants.PLURAL_POLICY, constants.PLURAL_BUDGET)
+    try:
+        doc = json.loads(discovery)
+        if not isinstance(doc, dict) or doc.get("kind") != "APIResourceList":
+            return []  # not a discovery document: the informers report what is wrong
+        listed = {str(r.get("name")) for r in doc.get("resources") or []}
+    except (ValueError, AttributeError):
+        return []
+    return [name for name in wanted if name not in listed]
 
 
 async def _checked(

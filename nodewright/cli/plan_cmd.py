@@ -17,6 +17,9 @@ a `RolloutNode` the way the rollout controller sees it:
 - `waiting_for_priority`: an enabled NodeWright ordered before this one (priority, name) that targets
   the node and is not complete there (per node, or everywhere for `sequencing: all`).
 
+Shared DisruptionBudgets are read too: nodes of a pool with no free slot wait with reason
+`DisruptionBudget`, which names who holds the slots (`controller.budgets.shared_for`).
+
 Then `preview_rollout` (the planner itself, replayed until every node has finished) gives matched nodes
 and ceilings per compartment, the batch sequence if every node succeeds, and what blocks right now.
 Protected pods and PodDisruptionBudgets are not evaluated here (they only delay a drain; they do not
@@ -153,8 +156,12 @@ def build_report(
     exists: bool = False,
     now: datetime | None = None,
     runtime_taint_key: str = DEFAULT_RUNTIME_TAINT_KEY,
+    budget_objects: Sequence[JSON] = (),
 ) -> PlanReport:
-    """Predict the rollout of `nw` over `nodes` (all cluster nodes; matching happens here)."""
+    """Predict the rollout of `nw` over `nodes` (all cluster nodes; matching happens here), within the
+    shared DisruptionBudgets `budget_objects` as they are now."""
+    from nodewright.controller.budgets import shared_for
+
     stamp = (now or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     name = nw.metadata.name
     matched = [n for n in nodes if selectors.matches(nw.spec.node_selectors, _labels(n))]
@@ -185,6 +192,9 @@ def build_report(
         compartment_statuses=compartment_statuses,
         paused=paused,
         disabled=disabled,
+        shared_budgets=shared_for(
+            name, budget_objects, [dict(n) for n in nodes], matched=[n.name for n in rollout_nodes]
+        ),
     )
     counts = Counter(n.status.value for n in rollout_nodes)
     notes: list[str] = []
@@ -290,12 +300,13 @@ class Inputs:
     all_nodewrights: list[NodeWright]
     compartment_statuses: dict[str, CompartmentStatus]
     exists: bool
+    budget_objects: list[JSON] = field(default_factory=list)
 
 
 async def gather(args: argparse.Namespace) -> Inputs:
     from nodewright.kube.client import KubeClient
     from nodewright.kube.config import load_config, load_kubeconfig
-    from nodewright.kube.resources import DEPLOYMENTPOLICIES, NODES, NODEWRIGHTS, NotFound
+    from nodewright.kube.resources import DEPLOYMENTPOLICIES, DISRUPTIONBUDGETS, NODES, NODEWRIGHTS, NotFound
 
     file_nw: NodeWright | None = None
     file_policies: list[DeploymentPolicy] = []
@@ -317,6 +328,10 @@ async def gather(args: argparse.Namespace) -> Inputs:
         # state (which would predict the open batch's successors from stale counters).
         nodes = (await client.list(NODES)).items
         listed_nws = (await client.list(NODEWRIGHTS)).items
+        try:
+            budget_objects = (await client.list(DISRUPTIONBUDGETS)).items
+        except NotFound:
+            budget_objects = []  # CRD not installed (an older release): no shared budget to respect
         all_nws: list[NodeWright] = []
         for obj in listed_nws:
             try:
@@ -340,7 +355,7 @@ async def gather(args: argparse.Namespace) -> Inputs:
     statuses = dict((existing.status.compartment_statuses or {}) if existing and existing.status else {})
     # Applying a file to an existing NodeWright keeps its persisted status (a separate subresource).
     all_nws = [n for n in all_nws if n.metadata.name != nw.metadata.name] + [nw]
-    return Inputs(nw, policy, nodes, all_nws, statuses, existing is not None)
+    return Inputs(nw, policy, nodes, all_nws, statuses, existing is not None, budget_objects)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -395,6 +410,7 @@ def run(args: argparse.Namespace) -> int:
         all_nodewrights=inputs.all_nodewrights,
         compartment_statuses=inputs.compartment_statuses,
         exists=inputs.exists,
+        budget_objects=inputs.budget_objects,
     )
     if args.output == "json":
         print(json.dumps(report.to_json(), indent=2))

@@ -9,7 +9,9 @@ Workload pods are never cached: the node controller lists a node's pods on deman
 Controllers (queues with client-go semantics; see `kube.workqueue`):
 - `rollout` keyed by NodeWright name — `controller.rollout`;
 - `node` keyed by `<nodewright>/<node>` — `controller.nodes`;
-- `policy` keyed by DeploymentPolicy name — writes the policy's status (printer columns).
+- `policy` keyed by DeploymentPolicy name — writes the policy's status (printer columns);
+- `budget` keyed by DisruptionBudget name — sweeps ownerless slots, keeps its aggregates
+  (`controller.budgets`; the slots themselves are written by the rollout passes).
 
 Event mapping is deliberately narrow, because at 10,000 nodes every spurious key is a reconcile:
 - a NodeWright change enqueues its rollout key; its node keys only when the generation or the
@@ -18,7 +20,9 @@ Event mapping is deliberately narrow, because at 10,000 nodes every spurious key
   it), and the rollout key only when something the rollout reads changed (labels, schedulability,
   readiness, taints, our annotations);
 - a package pod change enqueues the node key named by its labels (trust is checked in the reconcile);
-- a DeploymentPolicy change enqueues the rollout key of every NodeWright that uses it.
+- a DeploymentPolicy change enqueues the rollout key of every NodeWright that uses it;
+- a DisruptionBudget change enqueues its `budget` key and the rollout keys of the NodeWrights waiting for
+  one of its slots; node changes and NodeWright additions and deletions enqueue every budget (coalesced).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import structlog
 
 from nodewright.api import constants
 from nodewright.api.models import policy_status
+from nodewright.controller.budgets import NODE_EVENT_DELAY, SharedBudgets
 from nodewright.controller.context import (
     SIGNING_SECRET_NAME,
     EventRecorder,
@@ -46,10 +51,12 @@ from nodewright.controller.context import (
 )
 from nodewright.controller.manager import Controller, Manager
 from nodewright.controller.nodes import NodeReconciler
+from nodewright.controller.notify import Notifier, RolloutNotifications, Sink
 from nodewright.controller.rollout import RolloutReconciler, blocked_reason
 from nodewright.kube.client import KubeClient
 from nodewright.kube.resources import (
     DEPLOYMENTPOLICIES,
+    DISRUPTIONBUDGETS,
     JSON,
     NODES,
     NODEWRIGHTS,
@@ -145,6 +152,7 @@ class Operator:
         node_workers: int = 64,
         instance: str = "nodewright-operator",
         event_client: KubeClient | None = None,
+        cluster_sink: Sink | None = None,
     ) -> None:
         client = manager.client
         self.manager = manager
@@ -175,14 +183,19 @@ class Operator:
             events=EventRecorder(event_client or client, clock=lambda: self.rt.clock(), instance=instance),
             pod_expectations=PodExpectations(trim_pod),
         )
-        self.rollouts = RolloutReconciler(self.rt)
+        self.budgets = SharedBudgets(self.rt, manager.informer(DISRUPTIONBUDGETS))
+        self.notifier = Notifier(client, options.namespace, count=metrics.count_notification)
+        self.rollouts = RolloutReconciler(
+            self.rt, budgets=self.budgets, notifications=RolloutNotifications(self.notifier, cluster_sink)
+        )
         self.rollout = manager.controller("rollout", self.rollouts.reconcile, workers=workers)
         # Node reconciles spend their time awaiting API calls (~3 per stage hand-off), so concurrency,
         # not CPU, bounds their throughput: at 5,000 nodes 16 workers left 200+ keys queued while the
         # API server answered in ~0.2 s. Coroutines are cheap; the write rate limit still applies.
         self.node = manager.controller("node", NodeReconciler(self.rt).reconcile, workers=node_workers)
         self.policy = manager.controller("policy", self._reconcile_policy, workers=1)
-        for controller in (self.rollout, self.node, self.policy):
+        self.budget = manager.controller("budget", self.budgets.reconcile, workers=1)
+        for controller in (self.rollout, self.node, self.policy, self.budget):
             metrics.init_controller(controller.name)
         self.rt.enqueue_rollout = self._rollout_soon
         self.rt.enqueue_node = lambda nw, node: self.node.queue.add(node_key(nw, node))
@@ -227,6 +240,7 @@ class Operator:
             self._enqueue_all_nodes(new)
 
         rt.nodewrights.add_handler(on_add=self._enqueue_all_nodes, on_update=nodewright_changed)
+        self._wire_budgets()
 
         def policy_keys(policy: JSON) -> list[str]:
             name = _meta(policy).get("name")
@@ -274,6 +288,23 @@ class Operator:
             on_delete=expectations.observed_delete,
         )
         self.node.watch(rt.pods, pod_keys)
+
+    def _wire_budgets(self) -> None:
+        budgets = self.budgets.informer
+        self.budget.watch(budgets)
+
+        def waiting_rollouts(obj: JSON) -> None:
+            for name in SharedBudgets.waiting_nodewrights(obj):
+                self.rollout.queue.add(name)  # a slot may be free for it now: no debounce
+
+        budgets.add_handler(on_update=lambda old, new: waiting_rollouts(new), on_delete=waiting_rollouts)
+
+        def every_budget(_obj: JSON, _new: JSON | None = None) -> None:
+            for obj in budgets.objects():
+                self.budget.queue.add_after(str(_meta(obj).get("name")), NODE_EVENT_DELAY)
+
+        self.rt.nodes.add_handler(on_add=every_budget, on_update=every_budget, on_delete=every_budget)
+        self.rt.nodewrights.add_handler(on_add=every_budget, on_delete=every_budget)
 
     def _rollout_soon(self, name: str) -> None:
         """Node-driven rollout passes are coalesced: at most one pass per NodeWright per debounce.
@@ -333,4 +364,4 @@ class Operator:
 
 
 def registered_controllers(operator: Operator) -> list[Controller]:
-    return [operator.rollout, operator.node, operator.policy]
+    return [operator.rollout, operator.node, operator.policy, operator.budget]

@@ -37,6 +37,7 @@ from nodewright.api.models import (
 )
 from nodewright.api.nodestate import NodeState, PackageState
 from nodewright.controller import taints
+from nodewright.controller.budgets import SharedBudgets
 from nodewright.controller.configmaps import PackageConfigMaps
 from nodewright.controller.context import (
     Runtime,
@@ -50,6 +51,7 @@ from nodewright.controller.context import (
     try_node_state,
 )
 from nodewright.controller.drainer import read_timing
+from nodewright.controller.notify import RolloutNotifications
 from nodewright.kube.resources import JSON, NODEWRIGHTS, Conflict, NotFound
 from nodewright.kube.trim import node_ready
 from nodewright.kube.workqueue import Result
@@ -61,6 +63,7 @@ from nodewright.observability.metrics import (
     strategy_label,
 )
 from nodewright.plan import batches, sequencing
+from nodewright.plan.budgets import SharedBudget
 from nodewright.plan.configdiff import config_digest
 from nodewright.plan.node import NodeFacts, Taint, is_disabled, is_paused, node_complete, untolerated_taints
 from nodewright.plan.podspec import package_configmap_name as podspec_configmap_name
@@ -87,6 +90,8 @@ SKIP_RETRY_MIN = 10.0
 CORDONED_BY_SOMEONE_ELSE = "cordoned by someone else"
 RESYNC_ACTIVE = 60.0
 """Safety-net resync while nodes are in flight; progress itself is event-driven."""
+BUDGET_RETRY = 1.0
+"""Seconds before a pass whose DisruptionBudget writes kept conflicting is tried again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,8 +319,15 @@ def rollout_node(
 
 
 class RolloutReconciler:
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        budgets: SharedBudgets | None = None,
+        notifications: RolloutNotifications | None = None,
+    ) -> None:
         self.rt = rt
+        self.budgets = budgets  # shared DisruptionBudgets (controller.budgets); None: none are watched
+        self.notifications = notifications  # webhook sinks (controller.notify); None: nothing is sent
         self._halted: dict[str, frozenset[str]] = {}
         self._last_status: dict[str, str] = {}
         self._compute: dict[str, float] = {}
@@ -368,7 +380,10 @@ class RolloutReconciler:
         if not deleting and constants.FINALIZER not in (model.metadata.finalizers or []):
             await self._add_finalizer(obj)
         snap = self._snapshot(name, model)
-        plan = self._plan(snap, model)
+        secured = await self._secure(snap, model)
+        if secured is None:
+            return Result(requeue_after=BUDGET_RETRY)  # budget writers kept conflicting: nothing written
+        plan = secured
         compute = time.monotonic() - started
         # Taints first: a new node must be tainted before its admission marks it as touched.
         taint_report = await taints.reconcile_runtime_taints(
@@ -383,12 +398,29 @@ class RolloutReconciler:
         # opens it again, with the same nodes).
         await self._write_status(obj, status)
         await self._apply_admissions(name, plan, snap.views)
+        if self.budgets is not None:
+            self.budgets.admitted(name)
         if (snap.reset and plan.reset_applied) or snap.reset_compartments:
             await self._clear_reset_annotation(name)
         if plan.approvals_applied:
             await self._clear_approvals(obj, plan)
         self._fingerprint[name] = snap.fingerprint
         await self._emit_transitions(model, plan, summary.status.status, snap.malformed, snap.rollout_nodes)
+        if self.notifications is not None:
+            self.notifications.after_pass(
+                model,
+                plan,
+                summary.status.status,
+                snap.rollout_nodes,
+                fingerprint=snap.fingerprint,
+                now=snap.now,
+                conditions={
+                    str(v.node["metadata"]["name"]): m
+                    for v in snap.views
+                    if (m := _condition_message(v.node, name)) is not None
+                },
+                drain_blocked=_drain_blocked(snap.views, name),
+            )
         await self._prune_configmaps(model, summary.status.status, snap.fingerprint)
         self._update_metrics(name, snap.nodewright, snap.views, plan, summary.status.status, snap.policy_name)
         self._open[name] = _open_batches(snap.rollout_nodes, snap.fingerprint, plan)
@@ -398,6 +430,8 @@ class RolloutReconciler:
 
     def _forget(self, name: str) -> None:
         self.rt.metrics.domain.remove_nodewright(name)
+        if self.notifications is not None:
+            self.notifications.forget(name)
         for memory in (
             self._halted,
             self._last_status,
@@ -444,7 +478,22 @@ class RolloutReconciler:
             reset_compartments=reset_some,
         )
 
-    def _plan(self, snap: _Snapshot, model: NodeWright) -> RolloutPlan:
+    async def _secure(self, snap: _Snapshot, model: NodeWright) -> RolloutPlan | None:
+        """The plan, with the slots of shared DisruptionBudgets recorded before anything else is written
+        (None: other writers kept changing the budgets; `controller.budgets`)."""
+        if self.budgets is None:
+            return self._plan(snap, model)
+        secured = await self.budgets.plan(
+            model.metadata.name,
+            nodes=snap.nodes,
+            rollout_nodes=snap.rollout_nodes,
+            fingerprint=snap.fingerprint,
+            now=snap.now,
+            replan=lambda shared: self._plan(snap, model, shared),
+        )
+        return None if secured is None else secured.plan
+
+    def _plan(self, snap: _Snapshot, model: NodeWright, shared: Sequence[SharedBudget] = ()) -> RolloutPlan:
         previous = model.status or NodeWrightStatus()
         return plan_rollout(
             snap.nodewright,
@@ -460,6 +509,7 @@ class RolloutReconciler:
             paused=is_paused(model),
             disabled=is_disabled(model),
             next_order_hint=previous.next_order if previous.rollout_fingerprint == snap.fingerprint else 0,
+            shared_budgets=shared,
         )
 
     def _status(
@@ -1128,11 +1178,25 @@ def waiting_counts(plan: RolloutPlan, views: Sequence[_NodeView], nodewright: st
         reason = _condition_reason(view.node, nodewright)
         if reason == "WaitingForProtectedPods":
             counts[HELD_BY_PROTECTED_PODS] += 1
-        elif reason == "DrainTimeout" or (
-            reason == "Draining" and "eviction blocked" in (_condition_message(view.node, nodewright) or "")
-        ):
+        elif _drain_held(view, nodewright):
             counts[HELD_BY_DRAIN] += 1
     return dict(sorted(counts.items()))
+
+
+def _drain_held(view: _NodeView, nodewright: str) -> bool:
+    """An admitted node whose drain cannot progress: an eviction refused, or the drain timeout passed."""
+    reason = _condition_reason(view.node, nodewright)
+    return reason == "DrainTimeout" or (
+        reason == "Draining" and "eviction blocked" in (_condition_message(view.node, nodewright) or "")
+    )
+
+
+def _drain_blocked(views: Sequence[_NodeView], nodewright: str) -> list[str]:
+    return [
+        str(v.node["metadata"]["name"])
+        for v in views
+        if v.status is Status.IN_PROGRESS and _drain_held(v, nodewright)
+    ]
 
 
 def _batch_counts(

@@ -68,6 +68,9 @@ NODEWRIGHTS: Final = Resource(
 DEPLOYMENTPOLICIES: Final = Resource(
     constants.GROUP, constants.VERSION, constants.PLURAL_POLICY, False, constants.KIND_POLICY
 )
+DISRUPTIONBUDGETS: Final = Resource(
+    constants.GROUP, constants.VERSION, constants.PLURAL_BUDGET, False, constants.KIND_BUDGET
+)
 _ADMISSION = "admissionregistration.k8s.io"
 VALIDATINGWEBHOOKCONFIGURATIONS: Final = Resource(
     _ADMISSION, "v1", "validatingwebhookconfigurations", False, "ValidatingWebhookConfiguration"

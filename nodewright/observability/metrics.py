@@ -112,6 +112,7 @@ LOOP_LAG_LAST: Final = "nodewright_event_loop_lag_last_seconds"
 UNTRUSTED_PODS: Final = "nodewright_untrusted_pods_total"
 DRIFTED_NODES: Final = "nodewright_drifted_nodes"
 DRIFT_CHECKS: Final = "nodewright_drift_checks_total"
+NOTIFICATIONS: Final = "nodewright_notifications_total"
 
 HISTOGRAM_METRICS: Final[frozenset[str]] = frozenset(
     {
@@ -166,6 +167,7 @@ EXPORTED_METRICS: Final[tuple[str, ...]] = (
     UNTRUSTED_PODS,
     DRIFTED_NODES,
     DRIFT_CHECKS,
+    NOTIFICATIONS,
 )
 
 # Histograms dropped at export for removed NodeWrights / packages (see module docstring).
@@ -832,6 +834,11 @@ class OperatorMetrics:
             UNTRUSTED_PODS,
             description="Pods with package-pod labels that failed verification and were deleted, by reason.",
         )
+        self._notifications = meter.create_counter(
+            NOTIFICATIONS,
+            description="Notifications by sink, event and result: sent, failed (after retries), dropped"
+            " (queue full) or duplicate (key already sent).",
+        )
         self._closed = False
 
     def _keeps(self, attributes: _Attrs) -> bool:
@@ -859,6 +866,10 @@ class OperatorMetrics:
     def count_untrusted_pod(self, reason: str) -> None:
         """One pod in the operator namespace that looked like a package pod and failed verification."""
         self._untrusted_pods.add(1, {"reason": reason})
+
+    def count_notification(self, sink: str, event: str, result: str) -> None:
+        """One notification outcome (controller.notify)."""
+        self._notifications.add(1, {"sink": sink, "event": event, "result": result})
 
     def record_loop_lag(self, seconds: float) -> None:
         self._loop_lag.record(max(0.0, seconds))

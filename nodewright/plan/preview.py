@@ -8,7 +8,10 @@ blocked, unavailable or waiting for another NodeWright stay where they are; a ha
 its sequence; a paused, disabled or policy-less NodeWright predicts no batch. Time moves on only where
 the planner waits for it: when nothing can start until a soak time ends or a maintenance window opens,
 the replay continues at that moment (the batches are the same whenever they open); an approval gate
-(`pauseAfterBatch`) ends the prediction of its compartment, since only a person opens it.
+(`pauseAfterBatch`) ends the prediction of its compartment, since only a person opens it. Shared
+DisruptionBudgets (`shared_budgets`) count as they are now for the whole replay: what other NodeWrights
+and other causes hold stays held (the preview cannot know when they let go), while this NodeWright's own
+nodes free their slots as they finish.
 
 `ideal_makespan` turns a batch sequence into a lower bound on rollout time (used by the scale
 benchmark): a batch lasts as long as its slowest node, a compartment's batches run one after another,
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodewright.api.models import CompartmentStatus, DeploymentPolicy, NodeWright, Status
+from nodewright.plan.budgets import SharedBudget
 from nodewright.plan.rollout import Phase, RolloutNode, RolloutPlan, WaitReason, phase_of, plan_rollout
 from nodewright.plan.stages import ts
 
@@ -122,6 +126,7 @@ def simulate_rollout(
     paused: bool = False,
     disabled: bool = False,
     max_steps: int = 10_000,
+    shared_budgets: Sequence[SharedBudget] = (),
 ) -> Simulation:
     """Run plan → apply → finish active nodes → plan … until nothing is admitted or running.
 
@@ -143,6 +148,7 @@ def simulate_rollout(
             now=now,
             paused=paused,
             disabled=disabled,
+            shared_budgets=shared_budgets,
         )
         plans.append(plan)
         statuses = dict(plan.compartment_statuses)
@@ -168,6 +174,7 @@ def preview_rollout(
     compartment_statuses: Mapping[str, CompartmentStatus] | None = None,
     paused: bool = False,
     disabled: bool = False,
+    shared_budgets: Sequence[SharedBudget] = (),
 ) -> RolloutPreview:
     """Predict the batch sequence per compartment if every node succeeds, and what blocks right now."""
     sim = simulate_rollout(
@@ -179,6 +186,7 @@ def preview_rollout(
         compartment_statuses=compartment_statuses,
         paused=paused,
         disabled=disabled,
+        shared_budgets=shared_budgets,
     )
     first, last = sim.plans[0], sim.plans[-1]
     grouped: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))

@@ -41,6 +41,13 @@ takes at most `ceiling - used` nodes, so the nodes in progress never exceed the 
 outside our control — nodes going NotReady, the compartment shrinking — can push `used` above it; then
 nothing starts until it drops.)
 
+Shared budgets. A DisruptionBudget (`plan.budgets`) caps the disrupted nodes of a pool across every
+NodeWright; the controller passes what others disrupt in each pool (`shared_budgets`). A candidate that
+is not disrupted already takes one free slot in every pool it belongs to; one whose pool has none is
+skipped (reason `DisruptionBudget`, naming who holds the slots) and the batch takes the next candidate
+in pick order, so a full pool delays its own nodes only. `RolloutPlan.budget_refusals` names the pools
+that refused a node, for the controller to queue the NodeWright there (first come, first served).
+
 Batches are synchronous. Batch `k` of a compartment is the set of its nodes admitted with `batch == k`
 for `f`. The batch state's `currentBatch` names the batch being filled: it is *open* while at least one
 node holds an admission for it. When every member has settled it is evaluated (see `batches`),
@@ -80,7 +87,7 @@ from nodewright.api.models import (
     NodeWright,
     Status,
 )
-from nodewright.plan import batches, windows
+from nodewright.plan import batches, budgets, windows
 from nodewright.plan.policy import (
     Compartments,
     CompartmentSpec,
@@ -109,6 +116,7 @@ class WaitReason(StrEnum):
     WINDOW = "Window"
     SOAKING = "Soaking"
     AWAITING_APPROVAL = "AwaitingApproval"
+    DISRUPTION_BUDGET = "DisruptionBudget"
 
 
 APPROVE_ANNOTATION = "nodewright.io/approve"
@@ -250,6 +258,8 @@ class RolloutPlan:
     next_order: int
     approvals_applied: tuple[str, ...] = ()
     """Compartments whose gate this plan approved (from the `approvals` input)."""
+    budget_refusals: tuple[str, ...] = ()
+    """Shared DisruptionBudgets that had no free slot for a node this plan wanted to admit."""
 
     @property
     def wake_at(self) -> datetime | None:
@@ -332,12 +342,16 @@ def plan_rollout(
     disabled: bool = False,
     next_order_hint: int = 0,
     approvals: Mapping[str, int] | None = None,
+    shared_budgets: Sequence[budgets.SharedBudget] = (),
 ) -> RolloutPlan:
     """Decide admissions, batch state and why-waiting reasons for one NodeWright (module docstring).
 
     `now` (RFC 3339) is also the moment maintenance windows and soak times are judged at; `approvals`
     maps a compartment to the batch whose `pauseAfterBatch` gate a user approved (annotation
     `nodewright.io/approve`): it opens that gate only, so an approval never carries over to a later one.
+    `shared_budgets` are the DisruptionBudgets whose pools hold matched nodes, with what other
+    NodeWrights and other causes disrupt in them (`plan.budgets`): a node of a pool with no free slot is
+    not admitted (reason `DisruptionBudget`), and the batch takes the next candidates instead.
     """
     by_name = {n.name: n for n in nodes}
     resolved = resolve_compartments(
@@ -367,6 +381,7 @@ def plan_rollout(
         paused=paused,
         disabled=disabled,
         approvals=dict(approvals or {}),
+        ledger=budgets.Ledger(shared_budgets, own=(n for n, p in phases.items() if p in _HOLDS_SLOT)),
     )
     plans: dict[str, CompartmentPlan] = {}
     admissions: list[NewAdmission] = []
@@ -395,6 +410,7 @@ def plan_rollout(
         approvals_applied=tuple(
             sorted(n for n, p in plans.items() if p.status.batch_state and _approved(ctx, n, p))
         ),
+        budget_refusals=tuple(sorted(ctx.ledger.refused)),
     )
 
 
@@ -416,6 +432,7 @@ class _Context:
     paused: bool
     disabled: bool
     approvals: Mapping[str, int]
+    ledger: budgets.Ledger
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,13 +488,14 @@ def _plan_compartment(
     can_open = not batch and not halted and not ctx.paused and not ctx.disabled and pacing.reason is None
     wanted = 0
     picked: list[RolloutNode] = []
+    shared: dict[str, tuple[str, str]] = {}
     if can_open and candidates:
         raw = batches.strategy_batch_size(spec.strategy, state, total=len(members), ceiling=ceiling)
         wanted = max(1, min(raw, len(candidates)))
         size = batches.next_batch_size(
             spec.strategy, state, total=len(members), remaining=len(candidates), ceiling=ceiling, free=free
         )
-        picked = candidates[:size]
+        picked, shared = _pick(ctx.ledger, candidates, size=size)
     admissions = tuple(
         NewAdmission(
             node=n.name,
@@ -490,7 +508,7 @@ def _plan_compartment(
         spec,
         state,
         batch=batch,
-        candidates=candidates,
+        candidates=[n for n in candidates if n.name not in picked_names and n.name not in shared],
         picked=len(picked),
         wanted=wanted,
         free=free,
@@ -505,6 +523,7 @@ def _plan_compartment(
             halted=halted,
             budget_full=n.name in budget_full,
             pacing=None if batch else pacing.reason,
+            shared=shared.get(n.name),
         )
         for n in members
         if phases[n.name] in _PICKABLE and n.name not in picked_names
@@ -539,7 +558,8 @@ def _plan_compartment(
         batch_evaluated=outcome,
         halt=halt,
         message=_slots_message(in_progress + len(others), ceiling, len(others))
-        + (f"; {pacing.reason[1]}" if pacing.reason is not None and candidates and not batch else ""),
+        + (f"; {pacing.reason[1]}" if pacing.reason is not None and candidates and not batch else "")
+        + (f"; {next(iter(shared.values()))[1]}" if shared else ""),
         window=window,
         soak_until=pacing.soak_until,
         awaiting_approval=status.awaiting_approval,
@@ -667,6 +687,26 @@ def _batch_members(ctx: _Context, name: str, batch: int, members: Iterable[Rollo
     ]
 
 
+def _pick(
+    ledger: budgets.Ledger, candidates: Sequence[RolloutNode], *, size: int
+) -> tuple[list[RolloutNode], dict[str, tuple[str, str]]]:
+    """Up to `size` candidates in pick order, skipping those whose shared DisruptionBudget has no free
+    slot (node -> (budget, why), for their waiting reason); the batch then takes the next candidates."""
+    picked: list[RolloutNode] = []
+    shared: dict[str, tuple[str, str]] = {}
+    for node in candidates:
+        if len(picked) >= size:
+            break
+        full = ledger.full(node.name)
+        if full is not None:
+            ledger.refuse(full)
+            shared[node.name] = (full.name, ledger.message(full))
+            continue
+        ledger.take(node.name)
+        picked.append(node)
+    return picked, shared
+
+
 def _eligible(node: RolloutNode) -> bool:
     """May this pending node be picked? A node cordoned by an admin may (it is out of service anyway,
     and it stays cordoned afterwards); a NotReady node or one held by another NodeWright may not."""
@@ -688,13 +728,14 @@ def _budget_full(
 ) -> set[str]:
     """Candidates the strategy wants in the current batch that the ceiling keeps out (`BudgetFull`).
 
-    When a batch opens in this plan, they are the wanted ones beyond the free slots. While a batch is
+    When a batch opens in this plan, they are the wanted ones beyond the free slots (`candidates`: those
+    neither picked nor held by a shared DisruptionBudget, `picked`: how many were). While a batch is
     open the strategy's size for it is still known (opening changes no persisted counter): the members
     it lacks are held by the budget when no slot is free for them -- without this, such nodes read
     `NotYetInBatch` from the second pass on, although a slot is what they wait for.
     """
     if wanted:
-        return {n.name for n in candidates[picked:wanted]}
+        return {n.name for n in candidates[: max(0, wanted - picked)]}
     if not batch:
         return set()
     raw = batches.strategy_batch_size(spec.strategy, state, total=total, ceiling=ceiling)
@@ -710,6 +751,7 @@ def _why_waiting(
     halted: bool,
     budget_full: bool,
     pacing: tuple[WaitReason, str] | None = None,
+    shared: tuple[str, str] | None = None,
 ) -> Waiting:
     def waiting(reason: WaitReason, message: str, detail: str | None = None) -> Waiting:
         return Waiting(node.name, compartment, reason, detail, message)
@@ -732,6 +774,9 @@ def _why_waiting(
         )
     if pacing is not None:
         return waiting(pacing[0], pacing[1])
+    if shared is not None:
+        budget, message = shared
+        return waiting(WaitReason.DISRUPTION_BUDGET, message, budget)
     if budget_full:
         return waiting(WaitReason.BUDGET_FULL, f"compartment {compartment!r} has no free slot")
     return waiting(WaitReason.NOT_YET_IN_BATCH, f"waiting for a later batch of {compartment!r}")

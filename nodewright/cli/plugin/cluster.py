@@ -1,4 +1,4 @@
-"""Reading the cluster for the plugin: NodeWrights, policies, nodes, package pods, Events, PDBs.
+"""Reading the cluster for the plugin: NodeWrights, policies, budgets, nodes, package pods, Events, PDBs.
 
 Everything is a GET or LIST through `nodewright.kube.client` (no watch, no cache). Nodes are listed
 before NodeWrights for the reason `nodewright plan` gives: the operator writes a NodeWright's batch
@@ -39,6 +39,8 @@ class ClusterState:
     policies: dict[str, DeploymentPolicy]
     policy_objects: dict[str, JSON]
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
+    budget_objects: list[JSON] = field(default_factory=list)
+    """DisruptionBudgets (none when their CRD is not installed)."""
 
     def nodewright(self, name: str) -> NodeWright:
         model = self.nodewrights.get(name)
@@ -65,11 +67,15 @@ class ClusterState:
 
 async def read_state(client: KubeClient, *, label_selector: str | None = None) -> ClusterState:
     from nodewright.controller.context import ModelCache
-    from nodewright.kube.resources import DEPLOYMENTPOLICIES, NODES, NODEWRIGHTS
+    from nodewright.kube.resources import DEPLOYMENTPOLICIES, DISRUPTIONBUDGETS, NODES, NODEWRIGHTS, NotFound
 
     nodes = (await client.list(NODES, label_selector=label_selector)).items
     nw_objects = (await client.list(NODEWRIGHTS)).items
     policy_objects = (await client.list(DEPLOYMENTPOLICIES)).items
+    try:
+        budget_objects = (await client.list(DISRUPTIONBUDGETS)).items
+    except NotFound:
+        budget_objects = []  # an operator older than shared budgets: nothing to account for
     cache = ModelCache()
     models: dict[str, NodeWright] = {}
     invalid: dict[str, str] = {}
@@ -92,6 +98,7 @@ async def read_state(client: KubeClient, *, label_selector: str | None = None) -
         invalid=invalid,
         policies=policies,
         policy_objects={str(o["metadata"]["name"]): o for o in policy_objects},
+        budget_objects=budget_objects,
     )
 
 

@@ -9,7 +9,9 @@ computed here with the operator's own code, from the cluster as it is --
    by other NodeWrights and whether those are paused or disabled, NotReady, ignore label and untolerated
    taints, node-reported blocks such as a skipped drain, the earlier NodeWright it waits for by
    priority and sequencing), a node whose state does not decode is blocked with `StateMalformed` as in
-   the controller;
+   the controller; the DisruptionBudgets whose pools hold its nodes are read the same way
+   (`controller.budgets.shared_for`), so a node held by a full pool says `DisruptionBudget` and who
+   holds its slots;
 2. `plan.rollout.plan_rollout` with the NodeWright's persisted compartment statuses, its pause,
    disable and reset annotations and its order counter -- the very call the controller makes -- gives
    each node's phase and, for a node with pending work that is not admitted, its `Waiting` reason;
@@ -187,6 +189,7 @@ def analyse(
     runtime_taint_key: str = constants.DEFAULT_RUNTIME_REQUIRED_TAINT_KEY,
 ) -> Analysis:
     """Plan `name` from `state` exactly as the rollout controller's pass would."""
+    from nodewright.controller.budgets import shared_for
     from nodewright.controller.context import effective_nodewright, matches_nodewright, try_node_state
     from nodewright.controller.rollout import rollout_node
 
@@ -240,6 +243,7 @@ def analyse(
             if previous is not None and previous.rollout_fingerprint == fingerprint and previous.next_order
             else 0
         ),
+        shared_budgets=shared_for(name, state.budget_objects, state.nodes, matched=entries),
     )
     resolved = resolve_compartments(
         nodewright, policy=policy, nodes=[NodeRef(n.name, n.labels) for n in rollout_nodes]
@@ -522,6 +526,14 @@ def _explain_waiting(analysis: Analysis, entry: Entry, waiting: Waiting, answer:
             halt.message if halt is not None else "",
             f"after fixing the cause: kubectl nodewright policy reset {nw}"
             + (f" --compartment {comp}" if comp else ""),
+        )
+    if reason is WaitReason.DISRUPTION_BUDGET:
+        return answer(
+            reason.value,
+            waiting.message,
+            "a DisruptionBudget caps the disrupted nodes of its pool across every NodeWright: a slot frees"
+            " when one of those nodes settles or is uncordoned"
+            f" (kubectl get disruptionbudget {waiting.detail} -o yaml shows the slots)",
         )
     if reason is WaitReason.BUDGET_FULL and comp is not None:
         ours, others = analysis.slot_holders(comp)
