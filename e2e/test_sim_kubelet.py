@@ -125,6 +125,20 @@ async def create(client: KubeClient, pod: JSON) -> str:
     return f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}"
 
 
+async def bind(client: KubeClient, path: str, node: str) -> None:
+    """Bind an unbound pod to `node` as the operator does (POST pods/<name>/binding): the operator's
+    package pods are created unscheduled and start only once it binds them (docs/trust.md)."""
+    pod = await client.get(path)
+    meta = pod["metadata"]
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+    await client.create(f"{path}/binding", binding)
+
+
 async def wait_pod(
     client: KubeClient, path: str, check: Callable[[JSON], bool], what: str, within: float = 30
 ) -> JSON:
@@ -443,7 +457,9 @@ async def test_an_operator_package_pod_runs_the_agent_against_the_node_root(
         {"metadata": {"name": configmap}, "data": {"message.txt": "from the configmap"}},
     )
     try:
+        assert "nodeName" not in pod["spec"], "package pods are created unbound"
         path = await create(client, pod)
+        await bind(client, path, nodes.real)
         done = await wait_pod(client, path, phase_is("Running", "Failed"), "ran the package", within=60)
         logs = {
             c["name"]: cluster.kubectl(
@@ -457,6 +473,15 @@ async def test_an_operator_package_pod_runs_the_agent_against_the_node_root(
         history = json.loads((nodes.root / f"var/lib/skyhook/nw-{unique}/history/{name}.json").read_text())
         assert history["current-version"] == "1.0.0"
         assert "apply" in logs[f"{name}-apply"]
+        # One pod per transition: the same pod went on to config (a mode this package has no steps for).
+        assert [c["name"] for c in done["spec"]["initContainers"]][-2:] == [
+            f"{name}-config",
+            f"{name}-configcheck",
+        ]
+        assert all(
+            (s.get("state") or {}).get("terminated", {}).get("exitCode") == 0
+            for s in done["status"]["initContainerStatuses"]
+        ), done["status"]
     finally:
         await client.delete(f"/api/v1/namespaces/{NS}/configmaps/{configmap}")
 
