@@ -172,17 +172,29 @@ def classify_writes(table: Mapping[str, Mapping[str, int]]) -> WriteCounts:
 
 @dataclass(frozen=True, slots=True)
 class PackageShape:
-    """One package as the benchmark installs it: its stage count and whether it reboots the node."""
+    """One package as the benchmark installs it: its stage count, whether it reboots the node, and how
+    many pods its install takes (`pods_for`; 0: as many as stages)."""
 
     name: str
     stages: int
     depends_on: tuple[str, ...] = ()
     interrupt: bool = False
+    pods: int = 0
+
+    @property
+    def pod_count(self) -> int:
+        return self.pods or self.stages
 
 
 def stages_for(*, interrupt: bool) -> int:
     """Stages of a fresh install: apply, config, and interrupt, post-interrupt when it interrupts."""
     return 4 if interrupt else 2
+
+
+def pods_for(*, interrupt: bool) -> int:
+    """Pods of a fresh install: one for apply + config (one pod per transition, `plan.podspec.
+    transition_stages`), and one each for the interrupt and post-interrupt when it interrupts."""
+    return 3 if interrupt else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,15 +209,17 @@ def minimum_writes(packages: Sequence[PackageShape], *, workload_pods_per_node: 
 
     Per node:
     - 1 admission (the rollout controller records batch membership on the node);
-    - per stage: 1 pod create and 1 pod delete (every stage is its own pod; a package pod's pause
-      container never exits, so the pod must be removed), and 1 binding that places the created pod on
-      its node together with its seal over its uid (the uid exists only once the pod does, and the pod
-      must not run unsealed; see `controller.context.PodSigner`);
+    - per pod: 1 pod create and 1 pod delete (a package pod's pause container never exits, so the pod
+      must be removed), and 1 binding that places the created pod on its node together with its seal
+      over its uid (the uid exists only once the pod does, and the pod must not run unsealed; see
+      `controller.context.PodSigner`). One pod runs every stage of a transition up to the next
+      interrupt (an install: apply and config in one pod), so an install without interrupt is 1 pod;
     - state annotation writes: the start of a node's work must be durable before the first pod exists
-      (1 write: all root packages start together once admitted), and every stage completion is a
-      durable transition (1 write each), which also records the next stage's start, or the package's
-      completion and the start of the packages depending on it. So `stages + 1`. (Completions that
-      happen to coincide could share a write; the minimum does not count on lucky timing.)
+      (1 write: all root packages start together once admitted), and every pod's end is a durable
+      transition (1 write each, for all the stages the pod ran), which also records the next pod's
+      start, or the package's completion and the start of the packages depending on it. So `pods + 1`.
+      (Completions that happen to coincide could share a write; the minimum does not count on lucky
+      timing.)
     - the node condition `nodewright.io/<nw>` costs no request of its own without an interrupt: the
       node status subresource takes metadata too, so it rides on the state writes (the last one sets
       it True). With an interrupt the last state write also uncordons, which is `spec` and cannot go
@@ -213,14 +227,14 @@ def minimum_writes(packages: Sequence[PackageShape], *, workload_pods_per_node: 
     - with an interrupt: cordon and uncordon (2), and one eviction per workload pod.
     The NodeWright status and Events are per rollout / optional and are reported separately.
     """
-    stages = sum(p.stages for p in packages)
+    pods = sum(p.pod_count for p in packages)
     interrupts = any(p.interrupt for p in packages)
     breakdown = {
         "admission": 1,
-        "pod_create": stages,
-        "pod_bind": stages,
-        "pod_delete": stages,
-        "state": stages + 1,
+        "pod_create": pods,
+        "pod_bind": pods,
+        "pod_delete": pods,
+        "state": pods + 1,
         "condition": 1 if interrupts else 0,
         "cordon_uncordon": 2 if interrupts else 0,
         "evictions": workload_pods_per_node if interrupts else 0,

@@ -167,12 +167,13 @@ def package_name(index: int) -> str:
 
 
 def package_shapes(cfg: Config) -> list[analysis.PackageShape]:
-    """P chained packages (pkg-a <- pkg-b <- ...), no interrupt: apply + config each."""
+    """P chained packages (pkg-a <- pkg-b <- ...), no interrupt: apply + config each, in one pod."""
     return [
         analysis.PackageShape(
             name=package_name(i),
             stages=analysis.stages_for(interrupt=False),
             depends_on=(package_name(i - 1),) if i > 0 else (),
+            pods=analysis.pods_for(interrupt=False),
         )
         for i in range(cfg.packages)
     ]

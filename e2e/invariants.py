@@ -289,6 +289,37 @@ def pod_outcome(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
+def pod_stages(pod: Mapping[str, Any]) -> tuple[tuple[str, ...], frozenset[str]]:
+    """(the stages a package pod runs, in order; those that succeeded), from its init containers.
+
+    A package pod runs each stage of its transition as `<package>-<stage>` then `<package>-<stage>check`
+    (an install pod: apply and config); a stage succeeded when both exited 0. An interrupt pod (one
+    `interrupt` container) runs the stage of its label.
+    """
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    package, label = labels.get(c.POD_LABEL_PACKAGE, ""), labels.get(c.POD_LABEL_STAGE, "")
+    prefix = f"{package}-"
+    names = [str(x.get("name", "")) for x in (pod.get("spec") or {}).get("initContainers") or []]
+    stages = tuple(
+        n[len(prefix) :]
+        for n in names
+        if n.startswith(prefix) and n != f"{package}-init" and not n.endswith("check")
+    ) or ((label,) if label else ())
+    exited = {
+        str(st.get("name", ""))
+        for st in (pod.get("status") or {}).get("initContainerStatuses") or []
+        if ((st.get("state") or {}).get("terminated") or {}).get("exitCode", 1) == 0
+    }
+    ok = frozenset(
+        stage
+        for stage in stages
+        if f"{prefix}{stage}" in exited
+        and (f"{prefix}{stage}check" not in names or f"{prefix}{stage}check" in exited)
+    )
+    return stages, ok
+
+
 @dataclass
 class PodRecord:
     """What the checks need of a pod; package pods stay in the run history after they are gone."""
@@ -308,6 +339,21 @@ class PodRecord:
     gone: bool = False
     vanished: bool = False
     """Deleted inside a watch gap: the outcome is the last one seen, which may not be the final one."""
+    stages: tuple[str, ...] = ()
+    """The stages the pod runs, in order (`pod_stages`)."""
+    stages_ok: frozenset[str] = frozenset()
+    """The stages its init containers say succeeded (a recorded success survives later status changes)."""
+
+    @property
+    def reached(self) -> tuple[str, bool]:
+        """(the last stage the pod got to, whether it succeeded there): the stage that failed, or the
+        last one when every stage succeeded, for I7."""
+        stages = self.stages or (self.stage,)
+        ok = self.stages_ok or (frozenset(stages) if self.outcome == "succeeded" else frozenset())
+        for stage in stages:
+            if stage not in ok:
+                return stage, False
+        return stages[-1], True
 
     @property
     def key(self) -> tuple[str, str]:
@@ -347,6 +393,8 @@ class PodRecord:
         out = f"{self.namespace}/{self.name} ({state}"
         if self.is_package:
             out += f", stage {self.stage}, outcome {self.outcome or 'none'}"
+            if len(self.stages) > 1:
+                out += f", stages {'+'.join(self.stages)} (ok: {'+'.join(sorted(self.stages_ok)) or 'none'})"
         return out + f", created {self.created_at})"
 
 
@@ -365,6 +413,10 @@ class StagePod:
     or None: it never finished while the monitor saw it (deleted while running, or still running)."""
     outcome_unknown: bool
     """It vanished inside a watch gap before an outcome was seen."""
+    stages: tuple[str, ...] = ()
+    """The stages the pod runs, in order (an install pod: apply and config)."""
+    succeeded: tuple[str, ...] = ()
+    """The stages it ran successfully (its init containers; an interrupt: as `outcome`)."""
 
 
 def _pod_record(obj: Mapping[str, Any], old: PodRecord | None) -> PodRecord:
@@ -378,6 +430,7 @@ def _pod_record(obj: Mapping[str, Any], old: PodRecord | None) -> PodRecord:
         except (ValueError, AttributeError):
             interrupt_type = "unparseable"
     outcome = pod_outcome(obj)
+    stages, ok = pod_stages(obj)
     return PodRecord(
         namespace=meta.get("namespace", ""),
         name=meta.get("name", ""),
@@ -392,6 +445,8 @@ def _pod_record(obj: Mapping[str, Any], old: PodRecord | None) -> PodRecord:
         created_at=meta.get("creationTimestamp", ""),
         interrupt_type=interrupt_type,
         boot_at_create=old.boot_at_create if old else None,
+        stages=stages,
+        stages_ok=ok | (old.stages_ok if old else frozenset()),
     )
 
 
@@ -616,6 +671,8 @@ class InvariantMonitor:
         for p in pods:
             done = p.stage in INTERRUPT_STAGES and self._interrupt_done(p)
             outcome = "succeeded" if done else p.outcome
+            stages = p.stages or (p.stage,)
+            ok = p.stages_ok or (frozenset(stages) if outcome == "succeeded" else frozenset())
             out.append(
                 StagePod(
                     name=p.name,
@@ -626,6 +683,8 @@ class InvariantMonitor:
                     stage=p.stage,
                     outcome=outcome,
                     outcome_unknown=p.vanished and outcome is None,
+                    stages=stages,
+                    succeeded=tuple(s for s in stages if s in ok),
                 )
             )
         return out
@@ -1300,23 +1359,26 @@ class InvariantMonitor:
             # Its outcome fell into a watch gap: whether this successor may follow cannot be judged.
             last = None
         if not problem and last is not None and stage not in RUN_START_STAGES:
-            ok_last = last.outcome == "succeeded"
+            # A pod runs every stage of its transition (an install pod: apply, then config): what counts
+            # is the stage it got to -- the one it failed in, or its last one -- and whether it
+            # succeeded there, as its init containers say.
+            reached, ok_last = last.reached
             if stage == "config":
-                if last.stage in ("apply", "upgrade") and not ok_last:
-                    problem = f"config before {last.stage} succeeded (last: {last.describe()})"
-                elif last.stage in ("uninstall", "uninstall-interrupt"):
-                    problem = f"config after {last.stage} without a new apply (last: {last.describe()})"
+                if reached in ("apply", "upgrade") and not ok_last:
+                    problem = f"config before {reached} succeeded (last: {last.describe()})"
+                elif reached in ("uninstall", "uninstall-interrupt"):
+                    problem = f"config after {reached} without a new apply (last: {last.describe()})"
             elif stage == "interrupt":
-                if not (last.stage == "config" and ok_last) and last.stage != "interrupt":
+                if not (reached == "config" and ok_last) and reached != "interrupt":
                     problem = f"interrupt not preceded by a successful config (last: {last.describe()})"
             elif stage == "post-interrupt":
                 carriers = self._interrupts.get((rec.nodewright, rec.node), [])
                 since = [
-                    p for p in carriers if p.created_rv > (last.created_rv if last.stage == "config" else 0)
+                    p for p in carriers if p.created_rv > (last.created_rv if reached == "config" else 0)
                 ]
-                if last.stage == "post-interrupt":
+                if reached == "post-interrupt":
                     pass  # a retry
-                elif last.stage not in ("config", "interrupt") or (last.stage == "config" and not ok_last):
+                elif reached not in ("config", "interrupt") or (reached == "config" and not ok_last):
                     problem = f"post-interrupt not preceded by config and interrupt (last: {last.describe()})"
                 elif not since:
                     problem = f"post-interrupt without an interrupt pod on the node (last: {last.describe()})"
@@ -1326,8 +1388,8 @@ class InvariantMonitor:
                     problem = f"post-interrupt before the interrupt succeeded ({since[-1].describe()})"
             elif (
                 stage == "uninstall-interrupt"
-                and not (last.stage == "uninstall" and ok_last)
-                and last.stage != "uninstall-interrupt"
+                and not (reached == "uninstall" and ok_last)
+                and reached != "uninstall-interrupt"
             ):
                 problem = (
                     f"uninstall-interrupt without a successful uninstall before (last: {last.describe()})"

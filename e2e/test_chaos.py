@@ -35,7 +35,7 @@ import asyncio
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -142,10 +142,21 @@ def _describe(pod: StagePod) -> str:
 
 
 def count_stage_runs(pods: list[StagePod], names: list[str]) -> tuple[list[str], list[str]]:
-    """(problems, notes): every expected (node, package, version, stage) must have exactly one success."""
+    """(problems, notes): every expected (node, package, version, stage) must have exactly one success.
+
+    A pod runs every stage of its transition (an install pod: apply, then config), so each pod counts
+    for each of its stages, as a success of those its init containers say succeeded.
+    """
     runs: dict[tuple[str, str, str, str], list[StagePod]] = defaultdict(list)
     for pod in pods:
-        runs[(pod.node, pod.package, pod.version, pod.stage)].append(pod)
+        for stage in pod.stages or (pod.stage,):
+            if stage in pod.succeeded:
+                outcome: str | None = "succeeded"
+            else:
+                outcome = None if pod.outcome == "succeeded" else pod.outcome
+            runs[(pod.node, pod.package, pod.version, stage)].append(
+                replace(pod, stage=stage, outcome=outcome)
+            )
     expected = {
         (node, pkg, "1.0.0", stage)
         for node in names

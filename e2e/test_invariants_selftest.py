@@ -551,6 +551,41 @@ async def test_i7_stage_order(scratch: Scratch, monitor: InvariantMonitor, uniqu
     assert "without an interrupt pod" in second.summary, monitor.report()
 
 
+async def test_i7_reads_how_far_an_install_pod_got(
+    scratch: Scratch, monitor: InvariantMonitor, unique: str
+) -> None:
+    """An install pod runs apply, then config: what it leaves done is read from its init containers."""
+    prefix = f"i7i-{unique}"
+    (node,) = await scratch.nodes(prefix, 1)
+    nw = prefix
+    install = ("apply", "config")
+    # Package c: the install pod fails in config: apply is done, so a config pod (the retry) may follow.
+    fail_config = {**FAST, "NODEWRIGHT_SIM_FAIL": "always", "NODEWRIGHT_SIM_FAIL_STAGES": "config"}
+    await scratch.package_pod(
+        name=f"{prefix}-c-apply", node=node, package="c", nodewright=nw, env=fail_config, stages=install
+    )
+    await wait_pod_outcome(scratch.client, scratch.ns, f"{prefix}-c-apply", "failed")
+    await monitor.sync()
+    await scratch.package_pod(
+        name=f"{prefix}-c-config", node=node, package="c", stage="config", nodewright=nw, env=FAST
+    )
+    await wait_pod_outcome(scratch.client, scratch.ns, f"{prefix}-c-config", "succeeded")
+    await monitor.sync()
+    assert not monitor.breaches_of("I7"), monitor.report()
+    # Package d: the install pod fails in apply: a config pod after it is a breach.
+    fail_apply = {**FAST, "NODEWRIGHT_SIM_FAIL": "always", "NODEWRIGHT_SIM_FAIL_STAGES": "apply"}
+    await scratch.package_pod(
+        name=f"{prefix}-d-apply", node=node, package="d", nodewright=nw, env=fail_apply, stages=install
+    )
+    await wait_pod_outcome(scratch.client, scratch.ns, f"{prefix}-d-apply", "failed")
+    await monitor.sync()
+    await scratch.package_pod(
+        name=f"{prefix}-d-config", node=node, package="d", stage="config", nodewright=nw, env=FAST
+    )
+    breach = await monitor.wait_for_breach("I7", node=node)
+    assert "config before apply succeeded" in breach.summary, monitor.report()
+
+
 async def test_i8_halted_compartment_admits(
     crds: None, scratch: Scratch, monitor: InvariantMonitor, unique: str
 ) -> None:

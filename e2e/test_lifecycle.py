@@ -114,7 +114,8 @@ async def test_upgrade_runs_upgrade_not_apply_and_config_change_runs_config_only
                 kube, prefix, nw, "complete", within=120, generation=await generation_of(kube, nw)
             )
             stages = sorted({stage for _, _, _, stage, _ in watch.created})
-            assert stages == ["config", "upgrade"], watch.created
+            # One pod per transition: the upgrade pod runs upgrade, then config.
+            assert stages == ["upgrade"], watch.created
         for node in nodes:
             state = state_of(node, nw)
             assert [e.version for e in state.packages] == ["1.1.0"], state
@@ -200,9 +201,11 @@ async def test_operator_killed_mid_rollout_resumes_without_rerunning(
         await asyncio.sleep(3)  # stages finish while nobody watches
         operator.start()
         await wait_statuses(kube, prefix, nw, "complete", within=120)
-        # Exactly one pod per (node, package, stage): nothing finished was re-run.
+        # Exactly one pod per (node, package): its install pod runs apply and config, and nothing
+        # finished was re-run.
         keys = [(node, pkg, stage) for _, node, pkg, stage, _ in watch.created]
-        assert len(keys) == len(set(keys)) == 4 * 2 * 2, sorted(keys)
+        assert len(keys) == len(set(keys)) == 4 * 2, sorted(keys)
+        assert {stage for _, _, stage in keys} == {"apply"}, sorted(keys)
         await delete_nodewright(kube, nw)
 
 
@@ -498,10 +501,8 @@ async def test_downgrade_installs_lower_version_and_keeps_the_newer_entry(
                 within=90,
                 generation=await generation_of(kube, free_nw),
             )
-            assert {(pkg, stage) for _, _, pkg, stage, _ in watch.created} == {
-                ("pkg", "apply"),
-                ("pkg", "config"),
-            }
+            # One install pod (apply, then config).
+            assert {(pkg, stage) for _, _, pkg, stage, _ in watch.created} == {("pkg", "apply")}
             state = state_of(nodes[0], free_nw)
             assert sorted(e.version for e in state.packages) == ["1.0.0", "2.0.0"], state
             guarded = await wait_statuses(kube, guarded_prefix, guarded_nw, "blocked", within=30)
@@ -557,7 +558,7 @@ async def test_uninstall_removes_the_entry_and_cancel_reinstalls(
                 kube, prefix, nw, "complete", within=90, generation=await generation_of(kube, nw)
             )
             stages = [stage for _, _, _, stage, _ in watch.created]
-            assert stages == ["uninstall", "apply", "config"], stages
+            assert stages == ["uninstall", "apply"], stages  # the install pod runs apply and config
         entry = state_of(nodes[0], nw).entry("pkg", "1.0.0")
         assert entry is not None and entry.state.value == "complete"
         await delete_nodewright(kube, nw)

@@ -473,6 +473,15 @@ async def test_an_operator_package_pod_runs_the_agent_against_the_node_root(
         history = json.loads((nodes.root / f"var/lib/skyhook/nw-{unique}/history/{name}.json").read_text())
         assert history["current-version"] == "1.0.0"
         assert "apply" in logs[f"{name}-apply"]
+        # One pod per transition: the same pod went on to config (a mode this package has no steps for).
+        assert [c["name"] for c in done["spec"]["initContainers"]][-2:] == [
+            f"{name}-config",
+            f"{name}-configcheck",
+        ]
+        assert all(
+            (s.get("state") or {}).get("terminated", {}).get("exitCode") == 0
+            for s in done["status"]["initContainerStatuses"]
+        ), done["status"]
     finally:
         await client.delete(f"/api/v1/namespaces/{NS}/configmaps/{configmap}")
 

@@ -279,9 +279,10 @@ async def test_a_recreated_apply_pod_is_deleted_and_never_counts(
         assert events == {"Node": node, "NodeWright": nw}
         assert (await untrusted_counts(operator))[reason] >= 1
 
-        await wait_statuses(kube, prefix, nw, "complete", within=120)
-        # Only the operator's own pods ran the stage: the config pod was created only after an apply pod
-        # with the genuine images, created after the forged one, had time to run its stage.
+        [done] = await wait_statuses(kube, prefix, nw, "complete", within=120)
+        # Only the operator's own pods ran the stages: the package completed only after an install pod
+        # (apply, then config) with the genuine images, created after the forged one, had time to run
+        # both its stages; no pod of another stage was needed.
         forged_at = pods.pods[forged_uid][2]
         successors = [
             (uid, at)
@@ -289,8 +290,10 @@ async def test_a_recreated_apply_pod_is_deleted_and_never_counts(
             if uid != forged_uid and _ts(at) >= _ts(forged_at) and imgs == genuine
         ]
         assert successors, pods.pods
-        [(_, _, config_at), *_] = pods.created("config")
-        assert _ts(config_at) >= _ts(successors[0][1]) + STAGE_SECONDS - 2, (pods.pods, forged_at)
+        assert pods.created("config") == [], pods.pods
+        complete = decode(done["metadata"]["annotations"][f"nodewright.io/state.{nw}"]).entry("tool", "1.0.0")
+        assert complete is not None and complete.updated, complete
+        assert _ts(complete.updated) >= _ts(successors[0][1]) + 2 * STAGE_SECONDS - 2, (pods.pods, complete)
         assert [imgs for uid, imgs, _ in pods.created("apply") if uid != forged_uid and imgs != genuine] == []
         await delete_nodewright(kube, nw)
 

@@ -7,6 +7,11 @@ checks the safety invariants on the plan, writes the state, executes the actions
 pods finish according to a scripted `Outcomes` policy, reboots change the bootID (the node is NotReady
 for a moment and may garbage-collect pods), evicted pods terminate, protected pods finish.
 
+A pod runs the stages of its transition (`stages.pod_stages`: apply and config in one install pod) and
+reports them as the controller reads init container statuses (`PodSummary.progress`): fate
+`"fail@config"` fails the pod in its config stage with apply done (a pod without that stage succeeds),
+`"fail"` in its first stage.
+
 Invariants checked at every step (violations raise `InvariantError`):
 - no package entry skips a stage (state transitions follow the stage machine);
 - no pre-interrupt/interrupt pod of an interrupt-bearing run is created on an uncordoned node;
@@ -60,7 +65,9 @@ from nodewright.plan.stages import (
     PodOutcome,
     PodSummary,
     RetryPolicy,
+    StageProgress,
     next_stage,
+    pod_stages,
     run_interrupt,
 )
 
@@ -196,6 +203,7 @@ class FakeNode:
             spec_hash=action.spec_hash,
             created=self.now,
             outcome=PodOutcome.RUNNING,
+            progress=_progress(action.stage, done=0),
         )
         itype = action.interrupt.type if action.interrupt else None
         self.pods[action.name] = FakePod(summary, self.outcomes(action), itype)
@@ -235,9 +243,18 @@ class FakeNode:
                     # The agent is killed by the reboot: the pod shows up Failed afterwards.
                     pod.summary = replace(pod.summary, outcome=PodOutcome.FAILED, message="killed by reboot")
                 else:
-                    pod.summary = replace(pod.summary, outcome=PodOutcome.SUCCEEDED)
-            elif pod.fate == "fail":
-                pod.summary = replace(pod.summary, outcome=PodOutcome.FAILED, message="exit code 1")
+                    pod.summary = _succeeded(pod.summary)
+            elif pod.fate.startswith("fail@") and pod.fate[5:] not in [s.value for s in pod.summary.stages]:
+                pod.summary = _succeeded(pod.summary)  # the failing stage is not one this pod runs
+            elif pod.fate == "fail" or pod.fate.startswith("fail@"):
+                values = [s.value for s in pod.summary.stages]
+                at = values.index(pod.fate[5:]) if pod.fate.startswith("fail@") else 0
+                pod.summary = replace(
+                    pod.summary,
+                    outcome=PodOutcome.FAILED,
+                    message="exit code 1",
+                    progress=_progress(pod.summary.stage, done=at),
+                )
             elif pod.fate == "pull_error":
                 pod.summary = replace(pod.summary, outcome=PodOutcome.PULL_ERROR, message="ImagePullBackOff")
             # "hang": stays running until the planner's stage deadline deletes it.
@@ -322,6 +339,21 @@ class FakeNode:
             raise InvariantError("uncordoned a node this NodeWright did not cordon")
 
 
+def _progress(stage: PackageStage, *, done: int) -> tuple[StageProgress, ...]:
+    """A non-interrupt pod's stages with the first `done` of them finished (interrupt pods: none)."""
+    if stage in INTERRUPT_STAGES:
+        return ()
+    return tuple(StageProgress(s, done=i < done) for i, s in enumerate(pod_stages(stage)))
+
+
+def _succeeded(summary: PodSummary) -> PodSummary:
+    return replace(
+        summary,
+        outcome=PodOutcome.SUCCEEDED,
+        progress=_progress(summary.stage, done=len(summary.stages)),
+    )
+
+
 def _deleted(plan: NodePlan, name: str) -> bool:
     return any(isinstance(a, DeletePod) and a.name == name for a in plan.actions)
 
@@ -329,9 +361,12 @@ def _deleted(plan: NodePlan, name: str) -> bool:
 def _check_transition(nw: NodeWright, prev: PackageEntry, new: PackageEntry) -> None:
     if prev.stage == new.stage:
         return
-    allowed: set[PackageStage] = set()
+    # One pod runs every stage of its transition: the entry may move to any later stage of that pod
+    # (the pod failed there) or past its last one.
+    chain = pod_stages(prev.stage)
+    allowed: set[PackageStage] = set(chain[1:])
     for has in (True, False):
-        nxt = next_stage(prev.stage, has_interrupt=has)
+        nxt = next_stage(chain[-1], has_interrupt=has)
         if not isinstance(nxt, Done):
             allowed.add(nxt)
     if prev.state == PackageState.COMPLETE:

@@ -85,34 +85,61 @@ def test_percentile_linear_between_ranks() -> None:
 
 
 def test_minimum_writes_without_interrupt() -> None:
+    one_pod = analysis.pods_for(interrupt=False)
     chain = [
-        PackageShape("a", 2),
-        PackageShape("b", 2, depends_on=("a",)),
-        PackageShape("c", 2, depends_on=("b",)),
+        PackageShape("a", 2, pods=one_pod),
+        PackageShape("b", 2, depends_on=("a",), pods=one_pod),
+        PackageShape("c", 2, depends_on=("b",), pods=one_pod),
     ]
     m = analysis.minimum_writes(chain)
-    # admission 1 + creates 6 + seals 6 + deletes 6 + state (6 stages + 1 start) 7; condition rides on state
+    # One pod per install (apply + config): admission 1 + creates 3 + seals 3 + deletes 3 + state (3 pod
+    # ends + 1 start) 4; the condition rides on the state writes.
     assert m.breakdown == {
         "admission": 1,
-        "pod_create": 6,
-        "pod_bind": 6,
-        "pod_delete": 6,
-        "state": 7,
+        "pod_create": 3,
+        "pod_bind": 3,
+        "pod_delete": 3,
+        "state": 4,
         "condition": 0,
         "cordon_uncordon": 0,
         "evictions": 0,
     }
-    assert m.per_node == 26
-    assert m.per_node_package == pytest.approx(26 / 3)
+    assert m.per_node == 14
+    assert m.per_node_package == pytest.approx(14 / 3)
+
+
+def test_minimum_writes_counts_a_pod_per_stage_when_told_nothing_else() -> None:
+    m = analysis.minimum_writes([PackageShape("a", 2), PackageShape("b", 2, depends_on=("a",))])
+    assert m.breakdown["pod_create"] == 4 and m.breakdown["state"] == 5
+    assert m.per_node == 18
 
 
 def test_minimum_writes_with_interrupt_counts_cordon_and_evictions() -> None:
     m = analysis.minimum_writes(
-        [PackageShape("k", analysis.stages_for(interrupt=True), interrupt=True)], workload_pods_per_node=2
+        [
+            PackageShape(
+                "k",
+                analysis.stages_for(interrupt=True),
+                interrupt=True,
+                pods=analysis.pods_for(interrupt=True),
+            )
+        ],
+        workload_pods_per_node=2,
     )
-    # 1 + 4 + 4 + 4 + 5 + 1 + 2 + 2
-    assert m.per_node == 23
+    # 3 pods (apply + config, interrupt, post-interrupt): 1 + 3 + 3 + 3 + 4 + condition 1 + 2 + 2
+    assert m.per_node == 19
+    assert m.breakdown["pod_create"] == 3
     assert m.breakdown["evictions"] == 2
+
+
+def test_the_benchmark_installs_one_pod_per_package() -> None:
+    from benchmarks import run
+
+    cfg = run.parse_args(["--nodes", "50", "--smoke"])
+    shapes = run.package_shapes(cfg)
+    assert [s.pod_count for s in shapes] == [1] * len(shapes)
+    # The smoke run (2 chained packages): 1 + 2 + 2 + 2 + 3 writes per node.
+    assert analysis.minimum_writes(shapes).per_node == 10
 
 
 def test_node_duration_is_the_critical_path() -> None:

@@ -101,8 +101,8 @@ class Env:
         return {admission_annotation("nw"): encode_admission(adm)}
 
     async def first_stage_done(self) -> None:
-        """Admit n1, let the node controller start the apply pod, and let that pod succeed (informers
-        up to date)."""
+        """Admit n1, let the node controller start the install pod (apply and config), and let that pod
+        succeed (informers up to date)."""
         self.put_node(node_obj(self.admit()))
         await self.reconciler.reconcile("nw/n1")
         [pod] = self.pods()
@@ -240,8 +240,16 @@ async def test_malformed_state_is_never_overwritten(env: Env) -> None:
     assert env.kube.count("PATCH") == patches, "reported once; nothing written while it stays malformed"
 
 
-async def test_finished_pod_advances_to_config_in_one_patch(env: Env) -> None:
+async def test_finished_install_pod_completes_the_package_in_one_patch(env: Env) -> None:
     await env.first_stage_done()
+    [pod] = env.pods()
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == [
+        "tool-init",
+        "tool-apply",
+        "tool-applycheck",
+        "tool-config",
+        "tool-configcheck",
+    ]
 
     def node_writes() -> int:
         return sum(
@@ -254,14 +262,37 @@ async def test_finished_pod_advances_to_config_in_one_patch(env: Env) -> None:
     await env.reconciler.reconcile("nw/n1")
     state = decode(env.node()["metadata"]["annotations"][constants.state_annotation("nw")])
     entry = state.entry("tool", "1.0.0")
-    assert entry is not None and entry.stage == PackageStage.CONFIG
+    assert entry is not None and entry.stage == PackageStage.CONFIG and entry.state == PackageState.COMPLETE
     assert node_writes() - patches == 1, "state, status label and condition written in one patch"
     condition = next(
         c for c in env.node()["status"]["conditions"] if c["type"] == constants.node_condition_type("nw")
     )
-    assert "config" in condition["message"]
-    stages = sorted(p["metadata"]["labels"][constants.POD_LABEL_STAGE] for p in env.pods())
-    assert stages == ["config"], "the finished apply pod was deleted and the config pod created"
+    assert condition["status"] == "True" and "complete" in condition["message"]
+    assert env.node()["metadata"]["labels"][constants.status_label("nw")] == "complete"
+    assert env.pods() == [], "the finished pod was deleted; no pod of its own for config"
+
+
+async def test_a_pod_failing_in_config_is_recorded_in_one_patch_and_retried_from_config(env: Env) -> None:
+    env.put_node(node_obj(env.admit()))
+    await env.reconciler.reconcile("nw/n1")
+    [pod] = env.pods()
+    statuses = []
+    for container in pod["spec"]["initContainers"]:
+        code = 1 if container["name"] == "tool-config" else 0
+        statuses.append({"name": container["name"], "state": {"terminated": {"exitCode": code}}})
+        if code:
+            break
+    pod["status"] = {"phase": "Failed", "initContainerStatuses": statuses}
+    env.rt.nodes.upsert(trim_node(env.node()))
+    env.rt.pods.upsert(trim_pod(pod))
+    patches = env.kube.count("PATCH", "/nodes/n1")
+    await env.reconciler.reconcile("nw/n1")
+    assert env.kube.count("PATCH", "/nodes/n1") - patches == 1
+    state = decode(env.node()["metadata"]["annotations"][constants.state_annotation("nw")])
+    entry = state.entry("tool", "1.0.0")
+    assert entry is not None and entry.stage == PackageStage.CONFIG and entry.retry_at is not None
+    assert "config failed" in entry.error and "tool-config exited 1" in entry.error
+    assert env.kube.count("DELETE", "/pods/") == 1 and env.kube.count("POST", ends="/pods") == 1
 
 
 async def test_uncordon_only_when_we_cordoned(env: Env) -> None:
@@ -390,7 +421,7 @@ async def test_a_deleted_pod_is_not_deleted_again_before_the_watch_shows_it(env:
     env.rt.nodes.upsert(trim_node(env.node()))
     await env.reconciler.reconcile("nw/n1")
     assert env.kube.count("DELETE", "/pods/") == 1
-    assert env.kube.count("POST", ends="/pods") == 2
+    assert env.kube.count("POST", ends="/pods") == 1  # apply and config ran in the one pod
 
 
 async def test_node_metadata_falls_back_to_its_own_patch_when_status_drops_it(env: Env) -> None:
@@ -445,11 +476,6 @@ async def test_a_state_write_never_resurrects_an_older_state(env: Env) -> None:
 
 async def test_settling_consumes_the_admission_in_the_same_write(env: Env) -> None:
     await env.first_stage_done()
-    await env.reconciler.reconcile("nw/n1")  # config pod
-    for pod in env.pods():
-        _finish_init_containers(pod)
-        env.rt.pods.upsert(trim_pod(pod))
-    env.rt.nodes.upsert(trim_node(env.node()))
     writes_before = env.kube.count("PATCH")
     await env.reconciler.reconcile("nw/n1")
     node = env.node()

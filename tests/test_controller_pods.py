@@ -6,7 +6,7 @@ from typing import Any
 
 from nodewright.api import constants
 from nodewright.api.nodestate import PackageStage
-from nodewright.controller.pods import classify, failed_container, summarize
+from nodewright.controller.pods import classify, failed_container, stage_progress, summarize
 from nodewright.kube.trim import trim_pod
 from nodewright.plan.stages import PodOutcome
 
@@ -102,3 +102,64 @@ def test_summary_of_pod_with_incomplete_identity_is_none() -> None:
     bad_stage = pod("Pending", [])
     bad_stage["metadata"]["labels"][constants.POD_LABEL_STAGE] = "explode"
     assert summarize(bad_stage, version_of={}) is None
+
+
+INSTALL = ["tool-init", "tool-apply", "tool-applycheck", "tool-config", "tool-configcheck"]
+
+
+def install_pod(phase: str, statuses: list[dict[str, Any]]) -> dict[str, Any]:
+    full = pod(phase, statuses)
+    full["spec"]["initContainers"] = [{"name": n, "image": "x"} for n in INSTALL]
+    return full
+
+
+def timed(name: str, code: int, started: str, finished: str) -> dict[str, Any]:
+    reason = "Completed" if code == 0 else "Error"
+    detail = {"exitCode": code, "reason": reason, "startedAt": started, "finishedAt": finished}
+    return {"name": name, "state": {"terminated": detail}}
+
+
+def test_an_install_pod_reports_each_stage_with_the_times_of_its_containers() -> None:
+    statuses = [
+        timed("tool-init", 0, "2024-01-01T00:00:01Z", "2024-01-01T00:00:02Z"),
+        timed("tool-apply", 0, "2024-01-01T00:00:02Z", "2024-01-01T00:00:04Z"),
+        timed("tool-applycheck", 0, "2024-01-01T00:00:04Z", "2024-01-01T00:00:05Z"),
+        timed("tool-config", 0, "2024-01-01T00:00:05Z", "2024-01-01T00:00:07Z"),
+        timed("tool-configcheck", 1, "2024-01-01T00:00:07Z", "2024-01-01T00:00:08Z"),
+    ]
+    # The trimmed pod (what the informer caches) still has the times.
+    summary = summarize(trim_pod(install_pod("Failed", statuses)), version_of={})
+    assert summary is not None and summary.outcome is PodOutcome.FAILED
+    apply, config = summary.progress
+    assert (apply.stage, apply.done, config.stage, config.done) == (
+        PackageStage.APPLY,
+        True,
+        PackageStage.CONFIG,
+        False,
+    )
+    assert apply.started is not None and apply.started.second == 2
+    assert apply.finished is not None and apply.finished.second == 5  # the check's finish
+    assert config.started is not None and config.started.second == 5
+    assert stage_progress(install_pod("Failed", statuses), "tool") == summary.progress
+
+
+def test_a_stage_is_not_done_until_its_check_exited_zero() -> None:
+    running = [
+        term("tool-init", 0),
+        term("tool-apply", 0),
+        {"name": "tool-applycheck", "state": {"running": {}}},
+    ]
+    progress = stage_progress(install_pod("Pending", running), "tool")
+    assert [(p.stage, p.done) for p in progress] == [
+        (PackageStage.APPLY, False),
+        (PackageStage.CONFIG, False),
+    ]
+    done = [term(n, 0) for n in INSTALL[:3]] + [waiting("tool-config", "PodInitializing")]
+    progress = stage_progress(install_pod("Pending", done), "tool")
+    assert [(p.stage, p.done) for p in progress] == [(PackageStage.APPLY, True), (PackageStage.CONFIG, False)]
+
+
+def test_an_interrupt_pod_has_no_stage_containers() -> None:
+    full = pod("Running", [term("interrupt", 0)])
+    full["spec"]["initContainers"] = [{"name": "interrupt", "image": "x"}]
+    assert stage_progress(full, "tool") == ()

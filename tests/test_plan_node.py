@@ -46,7 +46,7 @@ from nodewright.plan.node import (
     WaitForProtectedPods,
     plan_node,
 )
-from nodewright.plan.stages import PodOutcome, PodSummary, RetryPolicy
+from nodewright.plan.stages import PodOutcome, PodSummary, RetryPolicy, StageProgress, pod_stages
 from tests.planfake import T0, FakeNode
 
 REBOOT = Interrupt(type=InterruptType.REBOOT)
@@ -91,7 +91,8 @@ def test_admitted_fresh_node_installs_without_cordon() -> None:
     node = FakeNode(make_nw())
     plan = node.run()
     assert plan.status == Status.COMPLETE and plan.condition.status == "True"
-    assert [c.stage for c in node.created] == [PackageStage.APPLY, PackageStage.CONFIG]
+    # One pod per transition: apply and config run in the same pod, one state write when it ends.
+    assert [c.stage for c in node.created] == [PackageStage.APPLY]
     assert not any(isinstance(a, (Cordon, Drain, Uncordon)) for p in node.plans for a in p.actions)
     assert plan.state.admission is None and plan.state.generation == 1
     assert any(getattr(a, "reason", "") == "NodeComplete" for a in plan.actions)
@@ -107,13 +108,16 @@ def test_work_in_flight_continues_without_admission() -> None:
 
 def test_paused_creates_nothing_but_observes() -> None:
     nw = make_nw()
-    node = FakeNode(nw)
+    node = FakeNode(nw, outcomes=lambda _: "fail@config")
     node.step()
     node.nodewright = make_nw({constants.ANNOTATION_PAUSE: "true"})
-    plan = node.step()  # the apply pod succeeded meanwhile: recorded, config not started
+    plan = node.step()  # the pod failed in config meanwhile: recorded (apply done), no retry started
     assert plan.status == Status.PAUSED
     assert not creates(plan)
-    assert plan.state.entry("pa", "1.0.0").stage == PackageStage.CONFIG  # type: ignore[union-attr]
+    entry = plan.state.entry("pa", "1.0.0")
+    assert entry is not None and entry.stage == PackageStage.CONFIG and entry.retry_at is not None
+    for _ in range(5):
+        assert not creates(node.step())
 
 
 def test_disabled_starts_nothing_and_releases_its_cordon_when_nothing_runs() -> None:
@@ -211,8 +215,7 @@ def test_interrupt_flow_cordon_wait_drain_reboot_uncordon() -> None:
     assert seq[0] == "Cordon" and seq[-1] == "Uncordon"
     assert seq.index("WaitForProtectedPods") < seq.index("Drain") < seq.index("CreatePod")
     assert [c.stage for c in node.created] == [
-        PackageStage.APPLY,
-        PackageStage.CONFIG,
+        PackageStage.APPLY,  # apply and config, drained first
         PackageStage.INTERRUPT,
         PackageStage.POST_INTERRUPT,
     ]
@@ -247,7 +250,7 @@ def test_cordoned_by_someone_else_is_not_uncordoned() -> None:
 def test_protected_pods_rechecked_before_interrupt() -> None:
     nw = reboot_nw(pod_non_interrupt_labels=LabelSelector(match_labels={"job": "train"}))
     node = FakeNode(nw)
-    while not any(c.stage == PackageStage.CONFIG for c in node.created):
+    while not any(c.stage == PackageStage.APPLY for c in node.created):
         node.step()
     node.workload.append(
         workload("late", {"job": "train"})
@@ -367,9 +370,12 @@ def test_deadline_and_pull_error() -> None:
     nw = make_nw(packages={"pa": Package(version="1.0.0", image="x", stage_timeout="1m")})
     opts = PlanOptions(retry=RetryPolicy(stage_timeout=3600, pull_error_grace=30))
     state, pod = running_state(nw)
-    late = plan_node(inp(nw, state, pods=(summary(pod),), now=T0 + timedelta(seconds=61), options=opts))
+    # The install pod runs apply and config: the timeout counts per stage, 2 x 1m.
+    early = plan_node(inp(nw, state, pods=(summary(pod),), now=T0 + timedelta(seconds=119), options=opts))
+    assert not any(isinstance(a, DeletePod) for a in early.actions)
+    late = plan_node(inp(nw, state, pods=(summary(pod),), now=T0 + timedelta(seconds=121), options=opts))
     assert any(isinstance(a, DeletePod) for a in late.actions)
-    assert "did not finish within 1m" in late.state.entry("pa", "1.0.0").error  # type: ignore[union-attr]
+    assert "did not finish within 2m" in late.state.entry("pa", "1.0.0").error  # type: ignore[union-attr]
     pulling = plan_node(
         inp(
             nw,
@@ -504,7 +510,11 @@ def test_child_does_not_wait_for_unrelated_root() -> None:
         node.step()
     started = [(c.package, c.stage) for c in node.created]
     assert ("pb", PackageStage.APPLY) in started  # pc still hangs in apply
-    assert started.index(("pb", PackageStage.APPLY)) > started.index(("pa", PackageStage.CONFIG))
+    assert started.index(("pb", PackageStage.APPLY)) > started.index(("pa", PackageStage.APPLY))
+    # pb starts in the very plan that records pa complete (its dependency), not before.
+    first_pb = next(p for p in node.plans if any(c.package == "pb" for c in creates(p)))
+    pa = first_pb.state.entry("pa", "1.0.0")
+    assert pa is not None and pa.state == PackageState.COMPLETE
 
 
 def test_serial_one_package_at_a_time() -> None:
@@ -512,7 +522,7 @@ def test_serial_one_package_at_a_time() -> None:
     node = FakeNode(make_nw(packages=packages, serial=True))
     node.run()
     order = [c.package for c in node.created]
-    assert order == ["pa", "pa", "pb", "pb", "pc", "pc"]
+    assert order == ["pa", "pb", "pc"]
 
 
 # -- determinism / idempotence --------------------------------------------------------------------------
@@ -804,12 +814,94 @@ def test_cancelled_uninstall_whose_pod_was_replaced_reinstalls() -> None:
 
 def test_a_version_bump_mid_run_supersedes_the_unfinished_old_run() -> None:
     """The spec moves to 2.0.0 while 1.0.0 is still at config: 2.0.0 installs, the 1.0.0 run is gone."""
-    node = FakeNode(make_nw())
-    while not any(c.stage == PackageStage.CONFIG for c in node.created):
+    node = FakeNode(make_nw(), outcomes=lambda a: "fail@config" if a.version == "1.0.0" else "succeed")
+    while not node.state or not node.state.packages or node.state.packages[0].stage != PackageStage.CONFIG:
         node.step()
-    assert [(e.version, e.stage) for e in node.state.packages] == [("1.0.0", PackageStage.CONFIG)]  # type: ignore[union-attr]
+    assert node.state is not None
+    assert [(e.version, e.stage) for e in node.state.packages] == [("1.0.0", PackageStage.CONFIG)]
     node.nodewright = make_nw(packages={"pa": Package(version="2.0.0", image="ghcr.io/x/pa")})
     plan = node.run()
     assert plan.status.value == "complete"
     assert node.state is not None
     assert [(e.version, e.state) for e in node.state.packages] == [("2.0.0", PackageState.COMPLETE)]
+
+
+# -- one pod per transition ---------------------------------------------------------------------------
+
+
+def _progress(pod: CreatePod, done: int) -> tuple[StageProgress, ...]:
+    return tuple(StageProgress(s, done=i < done) for i, s in enumerate(pod_stages(pod.stage)))
+
+
+def test_an_install_pod_runs_apply_and_config_and_the_state_is_written_when_it_ends() -> None:
+    nw = make_nw()
+    state, pod = running_state(nw)
+    assert pod.stage == PackageStage.APPLY and pod_stages(pod.stage) == (
+        PackageStage.APPLY,
+        PackageStage.CONFIG,
+    )
+    # While it runs, whatever its init containers say, nothing is written: one write at the end.
+    halfway = summary(pod, progress=_progress(pod, 1))
+    running = plan_node(inp(nw, state, pods=(halfway,), now=T0 + timedelta(seconds=3)))
+    assert not running.state_changed and not creates(running)
+    done = plan_node(inp(nw, state, pods=(summary(pod, PodOutcome.SUCCEEDED, progress=_progress(pod, 2)),)))
+    entry = done.state.entry("pa", "1.0.0")
+    assert entry is not None and entry.state == PackageState.COMPLETE and entry.stage == PackageStage.CONFIG
+    assert entry.attempts == 1  # config's first attempt was the install pod
+    assert entry.config == config_hashes(nw.spec.packages["pa"].config_map)
+    assert done.status == Status.COMPLETE and DeletePod(pod.name, "attempt finished") in done.actions
+
+
+def test_a_failure_in_config_keeps_apply_done_and_retries_from_config() -> None:
+    nw = make_nw(packages={"pa": Package(version="1.0.0", image="x", max_attempts=2)})
+    state, pod = running_state(nw)
+    failed = summary(
+        pod, PodOutcome.FAILED, message="container pa-config exited 1", progress=_progress(pod, 1)
+    )
+    plan = plan_node(inp(nw, state, pods=(failed,), now=T0 + timedelta(seconds=4)))
+    entry = plan.state.entry("pa", "1.0.0")
+    assert entry is not None and entry.stage == PackageStage.CONFIG and entry.attempts == 1
+    assert entry.retry_at is not None and "attempt 1/2 of config failed" in entry.error
+    assert "pa-config exited 1" in entry.error and not creates(plan)
+    assert any(isinstance(a, DeletePod) and a.name == pod.name for a in plan.actions)
+    # The retry is a config pod (attempt 2): apply does not run again.
+    retry = plan_node(inp(nw, plan.state, now=T0 + timedelta(seconds=30)))
+    [again] = creates(retry)
+    assert again.stage == PackageStage.CONFIG and again.attempt == 2 and again.name != pod.name
+    # Attempts are bounded per stage: the second config failure gives up.
+    second = summary(again, PodOutcome.FAILED, message="exit 1", progress=_progress(again, 0))
+    final = plan_node(inp(nw, retry.state, pods=(second,), now=T0 + timedelta(seconds=40)))
+    gave_up = final.state.entry("pa", "1.0.0")
+    assert (
+        gave_up is not None
+        and gave_up.state == PackageState.ERRORING
+        and gave_up.stage == PackageStage.CONFIG
+    )
+    assert final.status == Status.ERRORING
+
+
+def test_a_single_stage_pod_of_an_older_operator_advances_only_as_far_as_it_ran() -> None:
+    """An apply pod built one stage per pod (before an operator upgrade) succeeds: config still runs."""
+    nw = make_nw()
+    state, pod = running_state(nw)
+    old_shape = summary(pod, PodOutcome.SUCCEEDED, progress=(StageProgress(PackageStage.APPLY, done=True),))
+    plan = plan_node(inp(nw, state, pods=(old_shape,)))
+    entry = plan.state.entry("pa", "1.0.0")
+    assert (
+        entry is not None and entry.stage == PackageStage.CONFIG and entry.state == PackageState.IN_PROGRESS
+    )
+    [config] = creates(plan)
+    assert config.stage == PackageStage.CONFIG and config.attempt == 1
+
+
+def test_one_state_write_per_pod_for_an_install_chain() -> None:
+    packages = {
+        "pa": Package(version="1.0.0", image="x"),
+        "pb": Package(version="1.0.0", image="x", depends_on={"pa": "1.0.0"}),
+        "pc": Package(version="1.0.0", image="x", depends_on={"pb": "1.0.0"}),
+    }
+    node = FakeNode(make_nw(packages=packages))
+    node.run()
+    writes = sum(1 for p in node.plans if p.state_changed)
+    # The start of the first package, then one per pod: its end records the next package's start.
+    assert len(node.created) == 3 and writes == 1 + 3, [kinds(p) for p in node.plans]

@@ -35,6 +35,8 @@ from nodewright.plan.podspec import (
     pod_node,
     safe_name,
     spec_hash,
+    transition_modes,
+    transition_stages,
 )
 
 OPTS = PodOptions(namespace="nw-system", agent_image="agent:1", pause_image="pause:3")
@@ -106,12 +108,22 @@ def test_package_pod() -> None:
     assert spec["hostPID"] and spec["hostNetwork"]
     assert spec["terminationGracePeriodSeconds"] == 90
     init = spec["initContainers"]
-    assert [c["name"] for c in init] == ["driver-init", "driver-apply", "driver-applycheck"]
+    # One pod per transition: the install runs apply and config, each with its check, in one pod; the
+    # containers, args and environment are the reference's (one payload copy, then the agent modes).
+    assert [c["name"] for c in init] == [
+        "driver-init",
+        "driver-apply",
+        "driver-applycheck",
+        "driver-config",
+        "driver-configcheck",
+    ]
     assert init[0]["image"] == "registry:5000/org/pkg:1.2.3"
     copy_dir = "/var/lib/skyhook/gpu-stack/driver-1.2.3-uid-1-4"
     assert init[0]["env"] == [{"name": "SKYHOOK_DIR", "value": copy_dir}]
-    assert init[1]["args"] == ["apply", "/root", copy_dir]
-    assert init[2]["args"] == ["apply-check", "/root", copy_dir]
+    assert [c["args"] for c in init[1:]] == [
+        [mode, "/root", copy_dir] for mode in ("apply", "apply-check", "config", "config-check")
+    ]
+    assert all(c["env"] == init[1]["env"] and c["image"] == init[1]["image"] for c in init[1:])
     env = env_of(init[1])
     assert env["SKYHOOK_NODE_ORDER"] == "7" and env["NODEWRIGHT_NODE_ORDER"] == "7"  # package cannot override
     assert env["COPY_RESOLV"] == "false"
@@ -141,6 +153,24 @@ def test_package_pod() -> None:
     assert meta["ownerReferences"][0]["uid"] == "uid-1" and meta["ownerReferences"][0]["controller"]
     assert len(meta["name"]) <= 63 and DNS_LABEL.match(meta["name"])
     assert spec["containers"][0]["image"] == "pause:3"
+
+
+def test_each_transition_is_one_pod_up_to_the_next_interrupt() -> None:
+    nw = nodewright(interrupt=Interrupt(type=InterruptType.REBOOT))
+    expected = {
+        PackageStage.APPLY: ["apply", "apply-check", "config", "config-check"],
+        PackageStage.UPGRADE: ["upgrade", "upgrade-check", "config", "config-check"],
+        PackageStage.CONFIG: ["config", "config-check"],
+        PackageStage.POST_INTERRUPT: ["post-interrupt", "post-interrupt-check"],
+        PackageStage.UNINSTALL: ["uninstall", "uninstall-check"],
+    }
+    for stage, modes in expected.items():
+        pod = build(nw, stage)
+        assert [c["args"][0] for c in pod["spec"]["initContainers"][1:]] == modes, stage
+        assert list(transition_modes(stage)) == modes
+        assert [s.value for s in transition_stages(stage)] == modes[::2]
+        assert pod["metadata"]["labels"][constants.POD_LABEL_STAGE] == stage.value  # the first stage
+        assert [c["name"] for c in pod["spec"]["containers"]] == ["pause"]
 
 
 def test_interrupt_pod() -> None:

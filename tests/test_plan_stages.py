@@ -99,12 +99,14 @@ def test_retry_backoff_and_give_up() -> None:
     assert last.gave_up and last.entry.state == PackageState.ERRORING and "exit 1" in last.entry.error
 
 
-def pod(outcome: PodOutcome, *, age: float = 0.0, message: str = "") -> PodSummary:
+def pod(
+    outcome: PodOutcome, *, age: float = 0.0, message: str = "", stage: PackageStage = PackageStage.CONFIG
+) -> PodSummary:
     return PodSummary(
         name="p",
         package="pa",
         version="1.0.0",
-        stage=PackageStage.APPLY,
+        stage=stage,
         attempt=1,
         spec_hash="h",
         created=T0 - timedelta(seconds=age),
@@ -132,6 +134,16 @@ def test_observe_deadline_and_pull_grace() -> None:
     assert (
         observe_pod(pod(PodOutcome.SUCCEEDED), e, now=T0, policy=policy).observation == Observation.SUCCEEDED
     )
+
+
+def test_the_stage_timeout_counts_per_stage_of_the_pod() -> None:
+    policy = RetryPolicy(stage_timeout=100)
+    e = entry(PackageStage.APPLY, attempts=1)
+    install = pod(PodOutcome.RUNNING, age=150, stage=PackageStage.APPLY)  # apply and config: 200 s
+    assert install.stages == (PackageStage.APPLY, PackageStage.CONFIG)
+    assert observe_pod(install, e, now=T0, policy=policy).recheck_after == 50
+    late = observe_pod(replace(install, created=T0 - timedelta(seconds=200)), e, now=T0, policy=policy)
+    assert late.observation == Observation.FAILED and "2 stages did not finish within 200s" in late.reason
 
 
 def test_for_package_reads_model_fields() -> None:
@@ -192,7 +204,7 @@ def scripted(data: st.DataObject, *, failures: bool) -> Any:
         if not failures:
             return "succeed"
         return data.draw(
-            st.sampled_from(["succeed", "succeed", "succeed", "fail", "pull_error", "hang"]),
+            st.sampled_from(["succeed", "succeed", "succeed", "fail", "fail@config", "pull_error", "hang"]),
             label=f"{action.package}/{action.stage}/{action.attempt}",
         )
 

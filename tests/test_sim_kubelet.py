@@ -345,9 +345,17 @@ def test_the_operators_package_pod_lands_in_the_node_root(tmp_path: Path) -> Non
     registry = tmp_path / "registry"
     (registry / "tuning").mkdir(parents=True)
     node_root = str(tmp_path / "roots" / "n1")
-    copy, step, check = manifest["spec"]["initContainers"]
+    # An install pod runs apply and config: the payload copy, then each stage and its check.
+    containers = manifest["spec"]["initContainers"]
+    assert [c["name"] for c in containers] == [
+        "tuning-init",
+        "tuning-apply",
+        "tuning-applycheck",
+        "tuning-config",
+        "tuning-configcheck",
+    ]
     specs = []
-    for container in (copy, step, check):
+    for container in containers:
         image = resolve_image(container["image"], agent_images=(), registries=[registry], is_dir=Path.is_dir)
         view = (
             str(tmp_path / "pod" / "images" / container["name"])
@@ -375,7 +383,8 @@ def test_the_operators_package_pod_lands_in_the_node_root(tmp_path: Path) -> Non
                 ),
             )
         )
-    (copy_image, copy_mounts, copy_spec), (_, step_mounts, step_spec), (_, _, check_spec) = specs
+    (copy_image, copy_mounts, copy_spec), (_, step_mounts, step_spec), (_, _, check_spec) = specs[:3]
+    (_, _, config_spec), (_, _, config_check_spec) = specs[3:]
     assert copy_image.kind is ImageKind.DIRECTORY and copy_image.directory == registry / "tuning"
     script = copy_spec.argv[2]
     assert copy_spec.argv[:2] == ("/bin/sh", "-c")
@@ -388,6 +397,8 @@ def test_the_operators_package_pod_lands_in_the_node_root(tmp_path: Path) -> Non
     copy_dir = copy_spec.env["SKYHOOK_DIR"]
     assert step_spec.argv == ("py", "-m", "nodewright.agent", "apply", node_root, copy_dir)
     assert check_spec.argv == ("py", "-m", "nodewright.agent", "apply-check", node_root, copy_dir)
+    assert config_spec.argv == ("py", "-m", "nodewright.agent", "config", node_root, copy_dir)
+    assert config_check_spec.argv == ("py", "-m", "nodewright.agent", "config-check", node_root, copy_dir)
     assert step_spec.env["MODE"] == "training" and step_spec.env["SKYHOOK_RESOURCE_ID"].startswith(
         "tune-uid-1-2_"
     )

@@ -294,3 +294,57 @@ def _outcome(pod: dict[str, Any]) -> str:
 def test_outcome_rule_with_jq(kwargs: dict[str, Any], expected: str) -> None:
     pod = fleet.package_pod_manifest(name="p", node="n1", **kwargs)
     assert _outcome(pod) == expected
+
+
+INSTALL = ("apply", "config")
+
+
+@pytest.mark.skipif(JQ is None, reason="jq not installed")
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        # FAIL_STAGES names stages the pod runs: an install pod runs apply and config.
+        ({"env": {"NODEWRIGHT_SIM_FAIL": "always", "NODEWRIGHT_SIM_FAIL_STAGES": "config"}}, "fail"),
+        ({"env": {"NODEWRIGHT_SIM_FAIL": "always", "NODEWRIGHT_SIM_FAIL_STAGES": "upgrade"}}, "succeed"),
+        ({"env": {"NODEWRIGHT_SIM_FAIL_ATTEMPTS": "1", "NODEWRIGHT_SIM_FAIL_STAGES": "config"}}, "fail"),
+        (
+            {
+                "env": {"NODEWRIGHT_SIM_FAIL_ATTEMPTS": "1", "NODEWRIGHT_SIM_FAIL_STAGES": "config"},
+                "attempt": 2,
+            },
+            "succeed",
+        ),
+    ],
+)
+def test_outcome_rule_reads_the_stages_a_pod_runs(kwargs: dict[str, Any], expected: str) -> None:
+    pod = fleet.package_pod_manifest(name="p", node="n1", stages=INSTALL, **kwargs)
+    assert _outcome(pod) == expected
+
+
+def _duration(pod: dict[str, Any]) -> str:
+    assert JQ is not None
+    rule = yaml.safe_load(_stage_source())["x-package-duration"]
+    done = subprocess.run(
+        [JQ, "-r", rule], input=json.dumps(pod), capture_output=True, text=True, check=True, timeout=10
+    )
+    return done.stdout.strip()
+
+
+@pytest.mark.skipif(JQ is None, reason="jq not installed")
+@pytest.mark.parametrize(
+    ("duration", "stages", "expected"),
+    [
+        ("2s", INSTALL, "4s"),  # NODEWRIGHT_SIM_DURATION per stage: an install pod takes twice as long
+        ("500ms", INSTALL, "1s"),
+        ("1m30s", ("upgrade", "config"), "180s"),
+        ("2s", ("post-interrupt",), "2s"),
+        (None, INSTALL, "4s"),  # the default, 2 s, per stage
+        ("soon", INSTALL, "soon"),  # no Go duration: left to kwok, which falls back to its 2 s
+    ],
+)
+def test_a_package_pod_runs_the_duration_once_per_stage(
+    duration: str | None, stages: tuple[str, ...], expected: str
+) -> None:
+    env = {"NODEWRIGHT_SIM_DURATION": duration} if duration is not None else {}
+    pod = fleet.package_pod_manifest(name="p", node="n1", stages=stages, env=env)
+    assert _duration(pod) == expected

@@ -114,7 +114,15 @@ from nodewright.plan.node import (
     plan_node,
 )
 from nodewright.plan.rollout import Admission, spec_fingerprint
-from nodewright.plan.stages import ACTIVE_STATES, INTERRUPT_STAGES, PodOutcome, PodSummary, parse_ts, ts
+from nodewright.plan.stages import (
+    ACTIVE_STATES,
+    INTERRUPT_STAGES,
+    PodOutcome,
+    PodSummary,
+    failed_stage,
+    parse_ts,
+    ts,
+)
 
 log = structlog.get_logger("nodewright.controller.nodes")
 
@@ -263,6 +271,7 @@ class NodeReconciler:
             previous_status,
             new_timing=new_timing,
             cordoned=cordon,
+            pods=ctx.summaries,
         )
         if (
             plan.status is Status.BLOCKED
@@ -484,9 +493,16 @@ class NodeReconciler:
         return out
 
     async def _keep_log(self, nw: NodeWright, pod: JSON, summary: PodSummary) -> None:
-        """A finished attempt's log tail goes to the log store before the pod is deleted."""
+        """A finished attempt's log tail goes to the log store before the pod is deleted.
+
+        A failure is kept under the stage it failed in (a pod runs several stages), with the failing
+        container's log; a success under the pod's first stage, with every stage container's log.
+        """
+        stage = summary.stage
         if summary.outcome in (PodOutcome.FAILED, PodOutcome.DEADLINE):
             outcome, failed = "failed", failed_container(pod)
+            if summary.progress:
+                stage = failed_stage(summary)
         elif summary.outcome is PodOutcome.SUCCEEDED and summary.stage not in INTERRUPT_STAGES:
             outcome, failed = "succeeded", None
         else:
@@ -498,7 +514,7 @@ class NodeReconciler:
             pod,
             package=summary.package,
             version=summary.version,
-            stage=summary.stage.value,
+            stage=stage.value,
             attempt=summary.attempt,
             outcome=outcome,
             container=failed[0] if failed else None,
@@ -946,6 +962,7 @@ class NodeReconciler:
         *,
         new_timing: Timing | None = None,
         cordoned: bool = False,
+        pods: Sequence[PodSummary] = (),
     ) -> None:
         rt = self.rt
         nw_name = model.metadata.name
@@ -970,18 +987,20 @@ class NodeReconciler:
                     error=span.error,
                 )
 
-        def stage_ended(entry: PackageEntry, started: datetime, error: str | None) -> None:
+        def stage_ended(
+            entry: PackageEntry, stage: str, started: datetime, finished: datetime, error: str | None
+        ) -> None:
             """One stage attempt ended (done, or failed): its duration and its span."""
-            seconds = (now - started).total_seconds()
+            seconds = max(0.0, (finished - started).total_seconds())
             domain.observe_stage_duration(
-                nodewright=nw_name, package=entry.name, stage=entry.stage.value, seconds=seconds
+                nodewright=nw_name, package=entry.name, stage=stage, seconds=seconds
             )
             if rollout is not None:
                 rt.tracer.stage_finished(
                     rollout,
-                    stage=entry.stage.value,
+                    stage=stage,
                     started_at=started,
-                    finished_at=now,
+                    finished_at=finished,
                     package=entry.name,
                     version=entry.version,
                     error=error,
@@ -993,15 +1012,31 @@ class NodeReconciler:
             new = plan.state.entry(entry.name, entry.version)
             started = _parse(entry.started) or now
             finished = new is None or new.stage != entry.stage or new.state == PackageState.COMPLETE
-            if finished:
-                stage_ended(entry, started, None)
-                continue
-            if new is None:
-                continue
-            if new.retry_at is not None and entry.retry_at is None:
+            failed = new is not None and (
+                new.state == PackageState.ERRORING
+                or (new.retry_at is not None and (entry.retry_at is None or new.stage != entry.stage))
+            )
+            if failed and new is not None and new.retry_at is not None:
                 domain.count_retry(nodewright=nw_name, package=entry.name, version=entry.version)
-            if new.state == PackageState.ERRORING or (new.retry_at is not None and entry.retry_at is None):
-                stage_ended(entry, started, new.error or "failed")
+            if not (finished or failed):
+                continue
+            error = (new.error or "failed") if failed and new is not None else None
+            pod = _attempt_pod(pods, entry)
+            if pod is not None and pod.progress:
+                # One pod ran several stages: each gets its own span and duration, timed by its init
+                # containers; the stage it failed in (if any) carries the error.
+                for part in pod.progress:
+                    # Kubelet times, kept inside what this operator saw (a node's clock may be off).
+                    end = min(part.finished or now, now)
+                    begin = min(part.started or started, end)
+                    if part.done:
+                        stage_ended(entry, part.stage.value, begin, end, None)
+                        continue
+                    if error is not None and new is not None and new.stage is part.stage:
+                        stage_ended(entry, part.stage.value, begin, end, error)
+                    break
+                continue
+            stage_ended(entry, entry.stage.value, started, now, None if finished and not failed else error)
         if uncordon and timing.cordoned_at is not None:
             domain.observe_maintenance(nodewright=nw_name, seconds=(now - timing.cordoned_at).total_seconds())
         if (
@@ -1134,6 +1169,19 @@ class NodeReconciler:
 
 # ----------------------------------------------------------------------------------------------------
 # Pure helpers
+
+
+def _attempt_pod(pods: Sequence[PodSummary], entry: PackageEntry) -> PodSummary | None:
+    """The pod of `entry`'s current attempt, if it was among the pods the pass read."""
+    for pod in pods:
+        if (
+            pod.package == entry.name
+            and pod.version == entry.version
+            and pod.stage is entry.stage
+            and pod.attempt == entry.attempts
+        ):
+            return pod
+    return None
 
 
 def _resource_version(node: JSON) -> str | None:

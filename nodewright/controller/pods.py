@@ -1,8 +1,13 @@
 """Package pods → `PodSummary`: what the stage machine needs to know about one attempt's pod.
 
-Package pods run their work in init containers (`<pkg>-init` copies the payload, `<pkg>-<stage>` and
-`<pkg>-<stage>check` run the agent) and then a `pause` main container, with `restartPolicy: Never`.
-How the kubelet reports each outcome, and how it is read here:
+Package pods run their work in init containers (`<pkg>-init` copies the payload, then for each stage
+of the transition `<pkg>-<stage>` and `<pkg>-<stage>check` run the agent: an install pod runs
+`apply, applycheck, config, configcheck`) and then a `pause` main container, with `restartPolicy:
+Never`. The kubelet runs init containers one after another and stops at the first that exits non-zero,
+so the init container statuses say how far the pod got: a stage is done when its work container and
+its check both terminated with exit code 0 (`stage_progress`, with the kubelet's start and finish
+times for the stage's span), and the stage of a failed pod is its first stage not done. How the kubelet
+reports each outcome, and how it is read here:
 
 - **Succeeded**: every init container `terminated` with exit code 0 (the pod is then phase `Running`
   with `pause` up; it never reaches `Succeeded` because of `pause`, though a pod that somehow did is
@@ -43,7 +48,7 @@ from nodewright.api import constants
 from nodewright.api.nodestate import PackageStage
 from nodewright.kube.client import KubeClient
 from nodewright.kube.resources import JSON, ApiError
-from nodewright.plan.stages import PodOutcome, PodSummary
+from nodewright.plan.stages import INTERRUPT_STAGES, PodOutcome, PodSummary, StageProgress
 
 log = structlog.get_logger("nodewright.controller.pods")
 
@@ -54,6 +59,7 @@ LOG_TAIL_LINES: Final = 20
 LOG_DEADLINE: Final = 3.0
 MAX_LOG_CHARS: Final = 1500
 _LOG_CACHE_SIZE: Final = 512
+_WORK_STAGES: Final = {s.value: s for s in PackageStage if s not in INTERRUPT_STAGES}
 
 
 def _parse_time(text: Any) -> datetime | None:
@@ -94,6 +100,49 @@ def failed_container(pod: Mapping[str, Any]) -> tuple[str, int, str, str] | None
                 str(detail.get("message") or ""),
             )
     return None
+
+
+def _exited_zero(status: Mapping[str, Any] | None) -> bool:
+    if status is None:
+        return False
+    phase, detail = _state(status)
+    return phase == "terminated" and int(detail.get("exitCode") or 0) == 0
+
+
+def _terminated_at(status: Mapping[str, Any] | None, key: str) -> datetime | None:
+    if status is None:
+        return None
+    phase, detail = _state(status)
+    return _parse_time(detail.get(key)) if phase == "terminated" else None
+
+
+def stage_progress(pod: Mapping[str, Any], package: str) -> tuple[StageProgress, ...]:
+    """The stages a package pod runs, in container order, and how far each got.
+
+    Stage containers are named `<pkg>-<stage>` and `<pkg>-<stage>check` (the reference's names); a
+    stage is done when both terminated with exit code 0. An interrupt pod (container `interrupt`) has
+    none: its completion is the interrupt's, not a container's.
+    """
+    names = _init_names(pod)
+    statuses = {str(st.get("name")): st for st in _init_statuses(pod)}
+    prefix = f"{package}-"
+    out: list[StageProgress] = []
+    for name in names:
+        stage = _WORK_STAGES.get(name[len(prefix) :]) if name.startswith(prefix) else None
+        if stage is None:
+            continue
+        check = f"{name}check"
+        work_status, check_status = statuses.get(name), statuses.get(check)
+        done = _exited_zero(work_status) and (check not in names or _exited_zero(check_status))
+        out.append(
+            StageProgress(
+                stage=stage,
+                done=done,
+                started=_terminated_at(work_status, "startedAt"),
+                finished=_terminated_at(check_status if check in names else work_status, "finishedAt"),
+            )
+        )
+    return tuple(out)
 
 
 def classify(pod: Mapping[str, Any]) -> tuple[PodOutcome, str]:
@@ -170,6 +219,7 @@ def summarize(pod: Mapping[str, Any], *, version_of: Mapping[tuple[str, str], st
         message=message,
         terminating=bool(meta.get("deletionTimestamp")),
         bound=bool((pod.get("spec") or {}).get("nodeName")),
+        progress=stage_progress(pod, str(package)),
     )
 
 

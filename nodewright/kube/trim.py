@@ -115,6 +115,10 @@ def _container(container: JSON) -> JSON:
     return out
 
 
+_STATE_KEYS = ("exitCode", "reason", "message")
+_TERMINATED_KEYS = (*_STATE_KEYS, "startedAt", "finishedAt")
+
+
 def _container_status(status: JSON) -> JSON:
     out: JSON = {
         "name": _intern(str(status.get("name"))),
@@ -125,7 +129,10 @@ def _container_status(status: JSON) -> JSON:
     for phase in ("terminated", "waiting", "running"):
         detail = state.get(phase)
         if detail is not None:
-            condensed = {k: detail[k] for k in ("exitCode", "reason", "message") if k in detail}
+            # A terminated init container keeps its times: the stages of a package pod are its init
+            # containers, and their spans and durations come from these (`controller.pods`).
+            keys = _TERMINATED_KEYS if phase == "terminated" else _STATE_KEYS
+            condensed = {k: detail[k] for k in keys if k in detail}
             if "message" in condensed:
                 condensed["message"] = str(condensed["message"])[:512]
             out["state"] = {phase: condensed}

@@ -75,10 +75,12 @@ from nodewright.plan.stages import (
     PodSummary,
     RetryPolicy,
     advance,
+    completed_stages,
     fail_attempt,
     human_duration,
     observe_pod,
     parse_ts,
+    pod_stages,
     run_interrupt,
     seconds_until,
     start_attempt,
@@ -565,9 +567,11 @@ class _Planner:
                         continue
                     self.finish_interrupt(entry, skipped)
                 else:
-                    self.complete_stage(entry)
-            else:
+                    self.finish_pod(entry, current, failure=None)
+            elif entry.stage in INTERRUPT_STAGES:
                 self.record_failure(entry, view.reason)
+            else:
+                self.finish_pod(entry, current, failure=view.reason)
         for pod in self.inp.pods:
             if pod.name not in expected:
                 self.delete(pod, "no package stage expects this pod")
@@ -635,7 +639,41 @@ class _Planner:
         self.requeue(seconds_until(deadline, self.now), "reboot deadline")
         return False
 
-    def complete_stage(self, entry: PackageEntry) -> None:
+    def finish_pod(self, entry: PackageEntry, pod: PodSummary, *, failure: str | None) -> None:
+        """A stage pod ended: advance the entry through every stage it completed, in order (one state
+        write for all of them), then record the failure, if any, at the stage it failed in.
+
+        The stages done are read from the pod's init container statuses, so a pod of another shape (one
+        an older operator built with a single stage) advances exactly as far as it got. A failure in a
+        later stage keeps the earlier ones done: the retry pod starts at the stage that failed, as its
+        first attempt there.
+        """
+        current: PackageEntry | None = entry
+        for stage in completed_stages(pod):
+            if current is None or current.stage != stage or current.state is PackageState.COMPLETE:
+                break
+            if current is not entry:
+                current = self.continued_in(pod, current)
+            current = self.complete_stage(current)
+        if failure is None or current is None:
+            return
+        if current.state not in (PackageState.PENDING, PackageState.IN_PROGRESS):
+            return  # nothing left to fail (the pod's last stage completed before the pod was killed)
+        if current.stage != entry.stage:
+            if current.stage not in pod.stages:
+                return  # the pod ended after its own stages; the next one has not started
+            current = self.continued_in(pod, current)
+        self.record_failure(current, failure)
+
+    def continued_in(self, pod: PodSummary, entry: PackageEntry) -> PackageEntry:
+        """`entry` at a later stage of `pod`: the pod went on into it, which was its first attempt there
+        (started when the stage's first container did, if the kubelet said)."""
+        part = next((p for p in pod.progress if p.stage is entry.stage), None)
+        began = part.started if part is not None and part.started is not None else self.now
+        return replace(entry, state=PackageState.IN_PROGRESS, attempts=1, started=ts(began))
+
+    def complete_stage(self, entry: PackageEntry) -> PackageEntry | None:
+        """Record `entry`'s current stage as succeeded; returns the entry after it (None: removed)."""
         pkg = _package(self.nw, entry.name)
         new = advance(entry, pkg, now=self.now, applied_config=config_hashes(pkg.config_map))
         if entry.stage == PackageStage.UPGRADE:
@@ -653,7 +691,7 @@ class _Planner:
         if new is None:
             self.state = self.state.without(entry.name, entry.version)
             self.events.append(Event("PackageUninstalled", f"{entry.name}:{entry.version} uninstalled"))
-            return
+            return None
         if new.state == PackageState.COMPLETE and (new.drifted or new.repair):
             if new.drifted:
                 self.events.append(Event("DriftRepaired", f"{entry.name}:{entry.version} re-applied"))
@@ -661,6 +699,7 @@ class _Planner:
         self.put(new)
         if new.state == PackageState.COMPLETE:
             self.events.append(Event("PackageComplete", f"{entry.name}:{entry.version} complete"))
+        return new
 
     def finish_interrupt(self, carrier: PackageEntry, skipped: list[PackageEntry]) -> None:
         for e in [carrier, *skipped]:
@@ -1106,11 +1145,13 @@ class _Planner:
         )
         new = start_attempt(entry, attempt=attempt, spec_hash=s_hash, image=image, now=self.now)
         self.put(new)
+        # The Event names every stage the pod runs ("apply, config"): one pod per transition.
+        stages = ", ".join(s.value for s in pod_stages(entry.stage))
         if new_run:
-            self.events.append(Event("PackageStarted", f"{entry.name}:{entry.version} {entry.stage.value}"))
+            self.events.append(Event("PackageStarted", f"{entry.name}:{entry.version} {stages}"))
         elif attempt != entry.attempts:
             self.events.append(
-                Event("StageStarted", f"{entry.name}:{entry.version} {entry.stage.value} attempt {attempt}")
+                Event("StageStarted", f"{entry.name}:{entry.version} {stages} attempt {attempt}")
             )
         return new
 

@@ -4,8 +4,13 @@ Package images built for the reference (NVIDIA Skyhook/NodeWright, anchor §2.12
 
 - init container `<pkg>-init` (the package image) copies the image's `/skyhook-package` payload to a
   per-package directory on the host (`<hostRootMount>/<copyDir>`);
-- init containers `<pkg>-<stage>` and `<pkg>-<stage>check` run the agent image with args
-  `<stage> <hostRootMount> <copyDir>` and `<stage>-check <hostRootMount> <copyDir>`;
+- for each stage the pod runs, init containers `<pkg>-<stage>` and `<pkg>-<stage>check` run the agent
+  image with args `<stage> <hostRootMount> <copyDir>` and `<stage>-check <hostRootMount> <copyDir>`.
+  One pod runs every stage of a transition up to the next interrupt (`transition_stages`): an install
+  is `apply, apply-check, config, config-check` in one pod (an upgrade likewise), so the kubelet runs
+  them back to back and the operator writes the node once when the pod ends instead of once per
+  stage. The reference runs one pod per stage with the same containers, args and environment, so
+  package images cannot tell the difference;
 - interrupt pods have a single `interrupt` init container with args
   `interrupt <hostRootMount> <copyDir> <base64 JSON in the agent's vocabulary>`;
 - a `pause` main container keeps the pod Running after the init containers finished;
@@ -261,6 +266,23 @@ DRIFT_CHECK_MODES: Final = ("apply-check", "config-check")
 an interrupt: it reads the running values back)."""
 
 
+def transition_stages(stage: PackageStage) -> tuple[PackageStage, ...]:
+    """The stages one pod starting at `stage` runs, in order: every stage up to the next interrupt.
+
+    apply and upgrade are always followed by config, so their pod runs config as well; an interrupt
+    has a pod of its own (the node may reboot under it) and post-interrupt follows it. (The stage
+    machine, `plan.stages.pod_stages`, uses this very list.)
+    """
+    if stage in (PackageStage.APPLY, PackageStage.UPGRADE):
+        return (stage, PackageStage.CONFIG)
+    return (stage,)
+
+
+def transition_modes(stage: PackageStage) -> tuple[str, ...]:
+    """The agent modes of a pod starting at `stage`: each stage's work, then its check."""
+    return tuple(mode for s in transition_stages(stage) for mode in (s.value, f"{s.value}-check"))
+
+
 def build_pod(
     nw: NodeWright,
     package: Package,
@@ -306,7 +328,7 @@ def build_pod(
             package,
             package_name,
             version,
-            modes=(stage.value, f"{stage.value}-check"),
+            modes=transition_modes(stage),
             env=env + _package_env(package) + extra_env,
             mounts=package_mounts,
             options=options,

@@ -1,26 +1,33 @@
-"""The per-package stage machine on one node, and the failure/retry rules of one stage attempt.
+"""The per-package stage machine on one node, and the failure/retry rules of one pod attempt.
 
-Stages (anchor §2.2), each run by its own pod that runs the stage and then its check:
+Stages (anchor §2.2); the stages of one *transition* run in one pod, as sequential init containers
+(each stage's work, then its check), up to the next interrupt:
 
-    install:    apply   -> config [-> interrupt -> post-interrupt]
-    upgrade:    upgrade -> config [-> interrupt -> post-interrupt]      (spec version > installed)
-    config:                config [-> interrupt -> post-interrupt]      (configMap changed)
-    uninstall:  uninstall [-> uninstall-interrupt] -> entry removed      (uninstall.apply: true)
+    install:    [apply -> config] [-> interrupt -> [post-interrupt]]
+    upgrade:    [upgrade -> config] [-> interrupt -> [post-interrupt]]   (spec version > installed)
+    config:     [config] [-> interrupt -> [post-interrupt]]              (configMap changed)
+    uninstall:  [uninstall] [-> uninstall-interrupt] -> entry removed   (uninstall.apply: true)
 
-The bracketed part runs when the run "has an interrupt" (anchor §2.2): for a config run (the entry
-records the changed keys) only if a `configInterrupts` pattern matches a changed/removed key; for an
-uninstall, when the package has an interrupt; otherwise when `package.interrupt` is set. A package is
-complete only at its last stage, and the state machine never skips a stage.
+A bracket is one pod (`pod_stages`). The interrupt parts run when the run "has an interrupt" (anchor
+§2.2): for a config run (the entry records the changed keys) only if a `configInterrupts` pattern
+matches a changed/removed key; for an uninstall, when the package has an interrupt; otherwise when
+`package.interrupt` is set. A package is complete only at its last stage, and the state machine never
+skips a stage: a pod that ran several stages advances the entry through each of them in order, as its
+init container statuses say (`completed_stages`), and a pod that failed in a later stage leaves the
+earlier ones done: the retry starts at the stage that failed, never from the start of the pod.
 
 Entry states: `pending` (next stage known, pod not created yet), `in_progress` (pod created, or waiting
 for its retry), `complete` (package done at this version), `erroring` (attempts exhausted), `skipped`
-(interrupt merged into another package's interrupt pod, see interrupts.py).
+(interrupt merged into another package's interrupt pod, see interrupts.py). While a pod runs, the entry
+stays at the pod's first stage: the node state is written when the pod finishes (or fails), not per
+stage.
 
 Failures (differences from the reference, anchor §2.14/§11.4): every attempt is a new pod
 (`restartPolicy: Never`); a failed attempt is retried after `base * 2^(attempt-1)` seconds (capped) up to
-`max_attempts`, then the entry is `erroring` with the reason. A pod running longer than the stage
-timeout is deleted and counts as a failed attempt. Image-pull errors count as a failed attempt once
-they have lasted `pull_error_grace` seconds (they are often transient registry hiccups).
+`max_attempts` per stage, then the entry is `erroring` with the reason. A pod running longer than the
+stage timeout times its stages is deleted and counts as a failed attempt of the stage it was in.
+Image-pull errors count as a failed attempt once they have lasted `pull_error_grace` seconds (they are
+often transient registry hiccups).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from enum import StrEnum
 from nodewright.api.models import Interrupt, Package
 from nodewright.api.nodestate import PackageEntry, PackageStage, PackageState, truncate_error
 from nodewright.plan.configdiff import config_interrupt
-from nodewright.plan.podspec import parse_duration_seconds
+from nodewright.plan.podspec import parse_duration_seconds, transition_stages
 
 INTERRUPT_STAGES = frozenset({PackageStage.INTERRUPT, PackageStage.UNINSTALL_INTERRUPT})
 UNINSTALL_STAGES = frozenset({PackageStage.UNINSTALL, PackageStage.UNINSTALL_INTERRUPT})
@@ -53,8 +60,29 @@ class PodOutcome(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class StageProgress:
+    """One stage of a package pod, read from its init container statuses (`controller.pods`).
+
+    `done`: the stage's work container and its check both exited 0. `started`/`finished`: the work
+    container's start and the check's finish, when the kubelet reported them (for stage spans and
+    durations; the planner decides from `done` only).
+    """
+
+    stage: PackageStage
+    done: bool
+    started: datetime | None = None
+    finished: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PodSummary:
-    """What the controller tells the planner about one package pod (from labels/annotations/status)."""
+    """What the controller tells the planner about one package pod (from labels/annotations/status).
+
+    `stage` is the pod's first stage (its `nodewright.io/stage` label); `progress` lists the stages the
+    pod runs, in order, with what its init containers say about each. An empty `progress` (an interrupt
+    pod, or a summary built without statuses) means the pod runs `pod_stages(stage)`, all done exactly
+    when it succeeded.
+    """
 
     name: str
     package: str
@@ -67,6 +95,14 @@ class PodSummary:
     message: str = ""  # reason + last log lines when known
     terminating: bool = False  # deletion requested (deletionTimestamp set), the pod is not gone yet
     bound: bool = True  # placed on its node; an unbound pod of ours has run nothing (controller.trust)
+    progress: tuple[StageProgress, ...] = ()
+
+    @property
+    def stages(self) -> tuple[PackageStage, ...]:
+        """The stages this pod runs, in order."""
+        if self.progress:
+            return tuple(p.stage for p in self.progress)
+        return pod_stages(self.stage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +163,39 @@ def run_interrupt(package: Package, entry: PackageEntry) -> Interrupt | None:
 class Done(StrEnum):
     COMPLETE = "complete"  # the package is complete at this version
     REMOVE = "remove"  # uninstalled: the entry disappears (absent entry = not installed)
+
+
+def pod_stages(stage: PackageStage) -> tuple[PackageStage, ...]:
+    """The stages one package pod starting at `stage` runs: every stage up to the next interrupt.
+
+    apply and upgrade are always followed by config (`next_stage`), so their pod runs config too; an
+    interrupt needs its own pod (the node may reboot under it), and post-interrupt runs after it. The
+    pod builder lays out its init containers from the same list (`podspec.transition_stages`).
+    """
+    return transition_stages(stage)
+
+
+def completed_stages(pod: PodSummary) -> tuple[PackageStage, ...]:
+    """The stages the pod finished successfully, in order: a prefix of `pod.stages`.
+
+    Read from the init container statuses when the controller provided them; otherwise every stage of
+    a succeeded pod and none of any other.
+    """
+    if not pod.progress:
+        return pod.stages if pod.outcome is PodOutcome.SUCCEEDED else ()
+    done: list[PackageStage] = []
+    for part in pod.progress:
+        if not part.done:
+            break
+        done.append(part.stage)
+    return tuple(done)
+
+
+def failed_stage(pod: PodSummary) -> PackageStage:
+    """The stage a failed (or timed-out) pod was in: its first stage not completed."""
+    done = completed_stages(pod)
+    rest = [s for s in pod.stages if s not in done]
+    return rest[0] if rest else pod.stages[-1]
 
 
 def next_stage(stage: PackageStage, *, has_interrupt: bool) -> PackageStage | Done:
@@ -246,11 +315,12 @@ def observe_pod(pod: PodSummary, entry: PackageEntry, *, now: datetime, policy: 
         return AttemptView(Observation.FAILED, pod.message or "pod failed")
     if pod.outcome == PodOutcome.DEADLINE:
         return AttemptView(Observation.FAILED, pod.message or "pod exceeded its deadline")
-    deadline = pod.created + timedelta(seconds=policy.stage_timeout)
+    # The stage timeout is per stage: a pod running apply and config gets twice as long.
+    limit = policy.stage_timeout * len(pod.stages)
+    deadline = pod.created + timedelta(seconds=limit)
     if now >= deadline:
-        return AttemptView(
-            Observation.FAILED, f"stage did not finish within {_human(policy.stage_timeout)}; pod deleted"
-        )
+        what = "stage" if len(pod.stages) == 1 else f"{len(pod.stages)} stages"
+        return AttemptView(Observation.FAILED, f"{what} did not finish within {_human(limit)}; pod deleted")
     recheck = seconds_until(deadline, now)
     if pod.outcome == PodOutcome.PULL_ERROR:
         since_text = entry.pull_error_since or ts(now)

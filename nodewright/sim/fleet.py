@@ -590,13 +590,21 @@ def package_pod_manifest(
     package_image: str = "registry.local/packages/pkg:1.0.0",
     agent_image: str = "registry.local/nodewright/agent:0.1.0",
     namespace: str = "nodewright-system",
+    stages: Sequence[str] | None = None,
 ) -> JSON:
     """A pod shaped like the operator's package pods (labels, annotations, init containers, pause).
 
     For simulator tests and demos; the operator builds its own pods. `env` is what an admin puts in the
-    package's `env` (e.g. NODEWRIGHT_SIM_* knobs); it lands on the agent init containers.
+    package's `env` (e.g. NODEWRIGHT_SIM_* knobs); it lands on the agent init containers. `stages` are
+    the stages the pod runs, each a `<package>-<stage>` and `<package>-<stage>check` container (default:
+    `stage` alone; the operator's install pod runs `("apply", "config")`).
     """
     agent_env = [{"name": k, "value": v} for k, v in (env or {}).items()]
+    agents = [
+        {"name": f"{package}-{name}", "image": agent_image, "env": agent_env}
+        for one in (stages or (stage,))
+        for name in (one, f"{one}check")
+    ]
     annotations = {"nodewright.io/attempt": str(attempt)}
     if interrupt is not None:
         annotations["nodewright.io/interrupt"] = json.dumps(dict(interrupt), separators=(",", ":"))
@@ -619,11 +627,7 @@ def package_pod_manifest(
         "spec": {
             "nodeName": node,
             "restartPolicy": "Never",
-            "initContainers": [
-                {"name": f"{package}-init", "image": package_image},
-                {"name": f"{package}-{stage}", "image": agent_image, "env": agent_env},
-                {"name": f"{package}-{stage}check", "image": agent_image, "env": agent_env},
-            ],
+            "initContainers": [{"name": f"{package}-init", "image": package_image}, *agents],
             "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}],
         },
     }
