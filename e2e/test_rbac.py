@@ -11,9 +11,9 @@ On a control plane of its own (e2e/helm_support.py: audit log, OwnerReferencesPe
 - the operator (its ServiceAccount, leader election on the chart's Lease, forced drains allowed):
   four NodeWrights exercise drain `wait` (PDB refusals, still cordoned), `skip` (released after the
   timeout), `force` (pods deleted), a service and a reboot interrupt, a DeploymentPolicy (its status),
-  a package ConfigMap created and then replaced by a config change, a failing first attempt (its log
-  tail read), Events, a forged package pod (deleted as untrusted), and the finalizer released on
-  deletion;
+  a package ConfigMap created and then replaced by a config change, a shared DisruptionBudget (slots
+  and aggregates in its status), a failing first attempt (its log tail read), Events, a forged
+  package pod (deleted as untrusted), and the finalizer released on deletion;
 - `helm uninstall`: the pre-delete hook runs `nodewright uninstall` with the hook's ServiceAccount; the
   NodeWright still draining and the complete one are released; afterwards no node carries a key of ours,
   the cordon NodeWright made is gone while the admin's stays, the Secrets, the Lease, ConfigMaps and
@@ -323,6 +323,16 @@ async def rollout(chart: ChartCluster, kube: KubeClient, work: Path) -> None:
         configMap={"sysctl.conf": "vm.swappiness=10\n"},
         env={"NODEWRIGHT_SIM_FAIL_ATTEMPTS": "1"},
     )
+    # A shared DisruptionBudget over the reboot nodes: slots are written into its status (patch, and a
+    # fresh get after a lost race) and the budget controller keeps its aggregates. The admin's cordon
+    # of rb-r-00000 takes one of its two slots.
+    budget = {
+        "apiVersion": "nodewright.io/v1alpha1",
+        "kind": "DisruptionBudget",
+        "metadata": {"name": "rb-pool"},
+        "spec": {"nodeSelector": {"matchLabels": {fleet.FLEET_LABEL: "rb-r"}}, "budget": {"count": 2}},
+    }
+    await kube.create(f"{NW_API}/disruptionbudgets", budget)
     await create_nodewright(
         kube,
         nodewright_manifest(
@@ -357,6 +367,8 @@ async def rollout(chart: ChartCluster, kube: KubeClient, work: Path) -> None:
     await wait_statuses(kube, "rb-r", "rb-r", "complete", within=240)
     stored_policy = await kube.get(f"{NW_API}/deploymentpolicies/rb-policy")
     assert stored_policy.get("status"), "the operator wrote no DeploymentPolicy status"
+    stored_budget = await kube.get(f"{NW_API}/disruptionbudgets/rb-pool")
+    assert (stored_budget.get("status") or {}).get("matched") == 2, stored_budget.get("status")
     assert not await exists(kube, f"/api/v1/namespaces/{NAMESPACE}/pods/rb-forged"), "forged pod not deleted"
     # A config change: the ConfigMap is replaced, the config stage runs.
     changed = await kube.merge_patch(
