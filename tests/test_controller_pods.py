@@ -163,3 +163,29 @@ def test_an_interrupt_pod_has_no_stage_containers() -> None:
     full = pod("Running", [term("interrupt", 0)])
     full["spec"]["initContainers"] = [{"name": "interrupt", "image": "x"}]
     assert stage_progress(full, "tool") == ()
+
+
+async def test_a_log_the_kubelet_cannot_serve_yet_is_asked_for_again_within_the_deadline() -> None:
+    """Right after a container exits the kubelet may answer an error or an empty log for a moment; the
+    pod is deleted once its failure is recorded, so the tail is asked for again before giving up."""
+    from nodewright.controller.pods import PodLogs
+    from nodewright.kube.client import KubeClient
+    from tests.kubefake import FakeKube
+
+    kube = await FakeKube().start()
+    try:
+        async with KubeClient(kube.config(), max_retries=0) as client:
+            pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u1"}}
+            kube.fail("GET", "/pods/p/log", 404, times=1)
+            kube.fail("GET", "/pods/p/log", 500, times=1)
+            kube.fail("GET", "/pods/p/log", 200, body="rmem_max is 212992, want 268435456", times=1)
+            tail = await PodLogs(client, deadline=5.0).tail(pod, "tuning-post-interruptcheck")
+            assert "rmem_max is 212992" in tail, tail
+            assert kube.count("GET", "/pods/p/log") == 3
+
+            kube.fail("GET", "/pods/q/log", 404, times=100)
+            other = {"metadata": {"name": "q", "namespace": "ns", "uid": "u2"}}
+            assert await PodLogs(client, deadline=1.2).tail(other, "c") == ""
+            assert 2 <= kube.count("GET", "/pods/q/log") <= 4, "bounded by the deadline"
+    finally:
+        await kube.stop()

@@ -34,6 +34,7 @@ never a failed reconcile. Log lines are fetched once per failed pod (cached by u
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import replace
@@ -57,6 +58,7 @@ PULL_ERROR_REASONS: Final = frozenset(
 )
 LOG_TAIL_LINES: Final = 20
 LOG_DEADLINE: Final = 3.0
+LOG_RETRY_PAUSE: Final = 0.5
 MAX_LOG_CHARS: Final = 1500
 _LOG_CACHE_SIZE: Final = 512
 _WORK_STAGES: Final = {s.value: s for s in PackageStage if s not in INTERRUPT_STAGES}
@@ -244,12 +246,29 @@ class PodLogs:
         return text
 
     async def _fetch(self, namespace: str, name: str, container: str) -> str:
+        """The tail, tried again until the deadline while the kubelet has none to give: right after a
+        container exits, the kubelet may answer an error or an empty log for a moment (its log
+        registration can trail the status it reported), and the pod is deleted once its failure is
+        recorded, so this is the only chance to read it."""
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/log"
         params = {"container": container, "tailLines": str(LOG_TAIL_LINES)}
-        try:
-            body = await self._client.get_text(path, params=params, timeout=self._deadline)
-        except (TimeoutError, aiohttp.ClientError, OSError, ApiError) as exc:
-            log.debug("pod log unavailable", pod=f"{namespace}/{name}", container=container, error=str(exc))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._deadline
+        body, error = "", ""
+        while True:
+            remaining = deadline - loop.time()
+            try:
+                body = await self._client.get_text(path, params=params, timeout=max(0.1, remaining))
+                error = ""
+            except (TimeoutError, aiohttp.ClientError, OSError, ApiError) as exc:
+                body, error = "", str(exc) or type(exc).__name__
+            if body.strip() or deadline - loop.time() < LOG_RETRY_PAUSE:
+                break
+            await asyncio.sleep(LOG_RETRY_PAUSE)
+        if not body.strip():
+            log.info(
+                "pod log unavailable", pod=f"{namespace}/{name}", container=container, error=error or "empty"
+            )
             return ""
         lines = [line for line in body.splitlines() if line.strip()][-LOG_TAIL_LINES:]
         text = " | ".join(lines)
