@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from nodewright.api import constants
 from nodewright.api.models import NodeWright
 from nodewright.api.nodestate import NodeState, encode
-from nodewright.controller.rollout import _merge_patch, blocked_reason, unavailable_reason
+from nodewright.controller.budgets import merge_patch
+from nodewright.controller.rollout import blocked_reason, unavailable_reason
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),
@@ -42,7 +43,7 @@ def _no_nulls(value: Any) -> bool:
 def test_merge_patch_turns_old_into_new(old: dict[str, Any], new: Any) -> None:
     if not isinstance(new, dict) or not _no_nulls(new):
         return
-    patch = _merge_patch(old, new)
+    patch = merge_patch(old, new)
     if patch is None:
         assert old == new
     else:

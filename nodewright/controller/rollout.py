@@ -37,7 +37,7 @@ from nodewright.api.models import (
 )
 from nodewright.api.nodestate import NodeState, PackageState
 from nodewright.controller import taints
-from nodewright.controller.budgets import SharedBudgets
+from nodewright.controller.budgets import SharedBudgets, merge_patch
 from nodewright.controller.configmaps import PackageConfigMaps
 from nodewright.controller.context import (
     Runtime,
@@ -229,23 +229,6 @@ def unavailable_reason(
     if not node_ready(node):
         return "NotReady"
     return None
-
-
-def _merge_patch(old: Any, new: Any) -> Any:
-    """The JSON merge patch (RFC 7386) turning `old` into `new`; None when equal."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        patch: dict[str, Any] = {}
-        for key in old.keys() - new.keys():
-            patch[key] = None
-        for key, value in new.items():
-            if key not in old:
-                patch[key] = value
-            else:
-                sub = _merge_patch(old[key], value)
-                if sub is not None:
-                    patch[key] = sub
-        return patch or None
-    return None if old == new else new
 
 
 def node_reported_block(
@@ -870,7 +853,7 @@ class RolloutReconciler:
 
     async def _write_status(self, obj: JSON, status: dict[str, Any]) -> None:
         previous = obj.get("status") or {}
-        patch = _merge_patch(previous, status)
+        patch = merge_patch(previous, status)
         if patch is None:
             return
         try:
