@@ -25,6 +25,7 @@ import os
 import platform
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -78,6 +79,7 @@ class Config:
     drift_interval: float = 0.0  # seconds; 0: no drift phase
     drift_intervals: int = 2
     drift_checks: int = 4  # the operator's --drift-checks (fleet-wide concurrent checks)
+    idle_seconds: float = 0.0  # after the run: a fresh operator on the complete fleet, measured idle
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -393,16 +395,7 @@ async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -
         + f"; ideal makespan {ideal:.1f}s"
     )
 
-    operator = OperatorProcess(
-        kubeconfig=kubeconfig,
-        log_path=log_dir / "operator.log",
-        namespace=NAMESPACE,
-        extra_args=[
-            "--agent-image=registry.local/nodewright/agent:sim",
-            "--pause-image=registry.local/pause:sim",
-            f"--drift-checks={cfg.drift_checks}",
-        ],
-    )
+    operator = _operator(cfg, kubeconfig, log_dir / "operator.log")
     operator.start()
     log(f"operator pid {operator.pid}, log {operator.log_path}")
     profiler = Profiler(operator.pid, log_dir / "operator.pyspy.txt") if cfg.profile else None
@@ -431,6 +424,7 @@ async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -
         sampler.sample()
         after = analysis.parse_prometheus(operator.metrics_text() or "")
         drift = await _measure_drift(cfg, kubeconfig, operator, sampler) if completed else None
+        idle = await _measure_idle(cfg, kubeconfig, operator, log_dir) if completed else None
     finally:
         for task in tasks:
             task.cancel()
@@ -540,6 +534,8 @@ async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -
     }
     if drift is not None:
         result["drift"] = drift
+    if idle is not None:
+        result["operator"]["idle"] = idle
     if profiler is not None:
         result["profile"] = profiler.summary()
     return result
@@ -593,6 +589,57 @@ async def _measure_drift(
         "writes_per_check": round(writes.node_and_pod / checks, 3) if checks else None,
         "drifted_nodes": int(drifted),
         "operator_cpu_seconds": round(sampler.cpu_seconds - cpu_before, 2),
+    }
+
+
+def _operator(cfg: Config, kubeconfig: Path, log_path: Path) -> OperatorProcess:
+    return OperatorProcess(
+        kubeconfig=kubeconfig,
+        log_path=log_path,
+        namespace=NAMESPACE,
+        extra_args=[
+            "--agent-image=registry.local/nodewright/agent:sim",
+            "--pause-image=registry.local/pause:sim",
+            f"--drift-checks={cfg.drift_checks}",
+        ],
+    )
+
+
+async def _measure_idle(
+    cfg: Config, kubeconfig: Path, operator: OperatorProcess, log_dir: Path
+) -> dict[str, Any] | None:
+    """The resident memory of an operator that starts on the complete fleet and has nothing to do.
+
+    The rollout's operator is stopped and a fresh one started: what it holds once its caches are
+    synced (every node, its NodeWright state and the kept pods) is what a cluster pays between
+    rollouts; the rollout's own peak is `peak_rss_mib`. The median of the last 10 one-second samples
+    is reported, with USS (memory no other process shares: the shared libraries left out).
+    """
+    if cfg.idle_seconds <= 0:
+        return None
+    operator.stop()
+    fresh = _operator(cfg, kubeconfig, log_dir / "operator-idle.log")
+    await asyncio.to_thread(fresh.start)
+    log(f"idle phase: fresh operator pid {fresh.pid}, measured for {cfg.idle_seconds:g}s")
+    rss: list[float] = []
+    uss: list[float] = []
+    try:
+        proc = psutil.Process(fresh.pid)
+        deadline = time.monotonic() + cfg.idle_seconds
+        while time.monotonic() < deadline:
+            info = proc.memory_full_info()
+            rss.append(info.rss / 2**20)
+            uss.append(info.uss / 2**20)
+            await asyncio.sleep(1.0)
+        cpu = sum(proc.cpu_times()[:2])
+    finally:
+        fresh.stop()
+    return {
+        "seconds": cfg.idle_seconds,
+        "rss_mib": round(statistics.median(rss[-10:]), 1),
+        "uss_mib": round(statistics.median(uss[-10:]), 1),
+        "peak_rss_mib": round(max(rss), 1),
+        "cpu_seconds": round(cpu, 2),
     }
 
 
@@ -751,13 +798,14 @@ def render_readme(runs: Sequence[Mapping[str, Any]]) -> str:
         "measured and how. One row per run (`<N>-nodes.json`, plot `<N>-nodes.png`).",
         "",
         "| nodes | pkgs | comps | stage s (pod p50) | wall s | ideal s | ratio | sim-replay s (ratio)"
-        " | RSS MiB | CPU s | writes/node-pkg (min) | status KiB"
+        " | RSS MiB (idle) | CPU s | writes/node-pkg (min) | status KiB"
         " | loop lag p50/p99 ms | ctrl latency p50/p99 s | invariants |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in runs:
         api, lag, lat = r["api"], r["event_loop_lag_seconds"], r["controller_latency_seconds"]
         pod = (r.get("pod_runtime_seconds") or {}).get("p50")
+        idle = (r["operator"].get("idle") or {}).get("rss_mib")
         done = r.get("completed", True)
         replay = r.get("simulator_makespan_seconds") if done else None
         lines.append(
@@ -766,7 +814,7 @@ def render_readme(runs: Sequence[Mapping[str, Any]]) -> str:
             f" | {r['wall_seconds']}{_incomplete(r)}"
             f" | {r['ideal_makespan_seconds']} | {_or_dash(r['makespan_ratio'])}"
             f" | {_or_dash(replay)} ({_or_dash(r.get('operator_makespan_ratio'))})"
-            f" | {r['operator']['peak_rss_mib']}"
+            f" | {r['operator']['peak_rss_mib']} ({_or_dash(idle)})"
             f" | {r['operator']['cpu_seconds']} | {_or_dash(api['writes_per_node_package'])}"
             f" ({api['minimum_per_node_package']})"
             f" | {round(r['nodewright_status_bytes']['max'] / 1024, 1)}"
@@ -886,6 +934,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     )
     parser.add_argument("--drift-intervals", type=int, default=2, help="intervals measured (default 2)")
     parser.add_argument("--drift-checks", type=int, default=4, help="the operator's --drift-checks cap")
+    parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=60.0,
+        help="after the run, measure a fresh operator on the complete fleet for this long (0: skip)",
+    )
     args = parser.parse_args(argv)
     kubeconfig = args.kubeconfig or (Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None)
     if args.smoke:
@@ -901,6 +955,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
             kubeconfig=kubeconfig,
             timeout_minutes=min(args.timeout, 5.0),
             stall_minutes=min(args.stall_minutes, 2.0),
+            idle_seconds=min(args.idle_seconds, 10.0),
         )
     return Config(
         nodes=args.nodes,
@@ -918,6 +973,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         drift_interval=args.drift_interval,
         drift_intervals=args.drift_intervals,
         drift_checks=args.drift_checks,
+        idle_seconds=args.idle_seconds,
     )
 
 

@@ -193,7 +193,10 @@ def test_readme_table_has_a_row_per_run() -> None:
     assert "| 0.5 (0.73) | 30.0 | 20.0 | 1.5 | - (-) |" in row
     assert "8.0 (7.0)" in row
     assert "1.0/-" in row
+    assert "| 80.0 (-) |" in row  # no idle phase measured
     assert "x, 2 CPUs, 4.0 GiB RAM" in text
+    idle = {**result, "operator": {**result["operator"], "idle": {"rss_mib": 61.5}}}
+    assert "| 80.0 (61.5) |" in run.render_readme([idle])
     stopped = {**result, "run": {**result["run"], "nodes": 60}, "completed": False, "nodes_complete": 12}
     row = next(line for line in run.render_readme([stopped]).splitlines() if line.startswith("| 60 "))
     assert "30.0 (stopped: 12/60 complete)" in row

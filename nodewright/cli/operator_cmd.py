@@ -213,7 +213,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    from nodewright.observability.heap import glibc, tune_allocator
     from nodewright.observability.logging import configure_logging
+
+    tune_allocator(glibc())  # before any thread starts: arenas are per thread (observability/heap.py)
 
     fmt = {"auto": None, "json": True, "console": False}[args.log_format]
     configure_logging(args.log_level, json=fmt)
@@ -283,6 +286,7 @@ async def build_runtime(
 ) -> OperatorRuntime:
     from nodewright.controller.manager import LeaderElectionConfig, Manager
     from nodewright.kube.client import KubeClient
+    from nodewright.observability.heap import HeapTrimmer, glibc
     from nodewright.observability.loop_lag import EventLoopLagMonitor
     from nodewright.observability.metrics import OperatorMetrics
     from nodewright.observability.server import parse_bind_address, start_metrics_server
@@ -341,6 +345,9 @@ async def build_runtime(
     lag = EventLoopLagMonitor(metrics, interval=0.5)
     lag.start()
     stack.push_async_callback(lag.stop)
+    trimmer = HeapTrimmer(glibc())
+    trimmer.start()
+    stack.push_async_callback(trimmer.stop)
     return OperatorRuntime(config, client, event_client, manager, metrics, tracer, identity, stack)
 
 

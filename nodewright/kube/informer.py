@@ -29,7 +29,7 @@ import structlog
 from nodewright.kube.client import KubeClient
 from nodewright.kube.clock import SYSTEM_CLOCK, Clock
 from nodewright.kube.hooks import WatchMetrics
-from nodewright.kube.reflector import Reflector, TransformFunc
+from nodewright.kube.reflector import LIST_PAGE_SIZE, Reflector, TransformFunc
 from nodewright.kube.resources import JSON, Resource, object_key
 from nodewright.kube.store import IndexFunc, Store
 
@@ -54,7 +54,7 @@ class Informer:
         field_selector: str | None = None,
         transform: TransformFunc | None = None,
         name: str | None = None,
-        page_size: int = 500,
+        page_size: int = LIST_PAGE_SIZE,
         inactivity_timeout: float = 70.0,
         clock: Clock = SYSTEM_CLOCK,
         rng: random.Random | None = None,

@@ -6,8 +6,11 @@ The protocol it implements (client-go `tools/cache/reflector.go` is the model):
    (a consistent read) rather than client-go's "0" (any cached version): with several API servers an
    RV "0" list can return data *older* than what this process has already seen (after a restart, or
    from a lagging API server), and recent API servers serve consistent lists from their watch cache
-   anyway. Pagination stays on, so a 10,000-node list never has to be one response. If a `continue`
-   token expires mid-list (410), the list restarts from the beginning.
+   anyway. Pagination stays on, so a 10,000-node list never has to be one response. Pages are of
+   `LIST_PAGE_SIZE` (100) objects, not client-go's 500: a page is decoded whole before the informer's
+   transform trims it, and a 500-node page of GPU nodes (~2.7 MiB of JSON) left the idle operator 13 MiB
+   above what it holds (docs/benchmarks.md "Idle memory"), for 4 extra requests per 500 nodes. If a
+   `continue` token expires mid-list (410), the list restarts from the beginning.
 2. The list replaces the cache: objects that vanished are deleted (handlers get `on_delete` with the
    last known state — client-go's "DeletedFinalStateUnknown"), changed ones (new resourceVersion)
    updated, new ones added, unchanged ones left alone.
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
 import aiohttp
 import structlog
@@ -44,6 +47,8 @@ from nodewright.kube.client import KubeClient, WatchInactive
 from nodewright.kube.clock import SYSTEM_CLOCK, Clock
 from nodewright.kube.hooks import NoopWatchMetrics, WatchMetrics
 from nodewright.kube.resources import JSON, ApiError, Gone, Resource, TooManyRequests
+
+LIST_PAGE_SIZE: Final = 100
 
 log = structlog.get_logger("nodewright.kube.reflector")
 
@@ -91,7 +96,7 @@ class Reflector:
         label_selector: str | None = None,
         field_selector: str | None = None,
         transform: TransformFunc | None = None,
-        page_size: int = 500,
+        page_size: int = LIST_PAGE_SIZE,
         min_watch_timeout: int = 300,
         max_watch_timeout: int = 600,
         inactivity_timeout: float = 70.0,

@@ -1,0 +1,92 @@
+"""The allocator settings and the periodic heap trim (observability/heap.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes.util
+import platform
+
+import pytest
+
+from nodewright.observability import heap
+
+
+class FakeAllocator:
+    def __init__(self, *, refuse: int | None = None, releases: bool = True) -> None:
+        self.settings: list[tuple[int, int]] = []
+        self.trims = 0
+        self.refuse = refuse
+        self.releases = releases
+
+    def mallopt(self, param: int, value: int) -> int:
+        self.settings.append((param, value))
+        return 0 if param == self.refuse else 1
+
+    def malloc_trim(self, pad: int) -> int:
+        assert pad == 0
+        self.trims += 1
+        return 1 if self.releases else 0
+
+
+def test_tuning_fixes_both_thresholds_and_the_arena_count() -> None:
+    fake = FakeAllocator()
+    assert heap.tune_allocator(fake) is True
+    assert dict(fake.settings) == {
+        heap.M_MMAP_THRESHOLD: heap.MMAP_THRESHOLD_BYTES,
+        heap.M_TRIM_THRESHOLD: heap.TRIM_THRESHOLD_BYTES,
+        heap.M_ARENA_MAX: heap.ARENAS,
+    }
+
+
+def test_a_refused_setting_is_reported() -> None:
+    assert heap.tune_allocator(FakeAllocator(refuse=heap.M_ARENA_MAX)) is False
+
+
+async def test_the_trimmer_trims_once_per_interval_until_stopped() -> None:
+    fake = FakeAllocator()
+    intervals: list[float] = []
+    slept = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        intervals.append(seconds)
+        if len(intervals) > 3:
+            slept.set()
+            await asyncio.Event().wait()  # the fourth interval never ends
+        await asyncio.sleep(0)
+
+    trimmer = heap.HeapTrimmer(fake, interval=7.0, sleep=sleep)
+    assert trimmer.start() is not None
+    await asyncio.wait_for(slept.wait(), 5)
+    await trimmer.stop()
+    assert fake.trims == 3 and trimmer.trims == 3
+    assert intervals == [7.0] * 4
+
+
+async def test_without_glibc_nothing_runs() -> None:
+    assert heap.tune_allocator(None) is False
+    trimmer = heap.HeapTrimmer(None)  # as on musl or macOS, where glibc() finds no malloc_trim
+    assert not trimmer.available
+    assert trimmer.start() is None
+    assert trimmer.trim() is False
+    await trimmer.stop()
+
+
+def test_a_trim_says_whether_memory_was_released() -> None:
+    assert heap.HeapTrimmer(FakeAllocator(releases=True)).trim() is True
+    assert heap.HeapTrimmer(FakeAllocator(releases=False)).trim() is False
+
+
+def test_an_interval_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="interval"):
+        heap.HeapTrimmer(FakeAllocator(), interval=0)
+
+
+@pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or not ctypes.util.find_library("c"),
+    reason="glibc only",
+)
+def test_this_glibc_accepts_the_settings_and_trims() -> None:
+    libc = heap.glibc()
+    assert libc is not None
+    assert heap.tune_allocator(libc) is True
+    assert heap.HeapTrimmer(libc).trim() in (True, False)
