@@ -20,9 +20,9 @@ Order of the writes, so that our operator (running or not) never acts on a half-
 3. NodeWrights, paused or disabled when the Skyhook was. Our operator's first plan of a node already
    sees its migrated state; and its own state writes carry resourceVersion preconditions, so even a
    plan made from a stale cache cannot overwrite a migrated state.
-A re-run is idempotent: objects it created (annotation `nodewright.io/migrated-from`) with the same spec
-are left alone, a node state already there is never overwritten (the operator may have moved on), and
-anything else of the same name is an error naming the object.
+A re-run is idempotent: objects it created (annotation `nodewright.io/migrated-from`) are left alone
+(edited since or not), a node state already there is never overwritten (the operator may have moved
+on), and an object of ours of the same name that migrate did not create is an error naming it.
 
 Exit status: 0 plan printed or applied, 1 refused or a write failed, 2 bad flags or kubeconfig.
 """
@@ -489,11 +489,8 @@ class Migrator:
                 )
                 ok = False
             elif not same_spec(t.kind, stored, t.manifest):
-                self.error(
-                    f"{ours} {t.name} (from an earlier migrate) differs from {t.kind} {t.name} now: delete"
-                    f" {ours} {t.name} to migrate it again"
-                )
-                ok = False
+                # Migrated before and edited since (e.g. a version bump): ours is the truth now.
+                self.say(f"note: {ours} {t.name} was migrated before and has changed since: left as is")
         return ok
 
     async def ensure_object(self, t: ObjectTranslation) -> None:
