@@ -5,14 +5,17 @@ Skyhook with three packages, and three nodes carrying the reference's node state
 - node 0: every package complete;
 - node 1: `tool` still in flight (apply/in_progress);
 - node 2: `kernel` (service interrupt) at config/complete, its interrupt still to come, and the node
-  cordoned by the reference (`cordon_<skyhook>` + unschedulable).
+  cordoned by the reference (`cordon_<skyhook>` + unschedulable);
+- node 3: a node state the migration cannot read (an unknown stage).
+The Skyhook is runtimeRequired, and node 1 carries the reference's runtime-required taint.
 
 `nodewright migrate` without --apply prints the plan and writes nothing; with a reference operator
 Deployment scaled up, --apply refuses; once it is gone, --apply creates the objects (the NodeWright
 paused, as the Skyhook is) and writes the node states. The invariant monitor starts then (the cordon is
 ours from its first look), the NodeWright is resumed, and the rollout finishes with package pods only for
-`tool` on node 1 and `kernel` on node 2; node 2's handed-over cordon is released by our operator. A second
---apply changes nothing.
+`tool` on node 1, `kernel` on node 2 and every package on node 3 (started over, never taken for
+complete); node 2's handed-over cordon is released and node 1's handed-over taint removed by our
+operator. A second --apply changes nothing.
 """
 
 from __future__ import annotations
@@ -101,6 +104,7 @@ async def test_migrate_hands_over_without_rerunning_completed_packages(
         "spec": {
             "nodeSelectors": {"matchLabels": {fleet.FLEET_LABEL: prefix}},
             "deploymentPolicy": name,
+            "runtimeRequired": True,
             "packages": {
                 "base": package("1.0.0", image="ghcr.io/example/base", configMap={"a.conf": "x=1"}),
                 "kernel": package(
@@ -120,16 +124,27 @@ async def test_migrate_hands_over_without_rerunning_completed_packages(
         _reference_state(base_done, kernel_done, tool_done),
         _reference_state(base_done, kernel_done, _entry("tool", "1.0.0", "apply", "in_progress")),
         _reference_state(base_done, _entry("kernel", "2.0.0", "config", "complete"), tool_done),
+        _reference_state(base_done, kernel_done, _entry("tool", "1.0.0", "bake", "complete")),
     ]
     await kube.create(f"{REF}/deploymentpolicies", policy)
     await kube.create(f"{REF}/skyhooks", skyhook)
     try:
-        async with operator_fixture.fleet_of(cluster, prefix, 3) as names:
+        async with operator_fixture.fleet_of(cluster, prefix, 4) as names:
             for node, text in zip(names, reference_states, strict=True):
                 await kube.merge_patch(
                     f"/api/v1/nodes/{node}", {"metadata": {"annotations": {state_key: text}}}
                 )
-            cordoned = names[2]
+            cordoned, tainted, malformed = names[2], names[1], names[3]
+            await kube.merge_patch(
+                f"/api/v1/nodes/{tainted}",
+                {
+                    "spec": {
+                        "taints": [
+                            {"key": "skyhook.nvidia.com", "value": "runtime-required", "effect": "NoSchedule"}
+                        ]
+                    }
+                },
+            )
             await kube.merge_patch(
                 f"/api/v1/nodes/{cordoned}",
                 {"metadata": {"annotations": {cordon_key: "true"}}, "spec": {"unschedulable": True}},
@@ -144,6 +159,10 @@ async def test_migrate_hands_over_without_rerunning_completed_packages(
             assert "tool|1.0.0: apply (was apply/in_progress)" in plan, plan
             assert f"node {cordoned}: Skyhook {name}:" in plan and "cordon handed over" in plan, plan
             assert "tag 'latest' dropped" in plan, plan
+            assert f"node {malformed}: Skyhook {name}: invalid:" in plan and "unknown stage 'bake'" in plan, (
+                plan
+            )
+            assert f"node {tainted}: runtime-required taint skyhook.nvidia.com handed over" in plan, plan
             assert (await operator_fixture.get_nodewright(kube, name)) is None
             for listed in await nodes_of(kube, prefix):
                 assert f"nodewright.io/state.{name}" not in (listed["metadata"].get("annotations") or {})
@@ -162,13 +181,17 @@ async def test_migrate_hands_over_without_rerunning_completed_packages(
                 nw = await operator_fixture.get_nodewright(kube, name)
                 assert nw is not None and nw["metadata"]["annotations"]["nodewright.io/pause"] == "true"
                 assert (await kube.get(f"{OUR_POLICIES}/{name}"))["metadata"]["name"] == name
-                states = {
-                    n["metadata"]["name"]: nodestate.decode(
-                        n["metadata"]["annotations"][f"nodewright.io/state.{name}"]
+                written = {
+                    n["metadata"]["name"]: (n["metadata"].get("annotations") or {}).get(
+                        f"nodewright.io/state.{name}"
                     )
                     for n in await nodes_of(kube, prefix)
                 }
+                states = {node: nodestate.decode(text) for node, text in written.items() if text is not None}
                 assert states[cordoned].cordoned and not states[names[0]].cordoned
+                assert malformed not in states, "nothing is written for a node state that cannot be read"
+                taints = (await kube.get(f"/api/v1/nodes/{tainted}"))["spec"]["taints"]
+                assert [t["key"] for t in taints] == ["nodewright.io/runtime-required"], taints
 
                 monitor = InvariantMonitor(cluster.kubeconfig, namespace=cluster.namespace)
                 await monitor.start()
@@ -186,12 +209,19 @@ async def test_migrate_hands_over_without_rerunning_completed_packages(
                 assert not by_node[cordoned]["spec"].get("unschedulable"), (
                     "the handed-over cordon was not released"
                 )
+                assert not by_node[tainted]["spec"].get("taints"), "the handed-over taint was not removed"
                 # The second run finds everything migrated already and changes nothing.
                 again = await run_migrate(cluster, "--apply", expect=0)
                 assert f"NodeWright {name}: exists" in again and "left as is" in again, again
                 await asyncio.sleep(2)
             created = {(node, pkg) for _pod, node, pkg, _stage, _attempt in pods.created}
-            assert created == {(names[1], "tool"), (cordoned, "kernel")}, pods.created
+            assert created == {
+                (names[1], "tool"),
+                (cordoned, "kernel"),
+                (malformed, "base"),
+                (malformed, "kernel"),
+                (malformed, "tool"),
+            }, pods.created
             stages = sorted(stage for _pod, node, pkg, stage, _a in pods.created if node == cordoned)
             assert stages == ["apply", "interrupt", "post-interrupt"], pods.created
             await operator_fixture.delete_nodewright(kube, name)
