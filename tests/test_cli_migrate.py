@@ -4,16 +4,20 @@ and guards of its writes, and that a second run changes nothing."""
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nodewright.api import nodestate
+from nodewright.cli.main import main
 from nodewright.cli.migrate_cmd import Migrator, Options
 from nodewright.kube.client import KubeClient
 from nodewright.plan import migration as m
 from tests.kubefake import NODES_C, FakeKube, node
+from tests.test_cli_operator import write_kubeconfig
 
 SKYHOOKS_C = ("apis/skyhook.nvidia.com/v1alpha1", "", "skyhooks")
 REF_POLICIES_C = ("apis/skyhook.nvidia.com/v1alpha1", "", "deploymentpolicies")
@@ -188,3 +192,18 @@ async def test_a_nodewright_edited_after_the_migration_is_left_as_is(
     assert not [r for r in kube.requests[before:] if r.method in ("POST", "PATCH", "PUT", "DELETE")]
     stored = kube.get(NODEWRIGHTS_C, "stack")
     assert stored is not None and stored["spec"]["packages"]["base"]["version"] == "1.1.0"
+
+
+def test_an_unreachable_api_server_is_one_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    config = write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}")
+    assert main(["migrate", "--kubeconfig", str(config), "--timeout", "20"]) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    assert "cannot reach the API server" in captured.out or "timed out" in captured.out, captured.out
+    assert main(["migrate", "--kubeconfig", str(tmp_path / "missing")]) == 2
+    assert "cannot read kubeconfig" in capsys.readouterr().err

@@ -109,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _main(args: argparse.Namespace, config: Any) -> int:
+    import aiohttp
+
     from nodewright.kube.client import KubeClient
     from nodewright.kube.resources import ApiError
     from nodewright.plan.migration import TaintSpec
@@ -125,7 +127,12 @@ async def _main(args: argparse.Namespace, config: Any) -> int:
             async with asyncio.timeout(args.timeout):
                 return await migrator.run()
         except TimeoutError:
-            migrator.error(f"not finished within --timeout ({args.timeout:g}s); run it again to continue")
+            migrator.error(
+                f"timed out (--timeout {args.timeout:g}s, or an API request's deadline); run it again to"
+                " continue: every step is idempotent"
+            )
+        except aiohttp.ClientError as exc:
+            migrator.error(f"cannot reach the API server: {flags.one_line(exc)}; check --kubeconfig")
         except ApiError as exc:
             if exc.status in (401, 403):
                 raise UsageError(
