@@ -24,7 +24,8 @@ A re-run is idempotent: objects it created (annotation `nodewright.io/migrated-f
 (edited since or not), a node state already there is never overwritten (the operator may have moved
 on), and an object of ours of the same name that migrate did not create is an error naming it.
 
-Exit status: 0 plan printed or applied, 1 refused or a write failed, 2 bad flags or kubeconfig.
+Exit status: 0 plan printed or applied, 1 refused, a write failed or the API server unreachable, 2 bad
+flags or kubeconfig.
 """
 
 from __future__ import annotations
