@@ -16,6 +16,9 @@ ours from its first look), the NodeWright is resumed, and the rollout finishes w
 `tool` on node 1, `kernel` on node 2 and every package on node 3 (started over, never taken for
 complete); node 2's handed-over cordon is released and node 1's handed-over taint removed by our
 operator. A second --apply changes nothing.
+
+A config change the reference had deferred (its per-package ConfigMap still holds the old data) runs
+the config stage under our operator, and only that.
 """
 
 from __future__ import annotations
@@ -248,3 +251,73 @@ def _reference_operator_deployment(unique: str) -> JSON:
             },
         },
     }
+
+
+async def test_a_config_change_the_reference_deferred_runs_after_the_migration(
+    cluster: ControlPlane,
+    reference_crds: None,
+    operator: Any,
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    """The reference updates a package's ConfigMap only once every node is complete: until then its
+    complete nodes run the old data. The migration records what the reference ConfigMap holds, so the
+    new configMap runs its config stage under our operator (and nothing else runs)."""
+    name = f"migc-{unique}"
+    prefix = f"migc-{unique}"
+    skyhook = {
+        "apiVersion": "skyhook.nvidia.com/v1alpha1",
+        "kind": "Skyhook",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelectors": {"matchLabels": {fleet.FLEET_LABEL: prefix}},
+            "interruptionBudget": {"count": 2},
+            "packages": {
+                "base": package("1.0.0", image="ghcr.io/example/base", configMap={"a.conf": "x=1"}),
+                "other": package("1.0.0", image="ghcr.io/example/other", configMap={"b.conf": "y=1"}),
+            },
+        },
+    }
+    applied = {"base": {"a.conf": "x=0"}, "other": {"b.conf": "y=1"}}  # base's new data not applied yet
+    configmaps = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+    for pkg, data in applied.items():
+        await kube.create(
+            configmaps,
+            {
+                "metadata": {
+                    "name": f"{name}-{pkg}-1.0.0",
+                    "labels": {"skyhook.nvidia.com/name": name},
+                    "annotations": {
+                        "skyhook.nvidia.com/name": name,
+                        "skyhook.nvidia.com/Package.Name": pkg,
+                        "skyhook.nvidia.com/Package.Version": "1.0.0",
+                    },
+                },
+                "data": data,
+            },
+        )
+    await kube.create(f"{REF}/skyhooks", skyhook)
+    state = _reference_state(
+        _entry("base", "1.0.0", "config", "complete"), _entry("other", "1.0.0", "config", "complete")
+    )
+    try:
+        async with operator_fixture.fleet_of(cluster, prefix, 2) as names:
+            for node in names:
+                await kube.merge_patch(
+                    f"/api/v1/nodes/{node}",
+                    {"metadata": {"annotations": {f"skyhook.nvidia.com/nodeState_{name}": state}}},
+                )
+            await invariants.sync()
+            async with PodCreations(kube, name) as pods:
+                await run_migrate(cluster, "--apply", expect=0)
+                await wait_statuses(kube, prefix, name, "complete", within=120)
+                await asyncio.sleep(2)
+            assert sorted((node, pkg, stage) for _p, node, pkg, stage, _a in pods.created) == [
+                (node, "base", "config") for node in sorted(names)
+            ], pods.created
+            await operator_fixture.delete_nodewright(kube, name)
+    finally:
+        await kube.delete(f"{REF}/skyhooks/{name}")
+        for pkg in applied:
+            await kube.delete(f"{configmaps}/{name}-{pkg}-1.0.0")
