@@ -222,6 +222,13 @@ def test_a_package_in_flight_restarts_at_the_start_of_its_run(stage: str, state:
     assert t.restarted == (f"kernel|2.1.0: apply (was {stage}/{state})",)
 
 
+def test_a_complete_status_label_the_state_does_not_bear_out_is_reported() -> None:
+    entries = {"kernel|2.1.0": {"stage": "config", "state": "complete"}}
+    t = _translate(entries, reference_status="complete")
+    assert t.restarted and [f.path for f in t.findings] == [f"metadata.labels[{m.status_key('stack')}]"]
+    assert not _translate(entries, reference_status="in_progress").findings
+
+
 def test_an_upgrade_in_flight_restarts_as_an_upgrade_and_keeps_the_old_version() -> None:
     t = _translate(
         {

@@ -296,7 +296,7 @@ class Migrator:
         self, node: JSONDict, migrated: Sequence[Migrated]
     ) -> tuple[NodeWrite, list[NodeTranslation]]:
         from nodewright.api import constants, nodestate
-        from nodewright.plan.migration import translate_node_extras, translate_node_state
+        from nodewright.plan.migration import status_key, translate_node_extras, translate_node_state
 
         meta = node["metadata"]
         name = str(meta["name"])
@@ -314,6 +314,7 @@ class Migrator:
                 unschedulable=unschedulable,
                 applied_configs=m.applied_configs,
                 config_updates=m.config_updates,
+                reference_status=labels.get(status_key(m.translation.name)),
             )
             if t.state is None and not t.findings:
                 continue

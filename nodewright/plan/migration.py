@@ -93,6 +93,11 @@ def cordon_annotation(skyhook: str) -> str:
     return f"{REFERENCE_PREFIX}cordon_{skyhook}"
 
 
+def status_key(skyhook: str) -> str:
+    """The reference's node status for a Skyhook: a label and an annotation of this name."""
+    return f"{REFERENCE_PREFIX}status_{skyhook}"
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One thing about an object that did not translate one to one: its path, what and what to do."""
@@ -419,13 +424,16 @@ def translate_node_state(
     unschedulable: bool,
     applied_configs: Mapping[str, Mapping[str, str]] | None = None,
     config_updates: Mapping[str, Sequence[str]] | None = None,
+    reference_status: str | None = None,
 ) -> NodeTranslation:
     """Our node state for `nodewright` (translated from Skyhook `skyhook`) on node `node`.
 
     `applied_configs` maps `name|version` to the configMap data the reference last applied (its
     per-package ConfigMap); a complete package records those hashes, so a change the reference had
     deferred still runs the config stage under our operator. `config_updates` is the Skyhook's
-    `status.configUpdates` (package -> changed keys of the last config cycle).
+    `status.configUpdates` (package -> changed keys of the last config cycle). `reference_status` is the
+    node's `status_<skyhook>` label: not carried over (our operator derives its own status from the
+    state), but a `complete` that the state does not bear out is reported.
     """
     text = annotations.get(node_state_annotation(skyhook))
     cordoned = annotations.get(cordon_annotation(skyhook)) == "true"
@@ -511,6 +519,14 @@ def translate_node_state(
         stage = PackageStage.UPGRADE if lower and not higher else PackageStage.APPLY
         ours.append(PackageEntry(e.name, e.version, stage, PackageState.PENDING, image=image))
         restarted.append(f"{key}: {stage.value} (was {e.stage.value}/{e.state})")
+    if reference_status == "complete" and restarted:
+        findings.append(
+            Finding(
+                "note",
+                f"metadata.labels[{status_key(skyhook)}]",
+                "says complete, but the node state is not: the state is followed",
+            )
+        )
     state = NodeState(packages=tuple(ours), cordoned=hand_over)
     return NodeTranslation(
         node,
