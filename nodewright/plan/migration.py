@@ -34,6 +34,8 @@ Node state. The reference's `skyhook.nvidia.com/nodeState_<skyhook>` annotation 
 - the reference cordon (`skyhook.nvidia.com/cordon_<skyhook>: "true"` on an unschedulable node) is
   handed over: our state records that we cordoned the node, so our operator uncordons it when the node
   completes. An unschedulable node without that annotation was cordoned by someone else and stays so.
+The reference's status label (`skyhook.nvidia.com/status_<skyhook>`) is not carried over: our operator
+derives its own from the state; a `complete` label the state does not bear out is reported.
 A node state that cannot be read exactly (bad JSON, an unknown stage or state, a key that is not
 `name|version`) is reported and nothing is written for that NodeWright on the node: our operator starts
 the node over from nothing, and never takes a package there for complete; its reference cordon is
