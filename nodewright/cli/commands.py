@@ -44,6 +44,11 @@ COMMANDS: tuple[Command, ...] = (
         "remove NodeWright from the cluster: NodeWrights, finalizers, node keys and cordons, leftovers",
     ),
     Command(
+        "migrate",
+        "nodewright.cli.migrate_cmd",
+        "take over from the reference operator (Skyhook): objects, node states, cordons (dry run)",
+    ),
+    Command(
         "consistency",
         "nodewright.cli.consistency_cmd",
         "how uniform the fleet is: package versions, configs, drift, kernels, drivers (skew marked)",
