@@ -283,6 +283,7 @@ async def test_chart_service_accounts_run_every_path_without_a_403(
             assert done.returncode == 0, f"helm uninstall failed:\n{done.stderr}\n{hook_output}"
             assert [r.job for r in runner.runs] == ["nw-nodewright-uninstall"], hook_output
             assert runner.runs[0].returncode == 0 and runner.runs[0].service_account == HOOK_SA, hook_output
+            assert "DisruptionBudget rb-pool: deleted" in runner.runs[0].output, hook_output
             await assert_clean(kube, plane.kubeconfig)
         users = [service_account_user(NAMESPACE, sa) for sa in (OPERATOR_SA, WEBHOOK_SA, HOOK_SA)]
         for user in users:

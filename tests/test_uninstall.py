@@ -17,6 +17,7 @@ from tests.kubefake import NODES_C, FakeKube, node
 TAINT_KEY = "nodewright.io/runtime-required"
 NW_C = ("apis/nodewright.io/v1alpha1", "", "nodewrights")
 DP_C = ("apis/nodewright.io/v1alpha1", "", "deploymentpolicies")
+DB_C = ("apis/nodewright.io/v1alpha1", "", "disruptionbudgets")
 DEPLOY_C = ("apis/apps/v1", "nodewright-system", "deployments")
 SECRETS_C = ("api/v1", "nodewright-system", "secrets")
 CM_C = ("api/v1", "nodewright-system", "configmaps")
@@ -148,6 +149,7 @@ def seed(fake: FakeKube) -> None:
     fake.put(NW_C, {"metadata": {"name": "a", "finalizers": [constants.FINALIZER]}, "spec": {}})
     fake.put(NW_C, {"metadata": {"name": "b", **meta}, "spec": {}})
     fake.put(DP_C, {"metadata": {"name": "p"}, "spec": {}})
+    fake.put(DB_C, {"metadata": {"name": "gpu-pool"}, "spec": {}, "status": {"slots": {"n1": "a"}}})
     fake.put(
         DEPLOY_C,
         {
@@ -189,6 +191,8 @@ async def test_a_run_releases_everything_and_only_what_is_ours(fake: FakeKube) -
     assert fake.objects[NW_C]["b"]["metadata"]["finalizers"] == ["other.io/keep"]
     assert any("still exists (finalizers of others: other.io/keep)" in p for p in report.problems)
     assert fake.objects[DP_C] == {}
+    assert fake.objects[DB_C] == {}  # its slots named NodeWrights that are gone
+    assert "DisruptionBudget gpu-pool: deleted" in report.lines
     n1, n2, n3 = (fake.objects[NODES_C][n] for n in ("n1", "n2", "n3"))
     for obj in (n1, n2):
         assert list(obj["metadata"]["labels"]) == ["nodewright.io/ignore", "zone"]

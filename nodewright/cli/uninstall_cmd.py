@@ -11,7 +11,8 @@ What NodeWright leaves on a cluster, and how each piece goes:
    the command waits until none of its pods is left), so no reconcile writes behind the cleanup.
 3. **Finalizers** of the NodeWrights still there are released (a merge patch with the resourceVersion
    it read; a conflict is re-read and retried). Only our finalizer is removed, never anyone else's.
-4. **DeploymentPolicies** are deleted once no NodeWright refers to them (the webhook refuses earlier).
+4. **DeploymentPolicies** are deleted once no NodeWright refers to them (the webhook refuses earlier),
+   and **DisruptionBudgets** with them: their status holds slots of NodeWrights that are gone now.
 5. **Nodes**: every key the operator writes is removed -- labels `nodewright.io/status.<nw>`, annotations
    `nodewright.io/state.<nw>`, `timing.<nw>`, `batch.<nw>`, `auto-tainted` (and the reserved
    `cordoned-by`), conditions of type `nodewright.io/<nw>` (strategic merge `$patch: delete` on
@@ -455,22 +456,26 @@ class Uninstaller:
             )
 
     async def delete_policies(self) -> None:
-        from nodewright.kube.resources import DEPLOYMENTPOLICIES, ApiError, NotFound
+        from nodewright.kube.resources import DEPLOYMENTPOLICIES, DISRUPTIONBUDGETS, ApiError, NotFound
 
-        for obj in await self.listed(DEPLOYMENTPOLICIES):
-            name = str(obj["metadata"]["name"])
-            if not self.options.dry_run:
-                try:
-                    await self.client.delete(DEPLOYMENTPOLICIES, name)
-                except NotFound:
-                    continue
-                except ApiError as exc:
-                    if exc.status in (401, 403):
-                        raise
-                    reason = flags.one_line(exc.message)
-                    self.report.problem(f"DeploymentPolicy {name}: not deleted: {reason}")
-                    continue
-            self.report.say(f"DeploymentPolicy {name}: deleted")
+        for resource, kind in (
+            (DEPLOYMENTPOLICIES, "DeploymentPolicy"),
+            (DISRUPTIONBUDGETS, "DisruptionBudget"),
+        ):
+            for obj in await self.listed(resource):
+                name = str(obj["metadata"]["name"])
+                if not self.options.dry_run:
+                    try:
+                        await self.client.delete(resource, name)
+                    except NotFound:
+                        continue
+                    except ApiError as exc:
+                        if exc.status in (401, 403):
+                            raise
+                        reason = flags.one_line(exc.message)
+                        self.report.problem(f"{kind} {name}: not deleted: {reason}")
+                        continue
+                self.report.say(f"{kind} {name}: deleted")
 
     # -- nodes -------------------------------------------------------------------------------------
 
