@@ -17,15 +17,19 @@ says what to do, and exit status 2 -- never a traceback, never the multi-line us
 from __future__ import annotations
 
 import argparse
+import asyncio
 import errno
 import ipaddress
 import os
 import re
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path, PurePosixPath
-from typing import NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+
+if TYPE_CHECKING:
+    from nodewright.kube.config import ClusterConfig
 
 USAGE_ERROR = 2
 
@@ -49,6 +53,29 @@ def fail(prog: str, message: object, *, stream: TextIO | None = None) -> int:
     """Print `<prog>: <message>` as one line on stderr and return the usage-error exit status."""
     print(f"{prog}: {one_line(message)}", file=stream if stream is not None else sys.stderr, flush=True)
     return USAGE_ERROR
+
+
+def cluster_config(kubeconfig: str | Path | None) -> ClusterConfig:
+    """The cluster of `--kubeconfig` (in-cluster settings without it); a UsageError names the problem."""
+    from nodewright.kube.config import ConfigError, load_config
+
+    try:
+        return load_config(kubeconfig)
+    except ConfigError as exc:
+        hint = "" if kubeconfig else " (pass --kubeconfig, or run in a cluster)"
+        raise UsageError(f"{exc}{hint}") from None
+
+
+def run_against_cluster(
+    prog: str,
+    args: argparse.Namespace,
+    main: Callable[[argparse.Namespace, ClusterConfig], Coroutine[Any, Any, int]],
+) -> int:
+    """Load the cluster of `args.kubeconfig` and run `main` on it; a UsageError is one line and exit 2."""
+    try:
+        return asyncio.run(main(args, cluster_config(args.kubeconfig)))
+    except UsageError as exc:
+        return fail(prog, exc)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -248,13 +248,7 @@ def validate_flags(args: argparse.Namespace) -> None:
 
 
 def load_cluster_config(args: argparse.Namespace) -> ClusterConfig:
-    from nodewright.kube.config import ConfigError, load_config
-
-    try:
-        return load_config(args.kubeconfig)
-    except ConfigError as exc:
-        hint = "" if args.kubeconfig else " (pass --kubeconfig, or run in a cluster)"
-        raise UsageError(f"{exc}{hint}") from None
+    return flags.cluster_config(args.kubeconfig)
 
 
 # ----------------------------------------------------------------------------------------------------

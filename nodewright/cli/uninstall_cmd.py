@@ -111,17 +111,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from nodewright.kube.config import ConfigError, load_config
-
-    try:
-        try:
-            config = load_config(args.kubeconfig)
-        except ConfigError as exc:
-            hint = "" if args.kubeconfig else " (pass --kubeconfig, or run in a cluster)"
-            raise UsageError(f"{exc}{hint}") from None
-        return asyncio.run(_main(args, config))
-    except UsageError as exc:
-        return flags.fail(PROG, exc)
+    return flags.run_against_cluster(PROG, args, _main)
 
 
 async def _main(args: argparse.Namespace, config: Any) -> int:
