@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, Final, Literal
@@ -63,7 +63,7 @@ from nodewright.api import constants, semver
 from nodewright.api.images import ImageReferenceError, parse_image
 from nodewright.api.models import DeploymentPolicy, NodeWright
 from nodewright.api.nodestate import NodeState, PackageEntry, PackageStage, PackageState, entry_key
-from nodewright.api.validation import validate_deploymentpolicy, validate_nodewright
+from nodewright.api.validation import ValidationResult, validate_deploymentpolicy, validate_nodewright
 from nodewright.plan.configdiff import config_hashes
 from nodewright.plan.selectors import matches
 
@@ -268,23 +268,7 @@ def translate_skyhook(obj: Mapping[str, Any]) -> ObjectTranslation:
             fix = _image_fix(pkg, f"spec.packages[{key}]")
             if fix is not None:
                 findings.append(fix)
-    manifest: dict[str, Any] = {
-        "apiVersion": constants.API_VERSION,
-        "kind": constants.KIND_NODEWRIGHT,
-        "metadata": meta,
-        "spec": spec,
-    }
-    result = validate_nodewright(manifest)
-    if not result.ok:
-        findings.extend(_validation_findings(result.errors))
-        return ObjectTranslation("Skyhook", name, None, tuple(findings))
-    kept = NodeWright.model_validate(manifest).spec.to_json_dict()
-    for path in _dropped_paths(spec, kept, "spec"):
-        findings.append(
-            Finding("dropped", path, "NodeWright has no such field; the object is created without it")
-        )
-        _remove_path(manifest, path)
-    return ObjectTranslation("Skyhook", name, manifest, tuple(findings))
+    return _checked("Skyhook", name, meta, spec, findings, model=NodeWright, validate=validate_nodewright)
 
 
 def translate_policy(obj: Mapping[str, Any]) -> ObjectTranslation:
@@ -297,21 +281,47 @@ def translate_policy(obj: Mapping[str, Any]) -> ObjectTranslation:
             "DeploymentPolicy", name, None, (Finding("invalid", "spec", "missing or not an object"),)
         )
     spec: dict[str, Any] = _without_nulls(copy.deepcopy(dict(raw_spec)))
+    return _checked(
+        "DeploymentPolicy",
+        name,
+        meta,
+        spec,
+        findings,
+        model=DeploymentPolicy,
+        validate=validate_deploymentpolicy,
+    )
+
+
+def _checked(
+    reference_kind: str,
+    name: str,
+    meta: dict[str, Any],
+    spec: dict[str, Any],
+    findings: list[Finding],
+    *,
+    model: type[NodeWright] | type[DeploymentPolicy],
+    validate: Callable[[Mapping[str, Any]], ValidationResult],
+) -> ObjectTranslation:
+    """Our object from the translated `spec`: refused with every problem our validation names, else
+    created without the fields our API does not know (each reported as `dropped`)."""
+    kind = model.__name__
     manifest: dict[str, Any] = {
         "apiVersion": constants.API_VERSION,
-        "kind": constants.KIND_POLICY,
+        "kind": kind,
         "metadata": meta,
         "spec": spec,
     }
-    result = validate_deploymentpolicy(manifest)
+    result = validate(manifest)
     if not result.ok:
         findings.extend(_validation_findings(result.errors))
-        return ObjectTranslation("DeploymentPolicy", name, None, tuple(findings))
-    kept = DeploymentPolicy.model_validate(manifest).spec.to_json_dict()
+        return ObjectTranslation(reference_kind, name, None, tuple(findings))
+    kept = model.model_validate(manifest).spec.to_json_dict()
     for path in _dropped_paths(spec, kept, "spec"):
-        findings.append(Finding("dropped", path, "DeploymentPolicy has no such field; created without it"))
+        findings.append(
+            Finding("dropped", path, f"{kind} has no such field; the object is created without it")
+        )
         _remove_path(manifest, path)
-    return ObjectTranslation("DeploymentPolicy", name, manifest, tuple(findings))
+    return ObjectTranslation(reference_kind, name, manifest, tuple(findings))
 
 
 def same_spec(kind: str, stored: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
