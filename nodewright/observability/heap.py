@@ -1,7 +1,7 @@
 """The operator's heap: how glibc's allocator is set up and when freed memory goes back to the kernel.
 
-An informer's first list decodes every node of the fleet page by page (500 nodes, several MiB of JSON),
-keeps the trimmed copies and drops the rest. CPython hands blocks over 512 bytes to glibc `malloc`,
+An informer's first list decodes every node of the fleet a page at a time (each page's JSON is decoded
+whole), keeps the trimmed copies and drops the rest. CPython hands blocks over 512 bytes to glibc `malloc`,
 and glibc keeps what is freed in its heap instead of returning it: it raises its mmap threshold after
 the first large `free` (so the next list page lands in the heap too), and it only gives the top of the
 heap back. The resident set a dashboard shows then stays at the start-up peak for the life of the
