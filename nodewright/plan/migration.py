@@ -248,16 +248,23 @@ def _validation_findings(errors: Sequence[Any]) -> list[Finding]:
     ]
 
 
-def translate_skyhook(obj: Mapping[str, Any]) -> ObjectTranslation:
-    """The NodeWright for reference Skyhook `obj` (a JSON object as the API server returns it)."""
-    meta, findings = _metadata(obj, "Skyhook")
+def _source(
+    obj: Mapping[str, Any], reference_kind: str
+) -> tuple[str, dict[str, Any], dict[str, Any] | None, list[Finding]]:
+    """Name, our metadata, a copy of the spec without nulls (None when there is no spec object), findings."""
+    meta, findings = _metadata(obj, reference_kind)
     name = str(meta.get("name") or "")
     raw_spec = obj.get("spec")
     if not isinstance(raw_spec, Mapping):
-        return ObjectTranslation(
-            "Skyhook", name, None, (Finding("invalid", "spec", "missing or not an object"),)
-        )
-    spec: dict[str, Any] = _without_nulls(copy.deepcopy(dict(raw_spec)))
+        return name, meta, None, [*findings, Finding("invalid", "spec", "missing or not an object")]
+    return name, meta, _without_nulls(copy.deepcopy(dict(raw_spec))), findings
+
+
+def translate_skyhook(obj: Mapping[str, Any]) -> ObjectTranslation:
+    """The NodeWright for reference Skyhook `obj` (a JSON object as the API server returns it)."""
+    name, meta, spec, findings = _source(obj, "Skyhook")
+    if spec is None:
+        return ObjectTranslation("Skyhook", name, None, tuple(findings))
     packages = spec.get("packages")
     if isinstance(packages, dict):
         for key, pkg in packages.items():
@@ -273,14 +280,9 @@ def translate_skyhook(obj: Mapping[str, Any]) -> ObjectTranslation:
 
 def translate_policy(obj: Mapping[str, Any]) -> ObjectTranslation:
     """Our DeploymentPolicy for the reference DeploymentPolicy `obj` (same name, same fields)."""
-    meta, findings = _metadata(obj, "DeploymentPolicy")
-    name = str(meta.get("name") or "")
-    raw_spec = obj.get("spec")
-    if not isinstance(raw_spec, Mapping):
-        return ObjectTranslation(
-            "DeploymentPolicy", name, None, (Finding("invalid", "spec", "missing or not an object"),)
-        )
-    spec: dict[str, Any] = _without_nulls(copy.deepcopy(dict(raw_spec)))
+    name, meta, spec, findings = _source(obj, "DeploymentPolicy")
+    if spec is None:
+        return ObjectTranslation("DeploymentPolicy", name, None, tuple(findings))
     return _checked(
         "DeploymentPolicy",
         name,
