@@ -166,6 +166,56 @@ def classify_writes(table: Mapping[str, Mapping[str, int]]) -> WriteCounts:
     return WriteCounts(node_pod, status, events, other)
 
 
+def _base_resource(resource: str) -> str:
+    """`pods/binding` -> `pods`, `nodewrights.nodewright.io` -> `nodewrights` (the client's spelling)."""
+    return resource.split("/")[0].split(".")[0]
+
+
+def server_writes(samples: Samples) -> dict[str, dict[str, int]]:
+    """Writes kube-apiserver served, from every client: `{verb: {resource[/subresource]: count}}`.
+
+    From `apiserver_request_total` (all codes); CONNECT (logs, exec) is not a write.
+    """
+    table: dict[str, dict[str, int]] = defaultdict(dict)
+    grouped = sum_by(samples, "apiserver_request_total", ("verb", "resource", "subresource"))
+    for (verb, resource, subresource), value in grouped.items():
+        if verb.upper() in READ_VERBS or verb.upper() == "CONNECT" or not value:
+            continue
+        name = f"{resource}/{subresource}" if subresource else resource
+        table[verb][name] = table[verb].get(name, 0) + round(value)
+    return {v: dict(sorted(r.items())) for v, r in sorted(table.items())}
+
+
+def total_writes(table: Mapping[str, Mapping[str, int]]) -> int:
+    return sum(
+        count
+        for verb, resources in table.items()
+        if verb.upper() not in READ_VERBS
+        for count in resources.values()
+    )
+
+
+def other_clients_writes(
+    server: Mapping[str, Mapping[str, int]], operator: Mapping[str, Mapping[str, int]]
+) -> dict[str, int]:
+    """What the API server wrote for clients other than the operator, per verb and base resource
+    (`"PATCH pods"` counts `pods/status` patches too).
+
+    `server` is `server_writes`; `operator` the operator's own `requests_table`. The two spell
+    subresources differently (the client counts `nodes/status` patches as `nodes`), so the comparison is
+    per base resource. A request the operator sent that never reached the server (no response) makes
+    a difference negative; it is floored at 0.
+    """
+    totals: dict[str, int] = defaultdict(int)
+    for sign, table in ((1, server), (-1, operator)):
+        for verb, resources in table.items():
+            if verb.upper() in READ_VERBS:
+                continue
+            for resource, count in resources.items():
+                totals[f"{verb.upper()} {_base_resource(resource)}"] += sign * count
+    return {key: count for key, count in sorted(totals.items()) if count > 0}
+
+
 # ----------------------------------------------------------------------------------------------------
 # The minimum number of writes the stage machine needs
 

@@ -250,6 +250,46 @@ class ProcessSampler:
             await asyncio.sleep(self.interval)
 
 
+@dataclass
+class ComponentCPU:
+    """CPU seconds of the control plane's processes (kube-apiserver, etcd, kwok, ...) over the rollout.
+
+    Only for a control plane the benchmark started (it knows the pids); with `--kubeconfig` it is empty.
+    """
+
+    pids: Mapping[str, int]
+    start: dict[str, float] = field(default_factory=dict)
+
+    def _read(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, pid in self.pids.items():
+            try:
+                times = psutil.Process(pid).cpu_times()
+            except psutil.Error:
+                continue
+            out[name] = float(times.user + times.system)
+        return out
+
+    def begin(self) -> None:
+        self.start = self._read()
+
+    def seconds(self) -> dict[str, float]:
+        end = self._read()
+        return {name: round(end[name] - self.start[name], 2) for name in end if name in self.start}
+
+
+async def server_requests(kubeconfig: Path) -> analysis.Samples | None:
+    """kube-apiserver's own `apiserver_request_total` (every client), or None when /metrics is unreadable."""
+    try:
+        async with KubeClient(kubeconfig) as client:
+            text = await client.get_text("/metrics", deadline_s=60)
+    except Exception as exc:  # a missing measurement must not fail the run: it is reported as absent
+        log(f"kube-apiserver /metrics not readable ({exc!r}): the simulator's writes are not reported")
+        return None
+    wanted = "\n".join(line for line in text.splitlines() if line.startswith("apiserver_request_total"))
+    return analysis.parse_prometheus(wanted)
+
+
 def _pod_succeeded(pod: Mapping[str, Any]) -> bool:
     status = pod.get("status") or {}
     if status.get("phase") == "Succeeded":
@@ -367,7 +407,9 @@ async def predicted_batches(
     return batch_sequences(report.preview)
 
 
-async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -> dict[str, Any]:
+async def measure(
+    cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path, component_pids: Mapping[str, int]
+) -> dict[str, Any]:
     git_head = _git_head()  # the code the operator runs: read before it starts, not after the run
     policy, nw = policy_manifest(cfg), nodewright_manifest(cfg)
     shapes = package_shapes(cfg)
@@ -400,6 +442,7 @@ async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -
     log(f"operator pid {operator.pid}, log {operator.log_path}")
     profiler = Profiler(operator.pid, log_dir / "operator.pyspy.txt") if cfg.profile else None
     sampler = ProcessSampler(operator.pid)
+    components = ComponentCPU(component_pids)
     tracker = FleetTracker(kubeconfig, NODEWRIGHT)
     probe = LatencyProbe(kubeconfig, NODEWRIGHT)
     monitor, monitor_note = await _start_monitor(kubeconfig)
@@ -413,6 +456,8 @@ async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -
     try:
         await asyncio.wait_for(tracker.synced.wait(), 120)
         before = analysis.parse_prometheus(operator.metrics_text() or "")
+        server_before = await server_requests(kubeconfig)
+        components.begin()
         kubectl_apply(bin_dir, kubeconfig, text=json.dumps(nw))
         applied = time.monotonic()
         tracker.started = applied
@@ -422,7 +467,9 @@ async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -
         )
         wall = time.monotonic() - applied
         sampler.sample()
+        component_seconds = components.seconds()
         after = analysis.parse_prometheus(operator.metrics_text() or "")
+        server_after = await server_requests(kubeconfig)
         drift = await _measure_drift(cfg, kubeconfig, operator, sampler) if completed else None
         idle = await _measure_idle(cfg, kubeconfig, operator, log_dir) if completed else None
     finally:
@@ -448,6 +495,11 @@ async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -
     }
     observed = tracker.batches(((final_obj or {}).get("status") or {}).get("rolloutFingerprint") or None)
     per_node_write = writes.node_and_pod / node_packages if node_packages else 0.0
+    served = (
+        analysis.server_writes(analysis.delta(server_after, server_before))
+        if server_after is not None and server_before is not None
+        else None
+    )
     fingerprint = ((final_obj or {}).get("status") or {}).get("rolloutFingerprint")
     simulated = analysis.replay_makespan(
         {
@@ -503,7 +555,10 @@ async def measure(cfg: Config, kubeconfig: Path, bin_dir: Path, log_dir: Path) -
             "minimum_per_node_package": round(minimum.per_node_package, 3),
             "minimum_breakdown_per_node": dict(minimum.breakdown),
             "writes_vs_minimum": round(per_node_write / minimum.per_node_package, 3) if completed else None,
+            "server_writes": served,
+            "simulator_writes": _simulator_writes(served, table, node_packages, completed=completed),
         },
+        "control_plane": _control_plane(component_seconds, served, wall),
         "nodewright_status_bytes": {"final": _status_bytes(final_obj), "max": max_status_bytes},
         "event_loop_lag_seconds": {
             "p50": _round(analysis.histogram_quantile(0.5, lag)),
@@ -748,6 +803,48 @@ async def _stop_monitor(monitor: Any, note: str) -> dict[str, Any]:
     }
 
 
+def _simulator_writes(
+    served: Mapping[str, Mapping[str, int]] | None,
+    operator_table: Mapping[str, Mapping[str, int]],
+    node_packages: int,
+    *,
+    completed: bool,
+) -> dict[str, Any] | None:
+    """The writes of every client but the operator while the rollout ran: kwok playing pods and nodes,
+    the rebooter, kube-controller-manager (and the benchmark's one apply of the NodeWright)."""
+    if served is None:
+        return None
+    by_resource = analysis.other_clients_writes(served, operator_table)
+    total = sum(by_resource.values())
+    return {
+        "by_resource": by_resource,
+        "total": total,
+        "per_node_package": round(total / node_packages, 3) if completed and node_packages else None,
+    }
+
+
+def _control_plane(
+    cpu_seconds: Mapping[str, float], served: Mapping[str, Mapping[str, int]] | None, wall: float
+) -> dict[str, Any]:
+    """Where the machine's CPU went, and what one write cost the API server.
+
+    `apiserver_cpu_ms_per_write` charges all of kube-apiserver's CPU (watch fan-out, reads, admission,
+    encoding) to the writes, which cause nearly all of it here; `apiserver_cores` is its average use of
+    a core over the run (1.0: one core busy all the time).
+    """
+    total = analysis.total_writes(served) if served is not None else None
+    apiserver = cpu_seconds.get("kube-apiserver")
+    return {
+        "cpu_seconds": dict(cpu_seconds),
+        "apiserver_cores": round(apiserver / wall, 3) if apiserver is not None and wall > 0 else None,
+        "server_writes_total": total,
+        "server_writes_per_second": round(total / wall, 1) if total is not None and wall > 0 else None,
+        "apiserver_cpu_ms_per_write": (
+            round(apiserver * 1000 / total, 2) if apiserver is not None and total else None
+        ),
+    }
+
+
 def _git_head() -> str:
     with contextlib.suppress(OSError):
         head = (REPO_ROOT / ".git" / "HEAD").read_text().strip()
@@ -798,9 +895,10 @@ def render_readme(runs: Sequence[Mapping[str, Any]]) -> str:
         "measured and how. One row per run (`<N>-nodes.json`, plot `<N>-nodes.png`).",
         "",
         "| nodes | pkgs | comps | stage s (pod p50) | wall s | ideal s | ratio | sim-replay s (ratio)"
-        " | RSS MiB (idle) | CPU s | writes/node-pkg (min) | status KiB"
-        " | loop lag p50/p99 ms | ctrl latency p50/p99 s | invariants |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        " | RSS MiB (idle) | CPU s | writes/node-pkg (min) | sim writes/node-pkg"
+        " | API server cores (ms/write) | status KiB | loop lag p50/p99 ms | ctrl latency p50/p99 s"
+        " | invariants |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in runs:
         api, lag, lat = r["api"], r["event_loop_lag_seconds"], r["controller_latency_seconds"]
@@ -808,6 +906,8 @@ def render_readme(runs: Sequence[Mapping[str, Any]]) -> str:
         idle = (r["operator"].get("idle") or {}).get("rss_mib")
         done = r.get("completed", True)
         replay = r.get("simulator_makespan_seconds") if done else None
+        sim_writes = (api.get("simulator_writes") or {}).get("per_node_package")
+        plane = r.get("control_plane") or {}
         lines.append(
             f"| {r['run']['nodes']} | {r['run']['packages']} | {r['run']['compartments']}"
             f" | {r['run']['stage_seconds']:g} ({'-' if pod is None else round(pod, 2)})"
@@ -817,6 +917,9 @@ def render_readme(runs: Sequence[Mapping[str, Any]]) -> str:
             f" | {r['operator']['peak_rss_mib']} ({_or_dash(idle)})"
             f" | {r['operator']['cpu_seconds']} | {_or_dash(api['writes_per_node_package'])}"
             f" ({api['minimum_per_node_package']})"
+            f" | {_or_dash(sim_writes)}"
+            f" | {_or_dash(plane.get('apiserver_cores'))}"
+            f" ({_or_dash(plane.get('apiserver_cpu_ms_per_write'))})"
             f" | {round(r['nodewright_status_bytes']['max'] / 1024, 1)}"
             f" | {_ms(lag['p50'])}/{_ms(lag['p99'])} | {lat['p50']}/{lat['p99']}"
             f" | {r['invariants']['verdict']} |"
@@ -1004,9 +1107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             plane = ControlPlane.create(directory)
             log(f"control plane up in {plane.up():.1f}s in {plane.dir}")
             kubeconfig, log_dir = plane.kubeconfig, plane.dir / "logs"
+            pids = {name: int(c["pid"]) for name, c in plane.status().items() if c["running"] and c["pid"]}
         else:
-            kubeconfig, log_dir = cfg.kubeconfig, cfg.out / "logs"
-        result = asyncio.run(measure(cfg, kubeconfig, bin_dir, log_dir))
+            kubeconfig, log_dir, pids = cfg.kubeconfig, cfg.out / "logs", {}
+        result = asyncio.run(measure(cfg, kubeconfig, bin_dir, log_dir, pids))
     except (binaries.BinariesMissingError, ControlPlaneError, DemoError) as exc:
         print(f"benchmark FAILED: {exc}", file=sys.stderr)
         return 1

@@ -52,6 +52,36 @@ def test_requests_table_sums_codes_and_classifies_writes() -> None:
     assert writes.total == 66 + 5 + 7 + 1
 
 
+SERVER_SCRAPE = """\
+apiserver_request_total{code="201",resource="pods",subresource="",verb="POST"} 12
+apiserver_request_total{code="201",resource="pods",subresource="binding",verb="POST"} 12
+apiserver_request_total{code="200",resource="pods",subresource="status",verb="PATCH"} 30
+apiserver_request_total{code="200",resource="pods",subresource="",verb="DELETE"} 24
+apiserver_request_total{code="200",resource="nodes",subresource="",verb="PATCH"} 30
+apiserver_request_total{code="200",resource="nodes",subresource="status",verb="PATCH"} 12
+apiserver_request_total{code="200",resource="nodes",subresource="",verb="LIST"} 9
+apiserver_request_total{code="101",resource="pods",subresource="log",verb="CONNECT"} 4
+apiserver_request_total{code="200",resource="nodewrights",subresource="status",verb="PATCH"} 5
+"""
+
+
+def test_server_writes_and_the_other_clients_share() -> None:
+    served = analysis.server_writes(analysis.parse_prometheus(SERVER_SCRAPE))
+    assert served == {
+        "DELETE": {"pods": 24},
+        "PATCH": {"nodes": 30, "nodes/status": 12, "nodewrights/status": 5, "pods/status": 30},
+        "POST": {"pods": 12, "pods/binding": 12},
+    }, "reads and CONNECT (logs) are not writes; subresources are kept apart"
+    assert analysis.total_writes(served) == 125
+    operator = analysis.requests_table(analysis.parse_prometheus(SCRAPE))
+    others = analysis.other_clients_writes(served, operator)
+    # The operator: 42 node PATCHes (nodes and nodes/status alike), 12 creates, 12 deletes, 5 status.
+    assert others == {"DELETE pods": 12, "PATCH pods": 30, "POST pods": 12}, (
+        "what the operator wrote is taken out per verb and base resource"
+    )
+    assert "POST events" not in others, "an operator write the server did not count never goes negative"
+
+
 def test_delta_subtracts_and_keeps_new_series() -> None:
     before = analysis.parse_prometheus('x_total{a="1"} 5\n')
     after = analysis.parse_prometheus('x_total{a="1"} 8\nx_total{a="2"} 4\n')
@@ -194,6 +224,13 @@ def test_readme_table_has_a_row_per_run() -> None:
     assert "8.0 (7.0)" in row
     assert "1.0/-" in row
     assert "| 80.0 (-) |" in row  # no idle phase measured
+    assert "8.0 (7.0) | - | - (-) |" in row, "runs from before the server-side counts show dashes"
+    served = {
+        **result,
+        "api": {**result["api"], "simulator_writes": {"per_node_package": 3.1}},
+        "control_plane": {"apiserver_cores": 0.93, "apiserver_cpu_ms_per_write": 8.4},
+    }
+    assert "8.0 (7.0) | 3.1 | 0.93 (8.4) |" in run.render_readme([served])
     assert "x, 2 CPUs, 4.0 GiB RAM" in text
     idle = {**result, "operator": {**result["operator"], "idle": {"rss_mib": 61.5}}}
     assert "| 80.0 (61.5) |" in run.render_readme([idle])

@@ -154,6 +154,19 @@ class KubeClient:
     async def get(self, path: str, *, params: Mapping[str, str] | None = None) -> JSON:
         return await self.request("GET", path, params=params)
 
+    async def get_text(self, path: str, *, deadline_s: float | None = None) -> str:
+        """A GET of a non-JSON endpoint (e.g. the API server's `/metrics`); raises ApiError on non-2xx."""
+        deadline = aiohttp.ClientTimeout(total=deadline_s or self._timeout)
+        session = self._get_session()
+        async with (
+            self._limit,
+            session.get(self.server + path, headers={"Accept": "text/plain"}, timeout=deadline) as resp,
+        ):
+            text = await resp.text()
+            if resp.status >= 300:
+                raise ApiError(resp.status, "GET", path, text)
+            return text
+
     async def create(self, path: str, body: JSON) -> JSON:
         return await self.request("POST", path, body=body)
 
