@@ -10,7 +10,9 @@ for a moment and may garbage-collect pods), evicted pods terminate, protected po
 A pod runs the stages of its transition (`stages.pod_stages`: apply and config in one install pod) and
 reports them as the controller reads init container statuses (`PodSummary.progress`): fate
 `"fail@config"` fails the pod in its config stage with apply done (a pod without that stage succeeds),
-`"fail"` in its first stage.
+`"fail"` in its first stage. A pod that carries chained runs (`CreatePod.chain`) runs them after its
+own, in order; fate `"fail@<package>:<stage>"` fails it in that run's stage (the runs before it done, the
+ones after it not started; a pod without that run succeeds).
 
 Invariants checked at every step (violations raise `InvariantError`):
 - no package entry skips a stage (state transitions follow the stage machine);
@@ -61,6 +63,7 @@ from nodewright.plan.node import (
 from nodewright.plan.stages import (
     INTERRUPT_STAGES,
     PRE_INTERRUPT_STAGES,
+    ChainedRun,
     Done,
     PodOutcome,
     PodSummary,
@@ -204,6 +207,10 @@ class FakeNode:
             created=self.now,
             outcome=PodOutcome.RUNNING,
             progress=_progress(action.stage, done=0),
+            chain=tuple(
+                ChainedRun(package, version, stage, _progress(stage, done=0))
+                for package, version, stage in action.chain
+            ),
         )
         itype = action.interrupt.type if action.interrupt else None
         self.pods[action.name] = FakePod(summary, self.outcomes(action), itype)
@@ -244,6 +251,8 @@ class FakeNode:
                     pod.summary = replace(pod.summary, outcome=PodOutcome.FAILED, message="killed by reboot")
                 else:
                     pod.summary = _succeeded(pod.summary)
+            elif pod.fate.startswith("fail@") and ":" in pod.fate:
+                pod.summary = _failed_in_run(pod.summary, *pod.fate[5:].split(":", 1))
             elif pod.fate.startswith("fail@") and pod.fate[5:] not in [s.value for s in pod.summary.stages]:
                 pod.summary = _succeeded(pod.summary)  # the failing stage is not one this pod runs
             elif pod.fate == "fail" or pod.fate.startswith("fail@"):
@@ -301,10 +310,24 @@ class FakeNode:
                 raise InvariantError(f"{entry.key} attempts {entry.attempts} > max")
             prev = old.entry(entry.name, entry.version)
             if prev is None:
-                if entry.stage not in (PackageStage.APPLY, PackageStage.UPGRADE):
-                    raise InvariantError(f"{entry.key} appeared at {entry.stage}")
-                continue
+                continue  # checked below: only at its first stage, or after a pod that ran it
             _check_transition(self.nodewright, prev, entry)
+        chained = {run.package: run for pod in self.pods.values() for run in pod.summary.chain}
+        for entry in new.packages:
+            if old.entry(entry.name, entry.version) is not None:
+                continue
+            run = chained.get(entry.name)
+            if run is not None and run.version == entry.version:
+                # Its first attempt ran in a pod of another package: it moves on from that run's stage.
+                started = PackageEntry(entry.name, entry.version, run.stage, PackageState.IN_PROGRESS)
+                try:
+                    _check_transition(self.nodewright, started, entry)
+                except InvariantError:
+                    # Or it completed in the pod and its next run (an uninstall) started in this plan.
+                    done = PackageEntry(entry.name, entry.version, PackageStage.CONFIG, PackageState.COMPLETE)
+                    _check_transition(self.nodewright, done, entry)
+            elif entry.stage not in (PackageStage.APPLY, PackageStage.UPGRADE):
+                raise InvariantError(f"{entry.key} appeared at {entry.stage} without a pod that ran it")
         creates = [a for a in plan.actions if isinstance(a, CreatePod)]
         for action in creates:
             target = new.entry(action.package, action.version)
@@ -351,6 +374,30 @@ def _succeeded(summary: PodSummary) -> PodSummary:
         summary,
         outcome=PodOutcome.SUCCEEDED,
         progress=_progress(summary.stage, done=len(summary.stages)),
+        chain=tuple(replace(r, progress=_progress(r.stage, done=len(r.stages))) for r in summary.chain),
+    )
+
+
+def _failed_in_run(summary: PodSummary, package: str, stage: str) -> PodSummary:
+    """The pod failed in `stage` of the run of `package` it carries (its own or a chained one)."""
+    runs = [(summary.package, summary.stages), *((r.package, r.stages) for r in summary.chain)]
+    index = next((i for i, (name, _) in enumerate(runs) if name == package), None)
+    if index is None or stage not in [s.value for s in runs[index][1]]:
+        return _succeeded(summary)
+    at = [s.value for s in runs[index][1]].index(stage)
+
+    def done(i: int, stages: tuple[PackageStage, ...]) -> int:
+        return len(stages) if i < index else at if i == index else 0
+
+    return replace(
+        summary,
+        outcome=PodOutcome.FAILED,
+        message="exit code 1",
+        progress=_progress(summary.stage, done=done(0, summary.stages)),
+        chain=tuple(
+            replace(r, progress=_progress(r.stage, done=done(i + 1, r.stages)))
+            for i, r in enumerate(summary.chain)
+        ),
     )
 
 

@@ -92,6 +92,9 @@ POD_ANNOTATION_ATTEMPT: Final = f"{PREFIX}attempt"
 POD_ANNOTATION_INTERRUPT: Final = f"{PREFIX}interrupt"
 POD_ANNOTATION_SPEC_HASH: Final = f"{PREFIX}spec-hash"
 POD_ANNOTATION_DRIFT_SLOT: Final = f"{PREFIX}drift-slot"  # drift-check pods: the check slot they belong to
+POD_ANNOTATION_CHAIN: Final = f"{PREFIX}chain"
+"""Packages whose runs follow the pod's own package in the same pod (`--chain-packages`), as JSON
+`[[package, version, first stage], ...]` in the order their init containers run."""
 POD_ANNOTATION_NODE: Final = f"{PREFIX}target-node"
 """The node a package pod is for. Stage pods are created unbound and bound there by the operator."""
 POD_SCHEDULER_NAME: Final = "nodewright-operator"

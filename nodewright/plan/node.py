@@ -38,6 +38,11 @@ Safety rules (anchor §2.9 plus our fixes, §11.3):
 - Paused: nothing new is created (running pods are still observed and recorded). Disabled: the node is
   left completely alone. Ignored or not tolerated: nothing is created, status `blocked`.
 
+Chained runs (`PlanOptions.chain_packages`, `--chain-packages`): a pod may carry, after its own
+package's stages, the new installs/upgrades without interrupt of packages that depend only on what runs
+in that pod (`chain_for`); when it ends, each chained run gets its entry and advances as its containers
+say (`finish_chain`). docs/stages.md, "Chained runs".
+
 Reboot interrupts complete when the node's bootID differs from the one recorded at interrupt start and
 the node is Ready, independently of the interrupt pod (the reboot kills it); a node that does not come
 back within `reboot_timeout` makes the entry `erroring`.
@@ -70,10 +75,12 @@ from nodewright.plan.stages import (
     INTERRUPT_STAGES,
     PRE_INTERRUPT_STAGES,
     UNINSTALL_STAGES,
+    ChainedRun,
     Observation,
     PodOutcome,
     PodSummary,
     RetryPolicy,
+    StageProgress,
     advance,
     completed_stages,
     fail_attempt,
@@ -81,6 +88,7 @@ from nodewright.plan.stages import (
     observe_pod,
     parse_ts,
     pod_stages,
+    run_completed_stages,
     run_interrupt,
     seconds_until,
     start_attempt,
@@ -140,6 +148,7 @@ class PlanOptions:
     reboot_timeout: float = 1200.0
     reapply_on_reboot: bool = False
     poll_interval: float = 5.0  # re-check cadence while waiting on something without an event
+    chain_packages: bool = False  # follow a run with its dependents' runs in the same pod (`chain_for`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +229,7 @@ class CreatePod:
     interrupt: Interrupt | None = None  # interrupt stages: the merged interrupt
     covers: tuple[str, ...] = ()  # interrupt stages: the other packages the interrupt completes
     repair: bool = False  # a run that re-applies after drift (the agent re-runs flagged steps)
+    chain: tuple[tuple[str, str, PackageStage], ...] = ()  # (package, version, stage) run after its own
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +304,8 @@ class NodePlan:
 
 
 CONDITION_TEXT = 1000  # characters of a node condition message the planner composes
+CHAIN_HEAD_STAGES = frozenset({PackageStage.APPLY, PackageStage.UPGRADE, PackageStage.CONFIG})
+"""Stages whose pod may carry chained runs after its own (see `_Planner.chain_for`)."""
 
 # ----------------------------------------------------------------------------------------------------
 # Helpers
@@ -459,7 +471,12 @@ class _Planner:
     def stage_interrupt(self, entry: PackageEntry) -> Interrupt | None:
         return run_interrupt(_package(self.nw, entry.name), entry)
 
-    def desired_hash(self, entry: PackageEntry, interrupt: Interrupt | None = None) -> str:
+    def desired_hash(
+        self,
+        entry: PackageEntry,
+        interrupt: Interrupt | None = None,
+        chain: tuple[PackageEntry, ...] = (),
+    ) -> str:
         pkg = _package(self.nw, entry.name)
         return podspec.spec_hash(
             self.nw,
@@ -470,7 +487,55 @@ class _Planner:
             interrupt=interrupt,
             options=self.opts.pod,
             repair=entry.repair and entry.stage not in INTERRUPT_STAGES,
+            chain=self.chain_links(chain),
         )
+
+    def chain_links(self, chain: tuple[PackageEntry, ...]) -> tuple[podspec.ChainLink, ...]:
+        return tuple(podspec.ChainLink(e.name, _package(self.nw, e.name), e.version, e.stage) for e in chain)
+
+    def chain_for(self, head: PackageEntry) -> tuple[PackageEntry, ...]:
+        """The runs that follow `head`'s stages in its pod (`--chain-packages`, `podspec.ChainLink`).
+
+        New installs or upgrades without interrupt of packages that depend on `head` and on runs
+        already chained only (at least one dependency each), in dependency order, ties by name. It is
+        a function of the spec and of those packages' own entries -- which nothing changes while the
+        head's pod runs -- so it is the same chain when the pod is created and whenever it is observed
+        (a different chain means a different spec: the pod is replaced like any changed pod). A package
+        that also depends on something outside the pod is not chained: whether that is complete can
+        change while the pod runs.
+        """
+        if (
+            not self.opts.chain_packages
+            or head.repair
+            or head.stage not in CHAIN_HEAD_STAGES
+            or self.stage_interrupt(head) is not None
+        ):
+            return ()
+        candidates = {
+            run.name: run
+            for run in self._new_runs(report=False)
+            if run.name != head.name
+            and run.stage in (PackageStage.APPLY, PackageStage.UPGRADE)
+            and not run.repair
+            and self.stage_interrupt(run) is None
+        }
+        members = {head.name}
+        chain: list[PackageEntry] = []
+        while True:
+            following = next(
+                (
+                    name
+                    for name in sorted(candidates)
+                    if name not in members
+                    and (deps := set(self.nw.spec.packages[name].depends_on or {}))
+                    and deps <= members
+                ),
+                None,
+            )
+            if following is None:
+                return tuple(chain)
+            chain.append(candidates[following])
+            members.add(following)
 
     def in_spec(self, entry: PackageEntry) -> bool:
         pkg = self.nw.spec.packages.get(entry.name)
@@ -522,8 +587,15 @@ class _Planner:
             if entry.state != PackageState.IN_PROGRESS or not self.in_spec(entry):
                 continue
             pods = pods_by_key.get((entry.name, entry.version, entry.stage), [])
-            interrupt = self.merged_interrupt(entry, skipped) if entry.stage in INTERRUPT_STAGES else None
-            want = self.desired_hash(entry, interrupt)
+            if entry.stage in INTERRUPT_STAGES:
+                want = self.desired_hash(entry, self.merged_interrupt(entry, skipped))
+            else:
+                # A pod keeps the chain it was built with while its links are still in the spec (their
+                # hash says whether what it runs changed): a NodeWright deletion or an uninstall asked
+                # for meanwhile never cuts an install short.
+                candidate = next((p for p in pods if p.attempt == entry.attempts and p.chain), None)
+                kept = self.pod_chain(candidate) if candidate is not None else None
+                want = self.desired_hash(entry, chain=self.chain_for(entry) if kept is None else kept)
             current = next(
                 (p for p in pods if p.attempt == entry.attempts and p.spec_hash == entry.spec_hash), None
             )
@@ -543,7 +615,10 @@ class _Planner:
             if current.spec_hash != want and entry.stage not in INTERRUPT_STAGES:
                 # Image/env/resources/config changed: replace the pod with a fresh attempt series.
                 self.delete(current, "pod spec changed")
-                self.put(self.respec(entry))
+                if current.chain:
+                    self.finish_replaced(entry, current)
+                else:
+                    self.put(self.respec(entry))
                 continue
             view = observe_pod(current, entry, now=self.now, policy=self.policy(entry.name))
             if view.observation == Observation.WAIT:
@@ -641,34 +716,126 @@ class _Planner:
 
     def finish_pod(self, entry: PackageEntry, pod: PodSummary, *, failure: str | None) -> None:
         """A stage pod ended: advance the entry through every stage it completed, in order (one state
-        write for all of them), then record the failure, if any, at the stage it failed in.
+        write for all of them), then record the failure, if any, at the stage it failed in; then the
+        same for each chained run the pod carried, in order, as long as the runs before it completed.
 
         The stages done are read from the pod's init container statuses, so a pod of another shape (one
         an older operator built with a single stage) advances exactly as far as it got. A failure in a
         later stage keeps the earlier ones done: the retry pod starts at the stage that failed, as its
         first attempt there.
         """
+        current = self.advance_run(entry, pod.progress, completed_stages(pod))
+        if current is not None and current.state is PackageState.COMPLETE and pod.chain:
+            self.finish_chain(pod, failure=failure)
+            return
+        if failure is not None and current is not None:
+            self.fail_run(entry, current, pod.progress, pod.stages, failure)
+
+    def advance_run(
+        self, entry: PackageEntry, progress: tuple[StageProgress, ...], done: tuple[PackageStage, ...]
+    ) -> PackageEntry | None:
+        """`entry` advanced through the stages `done` (in order, stopping at the first mismatch)."""
         current: PackageEntry | None = entry
-        for stage in completed_stages(pod):
+        for stage in done:
             if current is None or current.stage != stage or current.state is PackageState.COMPLETE:
                 break
             if current is not entry:
-                current = self.continued_in(pod, current)
+                current = self.continued_in(progress, current)
             current = self.complete_stage(current)
-        if failure is None or current is None:
-            return
+        return current
+
+    def fail_run(
+        self,
+        entry: PackageEntry,
+        current: PackageEntry,
+        progress: tuple[StageProgress, ...],
+        stages: tuple[PackageStage, ...],
+        failure: str,
+    ) -> None:
+        """Record `failure` at the stage `current` of a run that started at `entry` stopped in."""
         if current.state not in (PackageState.PENDING, PackageState.IN_PROGRESS):
             return  # nothing left to fail (the pod's last stage completed before the pod was killed)
         if current.stage != entry.stage:
-            if current.stage not in pod.stages:
+            if current.stage not in stages:
                 return  # the pod ended after its own stages; the next one has not started
-            current = self.continued_in(pod, current)
+            current = self.continued_in(progress, current)
         self.record_failure(current, failure)
 
-    def continued_in(self, pod: PodSummary, entry: PackageEntry) -> PackageEntry:
-        """`entry` at a later stage of `pod`: the pod went on into it, which was its first attempt there
+    def finish_chain(self, pod: PodSummary, *, failure: str | None) -> None:
+        """The chained runs of a pod whose own run completed: each one's entry starts (its first
+        attempt ran in this pod) and advances as far as its containers got; the first that did not
+        complete takes the failure, and the runs after it were never started (they start as new runs)."""
+        succeeded = pod.outcome is PodOutcome.SUCCEEDED
+        for run in pod.chain:
+            fresh = self.chained_entry(run)
+            if fresh is None:
+                return  # the spec no longer wants this run: it starts afresh, as a new run
+            started = self.continued_in(run.progress, fresh)
+            done = run_completed_stages(run.progress, run.stages, succeeded=succeeded)
+            current = self.advance_run(started, run.progress, done)
+            if current is None or current.state is PackageState.COMPLETE:
+                continue
+            self.put(current)
+            if failure is not None:
+                self.fail_run(started, current, run.progress, run.stages, failure)
+            return
+
+    def chained_entry(self, run: ChainedRun) -> PackageEntry | None:
+        """The entry of a chained run that the pod went on into: it ran on the host, so it is recorded
+        whatever the spec says now (an entry present means "files of this version may be on the host";
+        an uninstall requested meanwhile runs after it). None when its package left the spec: then only
+        an inert marker at the run's stage is kept, as for any run of a package no longer in the spec."""
+        pkg = self.nw.spec.packages.get(run.package)
+        entry = PackageEntry(
+            name=run.package,
+            version=run.version,
+            stage=run.stage,
+            state=PackageState.PENDING,
+            image=podspec.image_reference(pkg.image, run.version, pkg.container_sha) if pkg else "",
+        )
+        if pkg is None:
+            self.put(self.continued_in(run.progress, entry))
+            return None
+        return entry
+
+    def pod_chain(self, pod: PodSummary) -> tuple[PackageEntry, ...] | None:
+        """The chain a running pod carries, as entries, if every link still names a package of the spec
+        at that version (its hash then says whether what it runs changed); None otherwise."""
+        links: list[PackageEntry] = []
+        for run in pod.chain:
+            pkg = self.nw.spec.packages.get(run.package)
+            if pkg is None or pkg.version != run.version:
+                return None
+            links.append(PackageEntry(run.package, run.version, run.stage, PackageState.PENDING))
+        return tuple(links)
+
+    def finish_replaced(self, entry: PackageEntry, pod: PodSummary) -> None:
+        """A chained pod replaced because what it runs changed: what it completed so far is recorded
+        (the chained runs ran on the host), and the run it was in continues at that stage as a fresh
+        attempt series (`respec`), in a pod of the new spec."""
+        current = self.advance_run(entry, pod.progress, completed_stages(pod))
+        if current is None:
+            return
+        if current.state is not PackageState.COMPLETE:
+            self.put(self.respec(current))
+            return
+        for run in pod.chain:
+            fresh = self.chained_entry(run)
+            if fresh is None:
+                return
+            started = self.continued_in(run.progress, fresh)
+            done = run_completed_stages(run.progress, run.stages, succeeded=False)
+            reached = self.advance_run(started, run.progress, done)
+            if reached is None or reached.state is PackageState.COMPLETE:
+                continue
+            # The kubelet runs init containers in order: the runs after this one have not started.
+            self.put(self.respec(reached))
+            return
+
+    def continued_in(self, progress: tuple[StageProgress, ...], entry: PackageEntry) -> PackageEntry:
+        """`entry` at a later stage of a pod: the pod went on into it, which was its first attempt there
         (started when the stage's first container did, if the kubelet said)."""
-        part = next((p for p in pod.progress if p.stage is entry.stage), None)
+        part = next((p for p in progress if p.stage is entry.stage), None)
         began = part.started if part is not None and part.started is not None else self.now
         return replace(entry, state=PackageState.IN_PROGRESS, attempts=1, started=ts(began))
 
@@ -832,6 +999,11 @@ class _Planner:
     def new_runs(self) -> list[PackageEntry]:
         """Entries for work that would START now (not yet in state): fresh install, upgrade, config
         change, uninstall. Materialised only if the start gates allow it."""
+        return self._new_runs(report=True)
+
+    def _new_runs(self, *, report: bool) -> list[PackageEntry]:
+        """`new_runs`; with `report`, the runs it cannot start are said in `blocked` (once per plan:
+        `chain_for` asks without)."""
         runs: list[PackageEntry] = []
         for name, pkg in sorted(self.nw.spec.packages.items()):
             entries = self.state.entries_for(name)
@@ -894,6 +1066,8 @@ class _Planner:
             higher = [e for e in entries if _version_key(e.version) > spec_v]
             if higher and pkg.uninstall is not None and pkg.uninstall.enabled:
                 top = max(higher, key=lambda e: _version_key(e.version))
+                if not report:
+                    continue
                 self.blocked.append(
                     f"{name}: downgrade {top.version} -> {pkg.version} requires uninstalling"
                     f" {top.version} first (set uninstall.apply: true)"
@@ -949,7 +1123,7 @@ class _Planner:
         is created until it is gone (an uninstall and a reinstall, or two attempts, never overlap)."""
         for pod in self.inp.pods:
             if (
-                pod.package == package
+                package in pod.packages()
                 and pod.name != name
                 and _may_run(pod, deleting=pod.name in self.deletes)
             ):
@@ -1113,11 +1287,14 @@ class _Planner:
         new_run: bool = False,
     ) -> PackageEntry:
         pkg = _package(self.nw, entry.name)
-        s_hash = self.desired_hash(entry, interrupt)
+        chain = () if entry.stage in INTERRUPT_STAGES else self.chain_for(entry)
+        s_hash = self.desired_hash(entry, interrupt, chain)
         name = podspec.pod_name(
             self.nw.metadata.name, entry.name, entry.version, entry.stage, self.node.name, attempt, s_hash
         )
-        blocker = self.blocking_pod(entry.name, name=name)
+        blocker = next(
+            (pod for e in (entry, *chain) if (pod := self.blocking_pod(e.name, name=name)) is not None), None
+        )
         checking = self.drift_check_running()
         if blocker is not None or checking is not None:
             running = blocker.name if blocker is not None else checking
@@ -1141,12 +1318,16 @@ class _Planner:
                 interrupt=interrupt,
                 covers=covers,
                 repair=entry.repair and entry.stage not in INTERRUPT_STAGES,
+                chain=tuple((e.name, e.version, e.stage) for e in chain),
             )
         )
         new = start_attempt(entry, attempt=attempt, spec_hash=s_hash, image=image, now=self.now)
         self.put(new)
-        # The Event names every stage the pod runs ("apply, config"): one pod per transition.
+        # The Event names every stage the pod runs ("apply, config"): one pod per transition, and the
+        # chained runs after it.
         stages = ", ".join(s.value for s in pod_stages(entry.stage))
+        for e in chain:
+            stages += f"; then {e.name}:{e.version} " + ", ".join(s.value for s in pod_stages(e.stage))
         if new_run:
             self.events.append(Event("PackageStarted", f"{entry.name}:{entry.version} {stages}"))
         elif attempt != entry.attempts:

@@ -224,8 +224,10 @@ def spec_hash(
     interrupt: Interrupt | None,
     options: PodOptions,
     repair: bool = False,
+    chain: Sequence[ChainLink] = (),
 ) -> str:
-    """Hash of everything that should replace a running pod when it changes."""
+    """Hash of everything that should replace a running pod when it changes (with a chain: the hash of
+    each chained package's run as well, so a change to any of them replaces the pod)."""
     identity: dict[str, Any] = {
         "stage": stage.value,
         "package": package_name,
@@ -248,7 +250,55 @@ def spec_hash(
         )
     if repair:
         identity["repair"] = True  # only when set: existing pods keep their hash
+    if chain:  # only when set: unchained pods keep their hash
+        identity["chain"] = [
+            spec_hash(
+                nw,
+                link.package,
+                package_name=link.package_name,
+                version=link.version,
+                stage=link.stage,
+                interrupt=None,
+                options=options,
+            )
+            for link in chain
+        ]
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class ChainLink:
+    """A package run that follows the pod's own package in the same pod.
+
+    With `--chain-packages` the operator puts the runs of packages that depend only on the pod's
+    package (and on each other) into its pod, after its stages: an install of `a -> b -> c` is one pod
+    running `a` apply and config, then `b`'s, then `c`'s, instead of three pods one after another. Only
+    runs without an interrupt are chained (the interrupt needs the node drained, and a pod of its own).
+    """
+
+    package_name: str
+    package: Package
+    version: str
+    stage: PackageStage
+
+
+def encode_chain(chain: Sequence[ChainLink]) -> str:
+    return json.dumps([[c.package_name, c.version, c.stage.value] for c in chain], separators=(",", ":"))
+
+
+def parse_chain(text: str | None) -> tuple[tuple[str, str, PackageStage], ...] | None:
+    """The `(package, version, first stage)` of each chained run, or None when the annotation is not
+    one we write (a pod with such a chain is not one of ours and is never read as one)."""
+    if not text:
+        return ()
+    try:
+        raw = json.loads(text)
+        links = tuple((str(p), str(v), PackageStage(s)) for p, v, s in raw)
+    except (ValueError, TypeError):
+        return None
+    if any(stage not in (PackageStage.APPLY, PackageStage.UPGRADE) for _, _, stage in links):
+        return None
+    return links
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -296,14 +346,18 @@ def build_pod(
     options: PodOptions,
     interrupt: Interrupt | None = None,
     repair: bool = False,
+    chain: Sequence[ChainLink] = (),
 ) -> dict[str, Any]:
-    """The manifest of the pod running `stage` of `package_name@version` on `node` (attempt >= 1).
+    """The manifest of the pod running `stage` of `package_name@version` on `node` (attempt >= 1),
+    followed by the runs of `chain` (see `ChainLink`).
 
     For interrupt stages, `package` is the carrier package and `interrupt` the merged interrupt.
     `repair` marks a run that re-applies after drift (see `REPAIR_ENV`).
     """
     if stage in INTERRUPT_STAGES and interrupt is None:
         raise ValueError(f"stage {stage.value} needs an interrupt")
+    if chain and (stage in INTERRUPT_STAGES or repair):
+        raise ValueError("only the stages of a run without interrupt or repair can be followed by a chain")
     nw_name = nw.metadata.name
     s_hash = spec_hash(
         nw,
@@ -314,25 +368,28 @@ def build_pod(
         interrupt=interrupt,
         options=options,
         repair=repair,
+        chain=chain,
     )
     volumes, mounts = _base_volumes(nw_name, node, options)
-    env = _agent_env(nw, package_name, version, node_order, options)
     if stage in INTERRUPT_STAGES:
         assert interrupt is not None
+        env = _agent_env(nw, package_name, version, node_order, options)
         init = [_interrupt_container(nw, package, package_name, version, interrupt, env, mounts, options)]
     else:
-        package_mounts = _with_package_configmap(nw_name, package_name, package, volumes, mounts)
-        extra_env = list(REPAIR_ENV) if repair else []
-        init = _stage_containers(
-            nw,
-            package,
-            package_name,
-            version,
-            modes=transition_modes(stage),
-            env=env + _package_env(package) + extra_env,
-            mounts=package_mounts,
-            options=options,
-        )
+        runs = [ChainLink(package_name, package, version, stage), *chain]
+        init = [
+            container
+            for index, run in enumerate(runs)
+            for container in _run_containers(
+                nw,
+                run,
+                node_order=node_order,
+                repair=repair and index == 0,
+                volumes=volumes,
+                mounts=mounts,
+                options=options,
+            )
+        ]
     labels = {
         constants.POD_LABEL_PACKAGE: package_name,
         constants.POD_LABEL_VERSION: label_value(version),
@@ -341,11 +398,49 @@ def build_pod(
     annotations = {constants.POD_ANNOTATION_ATTEMPT: str(attempt), constants.POD_ANNOTATION_SPEC_HASH: s_hash}
     if interrupt is not None and stage in INTERRUPT_STAGES:
         annotations[constants.POD_ANNOTATION_INTERRUPT] = interrupts_mod.interrupt_json(interrupt)
+    if chain:
+        annotations[constants.POD_ANNOTATION_CHAIN] = encode_chain(chain)
     spec = _pod_spec(nw, node, init, volumes, options)
-    if package.graceful_shutdown and stage not in INTERRUPT_STAGES:
-        spec["terminationGracePeriodSeconds"] = int(parse_duration_seconds(package.graceful_shutdown))
+    grace = (
+        _grace_seconds([package, *(link.package for link in chain)])
+        if stage not in INTERRUPT_STAGES
+        else None
+    )
+    if grace is not None:
+        spec["terminationGracePeriodSeconds"] = grace
     name = pod_name(nw_name, package_name, version, stage, node, attempt, s_hash)
     return _pod(nw, name, node, labels=labels, annotations=annotations, spec=spec, options=options)
+
+
+def _run_containers(
+    nw: NodeWright,
+    run: ChainLink,
+    *,
+    node_order: int,
+    repair: bool,
+    volumes: list[dict[str, Any]],
+    mounts: list[dict[str, Any]],
+    options: PodOptions,
+) -> list[dict[str, Any]]:
+    """One package run's init containers: its payload copy, then each stage's work and check."""
+    package_mounts = _with_package_configmap(nw.metadata.name, run.package_name, run.package, volumes, mounts)
+    env = _agent_env(nw, run.package_name, run.version, node_order, options) + _package_env(run.package)
+    return _stage_containers(
+        nw,
+        run.package,
+        run.package_name,
+        run.version,
+        modes=transition_modes(run.stage),
+        env=env + (list(REPAIR_ENV) if repair else []),
+        mounts=package_mounts,
+        options=options,
+    )
+
+
+def _grace_seconds(packages: Sequence[Package]) -> int | None:
+    """The pod's grace period: the longest `gracefulShutdown` of the packages it runs (None: the default)."""
+    graces = [int(parse_duration_seconds(p.graceful_shutdown)) for p in packages if p.graceful_shutdown]
+    return max(graces) if graces else None
 
 
 def drift_check_name(nodewright: str, node: str, slot: int, spec_digest: str) -> str:

@@ -16,6 +16,9 @@ skips a stage: a pod that ran several stages advances the entry through each of 
 init container statuses say (`completed_stages`), and a pod that failed in a later stage leaves the
 earlier ones done: the retry starts at the stage that failed, never from the start of the pod.
 
+A pod may also carry chained runs of other packages after its own (`ChainedRun`, `--chain-packages`):
+each is read from its own containers, and its entry starts when the pod ends (docs/stages.md).
+
 Entry states: `pending` (next stage known, pod not created yet), `in_progress` (pod created, or waiting
 for its retry), `complete` (package done at this version), `erroring` (attempts exhausted), `skipped`
 (interrupt merged into another package's interrupt pod, see interrupts.py). While a pod runs, the entry
@@ -75,6 +78,26 @@ class StageProgress:
 
 
 @dataclass(frozen=True, slots=True)
+class ChainedRun:
+    """A package run that follows the pod's own package in the same pod (`podspec.ChainLink`).
+
+    `stage` is the run's first stage; `progress` what the pod's init containers say about each of the
+    run's stages (empty: read as `pod_stages(stage)`, all done exactly when the pod succeeded).
+    """
+
+    package: str
+    version: str
+    stage: PackageStage
+    progress: tuple[StageProgress, ...] = ()
+
+    @property
+    def stages(self) -> tuple[PackageStage, ...]:
+        if self.progress:
+            return tuple(p.stage for p in self.progress)
+        return pod_stages(self.stage)
+
+
+@dataclass(frozen=True, slots=True)
 class PodSummary:
     """What the controller tells the planner about one package pod (from labels/annotations/status).
 
@@ -96,13 +119,23 @@ class PodSummary:
     terminating: bool = False  # deletion requested (deletionTimestamp set), the pod is not gone yet
     bound: bool = True  # placed on its node; an unbound pod of ours has run nothing (controller.trust)
     progress: tuple[StageProgress, ...] = ()
+    chain: tuple[ChainedRun, ...] = ()  # runs of other packages after this pod's own, in order
 
     @property
     def stages(self) -> tuple[PackageStage, ...]:
-        """The stages this pod runs, in order."""
+        """The stages this pod runs for its own package, in order."""
         if self.progress:
             return tuple(p.stage for p in self.progress)
         return pod_stages(self.stage)
+
+    @property
+    def stage_count(self) -> int:
+        """Every stage the pod runs, its chained runs' included (its time limit is per stage)."""
+        return len(self.stages) + sum(len(run.stages) for run in self.chain)
+
+    def packages(self) -> tuple[str, ...]:
+        """The packages whose work this pod runs: its own, then the chained ones."""
+        return (self.package, *(run.package for run in self.chain))
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,10 +214,17 @@ def completed_stages(pod: PodSummary) -> tuple[PackageStage, ...]:
     Read from the init container statuses when the controller provided them; otherwise every stage of
     a succeeded pod and none of any other.
     """
-    if not pod.progress:
-        return pod.stages if pod.outcome is PodOutcome.SUCCEEDED else ()
+    return run_completed_stages(pod.progress, pod.stages, succeeded=pod.outcome is PodOutcome.SUCCEEDED)
+
+
+def run_completed_stages(
+    progress: tuple[StageProgress, ...], stages: tuple[PackageStage, ...], *, succeeded: bool
+) -> tuple[PackageStage, ...]:
+    """The stages of one run in a pod (its own or a chained one) that finished, in order: a prefix."""
+    if not progress:
+        return stages if succeeded else ()
     done: list[PackageStage] = []
-    for part in pod.progress:
+    for part in progress:
         if not part.done:
             break
         done.append(part.stage)
@@ -315,11 +355,12 @@ def observe_pod(pod: PodSummary, entry: PackageEntry, *, now: datetime, policy: 
         return AttemptView(Observation.FAILED, pod.message or "pod failed")
     if pod.outcome == PodOutcome.DEADLINE:
         return AttemptView(Observation.FAILED, pod.message or "pod exceeded its deadline")
-    # The stage timeout is per stage: a pod running apply and config gets twice as long.
-    limit = policy.stage_timeout * len(pod.stages)
+    # The stage timeout is per stage: a pod running apply and config gets twice as long (a chained pod,
+    # the timeout of its own package for each stage of every run it carries).
+    limit = policy.stage_timeout * pod.stage_count
     deadline = pod.created + timedelta(seconds=limit)
     if now >= deadline:
-        what = "stage" if len(pod.stages) == 1 else f"{len(pod.stages)} stages"
+        what = "stage" if pod.stage_count == 1 else f"{pod.stage_count} stages"
         return AttemptView(Observation.FAILED, f"{what} did not finish within {_human(limit)}; pod deleted")
     recheck = seconds_until(deadline, now)
     if pod.outcome == PodOutcome.PULL_ERROR:
