@@ -164,6 +164,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     flags.add_switch(
         parser,
+        "--chain-packages",
+        default=False,
+        help="run the installs of packages that depend only on another package's run in that package's"
+        " pod, after it (one pod and two node writes for a dependency chain; docs/benchmarks.md)",
+    )
+    flags.add_switch(
+        parser,
         "--allow-force-drain",
         default=True,
         help="let drain.policy force delete pods (needs pod delete in all namespaces); when off, such"
@@ -407,6 +414,7 @@ async def run_operator(args: argparse.Namespace, rt: OperatorRuntime) -> int:
                 log_root=args.log_root,
                 reboot_timeout=args.reboot_timeout,
                 reapply_on_reboot=args.reapply_on_reboot,
+                chain_packages=args.chain_packages,
                 resync_seconds=args.resync_seconds,
                 allow_force_drain=args.allow_force_drain,
                 keep_succeeded_logs=args.keep_succeeded_logs,

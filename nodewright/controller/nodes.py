@@ -119,6 +119,7 @@ from nodewright.plan.stages import (
     INTERRUPT_STAGES,
     PodOutcome,
     PodSummary,
+    StageProgress,
     failed_stage,
     parse_ts,
     ts,
@@ -195,6 +196,7 @@ class NodeReconciler:
             pod=self.pod_options,
             reboot_timeout=opts.reboot_timeout,
             reapply_on_reboot=opts.reapply_on_reboot,
+            chain_packages=opts.chain_packages,
         )
         self._sequencing = _SequencingCache()
         self._warned: set[tuple[str, str]] = set()  # (key or pod uid, problem) already reported
@@ -844,6 +846,9 @@ class NodeReconciler:
         pkg = nw.spec.packages[action.package]
         if action.stage not in INTERRUPT_STAGES and pkg.config_map:
             await self.configmaps.ensure(nw, action.package, pkg)
+        for name, _, _ in action.chain:
+            if nw.spec.packages[name].config_map:
+                await self.configmaps.ensure(nw, name, nw.spec.packages[name])
         manifest = podspec.build_pod(
             nw,
             pkg,
@@ -856,6 +861,10 @@ class NodeReconciler:
             options=self.pod_options,
             interrupt=action.interrupt,
             repair=action.repair,
+            chain=[
+                podspec.ChainLink(name, nw.spec.packages[name], version, stage)
+                for name, version, stage in action.chain
+            ],
         )
         if manifest["metadata"]["name"] != action.name:
             # The planner and the builder disagree on the pod's identity: creating it would make the
@@ -884,6 +893,7 @@ class NodeReconciler:
             version=action.version,
             stage=action.stage.value,
             attempt=action.attempt,
+            chain=[name for name, _, _ in action.chain] or None,
         )
 
     def _create_refused(
@@ -1006,6 +1016,26 @@ class NodeReconciler:
                     error=error,
                 )
 
+        def run_ended(
+            entry: PackageEntry,
+            progress: Sequence[StageProgress],
+            started: datetime,
+            new: PackageEntry | None,
+            error: str | None,
+        ) -> bool:
+            """Each stage of one run in a pod as its own span; True when the run stopped before its end."""
+            for part in progress:
+                # Kubelet times, kept inside what this operator saw (a node's clock may be off).
+                end = min(part.finished or now, now)
+                begin = min(part.started or started, end)
+                if part.done:
+                    stage_ended(entry, part.stage.value, begin, end, None)
+                    continue
+                if error is not None and new is not None and new.stage is part.stage:
+                    stage_ended(entry, part.stage.value, begin, end, error)
+                return True
+            return False
+
         for entry in old.packages:
             if entry.state != PackageState.IN_PROGRESS:
                 continue
@@ -1024,17 +1054,16 @@ class NodeReconciler:
             pod = _attempt_pod(pods, entry)
             if pod is not None and pod.progress:
                 # One pod ran several stages: each gets its own span and duration, timed by its init
-                # containers; the stage it failed in (if any) carries the error.
-                for part in pod.progress:
-                    # Kubelet times, kept inside what this operator saw (a node's clock may be off).
-                    end = min(part.finished or now, now)
-                    begin = min(part.started or started, end)
-                    if part.done:
-                        stage_ended(entry, part.stage.value, begin, end, None)
-                        continue
-                    if error is not None and new is not None and new.stage is part.stage:
-                        stage_ended(entry, part.stage.value, begin, end, error)
-                    break
+                # containers; the stage it failed in (if any) carries the error. Chained runs follow,
+                # as long as the runs before them completed.
+                if run_ended(entry, pod.progress, started, new, error):
+                    continue
+                for run in pod.chain:
+                    chained = plan.state.entry(run.package, run.version)
+                    run_error = chained.error if chained is not None and chained.error else None
+                    as_entry = PackageEntry(run.package, run.version, run.stage, PackageState.IN_PROGRESS)
+                    if run_ended(as_entry, run.progress, started, chained, run_error):
+                        break
                 continue
             stage_ended(entry, entry.stage.value, started, now, None if finished and not failed else error)
         if uncordon and timing.cordoned_at is not None:

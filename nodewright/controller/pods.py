@@ -23,6 +23,10 @@ reports each outcome, and how it is read here:
   trimmed cache does not keep `status.reason`, so in practice this shows as a plain failure.
 - Anything else (Pending, init containers running or `PodInitializing`) is still running.
 
+A pod with chained runs (`nodewright.io/chain`, `--chain-packages`) runs the init containers of each
+chained package after its own package's, named the same way; each run's progress is read from its own
+containers.
+
 Only pods that carry a complete, well-formed set of our labels/annotations become summaries; the
 caller has already checked the signature and the owner (see `controller.nodes`).
 
@@ -49,7 +53,8 @@ from nodewright.api import constants
 from nodewright.api.nodestate import PackageStage
 from nodewright.kube.client import KubeClient
 from nodewright.kube.resources import JSON, ApiError
-from nodewright.plan.stages import INTERRUPT_STAGES, PodOutcome, PodSummary, StageProgress
+from nodewright.plan import podspec
+from nodewright.plan.stages import INTERRUPT_STAGES, ChainedRun, PodOutcome, PodSummary, StageProgress
 
 log = structlog.get_logger("nodewright.controller.pods")
 
@@ -208,6 +213,9 @@ def summarize(pod: Mapping[str, Any], *, version_of: Mapping[tuple[str, str], st
         attempt = int(attempt_text)
     except ValueError:
         return None
+    links = podspec.parse_chain(annotations.get(constants.POD_ANNOTATION_CHAIN))
+    if links is None:
+        return None
     outcome, message = classify(pod)
     return PodSummary(
         name=str(meta["name"]),
@@ -222,6 +230,9 @@ def summarize(pod: Mapping[str, Any], *, version_of: Mapping[tuple[str, str], st
         terminating=bool(meta.get("deletionTimestamp")),
         bound=bool((pod.get("spec") or {}).get("nodeName")),
         progress=stage_progress(pod, str(package)),
+        chain=tuple(
+            ChainedRun(name, version, first, stage_progress(pod, name)) for name, version, first in links
+        ),
     )
 
 
