@@ -49,7 +49,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
@@ -91,6 +91,8 @@ INVARIANTS: Final[Mapping[str, str]] = {
 OPERATOR_LABELS: Final = {c.POD_OWNER_LABEL: c.POD_OWNER_VALUE}
 INTERRUPT_STAGES: Final = frozenset({"interrupt", "uninstall-interrupt"})
 RUN_START_STAGES: Final = frozenset({"apply", "upgrade", "uninstall"})
+WORK_STAGES: Final = frozenset({"apply", "upgrade", "config", "uninstall", "post-interrupt"})
+"""Stages whose work runs in `<package>-<stage>` init containers (interrupts run in `interrupt`)."""
 STATUS_IN_PROGRESS: Final = "in_progress"
 STATUS_COMPLETE: Final = "complete"
 _HALT_MESSAGE = re.compile(r"""compartment ['"]([^'"]+)['"] halted""")
@@ -289,22 +291,24 @@ def pod_outcome(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
-def pod_stages(pod: Mapping[str, Any]) -> tuple[tuple[str, ...], frozenset[str]]:
-    """(the stages a package pod runs, in order; those that succeeded), from its init containers.
+def pod_stages(pod: Mapping[str, Any], package: str | None = None) -> tuple[tuple[str, ...], frozenset[str]]:
+    """(the stages a package pod runs for `package` -- default its own --, in order; those that
+    succeeded), from its init containers.
 
     A package pod runs each stage of its transition as `<package>-<stage>` then `<package>-<stage>check`
-    (an install pod: apply and config); a stage succeeded when both exited 0. An interrupt pod (one
+    (an install pod: apply and config), and a chained pod (`nodewright.io/chain`) the same for each
+    chained package after its own; a stage succeeded when both exited 0. An interrupt pod (one
     `interrupt` container) runs the stage of its label.
     """
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
-    package, label = labels.get(c.POD_LABEL_PACKAGE, ""), labels.get(c.POD_LABEL_STAGE, "")
+    own = labels.get(c.POD_LABEL_PACKAGE, "")
+    label = labels.get(c.POD_LABEL_STAGE, "") if package is None else ""
+    package = own if package is None else package
     prefix = f"{package}-"
     names = [str(x.get("name", "")) for x in (pod.get("spec") or {}).get("initContainers") or []]
     stages = tuple(
-        n[len(prefix) :]
-        for n in names
-        if n.startswith(prefix) and n != f"{package}-init" and not n.endswith("check")
+        n[len(prefix) :] for n in names if n.startswith(prefix) and n[len(prefix) :] in WORK_STAGES
     ) or ((label,) if label else ())
     exited = {
         str(st.get("name", ""))
@@ -343,6 +347,27 @@ class PodRecord:
     """The stages the pod runs, in order (`pod_stages`)."""
     stages_ok: frozenset[str] = frozenset()
     """The stages its init containers say succeeded (a recorded success survives later status changes)."""
+    chain_runs: tuple[tuple[str, str, str, tuple[str, ...], frozenset[str]], ...] = ()
+    """Chained runs after its own (`nodewright.io/chain`): (package, version, first stage, stages, ok)."""
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        """Every package whose host work the pod runs: its own, then the chained ones."""
+        return (self.package, *(run[0] for run in self.chain_runs))
+
+    def run_views(self) -> list[PodRecord]:
+        """The pod as one record per package run it carries: itself, then one per chained run (with
+        that package's labels and stages), so run histories and I7/I9 judge each package's runs."""
+        views = [self]
+        for package, version, stage, stages, ok in self.chain_runs:
+            labels = {
+                **self.labels,
+                c.POD_LABEL_PACKAGE: package,
+                c.POD_LABEL_VERSION: podspec.label_value(version),
+                c.POD_LABEL_STAGE: stage,
+            }
+            views.append(replace(self, labels=labels, stages=stages, stages_ok=ok, chain_runs=()))
+        return views
 
     @property
     def reached(self) -> tuple[str, bool]:
@@ -431,6 +456,12 @@ def _pod_record(obj: Mapping[str, Any], old: PodRecord | None) -> PodRecord:
             interrupt_type = "unparseable"
     outcome = pod_outcome(obj)
     stages, ok = pod_stages(obj)
+    links = podspec.parse_chain((meta.get("annotations") or {}).get(c.POD_ANNOTATION_CHAIN)) or ()
+    previous = {run[0]: run[4] for run in old.chain_runs} if old else {}
+    chain_runs = tuple(
+        (package, version, stage.value, *_with_ok(pod_stages(obj, package), previous.get(package)))
+        for package, version, stage in links
+    )
     return PodRecord(
         namespace=meta.get("namespace", ""),
         name=meta.get("name", ""),
@@ -447,7 +478,15 @@ def _pod_record(obj: Mapping[str, Any], old: PodRecord | None) -> PodRecord:
         boot_at_create=old.boot_at_create if old else None,
         stages=stages,
         stages_ok=ok | (old.stages_ok if old else frozenset()),
+        chain_runs=chain_runs,
     )
+
+
+def _with_ok(
+    found: tuple[tuple[str, ...], frozenset[str]], before: frozenset[str] | None
+) -> tuple[tuple[str, ...], frozenset[str]]:
+    stages, ok = found
+    return stages, ok | (before or frozenset())
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1256,21 +1295,26 @@ class InvariantMonitor:
         else:
             self._on_other_pod(event, rec, old, rv=rv, baseline=baseline)
 
-    def _on_package_pod(self, rec: PodRecord, old: PodRecord | None, *, baseline: bool) -> None:
-        run_key = (
-            rec.nodewright,
-            rec.node,
-            rec.labels.get(c.POD_LABEL_PACKAGE, ""),
-            rec.labels.get(c.POD_LABEL_VERSION, ""),
+    @staticmethod
+    def _run_key(view: PodRecord) -> tuple[str, str, str, str]:
+        return (
+            view.nodewright,
+            view.node,
+            view.labels.get(c.POD_LABEL_PACKAGE, ""),
+            view.labels.get(c.POD_LABEL_VERSION, ""),
         )
-        history = self._runs.setdefault(run_key, [])
+
+    def _on_package_pod(self, rec: PodRecord, old: PodRecord | None, *, baseline: bool) -> None:
         if old is None:
             node = self._nodes.get(rec.node)
             rec.boot_at_create = node.boot_id if node is not None else None
-            if not baseline and not rec.gone:
-                self._check_stage_order(rec, history)
-                self._check_one_pod_per_package(rec)
-            history.append(rec)
+            # A chained pod is a run of each package it carries: each one is judged in its own history.
+            for view in rec.run_views():
+                history = self._runs.setdefault(self._run_key(view), [])
+                if not baseline and not rec.gone:
+                    self._check_stage_order(view, history)
+                    self._check_one_pod_per_package(view)
+                history.append(view)
             if rec.stage in INTERRUPT_STAGES:
                 self._interrupts.setdefault((rec.nodewright, rec.node), []).append(rec)
             if rec.unfinished:
@@ -1282,10 +1326,12 @@ class InvariantMonitor:
                 self._check_interrupt_protected(rec)
                 self._defer(rec.created_rv, lambda: self._check_interrupt_cordon(rec))
             return
-        # Update in place: the run history holds the same record objects.
-        for i, h in enumerate(history):
-            if h is old:
-                history[i] = rec
+        # Update in place: the run histories hold the pod's records (one per run it carries).
+        for view in rec.run_views():
+            history = self._runs.setdefault(self._run_key(view), [])
+            for i, h in enumerate(history):
+                if h.key == rec.key and h.uid == rec.uid:
+                    history[i] = view
         for i, h in enumerate(self._interrupts.get((rec.nodewright, rec.node), [])):
             if h is old:
                 self._interrupts[(rec.nodewright, rec.node)][i] = rec
@@ -1316,11 +1362,11 @@ class InvariantMonitor:
             (
                 p
                 for k in self._pods_by_node.get(rec.node, set())
-                if (p := self._pods[k]) is not rec
+                if (p := self._pods[k]).key != rec.key
                 and p.is_package
                 and p.namespace == rec.namespace
                 and p.nodewright == rec.nodewright
-                and p.package == rec.package
+                and rec.package in p.packages
                 and p.outcome is None
             ),
             key=lambda p: p.created_rv,
