@@ -254,7 +254,33 @@ class WriteMinimum:
     breakdown: Mapping[str, int]
 
 
-def minimum_writes(packages: Sequence[PackageShape], *, workload_pods_per_node: int = 0) -> WriteMinimum:
+def chained_pods(packages: Sequence[PackageShape]) -> int:
+    """Pods of one node's install with `--chain-packages` (`plan.node._Planner.chain_for`): a package
+    without interrupt whose dependencies all run in one pod whose own package has no interrupt runs in
+    that pod too; every other package starts pods of its own (`pod_count`)."""
+    pod_of: dict[str, int] = {}
+    heads: dict[int, PackageShape] = {}
+    pods = 0
+    for package in packages:  # in dependency order, as the benchmark lists them
+        groups = {pod_of.get(d) for d in package.depends_on}
+        joined = next(iter(groups)) if len(groups) == 1 else None
+        if (
+            package.depends_on
+            and joined is not None
+            and not package.interrupt
+            and not heads[joined].interrupt
+        ):
+            pod_of[package.name] = joined
+            continue
+        pod_of[package.name] = len(heads)
+        heads[len(heads)] = package
+        pods += package.pod_count
+    return pods
+
+
+def minimum_writes(
+    packages: Sequence[PackageShape], *, workload_pods_per_node: int = 0, chained: bool = False
+) -> WriteMinimum:
     """The fewest node/pod writes one node needs to install `packages` (derivation in docs/benchmarks.md).
 
     Per node:
@@ -276,8 +302,9 @@ def minimum_writes(packages: Sequence[PackageShape], *, workload_pods_per_node: 
       through `nodes/status`, so the condition needs 1 write of its own;
     - with an interrupt: cordon and uncordon (2), and one eviction per workload pod.
     The NodeWright status and Events are per rollout / optional and are reported separately.
+    With `chained` (`--chain-packages`) dependents run in their dependency's pod (`chained_pods`).
     """
-    pods = sum(p.pod_count for p in packages)
+    pods = chained_pods(packages) if chained else sum(p.pod_count for p in packages)
     interrupts = any(p.interrupt for p in packages)
     breakdown = {
         "admission": 1,

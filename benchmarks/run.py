@@ -80,6 +80,7 @@ class Config:
     drift_intervals: int = 2
     drift_checks: int = 4  # the operator's --drift-checks (fleet-wide concurrent checks)
     idle_seconds: float = 0.0  # after the run: a fresh operator on the complete fleet, measured idle
+    chain_packages: bool = False  # the operator's --chain-packages: the package chain runs in one pod
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -169,7 +170,8 @@ def package_name(index: int) -> str:
 
 
 def package_shapes(cfg: Config) -> list[analysis.PackageShape]:
-    """P chained packages (pkg-a <- pkg-b <- ...), no interrupt: apply + config each, in one pod."""
+    """P packages depending on each other in a line (pkg-a <- pkg-b <- ...), no interrupt: apply +
+    config each, in one pod (with `--chain-packages`, all of them in one pod)."""
     return [
         analysis.PackageShape(
             name=package_name(i),
@@ -486,7 +488,7 @@ async def measure(
     diff = analysis.delta(after, before)
     table = analysis.requests_table(diff)
     writes = analysis.classify_writes(table)
-    minimum = analysis.minimum_writes(shapes)
+    minimum = analysis.minimum_writes(shapes, chained=cfg.chain_packages)
     node_packages = cfg.nodes * cfg.packages
     lag = analysis.histogram_buckets(diff, "nodewright_event_loop_lag_seconds")
     ceilings = {
@@ -517,6 +519,7 @@ async def measure(
             "compartments": cfg.compartments,
             "stage_seconds": cfg.stage_seconds,
             "budget_percent": cfg.budget_percent,
+            "chain_packages": cfg.chain_packages,
             "smoke": cfg.smoke,
             "git": git_head,
         },
@@ -656,6 +659,7 @@ def _operator(cfg: Config, kubeconfig: Path, log_path: Path) -> OperatorProcess:
             "--agent-image=registry.local/nodewright/agent:sim",
             "--pause-image=registry.local/pause:sim",
             f"--drift-checks={cfg.drift_checks}",
+            f"--chain-packages={str(cfg.chain_packages).lower()}",
         ],
     )
 
@@ -871,6 +875,8 @@ def write_outputs(result: Mapping[str, Any], out: Path, *, plot: bool) -> Path:
         stem += f"-{run['stage_seconds']:g}s-stages"
     if result.get("drift"):
         stem += f"-drift-{result['drift']['interval_seconds']:g}s"
+    if run.get("chain_packages"):
+        stem += "-chained"
     path = out / f"{stem}.json"
     path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     if plot:
@@ -908,8 +914,9 @@ def render_readme(runs: Sequence[Mapping[str, Any]]) -> str:
         replay = r.get("simulator_makespan_seconds") if done else None
         sim_writes = (api.get("simulator_writes") or {}).get("per_node_package")
         plane = r.get("control_plane") or {}
+        chained = " (chained)" if r["run"].get("chain_packages") else ""
         lines.append(
-            f"| {r['run']['nodes']} | {r['run']['packages']} | {r['run']['compartments']}"
+            f"| {r['run']['nodes']} | {r['run']['packages']}{chained} | {r['run']['compartments']}"
             f" | {r['run']['stage_seconds']:g} ({'-' if pod is None else round(pod, 2)})"
             f" | {r['wall_seconds']}{_incomplete(r)}"
             f" | {r['ideal_makespan_seconds']} | {_or_dash(r['makespan_ratio'])}"
@@ -1038,6 +1045,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument("--drift-intervals", type=int, default=2, help="intervals measured (default 2)")
     parser.add_argument("--drift-checks", type=int, default=4, help="the operator's --drift-checks cap")
     parser.add_argument(
+        "--chain-packages",
+        action="store_true",
+        help="run the operator with --chain-packages (the package chain of each node in one pod)",
+    )
+    parser.add_argument(
         "--idle-seconds",
         type=float,
         default=60.0,
@@ -1059,6 +1071,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
             timeout_minutes=min(args.timeout, 5.0),
             stall_minutes=min(args.stall_minutes, 2.0),
             idle_seconds=min(args.idle_seconds, 10.0),
+            chain_packages=args.chain_packages,
         )
     return Config(
         nodes=args.nodes,
@@ -1077,6 +1090,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         drift_intervals=args.drift_intervals,
         drift_checks=args.drift_checks,
         idle_seconds=args.idle_seconds,
+        chain_packages=args.chain_packages,
     )
 
 

@@ -138,6 +138,26 @@ def test_minimum_writes_without_interrupt() -> None:
     assert m.per_node_package == pytest.approx(14 / 3)
 
 
+def test_minimum_writes_with_chained_runs() -> None:
+    one_pod, interrupting = analysis.pods_for(interrupt=False), analysis.pods_for(interrupt=True)
+    line = [
+        PackageShape("a", 2, pods=one_pod),
+        PackageShape("b", 2, depends_on=("a",), pods=one_pod),
+        PackageShape("c", 2, depends_on=("b",), pods=one_pod),
+    ]
+    m = analysis.minimum_writes(line, chained=True)
+    # The chain is one pod: admission 1 + create 1 + seal 1 + delete 1 + state (start, end) 2.
+    assert (m.breakdown["pod_create"], m.breakdown["state"], m.per_node) == (1, 2, 6)
+    assert m.per_node_package == pytest.approx(2.0)
+    assert analysis.minimum_writes(line).per_node == 14, "without chaining: a pod per package"
+    # An interrupt breaks the chain: b needs its own pods, c (after b) starts another.
+    broken = [line[0], PackageShape("b", 4, depends_on=("a",), interrupt=True, pods=interrupting), line[2]]
+    assert analysis.chained_pods(broken) == 1 + interrupting + 1
+    # Two roots: a package depending on both is not chained into either.
+    roots = [line[0], PackageShape("x", 2, pods=one_pod), PackageShape("d", 2, depends_on=("a", "x"), pods=1)]
+    assert analysis.chained_pods(roots) == 3
+
+
 def test_minimum_writes_counts_a_pod_per_stage_when_told_nothing_else() -> None:
     m = analysis.minimum_writes([PackageShape("a", 2), PackageShape("b", 2, depends_on=("a",))])
     assert m.breakdown["pod_create"] == 4 and m.breakdown["state"] == 5
