@@ -243,6 +243,10 @@ def test_a_chained_pod_runs_each_package_in_order_and_reads_back_per_run() -> No
     assert (pb.package, [p.done for p in pb.progress]) == ("pb", [True, False])
     assert (pc.package, [p.done for p in pc.progress]) == ("pc", [False, False])
     assert summary.packages() == ("pa", "pb", "pc") and summary.stage_count == 6
+    # Its kept log is filed under pb's config, pb's first attempt (controller.nodes._keep_log).
+    from nodewright.controller.nodes import _failed_chained_run
+
+    assert _failed_chained_run(summary) == ("pb", "1.0.0", PackageStage.CONFIG, 1)
     pod["metadata"]["annotations"][constants.POD_ANNOTATION_CHAIN] = '[["pb","1.0.0","interrupt"]]'
     assert summarize(trim_pod(pod), version_of={}) is None, "a chain we never write is not one of our pods"
 

@@ -64,7 +64,14 @@ import structlog
 from nodewright.api import constants
 from nodewright.api.models import NodeWright, Status
 from nodewright.api.nodestate import Admission as StateAdmission
-from nodewright.api.nodestate import MalformedNodeState, NodeState, PackageEntry, PackageState, encode
+from nodewright.api.nodestate import (
+    MalformedNodeState,
+    NodeState,
+    PackageEntry,
+    PackageStage,
+    PackageState,
+    encode,
+)
 from nodewright.controller.configmaps import PackageConfigMaps
 from nodewright.controller.context import (
     Runtime,
@@ -120,8 +127,10 @@ from nodewright.plan.stages import (
     PodOutcome,
     PodSummary,
     StageProgress,
+    completed_stages,
     failed_stage,
     parse_ts,
+    run_completed_stages,
     ts,
 )
 
@@ -500,11 +509,14 @@ class NodeReconciler:
         A failure is kept under the stage it failed in (a pod runs several stages), with the failing
         container's log; a success under the pod's first stage, with every stage container's log.
         """
-        stage = summary.stage
+        stage, package, version, attempt = summary.stage, summary.package, summary.version, summary.attempt
         if summary.outcome in (PodOutcome.FAILED, PodOutcome.DEADLINE):
             outcome, failed = "failed", failed_container(pod)
             if summary.progress:
                 stage = failed_stage(summary)
+            chained = _failed_chained_run(summary)
+            if chained is not None:  # it failed in a chained run: its first attempt, under its own name
+                package, version, stage, attempt = chained
         elif summary.outcome is PodOutcome.SUCCEEDED and summary.stage not in INTERRUPT_STAGES:
             outcome, failed = "succeeded", None
         else:
@@ -514,10 +526,10 @@ class NodeReconciler:
         await self.logstore.record(
             nw,
             pod,
-            package=summary.package,
-            version=summary.version,
+            package=package,
+            version=version,
             stage=stage.value,
-            attempt=summary.attempt,
+            attempt=attempt,
             outcome=outcome,
             container=failed[0] if failed else None,
             message=summary.message,
@@ -1198,6 +1210,18 @@ class NodeReconciler:
 
 # ----------------------------------------------------------------------------------------------------
 # Pure helpers
+
+
+def _failed_chained_run(summary: PodSummary) -> tuple[str, str, PackageStage, int] | None:
+    """(package, version, stage, attempt) of the chained run a failed pod stopped in, if it got past its
+    own run: the first chained run not complete, at its first stage not done (its attempt 1)."""
+    if not summary.chain or len(completed_stages(summary)) < len(summary.stages):
+        return None
+    for run in summary.chain:
+        done = run_completed_stages(run.progress, run.stages, succeeded=False)
+        if len(done) < len(run.stages):
+            return run.package, run.version, run.stages[len(done)], 1
+    return None
 
 
 def _attempt_pod(pods: Sequence[PodSummary], entry: PackageEntry) -> PodSummary | None:
