@@ -49,6 +49,20 @@ def test_admission_round_trip(compartment: str, batch: int, order: int, fingerpr
     assert decode_admission(encode_admission(admission)) == admission
 
 
+def test_admissions_of_one_batch_share_their_strings() -> None:
+    """Every node keeps its admission for as long as it is matched: the strings repeated across nodes
+    (compartment, fingerprint, batch start) are one object each, not one per node."""
+    first, second = (
+        decode_admission(
+            encode_admission(Admission("zone-a", 3, order, "0123abcd" * 2, "2026-01-01T00:00:00Z"))
+        )
+        for order in (1, 2)
+    )
+    assert first.compartment is second.compartment
+    assert first.fingerprint is second.fingerprint
+    assert first.at is second.at
+
+
 @pytest.mark.parametrize(
     "text",
     [

@@ -5,7 +5,9 @@ Real client and HTTP against `FakeKube`; informer stores are filled by hand.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -23,8 +25,10 @@ from nodewright.kube.client import KubeClient
 from nodewright.kube.informer import Informer
 from nodewright.kube.resources import NODES, NODEWRIGHTS, PODS
 from nodewright.kube.trim import trim_node
+from nodewright.observability.metrics import count_package_nodes
 from nodewright.plan import podspec
 from nodewright.plan.rollout import Admission, NewAdmission, RolloutNode, RolloutPlan
+from nodewright.plan.status import NodeReport, PackageReport
 from tests.kubefake import FakeKube
 from tests.test_controller_nodes import NS, make_runtime, nw_obj
 
@@ -276,3 +280,86 @@ async def test_a_finalizer_already_released_and_a_vanished_node_are_not_errors(e
     meta = {"name": "gone", "finalizers": [constants.FINALIZER], "resourceVersion": "7"}
     await env.reconciler._release_finalizer("gone", meta, "finalizer released")
     assert await env.reconciler._annotate_node("no-such-node", admission_annotation("nw"), None) is False
+
+
+def _state_node(name: str, *entries: PackageEntry, status: str) -> dict[str, Any]:
+    node = _node(name)
+    node["metadata"]["labels"][constants.status_label("nw")] = status
+    state = NodeState(packages=entries, boot_id="b", generation=1)
+    node["metadata"]["annotations"] = {constants.state_annotation("nw"): encode(state)}
+    return node
+
+
+def _reachable(root: object, *, skip: set[int]) -> list[object]:
+    """The data reachable from `root` (through the garbage collector's referents), `skip` excepted;
+    classes are not followed (through them, and their modules, everything is reachable)."""
+    seen: set[int] = set()
+    todo, out = [root], []
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or id(obj) in skip or isinstance(obj, type):
+            continue
+        seen.add(id(obj))
+        out.append(obj)
+        todo.extend(gc.get_referents(obj))
+    return out
+
+
+async def test_the_memo_keeps_no_decoded_state_and_shares_equal_package_reports(env: _Env) -> None:
+    """The memo lives as long as the NodeWright, one entry per node: it keeps what later phases read
+    (reports, the oldest stage start), never the decoded annotation, and one copy of equal reports."""
+    env.put_nodewright(nw_obj(nodeSelectors={"matchLabels": {"pool": "a"}}))
+    done = PackageEntry(
+        name="tool",
+        version="1.0.0",
+        stage=PackageStage.CONFIG,
+        state=PackageState.COMPLETE,
+        started="2026-01-01T00:00:00Z",
+        config=(("key", "abcd1234"),),
+    )
+    for name in ("n0", "n1"):
+        env.put_node(_state_node(name, done, status="complete"))
+    busy = PackageEntry(
+        name="tool",
+        version="1.0.0",
+        stage=PackageStage.APPLY,
+        state=PackageState.IN_PROGRESS,
+        started="2026-01-01T00:10:00Z",
+    )
+    env.put_node(_state_node("n2", busy, status="in_progress"))
+    await env.reconciler.reconcile("nw")
+
+    entries = env.reconciler._memo["nw"].entries
+    assert sorted(entries) == ["n0", "n1", "n2"]
+    for entry in entries.values():
+        assert entry.view is not None and entry.rollout is not None and entry.report is not None
+        assert not hasattr(entry.view, "state")
+        assert entry.rollout.labels is entry.view.node["metadata"]["labels"], "labels are not copied"
+        held = _reachable(entry, skip={id(entry.view.node)})
+        decoded = [o for o in held if isinstance(o, NodeState | PackageEntry)]
+        assert decoded == [], f"{entry.rollout.name}: the memo holds decoded state {decoded}"
+    complete = [entries[n].report for n in ("n0", "n1")]
+    assert complete[0] is not None and complete[1] is not None
+    assert complete[0].packages is complete[1].packages, "equal package reports are one object"
+    assert complete[0].packages[0].config != "", "the config digest is reported"
+
+    snapshot = env.rt.metrics.domain._snapshots["nw"]
+    assert snapshot.oldest_stage_started_at == datetime(2026, 1, 1, 0, 10, tzinfo=UTC)
+    assert snapshot.package_nodes == count_package_nodes(
+        [("tool", "1.0.0", "config", "complete")] * 2 + [("tool", "1.0.0", "apply", "in_progress")]
+    )
+
+
+def test_the_shared_reports_stay_bounded_by_what_the_entries_use() -> None:
+    memo = rollout_mod._Memo()
+    for i in range(200):  # states nodes passed through and left again
+        memo.shared.share([PackageReport(name="tool", version=f"0.{i}", stage="apply", state="complete")])
+    kept = (PackageReport(name="tool", version="1.0", stage="config", state="complete"),)
+    memo.entries = {
+        "n0": rollout_mod._NodeEntry(
+            "1", matched=True, report=NodeReport(name="n0", status=Status.COMPLETE, packages=kept)
+        )
+    }
+    memo.prune_shared()
+    assert len(memo.shared) == 2, "only the report and tuple an entry uses are kept"
+    assert memo.shared.share(list(kept)) is kept, "a node reaching the kept state shares the entry's reports"

@@ -123,7 +123,7 @@ def test_protected_and_pdb_blocked_nodes_are_counted() -> None:
             "metadata": {"name": name},
             "status": {"conditions": [{"type": "nodewright.io/nw", "reason": reason, "message": message}]},
         }
-        return rollout_mod._NodeView(node=node, state=None, status=status)
+        return rollout_mod._NodeView(node=node, status=status)
 
     plan = plan_rollout(
         NodeWright.model_validate(nw_obj()),

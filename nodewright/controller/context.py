@@ -30,6 +30,7 @@ import hmac
 import json
 import re
 import secrets
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -126,12 +127,14 @@ def decode_admission(text: str) -> Admission:
         if isinstance(exc, MalformedAdmission):
             raise
         raise MalformedAdmission(f"not JSON: {exc}") from exc
+    # Every node of a rollout carries the same compartment and fingerprint, every node of a batch the
+    # same time, and admissions outlive the rollout: one copy of each, not one per node.
     return Admission(
-        compartment=compartment,
+        compartment=sys.intern(compartment),
         batch=batch,
         order=order,
-        fingerprint=fingerprint,
-        at=at,
+        fingerprint=sys.intern(fingerprint),
+        at=sys.intern(at),
         consumed=consumed,
     )
 

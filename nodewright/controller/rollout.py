@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -96,9 +96,16 @@ BUDGET_RETRY = 1.0
 
 @dataclass(frozen=True, slots=True)
 class _NodeView:
+    """A selected node as the later phases of a pass read it.
+
+    The decoded state annotation is not kept (at fleet scale it was most of the memo's memory): what
+    later phases need of it is in the entry's `NodeReport` (packages, for status and metrics) and in
+    `oldest_started`, the earliest start of a package stage in progress on the node (metrics).
+    """
+
     node: JSON
-    state: NodeState | None
     status: Status | None
+    oldest_started: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,11 +131,48 @@ class _NodeEntry:
 
 
 @dataclass(slots=True)
+class _SharedReports:
+    """Equal package reports of different nodes as one object.
+
+    A fleet sits in few distinct package states (most nodes complete at the spec versions, the rest at a
+    handful of stages), but each node's reports are decoded from its own annotation: without sharing,
+    every node would keep its own copies of the same names, versions and digests.
+    """
+
+    packages: dict[PackageReport, PackageReport] = field(default_factory=dict)
+    tuples: dict[tuple[PackageReport, ...], tuple[PackageReport, ...]] = field(default_factory=dict)
+
+    def share(self, reports: Iterable[PackageReport]) -> tuple[PackageReport, ...]:
+        shared = tuple(self.packages.setdefault(r, r) for r in reports)
+        return self.tuples.setdefault(shared, shared)
+
+    def adopt(self, reports: tuple[PackageReport, ...]) -> None:
+        """Share from now on the reports an entry already holds (so later equal ones are that object)."""
+        for report in reports:
+            self.packages.setdefault(report, report)
+        self.tuples.setdefault(reports, reports)
+
+    def __len__(self) -> int:
+        return len(self.packages) + len(self.tuples)
+
+
+@dataclass(slots=True)
 class _Memo:
     """Per-node results of the previous pass, valid for one spec (`context`)."""
 
     context: tuple[Any, ...] = ()
     entries: dict[str, _NodeEntry] = field(default_factory=dict)
+    shared: _SharedReports = field(default_factory=_SharedReports)
+
+    def prune_shared(self) -> None:
+        """Keep the shared reports bounded by what the entries use: states nodes have left behind go
+        (without this a long rollout would keep every state any node ever passed through)."""
+        if len(self.shared) <= 2 * len(self.entries) + 64:
+            return
+        self.shared = _SharedReports()
+        for entry in self.entries.values():
+            if entry.report is not None:
+                self.shared.adopt(entry.report.packages)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +194,16 @@ class _Snapshot:
     reset: bool
     now: datetime
     reset_compartments: frozenset[str] = frozenset()
+
+
+def _oldest_started(state: NodeState | None) -> datetime | None:
+    """The earliest start of a package stage in progress on the node (None: nothing in progress)."""
+    oldest: datetime | None = None
+    for entry in state.packages if state is not None else ():
+        if entry.state is PackageState.IN_PROGRESS and entry.started:
+            started = datetime.fromisoformat(entry.started.replace("Z", "+00:00"))
+            oldest = started if oldest is None or started < oldest else oldest
+    return oldest
 
 
 def _names_of(nodes: Sequence[JSON], entries: Sequence[_NodeEntry], *, malformed: bool) -> list[str]:
@@ -405,7 +459,7 @@ class RolloutReconciler:
                 drain_blocked=_drain_blocked(snap.views, name),
             )
         await self._prune_configmaps(model, summary.status.status, snap.fingerprint)
-        self._update_metrics(name, snap.nodewright, snap.views, plan, summary.status.status, snap.policy_name)
+        self._update_metrics(name, snap, plan, summary.status.status)
         self._open[name] = _open_batches(snap.rollout_nodes, snap.fingerprint, plan)
         if deleting:
             return await self._finish_deletion(obj, model, snap.nodes)
@@ -564,7 +618,9 @@ class RolloutReconciler:
             self.rt.options.runtime_required_taint_key,
         )
         memo = self._memo.setdefault(name, _Memo())
-        previous = memo.entries if memo.context == context else {}
+        if memo.context != context:
+            memo.entries, memo.shared = {}, _SharedReports()
+        previous = memo.entries
         fresh: dict[str, _NodeEntry] = {}
         out: list[_NodeEntry] = []
         for node in nodes:
@@ -573,10 +629,11 @@ class RolloutReconciler:
             rv = str(meta.get("resourceVersion") or "")
             entry = previous.get(node_name)
             if entry is None or entry.resource_version != rv or not rv or not entry.reusable:
-                entry = self._entry(name, nodewright, node, rv, all_names)
+                entry = self._entry(name, nodewright, node, rv, all_names, memo.shared)
             fresh[node_name] = entry
             out.append(entry)
         memo.context, memo.entries = context, fresh
+        memo.prune_shared()
         return out
 
     def _inactive_nodewrights(self, all_names: Sequence[str]) -> dict[str, str]:
@@ -591,7 +648,13 @@ class RolloutReconciler:
         return out
 
     def _entry(
-        self, name: str, nodewright: NodeWright, node: JSON, rv: str, all_names: Sequence[str]
+        self,
+        name: str,
+        nodewright: NodeWright,
+        node: JSON,
+        rv: str,
+        all_names: Sequence[str],
+        shared: _SharedReports,
     ) -> _NodeEntry:
         if not matches_nodewright(nodewright, node):
             return _NodeEntry(rv, matched=False)
@@ -604,7 +667,7 @@ class RolloutReconciler:
             # node controller release it again -- and the next batch admit it again, forever, ahead of
             # the nodes that do have work.
             return _NodeEntry(rv, matched=False)
-        view = _NodeView(node=node, state=state, status=_status_of(node, name))
+        view = _NodeView(node=node, status=_status_of(node, name), oldest_started=_oldest_started(state))
         rollout = rollout_node(
             nodewright,
             node,
@@ -614,14 +677,15 @@ class RolloutReconciler:
             now=self.rt.clock(),
             inactive=self._inactive,
         )
-        return _NodeEntry(rv, matched=True, view=view, rollout=rollout, report=self._report(view, rollout))
+        report = self._report(state, rollout, shared)
+        return _NodeEntry(rv, matched=True, view=view, rollout=rollout, report=report)
 
     def _malformed_entry(
         self, name: str, nodewright: NodeWright, node: JSON, rv: str, all_names: Sequence[str], error: str
     ) -> _NodeEntry:
         """A node whose state annotation does not decode is not complete: it is counted `blocked`
         (reason StateMalformed) until someone fixes or removes the annotation; nothing starts on it."""
-        view = _NodeView(node=node, state=None, status=Status.BLOCKED)
+        view = _NodeView(node=node, status=Status.BLOCKED)
         base = rollout_node(
             nodewright,
             node,
@@ -634,9 +698,8 @@ class RolloutReconciler:
         rollout = replace(
             base, status=Status.BLOCKED, needs_work=True, blocked_reason=f"StateMalformed: {error}"[:300]
         )
-        return _NodeEntry(
-            rv, matched=True, malformed=True, view=view, rollout=rollout, report=self._report(view, rollout)
-        )
+        report = NodeReport(name=rollout.name, status=rollout.status)
+        return _NodeEntry(rv, matched=True, malformed=True, view=view, rollout=rollout, report=report)
 
     def _with_priority(
         self, name: str, entry: _NodeEntry, facts: Sequence[sequencing.NodeWrightFacts]
@@ -676,8 +739,8 @@ class RolloutReconciler:
                 return other.name
         return None
 
-    def _report(self, view: _NodeView, node: RolloutNode) -> NodeReport:
-        packages = tuple(
+    def _report(self, state: NodeState | None, node: RolloutNode, shared: _SharedReports) -> NodeReport:
+        packages = shared.share(
             PackageReport(
                 name=e.name,
                 version=e.version,
@@ -686,7 +749,7 @@ class RolloutReconciler:
                 config=config_digest(e.config_map) if e.config else "",
                 drifted=bool(e.drifted),
             )
-            for e in (view.state.packages if view.state is not None else ())
+            for e in (state.packages if state is not None else ())
         )
         if node.status is Status.DRIFTED:
             # Drift only reported: the node is complete (kstatus Current); to be repaired: it waits.
@@ -975,26 +1038,17 @@ class RolloutReconciler:
         if malformed:
             await self._event(name, events.state_malformed(malformed))
 
-    def _update_metrics(
-        self,
-        name: str,
-        nodewright: NodeWright,
-        views: Sequence[_NodeView],
-        plan: RolloutPlan,
-        status: Status | None,
-        policy_name: str,
-    ) -> None:
+    def _update_metrics(self, name: str, snap: _Snapshot, plan: RolloutPlan, status: Status | None) -> None:
+        views, policy_name = snap.views, snap.policy_name
         by_status: dict[str, int] = {}
-        entries: list[tuple[str, str, str, str]] = []
         oldest: datetime | None = None
         for view in views:
             key = (view.status or Status.WAITING).value
             by_status[key] = by_status.get(key, 0) + 1
-            for entry in view.state.packages if view.state is not None else ():
-                entries.append((entry.name, entry.version, entry.stage.value, entry.state.value))
-                if entry.state is PackageState.IN_PROGRESS and entry.started:
-                    started = datetime.fromisoformat(entry.started.replace("Z", "+00:00"))
-                    oldest = started if oldest is None or started < oldest else oldest
+            started = view.oldest_started
+            if started is not None and (oldest is None or started < oldest):
+                oldest = started
+        entries = [(p.name, p.version, p.stage, p.state) for report in snap.reports for p in report.packages]
         compartments = [
             CompartmentSnapshot(
                 name=cname,
@@ -1027,7 +1081,7 @@ class RolloutReconciler:
                 matched=len(views),
                 nodes_by_status=by_status,
                 package_nodes=count_package_nodes(entries),
-                packages=frozenset(nodewright.spec.packages),
+                packages=frozenset(snap.nodewright.spec.packages),
                 compartments=compartments,
                 drain_blocked=drain_blocked,
                 waiting_by_reason=waiting_counts(plan, views, name),
