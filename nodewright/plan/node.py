@@ -769,7 +769,7 @@ class _Planner:
         for run in pod.chain:
             fresh = self.chained_entry(run)
             if fresh is None:
-                return  # the spec no longer wants this run: it starts afresh, as a new run
+                return  # its package left the spec: a marker of what ran is kept (`chained_entry`)
             started = self.continued_in(run.progress, fresh)
             done = run_completed_stages(run.progress, run.stages, succeeded=succeeded)
             current = self.advance_run(started, run.progress, done)
