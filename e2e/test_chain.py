@@ -8,6 +8,7 @@ package at a time) judge every package's runs.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 
@@ -18,6 +19,7 @@ from e2e.operator_fixture import (
     create_nodewright,
     delete_nodewright,
     fleet_of,
+    nodes_of,
     nodewright_manifest,
     package,
     package_pods,
@@ -25,6 +27,7 @@ from e2e.operator_fixture import (
 )
 from nodewright.api import constants
 from nodewright.api.nodestate import decode
+from nodewright.sim import fleet
 from nodewright.sim.controlplane import ControlPlane
 from nodewright.sim.kubeapi import JSON, KubeClient
 
@@ -115,3 +118,75 @@ async def test_a_failing_chained_run_keeps_what_finished_and_retries_in_its_own_
         await delete_nodewright(kube, nw)
     listed = await package_pods(kube, nw)
     assert not listed, json.dumps([p["metadata"]["name"] for p in listed])
+
+
+async def test_an_operator_killed_while_chained_pods_run_resumes_without_rerunning(
+    cluster: ControlPlane,
+    operator_factory: Callable[..., OperatorProcess],
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    operator = operator_factory("--chain-packages")
+    prefix, nw = f"chainkill-{unique}", f"chainkill-{unique}"
+    packages = {
+        name: {**spec, "env": [{"name": "NODEWRIGHT_SIM_DURATION", "value": "2s"}]}
+        for name, spec in chain().items()
+    }
+    async with fleet_of(cluster, prefix, 4):
+        await create_nodewright(kube, nodewright_manifest(nw, fleet_prefix=prefix, packages=packages))
+
+        async def all_started() -> bool:
+            return len({p.node for p in invariants.stage_pods(nw)}) >= 4
+
+        await fleet.wait_for(all_started, within=60, what="a chained pod on every node")
+        operator.kill()
+        await asyncio.sleep(4)  # runs finish inside the pods while nobody watches
+        operator.start()
+        await wait_statuses(kube, prefix, nw, "complete", within=120)
+        # One pod per node ran the chain; nothing that finished ran again.
+        pods = invariants.stage_pods(nw)
+        assert len({p.name for p in pods}) == 4, sorted({p.name for p in pods})
+        runs = [(p.node, p.package, s) for p in pods for s in p.succeeded]
+        assert len(runs) == len(set(runs)) == 4 * 3 * 2, sorted(runs)
+        await delete_nodewright(kube, nw)
+
+
+async def test_deleting_the_nodewright_mid_chain_finishes_the_installs_then_uninstalls(
+    cluster: ControlPlane,
+    operator_factory: Callable[..., OperatorProcess],
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    operator_factory("--chain-packages")
+    prefix, nw = f"chaindel-{unique}", f"chaindel-{unique}"
+    packages = {
+        name: {
+            **spec,
+            "uninstall": {"enabled": True},
+            "env": [{"name": "NODEWRIGHT_SIM_DURATION", "value": "2s"}],
+        }
+        for name, spec in chain().items()
+    }
+    async with fleet_of(cluster, prefix, 2):
+        await create_nodewright(kube, nodewright_manifest(nw, fleet_prefix=prefix, packages=packages))
+
+        async def started() -> bool:
+            return len(invariants.stage_pods(nw)) >= 2
+
+        await fleet.wait_for(started, within=60, what="the chained pods")
+        invariants.expect_cleanup(nw)
+        await delete_nodewright(kube, nw, within=180)
+        pods = invariants.stage_pods(nw)
+        for on in {p.node for p in pods}:
+            mine = [p for p in pods if p.node == on]
+            # The chained install was not cut short: every package's apply and config ran, then each
+            # package was uninstalled in a pod of its own.
+            done = {(p.package, s) for p in mine for s in p.succeeded}
+            for name in ("pa", "pb", "pc"):
+                assert {(name, "apply"), (name, "config"), (name, "uninstall")} <= done, sorted(done)
+            assert not [p for p in mine if p.outcome is None and not p.outcome_unknown], mine
+        for left in await nodes_of(kube, prefix):
+            annotations = left["metadata"].get("annotations") or {}
+            assert not [k for k in annotations if k.endswith(f".{nw}")], annotations
