@@ -323,3 +323,16 @@ def test_a_package_removed_while_chained_leaves_a_marker_of_what_ran() -> None:
     assert state is not None
     pc = state.entry("pc", "1.0.0")
     assert pc is not None and pc.state is PackageState.IN_PROGRESS, "files of pc may be on the host"
+
+
+def test_a_deleted_nodewright_keeps_the_packages_a_running_pod_carries() -> None:
+    from nodewright.api import constants
+    from nodewright.api.nodestate import NodeState, PackageEntry
+    from nodewright.controller.nodes import _deletion_spec
+
+    nw = make_nw(packages=chain_of_three())
+    state = NodeState(packages=(PackageEntry("pa", "1.0.0", PackageStage.APPLY, PackageState.IN_PROGRESS),))
+    annotation = '[["pb","1.0.0","apply"],["pc","1.0.0","apply"]]'
+    pod = {"metadata": {"annotations": {constants.POD_ANNOTATION_CHAIN: annotation}}}
+    assert set(_deletion_spec(nw, state, [pod]).spec.packages) == {"pa", "pb", "pc"}
+    assert set(_deletion_spec(nw, state).spec.packages) == {"pa"}, "without the pod only pa is in flight"

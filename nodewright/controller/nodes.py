@@ -386,7 +386,7 @@ class NodeReconciler:
         checks = [p for p in trusted if is_drift_check(p)]
         if not deleting and not matches_nodewright(model, node):
             return _Done(await self._unselected(key, nw_name, node, stored, trusted))
-        plan_nw = _deletion_spec(effective, stored or NodeState()) if deleting else effective
+        plan_nw = _deletion_spec(effective, stored or NodeState(), pods_raw) if deleting else effective
         summaries = [*await self._summaries(pods_raw, plan_nw, stored), *self._refused_pods(node_name)]
         admission = node_admission(node, nw_name)
         usable = self._usable_admission(admission, effective)
@@ -1277,17 +1277,27 @@ def node_facts(node: JSON) -> NodeFacts:
     )
 
 
-def _deletion_spec(effective: NodeWright, state: NodeState) -> NodeWright:
+def _deletion_spec(effective: NodeWright, state: NodeState, pods: Sequence[JSON] = ()) -> NodeWright:
     """What a node must still do while its NodeWright is deleted: uninstalls and runs in flight only.
 
     Packages without uninstall support are left as they are on the host (files remain, D2); a package
-    this node never installed is not installed on the way out.
+    this node never installed is not installed on the way out. A run chained into a package pod of the
+    node (`nodewright.io/chain`) is in flight although it has no entry yet: its package stays, so the
+    pod runs to its end, the run is recorded, and its uninstall follows.
     """
+    carried = {
+        name
+        for pod in pods
+        for name, _, _ in podspec.parse_chain(
+            ((pod.get("metadata") or {}).get("annotations") or {}).get(constants.POD_ANNOTATION_CHAIN)
+        )
+        or ()
+    }
     keep = {}
     for name, pkg in effective.spec.packages.items():
         entries = state.entries_for(name)
         uninstall = bool(pkg.uninstall and pkg.uninstall.enabled and pkg.uninstall.apply)
-        in_flight = any(e.state in ACTIVE_STATES for e in entries)
+        in_flight = name in carried or any(e.state in ACTIVE_STATES for e in entries)
         if (uninstall and entries) or in_flight:
             keep[name] = pkg
     spec = effective.spec.model_copy(update={"packages": keep})
