@@ -36,11 +36,13 @@ kube = operator_fixture.kube
 operator_factory = operator_fixture.operator_factory
 
 
-def chain(**last: str) -> dict[str, JSON]:
+def chain(duration: str = "1s", *, uninstall: bool = False, **pb_env: str) -> dict[str, JSON]:
+    """pa <- pb <- pc, each stage taking `duration`; `pb_env` goes to pb (the simulator's knobs)."""
+    extra: dict[str, object] = {"uninstall": {"enabled": True}} if uninstall else {}
     return {
-        "pa": package(),
-        "pb": package(dependsOn={"pa": "1.0.0"}, env=last or None),
-        "pc": package(dependsOn={"pb": "1.0.0"}),
+        "pa": package(duration=duration, **extra),
+        "pb": package(duration=duration, dependsOn={"pa": "1.0.0"}, env=pb_env or None, **extra),
+        "pc": package(duration=duration, dependsOn={"pb": "1.0.0"}, **extra),
     }
 
 
@@ -129,10 +131,7 @@ async def test_an_operator_killed_while_chained_pods_run_resumes_without_rerunni
 ) -> None:
     operator = operator_factory("--chain-packages")
     prefix, nw = f"chainkill-{unique}", f"chainkill-{unique}"
-    packages = {
-        name: {**spec, "env": [{"name": "NODEWRIGHT_SIM_DURATION", "value": "2s"}]}
-        for name, spec in chain().items()
-    }
+    packages = chain("2s")
     async with fleet_of(cluster, prefix, 4):
         await create_nodewright(kube, nodewright_manifest(nw, fleet_prefix=prefix, packages=packages))
 
@@ -161,14 +160,7 @@ async def test_deleting_the_nodewright_mid_chain_finishes_the_installs_then_unin
 ) -> None:
     operator_factory("--chain-packages")
     prefix, nw = f"chaindel-{unique}", f"chaindel-{unique}"
-    packages = {
-        name: {
-            **spec,
-            "uninstall": {"enabled": True},
-            "env": [{"name": "NODEWRIGHT_SIM_DURATION", "value": "2s"}],
-        }
-        for name, spec in chain().items()
-    }
+    packages = chain("2s", uninstall=True)
     async with fleet_of(cluster, prefix, 2):
         await create_nodewright(kube, nodewright_manifest(nw, fleet_prefix=prefix, packages=packages))
 
