@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from typing import Any
 
 from e2e import operator_fixture
 from e2e.invariants import InvariantMonitor
@@ -38,7 +39,7 @@ operator_factory = operator_fixture.operator_factory
 
 def chain(duration: str = "1s", *, uninstall: bool = False, **pb_env: str) -> dict[str, JSON]:
     """pa <- pb <- pc, each stage taking `duration`; `pb_env` goes to pb (the simulator's knobs)."""
-    extra: dict[str, object] = {"uninstall": {"enabled": True}} if uninstall else {}
+    extra: dict[str, Any] = {"uninstall": {"enabled": True}} if uninstall else {}
     return {
         "pa": package(duration=duration, **extra),
         "pb": package(duration=duration, dependsOn={"pa": "1.0.0"}, env=pb_env or None, **extra),
