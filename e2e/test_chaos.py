@@ -25,7 +25,9 @@ left cordoned.
 `test_chaos_rollout[short]` is the variant that `make test` runs (30 nodes, 4 kills, 1 API-server
 restart, 1 failover; about two minutes on 2 shared cores); `test_chaos_rollout[full]` (marked `slow`
 and `outside_ci`, run by `make e2e-outside-ci`) is the run of issue 13: 200 nodes, 20 kills, 3
-API-server restarts, 1 failover (about 8 minutes). The seed and the schedule are printed; set
+API-server restarts, 1 failover (about 8 minutes). The `-chained` variants run the operators with
+`--chain-packages` and a third package (`agent`, depending on `tools`) that runs in `tools`' pod
+(`short-chained` in `make test` too). The seed and the schedule are printed; set
 NODEWRIGHT_CHAOS_SEED to replay one.
 """
 
@@ -73,6 +75,8 @@ EXPECTED_STAGES = {
     "driver": ("apply", "config", "interrupt", "post-interrupt"),
     "tools": ("apply", "config"),
 }
+# With chained runs (`--chain-packages`) a third package depends on `tools` and runs in its pod.
+CHAINED_STAGES = {**EXPECTED_STAGES, "agent": ("apply", "config")}
 # Short Lease timing: every SIGKILLed leader costs a lease duration before anyone takes over.
 LEASE = {"lease_duration": 6.0, "renew_deadline": 4.0, "retry_period": 1.0}
 LEADER_WITHIN = 90.0
@@ -88,6 +92,7 @@ class Scale:
     failovers: int
     rollout_within: float
     protected_run_for: str
+    chained: bool = False  # operators with --chain-packages, and a package chained after `tools`
 
 
 SHORT = Scale(
@@ -96,6 +101,8 @@ SHORT = Scale(
 FULL = Scale(
     nodes=200, kills=20, apiserver_restarts=3, failovers=1, rollout_within=1800, protected_run_for="40s"
 )
+SHORT_CHAINED = replace(SHORT, chained=True)
+FULL_CHAINED = replace(FULL, chained=True)
 
 
 @pytest.fixture
@@ -141,7 +148,9 @@ def _describe(pod: StagePod) -> str:
     return f"{pod.name} (uid {pod.uid[:8]}, {pod.outcome or 'never finished'})"
 
 
-def count_stage_runs(pods: list[StagePod], names: list[str]) -> tuple[list[str], list[str]]:
+def count_stage_runs(
+    pods: list[StagePod], names: list[str], expected_stages: dict[str, tuple[str, ...]] = EXPECTED_STAGES
+) -> tuple[list[str], list[str]]:
     """(problems, notes): every expected (node, package, version, stage) must have exactly one success.
 
     A pod runs every stage of its transition (an install pod: apply, then config), so each pod counts
@@ -160,7 +169,7 @@ def count_stage_runs(pods: list[StagePod], names: list[str]) -> tuple[list[str],
     expected = {
         (node, pkg, "1.0.0", stage)
         for node in names
-        for pkg, stages in EXPECTED_STAGES.items()
+        for pkg, stages in expected_stages.items()
         for stage in stages
     }
     problems, notes = [], []
@@ -189,11 +198,15 @@ async def chaos_rollout(
     scale: Scale,
     *,
     cluster: ControlPlane,
-    replica_factory: Callable[[], OperatorProcess],
+    replica_factory: Callable[..., OperatorProcess],
     kube: KubeClient,
     invariants: InvariantMonitor,
     unique: str,
 ) -> None:
+    operator_args = ("--chain-packages",) if scale.chained else ()
+    packages = {"driver": package(interrupt={"type": "reboot"}), "tools": package()}
+    if scale.chained:
+        packages["agent"] = package(dependsOn={"tools": "1.0.0"})
     plan = ChaosPlan.build(
         chaos_seed(),
         kills=scale.kills,
@@ -228,14 +241,16 @@ async def chaos_rollout(
         )
         # Started in threads: the factory waits for /readyz, and the monitor must not wait meanwhile.
         replicas = OperatorReplicas(
-            await asyncio.gather(*(asyncio.to_thread(replica_factory) for _ in range(REPLICAS)))
+            await asyncio.gather(
+                *(asyncio.to_thread(replica_factory, *operator_args) for _ in range(REPLICAS))
+            )
         )
         try:
             async with shrinking(kube, *jobs[:-1]), replicas:
                 manifest = nodewright_manifest(
                     nw,
                     fleet_prefix=prefix,
-                    packages={"driver": package(interrupt={"type": "reboot"}), "tools": package()},
+                    packages=packages,
                     deploymentPolicy=nw,
                     podNonInterruptLabels=PROTECT,
                 )
@@ -277,7 +292,9 @@ async def chaos_rollout(
                 ]
                 assert not cordoned, f"left cordoned (seed {plan.seed}): {cordoned}"
                 await invariants.sync()
-                problems, notes = count_stage_runs(invariants.stage_pods(nw), names)
+                problems, notes = count_stage_runs(
+                    invariants.stage_pods(nw), names, CHAINED_STAGES if scale.chained else EXPECTED_STAGES
+                )
                 if notes:
                     print("[chaos] stage pods:\n  " + "\n  ".join(notes))
                 assert not problems, f"seed {plan.seed}:\n" + "\n".join(problems)
@@ -295,15 +312,21 @@ async def chaos_rollout(
     "scale",
     [
         pytest.param(SHORT, id="short", marks=pytest.mark.timeout(420)),
+        pytest.param(SHORT_CHAINED, id="short-chained", marks=pytest.mark.timeout(420)),
         pytest.param(
             FULL, id="full", marks=[pytest.mark.slow, pytest.mark.outside_ci, pytest.mark.timeout(2700)]
+        ),
+        pytest.param(
+            FULL_CHAINED,
+            id="full-chained",
+            marks=[pytest.mark.slow, pytest.mark.outside_ci, pytest.mark.timeout(2700)],
         ),
     ],
 )
 async def test_chaos_rollout(
     scale: Scale,
     cluster: ControlPlane,
-    replica_factory: Callable[[], OperatorProcess],
+    replica_factory: Callable[..., OperatorProcess],
     kube: KubeClient,
     invariants: InvariantMonitor,
     unique: str,
