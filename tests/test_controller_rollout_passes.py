@@ -363,3 +363,90 @@ def test_the_shared_reports_stay_bounded_by_what_the_entries_use() -> None:
     memo.prune_shared()
     assert len(memo.shared) == 2, "only the report and tuple an entry uses are kept"
     assert memo.shared.share(list(kept)) is kept, "a node reaching the kept state shares the entry's reports"
+
+
+async def test_admissions_go_out_together_smallest_batches_first(
+    env: _Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wave's admissions are written ADMISSION_WRITES_IN_FLIGHT at a time (not one after another, which
+    held a 10,000-node rollout's pass for 34 s), releases before admissions, small batches first."""
+    import asyncio
+
+    in_flight, peak, order = 0, 0, []
+
+    async def annotate(node: str, key: str, value: str | None) -> bool:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        order.append(node)
+        await asyncio.sleep(0.01)
+        in_flight -= 1
+        return node != "gone"
+
+    monkeypatch.setattr(env.reconciler, "_annotate_node", annotate)
+    enqueued: list[str] = []
+    env.rt.enqueue_node = lambda nw, node: enqueued.append(node)
+    wave = [
+        NewAdmission(f"w{i:03d}", Admission("c2", 3, i, "fp", "2026-01-01T00:00:00Z")) for i in range(100)
+    ]
+    small = [
+        NewAdmission(f"s{i}", Admission("c1", 5, 100 + i, "fp", "2026-01-01T00:00:00Z")) for i in range(2)
+    ]
+    plan = RolloutPlan(
+        policy_name=None,
+        policy_not_found=None,
+        compartments={},
+        admissions=(
+            *wave,
+            *small,
+            NewAdmission("gone", Admission("c2", 3, 200, "fp", "2026-01-01T00:00:00Z")),
+        ),
+        releases=("r1",),
+        active=(),
+        waiting=(),
+        halts=(),
+        reset_applied=False,
+        next_order=0,
+    )
+    await env.reconciler._apply_admissions("nw", plan, [])
+    assert order[0] == "r1", "releases first"
+    assert order[1:3] == ["s0", "s1"], "the small batch before the wave"
+    assert 1 < peak <= rollout_mod.ADMISSION_WRITES_IN_FLIGHT
+    assert sorted(enqueued) == sorted(["r1", "s0", "s1", *(a.node for a in wave)]), (
+        "a gone node is not enqueued"
+    )
+
+
+async def test_a_failed_admission_write_stops_the_rest_and_fails_the_pass(
+    env: _Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    written: list[str] = []
+
+    async def annotate(node: str, key: str, value: str | None) -> bool:
+        await asyncio.sleep(0.01 if node != "bad" else 0.0)
+        if node == "bad":
+            raise RuntimeError("API server said 500")
+        written.append(node)
+        return True
+
+    monkeypatch.setattr(env.reconciler, "_annotate_node", annotate)
+    nodes = ["bad", *(f"n{i:03d}" for i in range(200))]
+    plan = RolloutPlan(
+        policy_name=None,
+        policy_not_found=None,
+        compartments={},
+        admissions=tuple(
+            NewAdmission(n, Admission("c0", 1, i, "fp", "2026-01-01T00:00:00Z")) for i, n in enumerate(nodes)
+        ),
+        releases=(),
+        active=(),
+        waiting=(),
+        halts=(),
+        reset_applied=False,
+        next_order=0,
+    )
+    with pytest.raises(RuntimeError, match="500"):
+        await env.reconciler._apply_admissions("nw", plan, [])
+    assert len(written) < 200, "the writes not started yet were cancelled"
