@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import json
 import os
 import platform
@@ -36,7 +37,7 @@ from typing import Any
 
 import psutil
 
-from benchmarks import analysis
+from benchmarks import analysis, runtime_env
 from nodewright.api import constants
 from nodewright.sim.demo import (
     REPO_ROOT,
@@ -521,6 +522,8 @@ async def measure(
             "budget_percent": cfg.budget_percent,
             "chain_packages": cfg.chain_packages,
             "smoke": cfg.smoke,
+            # The operator ran with `python -S` on these alone (benchmarks/runtime_env.py).
+            "operator_distributions": len(runtime_distributions()),
             "git": git_head,
         },
         "completed": completed,
@@ -650,11 +653,24 @@ async def _measure_drift(
     }
 
 
+RUNTIME_ENV = REPO_ROOT / ".sim" / "runtime-env"
+
+
+@functools.cache
+def runtime_distributions() -> tuple[str, ...]:
+    """Links to the runtime dependencies alone, built once per benchmark process (see runtime_env)."""
+    return tuple(runtime_env.build(RUNTIME_ENV))
+
+
 def _operator(cfg: Config, kubeconfig: Path, log_path: Path) -> OperatorProcess:
+    runtime_distributions()
     return OperatorProcess(
         kubeconfig=kubeconfig,
         log_path=log_path,
         namespace=NAMESPACE,
+        # What the image ships and nothing else: the venv's test tools would add ~4 MiB of imports.
+        interpreter=(sys.executable, "-S"),
+        python_path=(RUNTIME_ENV,),
         extra_args=[
             "--agent-image=registry.local/nodewright/agent:sim",
             "--pause-image=registry.local/pause:sim",

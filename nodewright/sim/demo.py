@@ -64,6 +64,10 @@ class OperatorProcess:
     namespace: str = "nodewright-system"
     extra_args: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    interpreter: Sequence[str] = (sys.executable,)
+    """How Python is started (the benchmark adds `-S` to leave out the venv's site-packages)."""
+    python_path: Sequence[Path] = ()
+    """Directories before the repository on `PYTHONPATH`."""
     health_port: int = 0
     metrics_port: int = 0
     proc: subprocess.Popen[bytes] | None = None
@@ -76,7 +80,7 @@ class OperatorProcess:
 
     def argv(self) -> list[str]:
         return [
-            sys.executable, "-m", "nodewright", "operator",
+            *self.interpreter, "-m", "nodewright", "operator",
             f"--kubeconfig={self.kubeconfig}", f"--namespace={self.namespace}", "--no-leader-elect",
             f"--health-probe-bind-address=127.0.0.1:{self.health_port}",
             f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
@@ -90,7 +94,9 @@ class OperatorProcess:
         self.health_port = self.health_port or free_port()
         self.metrics_port = self.metrics_port or free_port()
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [*map(str, self.python_path), str(REPO_ROOT), env.get("PYTHONPATH")])
+        )
         env.update(self.env)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
