@@ -275,7 +275,9 @@ async def test_a_recreated_apply_pod_is_deleted_and_never_counts(
             events = await untrusted_events(kube, forged_name)
             return events if set(events) == {"Node", "NodeWright"} else None
 
-        events = await fleet.wait_for(reported, within=20, what="UntrustedPackagePod events")
+        # Events are best effort, on their own write budget behind whatever this operator reports at
+        # start: seen once 20 s late on a loaded CI machine. What the test guards is that they come.
+        events = await fleet.wait_for(reported, within=60, what="UntrustedPackagePod events")
         assert events == {"Node": node, "NodeWright": nw}
         assert (await untrusted_counts(operator))[reason] >= 1
 
@@ -320,7 +322,7 @@ async def test_a_signature_copied_to_another_node_is_deleted_there(
             events = await untrusted_events(kube, copied["metadata"]["name"])
             return events if set(events) == {"Node", "NodeWright"} else None
 
-        assert await fleet.wait_for(reported, within=20, what="events") == {"Node": other, "NodeWright": nw}
+        assert await fleet.wait_for(reported, within=60, what="events") == {"Node": other, "NodeWright": nw}
         assert (await untrusted_counts(operator))["identity_mismatch"] >= 1
         other_node = await kube.get(f"/api/v1/nodes/{other}")
         assert f"nodewright.io/state.{nw}" not in (other_node["metadata"].get("annotations") or {})
