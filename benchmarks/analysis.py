@@ -373,6 +373,101 @@ def replay_makespan(admissions: Mapping[str, tuple[str, int]], node_seconds: Map
     return max((sum(b.values()) for b in slowest.values()), default=0.0)
 
 
+@dataclass(frozen=True, slots=True)
+class BatchTimes:
+    """When one batch's steps happened, in seconds on one clock (None: not seen)."""
+
+    compartment: str
+    batch: int
+    nodes: int
+    admitted: float
+    first_pod: float | None
+    last_pod_done: float | None
+    complete: float | None
+
+
+HANDOVER_STEPS = (
+    "admission_to_first_pod",
+    "first_pod_to_last_pod_done",
+    "last_pod_done_to_complete",
+    "complete_to_next_admission",
+    "period",
+)
+"""A batch's time, split where the operator and the simulator hand over to each other: the operator
+turns an admission into pods; the simulated kubelet runs them (the stages' own time plus its
+latency); the operator sees the last pod end and writes the node complete; the rollout pass sees
+the batch settled and admits the next one. `period`: admission to the next batch's admission."""
+
+
+def batch_timeline(
+    admitted: Mapping[tuple[str, int], float],
+    members: Mapping[str, tuple[str, int]],
+    completed: Mapping[str, float],
+    pods: Mapping[str, Sequence[tuple[float, float | None]]],
+) -> list[BatchTimes]:
+    """Each batch's times. `admitted`: (compartment, batch) -> first admission seen; `members`: node
+    -> its (compartment, batch); `completed`: node -> when it was seen complete; `pods`: node ->
+    (seen created, seen succeeded or None) of its package pods. Only pods created after the batch's
+    admission count for it (a node's earlier pods belong to an earlier rollout)."""
+    grouped: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for node, key in members.items():
+        grouped[key].append(node)
+    timeline = []
+    for (compartment, batch), nodes in sorted(grouped.items()):
+        start = admitted.get((compartment, batch))
+        if start is None:
+            continue
+        runs = [run for n in nodes for run in pods.get(n, ()) if run[0] >= start]
+        done = [end for _, end in runs if end is not None]
+        ends = [completed[n] for n in nodes if n in completed]
+        timeline.append(
+            BatchTimes(
+                compartment=compartment,
+                batch=batch,
+                nodes=len(nodes),
+                admitted=start,
+                first_pod=min((created for created, _ in runs), default=None),
+                last_pod_done=max(done, default=None),
+                complete=max(ends) if len(ends) == len(nodes) else None,
+            )
+        )
+    return timeline
+
+
+def handover_summary(timeline: Sequence[BatchTimes]) -> dict[str, dict[str, Any]]:
+    """Per compartment: its batch count and the median (and max) of each step of `HANDOVER_STEPS`
+    over its batches, in seconds; the steps of a batch add up to its period."""
+    by_compartment: dict[str, list[BatchTimes]] = defaultdict(list)
+    for times in timeline:
+        by_compartment[times.compartment].append(times)
+    summary: dict[str, dict[str, Any]] = {}
+    for compartment, batches in sorted(by_compartment.items()):
+        batches.sort(key=lambda t: t.batch)
+        steps: dict[str, list[float]] = {step: [] for step in HANDOVER_STEPS}
+        for times, following in zip(batches, [*batches[1:], None], strict=True):
+            nxt = following.admitted if following is not None else None
+            pairs = (
+                (times.admitted, times.first_pod),
+                (times.first_pod, times.last_pod_done),
+                (times.last_pod_done, times.complete),
+                (times.complete, nxt),
+                (times.admitted, nxt),
+            )
+            for step, (begin, end) in zip(HANDOVER_STEPS, pairs, strict=True):
+                if begin is not None and end is not None:
+                    steps[step].append(end - begin)
+        summary[compartment] = {"batches": len(batches)} | {
+            step: {"median": _round3(percentile(values, 50)), "max": _round3(max(values))}
+            for step, values in steps.items()
+            if values
+        }
+    return summary
+
+
+def _round3(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Profiles
 

@@ -303,6 +303,14 @@ def _pod_succeeded(pod: Mapping[str, Any]) -> bool:
     )
 
 
+@dataclass(slots=True)
+class PodRun:
+    """When the probe saw one package pod created and succeeded (batch hand-over)."""
+
+    created: float
+    succeeded: float | None = None
+
+
 @dataclass
 class LatencyProbe:
     """Controller latency: from a package pod's success (seen on our pod watch) to the node's next
@@ -317,6 +325,8 @@ class LatencyProbe:
     added_at: dict[str, float] = field(default_factory=dict)  # pod -> when our watch first saw it
     pod_runtimes: list[float] = field(default_factory=list)  # first seen -> seen succeeded
     node_pod_seconds: dict[str, float] = field(default_factory=dict)  # node -> sum of its pod runtimes
+    node_pods: dict[str, list[PodRun]] = field(default_factory=dict)  # node -> its package pods
+    pod_runs: dict[str, PodRun] = field(default_factory=dict)  # pod not yet seen succeeded -> its run
 
     def action(self, node: str, now: float) -> None:
         seen = self.pending.pop(node, None)
@@ -334,9 +344,13 @@ class LatencyProbe:
             self.pods_created += 1
             self.added_at[name] = now
             self.action(node, now)
+            self.pod_runs[name] = run = PodRun(now)
+            self.node_pods.setdefault(node, []).append(run)
         elif kind in ("ADDED", "MODIFIED") and name not in self.succeeded_pods and _pod_succeeded(pod):
             self.succeeded_pods.add(name)
             self.pending.setdefault(node, now)
+            if (finished := self.pod_runs.pop(name, None)) is not None:
+                finished.succeeded = now
             added = self.added_at.pop(name, None)
             if added is not None:
                 self.pod_runtimes.append(now - added)
@@ -578,6 +592,7 @@ async def measure(
             "samples": len(probe.samples),
         },
         # The simulated kubelet's share: a stage pod takes `stage_seconds` plus kwok's own latency.
+        "batch_handover_seconds": _handover(tracker, probe, fingerprint),
         "pod_runtime_seconds": {
             "p50": _round(analysis.percentile(probe.pod_runtimes, 50)),
             "p99": _round(analysis.percentile(probe.pod_runtimes, 99)),
@@ -660,6 +675,22 @@ RUNTIME_ENV = REPO_ROOT / ".sim" / "runtime-env"
 def runtime_distributions() -> tuple[str, ...]:
     """Links to the runtime dependencies alone, built once per benchmark process (see runtime_env)."""
     return tuple(runtime_env.build(RUNTIME_ENV))
+
+
+def _handover(tracker: FleetTracker, probe: LatencyProbe, fingerprint: str | None) -> dict[str, Any]:
+    """Per compartment, where a batch's time went (analysis.HANDOVER_STEPS), on the monotonic clock."""
+    members = {
+        name: (rec.compartment, rec.batch)
+        for name, rec in tracker.nodes.items()
+        if rec.compartment is not None and rec.batch is not None and rec.fingerprint == fingerprint
+    }
+    timeline = analysis.batch_timeline(
+        {key: tracker.started + at for key, at in tracker.batch_starts.items()},
+        members,
+        {name: rec.completed_at for name, rec in tracker.nodes.items() if rec.completed_at is not None},
+        {node: [(run.created, run.succeeded) for run in runs] for node, runs in probe.node_pods.items()},
+    )
+    return analysis.handover_summary(timeline)
 
 
 def _operator(cfg: Config, kubeconfig: Path, log_path: Path) -> OperatorProcess:

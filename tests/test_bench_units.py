@@ -288,3 +288,33 @@ def test_replay_makespan_sums_the_slowest_node_of_each_batch_per_compartment() -
     assert analysis.replay_makespan(admissions, seconds) == 9.0  # c0: max(3, 5) + 4; c1: 4.5
     assert analysis.replay_makespan({}, seconds) == 0.0
     assert analysis.replay_makespan({"x": ("c0", 1)}, {}) == 0.0
+
+
+def test_batch_timeline_splits_each_batch_where_operator_and_simulator_hand_over() -> None:
+    admitted = {("c1", 1): 0.0, ("c1", 2): 20.0, ("c2", 1): 0.0}
+    members = {"a": ("c1", 1), "b": ("c1", 1), "c": ("c1", 2), "d": ("c2", 1)}
+    completed = {"a": 15.0, "b": 16.0, "c": 35.0}  # d never completed
+    pods = {
+        "a": [(-50.0, -40.0), (1.0, 14.0)],  # the first pod is an earlier rollout's: not this batch's
+        "b": [(2.0, 15.5)],
+        "c": [(21.0, 33.0)],
+        "d": [(1.0, None)],
+    }
+    timeline = analysis.batch_timeline(admitted, members, completed, pods)
+    assert [(t.compartment, t.batch, t.nodes) for t in timeline] == [("c1", 1, 2), ("c1", 2, 1), ("c2", 1, 1)]
+    first = timeline[0]
+    assert (first.first_pod, first.last_pod_done, first.complete) == (1.0, 15.5, 16.0)
+    assert (timeline[2].last_pod_done, timeline[2].complete) == (None, None)
+
+    summary = analysis.handover_summary(timeline)
+    c1 = summary["c1"]
+    assert c1["batches"] == 2
+    assert c1["admission_to_first_pod"] == {"median": 1.0, "max": 1.0}
+    assert c1["first_pod_to_last_pod_done"] == {"median": 13.25, "max": 14.5}
+    assert c1["last_pod_done_to_complete"] == {"median": 1.25, "max": 2.0}
+    # Only batch 1 has a next admission: complete at 16, batch 2 admitted at 20.
+    assert c1["complete_to_next_admission"] == {"median": 4.0, "max": 4.0}
+    assert c1["period"] == {"median": 20.0, "max": 20.0}
+    # The steps of a batch add up to its period.
+    assert 1.0 + 14.5 + 0.5 + 4.0 == c1["period"]["median"]
+    assert summary["c2"] == {"batches": 1, "admission_to_first_pod": {"median": 1.0, "max": 1.0}}
