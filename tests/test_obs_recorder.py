@@ -192,3 +192,22 @@ async def test_failures_never_raise_and_record_never_blocks() -> None:
 @pytest.mark.parametrize("recorder_class", [EventRecorder, OperatorRecorder])
 def test_the_operator_recorder_is_the_series_recorder(recorder_class: type[Any]) -> None:
     assert issubclass(recorder_class, EventRecorder)
+
+
+async def test_the_recorder_remembers_as_many_series_as_client_go_and_forgets_the_oldest() -> None:
+    sink = Sink()
+    rec = recorder(sink, bump_interval=0.0)
+    for i in range(ev.MAX_REMEMBERED + 1):  # one more node than remembered, each with one Event
+        await rec.record(kind="Node", name=f"n{i}", uid=None, reason="R", message="m")
+    async with asyncio.timeout(30):
+        await rec.flush()
+    assert sink.creates == ev.MAX_REMEMBERED + 1
+    # The newest series is still known: a repeat counts up its Event. The oldest was forgotten: a
+    # repeat creates a new Event (never drops it).
+    await rec.record(kind="Node", name=f"n{ev.MAX_REMEMBERED}", uid=None, reason="R", message="m")
+    await rec.record(kind="Node", name="n0", uid=None, reason="R", message="m")
+    async with asyncio.timeout(30):
+        await rec.flush()
+    assert (sink.creates, sink.patches) == (ev.MAX_REMEMBERED + 2, 1)
+    assert sum(sink.counts().values()) == ev.MAX_REMEMBERED + 3
+    await rec.close()

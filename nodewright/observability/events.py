@@ -463,6 +463,11 @@ COMBINED_PREFIX: Final = "(combined from similar events): "
 MAX_SIMILAR: Final = 10
 SIMILAR_WINDOW: Final = 600.0
 SERIES_WINDOW: Final = 3600.0
+MAX_REMEMBERED: Final = 4096
+"""Series and similarity groups remembered (each, least recently seen forgotten first): client-go's
+LRU size for the same purpose. 20,000 held ~28 MiB once a 10,000-node rollout had produced them (a
+few Events per node, each with its message); forgetting one only means its next occurrence creates
+a new Event instead of counting up the old one."""
 
 SeriesKey = tuple[str, str, str, str, str]
 """(kind, name, reason, type, message) of a series of identical events."""
@@ -507,7 +512,7 @@ class EventCorrelator:
         max_similar: int = MAX_SIMILAR,
         similar_window: float = SIMILAR_WINDOW,
         series_window: float = SERIES_WINDOW,
-        max_keys: int = 20_000,
+        max_keys: int = MAX_REMEMBERED,
     ) -> None:
         self._max_similar = max_similar
         self._similar_window = similar_window

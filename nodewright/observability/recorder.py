@@ -40,7 +40,14 @@ from typing import Any, Final, Protocol
 
 import structlog
 
-from nodewright.observability.events import COMPONENT, EVENT_NAMESPACE, EventCorrelator, SeriesKey, truncate
+from nodewright.observability.events import (
+    COMPONENT,
+    EVENT_NAMESPACE,
+    MAX_REMEMBERED,
+    EventCorrelator,
+    SeriesKey,
+    truncate,
+)
 
 log = structlog.get_logger("nodewright.observability.recorder")
 
@@ -93,7 +100,7 @@ class EventRecorder:
         correlator: EventCorrelator | None = None,
         bump_interval: float = BUMP_INTERVAL,
         monotonic: Callable[[], float] = time.monotonic,
-        max_series: int = 20_000,
+        max_series: int = MAX_REMEMBERED,
     ) -> None:
         self._sink = sink
         self._clock = clock
