@@ -294,7 +294,7 @@ def test_batch_timeline_splits_each_batch_where_operator_and_simulator_hand_over
     admitted = {("c1", 1): 0.0, ("c1", 2): 20.0, ("c2", 1): 0.0}
     members = {"a": ("c1", 1), "b": ("c1", 1), "c": ("c1", 2), "d": ("c2", 1)}
     completed = {"a": 15.0, "b": 16.0, "c": 35.0}  # d never completed
-    pods = {
+    pods: dict[str, list[tuple[float, float | None]]] = {
         "a": [(-50.0, -40.0), (1.0, 14.0)],  # the first pod is an earlier rollout's: not this batch's
         "b": [(2.0, 15.5)],
         "c": [(21.0, 33.0)],
@@ -315,6 +315,4 @@ def test_batch_timeline_splits_each_batch_where_operator_and_simulator_hand_over
     # Only batch 1 has a next admission: complete at 16, batch 2 admitted at 20.
     assert c1["complete_to_next_admission"] == {"median": 4.0, "max": 4.0}
     assert c1["period"] == {"median": 20.0, "max": 20.0}
-    # The steps of a batch add up to its period.
-    assert 1.0 + 14.5 + 0.5 + 4.0 == c1["period"]["median"]
     assert summary["c2"] == {"batches": 1, "admission_to_first_pod": {"median": 1.0, "max": 1.0}}
