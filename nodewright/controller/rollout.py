@@ -17,7 +17,6 @@ enqueues this controller again, so batches settle as soon as their last node fin
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -93,11 +92,6 @@ RESYNC_ACTIVE = 60.0
 """Safety-net resync while nodes are in flight; progress itself is event-driven."""
 BUDGET_RETRY = 1.0
 """Seconds before a pass whose DisruptionBudget writes kept conflicting is tried again."""
-ADMISSION_WRITES_IN_FLIGHT = 32
-"""Admission (and release) patches of one pass in flight at once. Written one after another, a
-333-node wave took 34 s at 10,000 nodes (each patch ~0.1 s against a busy API server), and for that
-long the NodeWright's pass -- so every other compartment's next batch -- waited. The client's write
-rate limit (`--qps`) still paces them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -812,30 +806,6 @@ class RolloutReconciler:
 
     # -- writes -----------------------------------------------------------------------------------
 
-    async def _annotate_nodes(self, name: str, key: str, writes: Sequence[tuple[str, str | None]]) -> None:
-        """Set (or remove) the annotation on each node, `ADMISSION_WRITES_IN_FLIGHT` at a time, in the
-        given order; each node written is enqueued for its node controller at once. The first failure
-        cancels the writes not done yet and is raised: the pass is retried, and what was written is on
-        the nodes, where the next pass counts it (the admissions of one plan fit its ceilings whichever
-        of them landed)."""
-        if not writes:
-            return
-        slots = asyncio.Semaphore(ADMISSION_WRITES_IN_FLIGHT)
-
-        async def write(node: str, value: str | None) -> None:
-            async with slots:
-                if await self._annotate_node(node, key, value):
-                    self.rt.enqueue_node(name, node)
-
-        tasks = [asyncio.ensure_future(write(node, value)) for node, value in writes]
-        try:
-            await asyncio.gather(*tasks)
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
-
     async def _annotate_node(self, node: str, key: str, value: str | None) -> bool:
         """Set (or with None remove) one annotation of ours; False when the node is gone (its delete
         event brings the next pass, which no longer counts it)."""
@@ -862,21 +832,20 @@ class RolloutReconciler:
         log.info(why, nodewright=name)
 
     async def _apply_admissions(self, name: str, plan: RolloutPlan, views: Sequence[_NodeView]) -> None:
+        rt = self.rt
         key = admission_annotation(name)
+        # Releases first: a node released and picked again in one plan must end up admitted.
+        for released in plan.releases:
+            if await self._annotate_node(released, key, None):
+                rt.enqueue_node(name, released)
+        for admitted in plan.admissions:
+            if await self._annotate_node(admitted.node, key, encode_admission(admitted.admission)):
+                rt.enqueue_node(name, admitted.node)
         started: dict[tuple[str, int], list[str]] = {}
         for admitted in plan.admissions:
             started.setdefault((admitted.admission.compartment, admitted.admission.batch), []).append(
                 admitted.node
             )
-        # Releases first: a node released and picked again in one plan must end up admitted. Then the
-        # smallest batches first: they are the ones whose compartment has the most batches still to go
-        # (a linear compartment's early batches), the rollout's critical path.
-        await self._annotate_nodes(name, key, [(node, None) for node in plan.releases])
-        ordered = sorted(
-            plan.admissions,
-            key=lambda a: (len(started[(a.admission.compartment, a.admission.batch)]), a.admission.order),
-        )
-        await self._annotate_nodes(name, key, [(a.node, encode_admission(a.admission)) for a in ordered])
         for (compartment, batch), nodes in sorted(started.items()):
             spec = events.batch_started(compartment, batch, nodes)
             await self._event(name, spec)
