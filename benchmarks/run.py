@@ -322,7 +322,6 @@ class LatencyProbe:
     succeeded_pods: set[str] = field(default_factory=set)
     samples: list[float] = field(default_factory=list)
     pods_created: int = 0
-    added_at: dict[str, float] = field(default_factory=dict)  # pod -> when our watch first saw it
     pod_runtimes: list[float] = field(default_factory=list)  # first seen -> seen succeeded
     node_pod_seconds: dict[str, float] = field(default_factory=dict)  # node -> sum of its pod runtimes
     node_pods: dict[str, list[PodRun]] = field(default_factory=dict)  # node -> its package pods
@@ -342,7 +341,6 @@ class LatencyProbe:
         name = str(meta.get("name"))
         if kind == "ADDED" and name not in self.succeeded_pods and not _pod_succeeded(pod):
             self.pods_created += 1
-            self.added_at[name] = now
             self.action(node, now)
             self.pod_runs[name] = run = PodRun(now)
             self.node_pods.setdefault(node, []).append(run)
@@ -351,10 +349,8 @@ class LatencyProbe:
             self.pending.setdefault(node, now)
             if (finished := self.pod_runs.pop(name, None)) is not None:
                 finished.succeeded = now
-            added = self.added_at.pop(name, None)
-            if added is not None:
-                self.pod_runtimes.append(now - added)
-                self.node_pod_seconds[node] = self.node_pod_seconds.get(node, 0.0) + now - added
+                self.pod_runtimes.append(now - finished.created)
+                self.node_pod_seconds[node] = self.node_pod_seconds.get(node, 0.0) + now - finished.created
 
     async def run(self) -> None:
         path = f"/api/v1/namespaces/{NAMESPACE}/pods"
@@ -518,14 +514,12 @@ async def measure(
         else None
     )
     fingerprint = ((final_obj or {}).get("status") or {}).get("rolloutFingerprint")
-    simulated = analysis.replay_makespan(
-        {
-            name: (rec.compartment, rec.batch)
-            for name, rec in tracker.nodes.items()
-            if rec.compartment is not None and rec.batch is not None and rec.fingerprint == fingerprint
-        },
-        probe.node_pod_seconds,
-    )
+    members = {
+        name: (rec.compartment, rec.batch)
+        for name, rec in tracker.nodes.items()
+        if rec.compartment is not None and rec.batch is not None and rec.fingerprint == fingerprint
+    }
+    simulated = analysis.replay_makespan(members, probe.node_pod_seconds)
     result = {
         "run": {
             "at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -592,7 +586,7 @@ async def measure(
             "samples": len(probe.samples),
         },
         # The simulated kubelet's share: a stage pod takes `stage_seconds` plus kwok's own latency.
-        "batch_handover_seconds": _handover(tracker, probe, fingerprint),
+        "batch_handover_seconds": _handover(tracker, probe, members),
         "pod_runtime_seconds": {
             "p50": _round(analysis.percentile(probe.pod_runtimes, 50)),
             "p99": _round(analysis.percentile(probe.pod_runtimes, 99)),
@@ -677,13 +671,11 @@ def runtime_distributions() -> tuple[str, ...]:
     return tuple(runtime_env.build(RUNTIME_ENV))
 
 
-def _handover(tracker: FleetTracker, probe: LatencyProbe, fingerprint: str | None) -> dict[str, Any]:
-    """Per compartment, where a batch's time went (analysis.HANDOVER_STEPS), on the monotonic clock."""
-    members = {
-        name: (rec.compartment, rec.batch)
-        for name, rec in tracker.nodes.items()
-        if rec.compartment is not None and rec.batch is not None and rec.fingerprint == fingerprint
-    }
+def _handover(
+    tracker: FleetTracker, probe: LatencyProbe, members: Mapping[str, tuple[str, int]]
+) -> dict[str, Any]:
+    """Per compartment, where a batch's time went (analysis.HANDOVER_STEPS), on the monotonic clock;
+    `members`: node -> (compartment, batch) of the final fingerprint."""
     timeline = analysis.batch_timeline(
         {key: tracker.started + at for key, at in tracker.batch_starts.items()},
         members,
@@ -694,7 +686,7 @@ def _handover(tracker: FleetTracker, probe: LatencyProbe, fingerprint: str | Non
 
 
 def _operator(cfg: Config, kubeconfig: Path, log_path: Path) -> OperatorProcess:
-    runtime_distributions()
+    runtime_distributions()  # the links must exist before the operator starts
     return OperatorProcess(
         kubeconfig=kubeconfig,
         log_path=log_path,
