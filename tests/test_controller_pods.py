@@ -6,7 +6,14 @@ from typing import Any
 
 from nodewright.api import constants
 from nodewright.api.nodestate import PackageStage
-from nodewright.controller.pods import classify, failed_container, stage_progress, summarize
+from nodewright.controller.pods import (
+    classify,
+    failed_container,
+    needs_log_tail,
+    stage_progress,
+    summarize,
+    summarize_with_logs,
+)
 from nodewright.kube.trim import trim_pod
 from nodewright.plan.stages import PodOutcome
 
@@ -189,3 +196,66 @@ async def test_a_log_the_kubelet_cannot_serve_yet_is_asked_for_again_within_the_
             assert 2 <= kube.count("GET", "/pods/q/log") <= 4, "bounded by the deadline"
     finally:
         await kube.stop()
+
+
+def test_a_failed_container_carrying_its_log_tail_says_why_on_one_line() -> None:
+    """FallbackToLogsOnError: the kubelet puts the log tail in the terminated state; its last lines say
+    why, and the message is one line for the node condition and the Event."""
+    tail = (
+        "step 1 ok\n\n  tuning: sysctl net.core.rmem_max is '212992', not '268435456'\nERROR: 1 of 1 failed\n"
+    )
+    failed = term("tool-apply", 1, "Error")
+    failed["state"]["terminated"]["message"] = tail
+    outcome, message = classify(pod("Failed", [term("tool-init", 0), failed]))
+    assert outcome == PodOutcome.FAILED
+    assert message == (
+        "container tool-apply exited 1 (Error): step 1 ok | tuning: sysctl net.core.rmem_max is '212992',"
+        " not '268435456' | ERROR: 1 of 1 failed"
+    )
+    assert needs_log_tail(pod("Failed", [term("tool-init", 0), failed])) is None
+
+
+def test_the_cache_keeps_the_end_of_a_long_log_tail() -> None:
+    failed = term("tool-apply", 1, "Error")
+    failed["state"]["terminated"]["message"] = "early output\n" * 200 + "the reason it failed"
+    _, message = classify(pod("Failed", [failed]))
+    assert message.endswith("the reason it failed") and len(message) < 700
+
+
+def test_the_log_is_read_only_when_the_status_does_not_carry_the_tail() -> None:
+    statuses = [term("tool-init", 0), term("tool-apply", 1, "Error")]
+    assert needs_log_tail(pod("Failed", statuses)) == "tool-apply"
+    blank = term("tool-apply", 1, "Error")
+    blank["state"]["terminated"]["message"] = "\n \n"
+    assert needs_log_tail(pod("Failed", [blank])) == "tool-apply"
+    assert needs_log_tail(pod("Running", [term(n, 0) for n in INIT])) is None
+
+
+class _Logs:
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def tail(self, pod: Any, container: str) -> str:
+        self.asked.append(container)
+        return "from the log endpoint"
+
+
+async def test_summaries_fetch_the_log_only_for_failures_without_a_message() -> None:
+    versions = {("tool", "1.2.3_b"): "1.2.3+b"}
+    logs = _Logs()
+    with_tail = term("tool-apply", 1, "Error")
+    with_tail["state"]["terminated"]["message"] = "the reason"
+    summary = await summarize_with_logs(
+        pod("Failed", [term("tool-init", 0), with_tail]),
+        version_of=versions,
+        logs=logs,  # type: ignore[arg-type]
+    )
+    assert summary is not None and summary.message.endswith("exited 1 (Error): the reason")
+    assert logs.asked == []
+    summary = await summarize_with_logs(
+        pod("Failed", [term("tool-init", 0), term("tool-apply", 1, "Error")]),
+        version_of=versions,
+        logs=logs,  # type: ignore[arg-type]
+    )
+    assert summary is not None and summary.message.endswith("; log: from the log endpoint")
+    assert logs.asked == ["tool-apply"]

@@ -106,7 +106,7 @@ def test_trim_pod() -> None:
             "phase": "Running", "podIP": "1.2.3.4",
             "initContainerStatuses": [{
                 "name": "apply", "ready": False, "restartCount": 1, "image": "img:1",
-                "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": "m" * 2000}},
+                "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": "m" * 2000 + "end"}},
             }],
             "containerStatuses": [{
                 "name": "pause", "ready": True, "restartCount": 0, "state": {"running": {"startedAt": "t"}},
@@ -127,5 +127,6 @@ def test_trim_pod() -> None:
     }
     init = t["status"]["initContainerStatuses"][0]
     assert init["state"]["terminated"]["exitCode"] == 1 and len(init["state"]["terminated"]["message"]) == 512
+    assert init["state"]["terminated"]["message"].endswith("mend")  # a log tail: its end says why
     assert t["status"]["containerStatuses"][0]["state"] == {"running": {}}
     assert t["status"]["phase"] == "Running"

@@ -162,6 +162,8 @@ def test_the_check_pod_runs_every_check_mode_read_only_and_is_one_per_slot() -> 
     assert names == ["tune-init", "tune-applycheck", "tune-configcheck", "tune-post-interruptcheck"]
     modes = [c["args"][0] for c in pod["spec"]["initContainers"][1:]]
     assert modes == ["apply-check", "config-check", "post-interrupt-check"]
+    # A check that finds drift says what in its status (its log tail), not only in `pods/log`.
+    assert {c["terminationMessagePolicy"] for c in pod["spec"]["initContainers"]} == {"FallbackToLogsOnError"}
     again = build_drift_check_pod(nw, checked, node="n1", slot=7, options=PodOptions())
     later = build_drift_check_pod(nw, checked, node="n1", slot=8, options=PodOptions())
     assert again["metadata"]["name"] == pod["metadata"]["name"] != later["metadata"]["name"]

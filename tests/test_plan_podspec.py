@@ -187,6 +187,17 @@ def test_interrupt_pod() -> None:
     assert init[0]["resources"]["limits"] == {"cpu": "500m", "memory": "64Mi"}
 
 
+def test_every_container_that_can_fail_carries_its_log_tail_in_its_status() -> None:
+    """`FallbackToLogsOnError`: the reason for a failure comes with the status that reports it."""
+    nw = nodewright(interrupt=Interrupt(type=InterruptType.REBOOT))
+    pods = [build(nw, stage) for stage in (PackageStage.APPLY, PackageStage.UPGRADE, PackageStage.UNINSTALL)]
+    pods.append(build(nw, PackageStage.INTERRUPT, interrupt=Interrupt(type=InterruptType.REBOOT)))
+    for pod in pods:
+        init = pod["spec"]["initContainers"]
+        assert init and all(c["terminationMessagePolicy"] == "FallbackToLogsOnError" for c in init), init
+        assert all("terminationMessagePolicy" not in c for c in pod["spec"]["containers"])  # pause
+
+
 def test_spec_hash_tracks_what_matters() -> None:
     base = nodewright(config_map={"a": "1"})
     pkg = base.spec.packages["driver"]

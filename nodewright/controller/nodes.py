@@ -88,7 +88,13 @@ from nodewright.controller.context import (
 from nodewright.controller.drainer import Drainer, Timing, read_timing, timing_annotation, update_timing
 from nodewright.controller.drift import DriftScheduler
 from nodewright.controller.logstore import LogStore
-from nodewright.controller.pods import PodLogs, classify, failed_container, summarize_with_logs
+from nodewright.controller.pods import (
+    PodLogs,
+    classify,
+    failed_container,
+    needs_log_tail,
+    summarize_with_logs,
+)
 from nodewright.controller.trust import BindRefused, PodTrust, is_drift_check
 from nodewright.kube.client import PatchType, metadata_applied
 from nodewright.kube.resources import JSON, NODES, ApiError, Conflict, NotFound
@@ -563,8 +569,9 @@ class NodeReconciler:
         for pod in pods:
             outcome, message = classify(pod)
             failed = failed_container(pod)
-            if failed is not None:
-                tail = await self.logs.tail(pod, failed[0])
+            missing = needs_log_tail(pod)
+            if missing is not None:
+                tail = await self.logs.tail(pod, missing)
                 message = f"{message}; log: {tail}" if tail else message
             meta = pod.get("metadata") or {}
             checks.append(

@@ -15,7 +15,7 @@ reports each outcome, and how it is read here:
 - **Failed**: with `restartPolicy: Never` a non-zero init container exit fails the pod (phase
   `Failed`); the kubelet may report the terminated container a moment before the phase, so either
   signal counts. The message names the container, exit code and reason, plus the last lines of its log
-  (best effort, see `failure_logs`).
+  (see Logs below).
 - **Pull errors**: an init container `waiting` with `ErrImagePull`, `ImagePullBackOff`,
   `InvalidImageName` or `CreateContainerConfigError`; the planner turns them into a failed attempt only
   after a grace period, because registries hiccup.
@@ -30,10 +30,16 @@ containers.
 Only pods that carry a complete, well-formed set of our labels/annotations become summaries; the
 caller has already checked the signature and the owner (see `controller.nodes`).
 
-Logs: `GET /api/v1/namespaces/<ns>/pods/<name>/log?container=<c>&tailLines=20` returns text/plain, not
-JSON, so it is read with a raw GET on the client's session under a short deadline. kwok pods have no
-logs (the API answers 400/404 "container not found"/"no kubelet"): any error yields no log lines,
-never a failed reconcile. Log lines are fetched once per failed pod (cached by uid).
+Logs: our containers have `terminationMessagePolicy: FallbackToLogsOnError`, so the kubelet puts the
+tail of a failed container's log (last 80 lines, at most 2 KiB) in its terminated state's `message`,
+and the reason arrives in the watch event that reports the failure. Only when that message is empty (a
+pod created by an older operator, a kubelet that could not read the log) is the log read:
+`GET /api/v1/namespaces/<ns>/pods/<name>/log?container=<c>&tailLines=20` returns text/plain, not
+JSON, so it is read with a raw GET on the client's session under a short deadline. That read is best
+effort, and lost for good once the pod is deleted: the log endpoint may not answer within the
+deadline (a kubelet busy or restarting), and kwok pods have no logs (the API answers 400/404
+"container not found"/"no kubelet"): any error yields no log lines, never a failed reconcile. Log lines
+are fetched once per failed pod (cached by uid).
 """
 
 from __future__ import annotations
@@ -162,6 +168,7 @@ def classify(pod: Mapping[str, Any]) -> tuple[PodOutcome, str]:
     if failed is not None:
         name, code, reason, message = failed
         text = f"container {name} exited {code}" + (f" ({reason})" if reason else "")
+        message = one_line(message)
         return PodOutcome.FAILED, text + (f": {message}" if message else "")
     if phase == "Failed":
         reason = str(status.get("reason") or "")
@@ -190,6 +197,20 @@ def classify(pod: Mapping[str, Any]) -> tuple[PodOutcome, str]:
     if phase == "Succeeded":
         return PodOutcome.SUCCEEDED, ""
     return PodOutcome.RUNNING, ""
+
+
+def one_line(text: str) -> str:
+    """A multi-line message (a log tail) as one line: its non-blank lines joined by ` | `."""
+    return " | ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def needs_log_tail(pod: Mapping[str, Any]) -> str | None:
+    """The failed container whose log tail must be fetched to say why it failed, or None: there is no
+    failed container, or its terminated state already carries the tail (`FallbackToLogsOnError`)."""
+    failed = failed_container(pod)
+    if failed is None or one_line(failed[3]):
+        return None
+    return failed[0]
 
 
 def summarize(pod: Mapping[str, Any], *, version_of: Mapping[tuple[str, str], str]) -> PodSummary | None:
@@ -289,14 +310,15 @@ class PodLogs:
 async def summarize_with_logs(
     pod: JSON, *, version_of: Mapping[tuple[str, str], str], logs: PodLogs | None
 ) -> PodSummary | None:
-    """`summarize`, adding the failed container's last log lines to the message of a failed pod."""
+    """`summarize`, adding the failed container's last log lines to the message of a failed pod whose
+    status does not carry them (pods of an older operator, kubelets that lost the tail)."""
     summary = summarize(pod, version_of=version_of)
     if summary is None or summary.outcome != PodOutcome.FAILED or logs is None:
         return summary
-    failed = failed_container(pod)
-    if failed is None:
+    container = needs_log_tail(pod)
+    if container is None:
         return summary
-    tail = await logs.tail(pod, failed[0])
+    tail = await logs.tail(pod, container)
     if not tail:
         return summary
     return replace(summary, message=f"{summary.message}; log: {tail}")

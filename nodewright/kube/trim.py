@@ -116,6 +116,7 @@ def _container(container: JSON) -> JSON:
 
 
 _STATE_KEYS = ("exitCode", "reason", "message")
+MAX_STATE_MESSAGE: Final = 512
 _TERMINATED_KEYS = (*_STATE_KEYS, "startedAt", "finishedAt")
 
 
@@ -134,7 +135,12 @@ def _container_status(status: JSON) -> JSON:
             keys = _TERMINATED_KEYS if phase == "terminated" else _STATE_KEYS
             condensed = {k: detail[k] for k in keys if k in detail}
             if "message" in condensed:
-                condensed["message"] = str(condensed["message"])[:512]
+                # A failed container's message is its log tail (FallbackToLogsOnError): the last lines
+                # say why. Other messages (a pull back-off) say it first.
+                message = str(condensed["message"])
+                condensed["message"] = (
+                    message[-MAX_STATE_MESSAGE:] if phase == "terminated" else message[:MAX_STATE_MESSAGE]
+                )
             out["state"] = {phase: condensed}
             break
     return out

@@ -27,8 +27,12 @@ before the operator holding the pod's uid has sealed it, so a crash between crea
 that did nothing. Drift-check pods (read-only) are created bound.
 
 Differences from the reference: `restartPolicy: Never` (the operator owns retries, attempts are counted
-and bounded, anchor §11.4); the image reference keeps registry ports intact (`registry:5000/x`, §11.8);
-pods carry `nodewright.io/*` labels and an `attempt` and `spec-hash` annotation.
+and bounded, anchor §11.4); every container has `terminationMessagePolicy: FallbackToLogsOnError`, so
+a container that fails carries the tail of its log (the kubelet's last 80 lines, at most 2 KiB) in its
+terminated state: the reason for a failure arrives with the status that reports it, in the same watch
+event, and does not depend on reading `pods/log` before the pod is deleted; the image reference keeps
+registry ports intact (`registry:5000/x`, §11.8); pods carry `nodewright.io/*` labels and an `attempt`
+and `spec-hash` annotation.
 
 The spec hash covers everything whose change must replace a running pod (images, env, resources,
 config data, tolerations, interrupt, grace period), and deliberately NOT the NodeWright generation,
@@ -55,6 +59,8 @@ PAYLOAD_DIR: Final = "/skyhook-package"
 CONFIGMAP_MOUNT: Final = f"{PAYLOAD_DIR}/configmaps"
 NODE_METADATA_MOUNT: Final = f"{PAYLOAD_DIR}/node-metadata"
 INTERRUPT_STAGES: Final = (PackageStage.INTERRUPT, PackageStage.UNINSTALL_INTERRUPT)
+# A failed container's terminated state carries its log tail (kubelet: last 80 lines, at most 2 KiB).
+FAILURE_MESSAGE_POLICY: Final = {"terminationMessagePolicy": "FallbackToLogsOnError"}
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _RESERVED_ENV: Final = frozenset(
     {
@@ -565,6 +571,7 @@ def _interrupt_container(
         "securityContext": {"privileged": True},
         "volumeMounts": mounts,
         "resources": {"requests": {"cpu": cpu, "memory": mem}, "limits": {"cpu": cpu, "memory": mem}},
+        **FAILURE_MESSAGE_POLICY,
     }
 
 
@@ -593,6 +600,7 @@ def _stage_containers(
         "env": [{"name": "SKYHOOK_DIR", "value": cdir}],
         "securityContext": privileged,
         "volumeMounts": mounts,
+        **FAILURE_MESSAGE_POLICY,
     }
     agent = _agent_image(package, options)
     steps = [
@@ -604,6 +612,7 @@ def _stage_containers(
             "env": env,
             "securityContext": privileged,
             "volumeMounts": mounts,
+            **FAILURE_MESSAGE_POLICY,
         }
         for mode in modes
     ]
