@@ -126,3 +126,19 @@ async def test_a_stale_cache_is_refreshed_after_a_conflict(env: _Env) -> None:
     await env.reconciler.reconcile("alpha")
     assert env.admitted() == {"alpha": [], "beta": []}, "the pass re-read the budget and found no slot"
     assert list((env.budget().get("status") or {}).get("waiting") or {}) == ["alpha"]
+
+
+def test_pool_nodes_with_nothing_in_progress_share_one_empty_set() -> None:
+    """The pool cache holds one PoolNode per node: at 10,000 nodes two fresh empty frozensets each
+    would be 4 MiB of nothing."""
+    from nodewright.api import constants
+    from nodewright.controller.budgets import pool_node
+
+    def node(name: str, **labels: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "labels": labels}, "spec": {}, "status": {"conditions": []}}
+
+    quiet = [pool_node(node(f"n{i}")) for i in range(3)]
+    assert quiet[0].in_progress_for == frozenset() and quiet[0].cordoned_by == frozenset()
+    assert len({id(n.in_progress_for) for n in quiet} | {id(n.cordoned_by) for n in quiet}) == 1
+    busy = pool_node(node("b", **{f"{constants.STATUS_LABEL_PREFIX}nw": "in_progress"}))
+    assert busy.in_progress_for == frozenset({"nw"})

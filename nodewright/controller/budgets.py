@@ -61,15 +61,24 @@ NODE_EVENT_DELAY = 2.0
 """Node events reach the budget controller coalesced: its pass reads every node of the pool."""
 
 _HOLDS = frozenset({Phase.ACTIVE, Phase.CARRYOVER})
+# `frozenset(<empty iterable>)` is a new 216-byte object each time (CPython has no empty-frozenset
+# singleton): the pool cache keeps two per node, so nodes with nothing to say share this one.
+_NONE: frozenset[str] = frozenset()
+
+
+def _shared_when_empty(items: frozenset[str]) -> frozenset[str]:
+    return items or _NONE
 
 
 def pool_node(node: JSON) -> PoolNode:
     """What a budget reads from a node object (trimmed or full)."""
     labels = node_labels(node)
-    in_progress = frozenset(
-        key[len(constants.STATUS_LABEL_PREFIX) :]
-        for key, value in labels.items()
-        if key.startswith(constants.STATUS_LABEL_PREFIX) and value == Status.IN_PROGRESS.value
+    in_progress = _shared_when_empty(
+        frozenset(
+            key[len(constants.STATUS_LABEL_PREFIX) :]
+            for key, value in labels.items()
+            if key.startswith(constants.STATUS_LABEL_PREFIX) and value == Status.IN_PROGRESS.value
+        )
     )
     unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
     cordoned: set[str] = set()
@@ -86,7 +95,7 @@ def pool_node(node: JSON) -> PoolNode:
         unschedulable=unschedulable,
         ready=node_ready(node),
         in_progress_for=in_progress,
-        cordoned_by=frozenset(cordoned),
+        cordoned_by=_shared_when_empty(frozenset(cordoned)),
     )
 
 
