@@ -203,9 +203,7 @@ class OperatorProcess:
 @pytest.fixture(scope="session")
 def crds(cluster: ControlPlane) -> None:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "manifests" / "crds"))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "-f", str(REPO / "manifests" / "crds")
-    )
+    cluster.wait_established("-f", str(REPO / "manifests" / "crds"))
 
 
 def started_operators(build: Callable[..., OperatorProcess]) -> Iterator[Callable[..., OperatorProcess]]:

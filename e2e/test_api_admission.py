@@ -122,14 +122,7 @@ def crds(cluster: Any) -> Any:
     """The generated CRDs, installed (the API server itself then enforces schema and CEL rules)."""
     crd_dir = ROOT / "manifests" / "crds"
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd_dir))
-    cluster.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/nodewrights.nodewright.io",
-        "crd/deploymentpolicies.nodewright.io",
-        "crd/disruptionbudgets.nodewright.io",
-    )
+    cluster.wait_established("-f", str(crd_dir))
     return cluster
 
 

@@ -57,7 +57,7 @@ FORCE = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
 def crds(cluster: ControlPlane) -> None:
     """The CRDs (shared by the session, idempotent, left installed like the other e2e modules do)."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS))
+    cluster.wait_established("-f", str(CRDS))
 
 
 @dataclass

@@ -99,7 +99,7 @@ CRDS = Path(__file__).resolve().parent.parent / "manifests" / "crds"
 def _install_crds(cluster: ControlPlane) -> None:
     """The operator's informers need its CRDs (cluster-wide and shared by tests: left installed)."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS))
+    cluster.wait_established("-f", str(CRDS))
 
 
 @pytest.fixture

@@ -71,7 +71,7 @@ async def run_migrate(cluster: ControlPlane, *args: str, expect: int) -> str:
 @pytest.fixture(scope="session")
 def reference_crds(cluster: ControlPlane) -> None:
     cluster.kubectl("apply", "--server-side", "-f", str(FIXTURE))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(FIXTURE))
+    cluster.wait_established("-f", str(FIXTURE))
 
 
 def _entry(name: str, version: str, stage: str, state: str) -> tuple[str, JSON]:

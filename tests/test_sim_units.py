@@ -23,7 +23,7 @@ import yaml
 
 from nodewright.sim import fleet
 from nodewright.sim.binaries import cache_root, controlplane_version, parse_versions_env
-from nodewright.sim.controlplane import write_kwok_stages
+from nodewright.sim.controlplane import unestablished, write_kwok_stages
 
 STAGE_FILE = "data/kwok_stages.yaml"
 EXPECTED_STAGES = {
@@ -348,3 +348,27 @@ def test_a_package_pod_runs_the_duration_once_per_stage(
     env = {"NODEWRIGHT_SIM_DURATION": duration} if duration is not None else {}
     pod = fleet.package_pod_manifest(name="p", node="n1", stages=stages, env=env)
     assert _duration(pod) == expected
+
+
+def _crd(name: str, conditions: list[dict[str, str]] | None) -> dict[str, object]:
+    status = {} if conditions is None else {"conditions": conditions}
+    return {"kind": "CustomResourceDefinition", "metadata": {"name": name}, "status": status}
+
+
+def test_a_crd_without_conditions_yet_is_not_established() -> None:
+    # The moment kubectl wait trips over (kubernetes/kubernetes#66439): created, no conditions written.
+    listing = {
+        "kind": "List",
+        "items": [
+            _crd("a.x", None),
+            _crd("b.x", [{"type": "NamesAccepted", "status": "True"}]),
+            _crd("c.x", [{"type": "Established", "status": "False"}]),
+            _crd("d.x", [{"type": "Established", "status": "True"}]),
+        ],
+    }
+    assert unestablished(listing) == ["a.x", "b.x", "c.x"]
+
+
+def test_one_established_crd_answered_alone_is_ready() -> None:
+    assert unestablished(_crd("d.x", [{"type": "Established", "status": "True"}])) == []
+    assert unestablished(_crd("a.x", None)) == ["a.x"]

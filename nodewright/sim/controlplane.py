@@ -549,6 +549,13 @@ class ControlPlane:
                 )
             time.sleep(0.1)
 
+    def wait_established(self, *targets: str, within: float = 60.0) -> None:
+        """Wait until the CRDs named by `targets` (kubectl arguments: `-f <dir>`, `crd/<name>`) are
+        Established; see `wait_crds_established`."""
+        wait_crds_established(
+            [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}"], targets, within=within
+        )
+
     def _ensure_namespace(self) -> None:
         try:
             self.api("POST", "/api/v1/namespaces", {"metadata": {"name": self.namespace}})
@@ -662,3 +669,39 @@ def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 
 
 _LiteralDumper.add_representer(str, _represent_str)
+
+
+def unestablished(listing: Any) -> list[str]:
+    """Names of the CustomResourceDefinitions in `listing` (a `kubectl get -o json` answer: one object
+    or a List) that are not Established yet; a CRD whose status has no conditions yet is not."""
+    items = listing.get("items") if listing.get("kind") == "List" else [listing]
+    waiting = []
+    for crd in items or ():
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        if not any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+            waiting.append(str((crd.get("metadata") or {}).get("name")))
+    return waiting
+
+
+def wait_crds_established(kubectl: Sequence[str], targets: Sequence[str], *, within: float = 60.0) -> None:
+    """Poll `kubectl get <targets>` until every CRD is Established (ControlPlaneError after `within`).
+
+    Not `kubectl wait --for=condition=Established`: right after a CRD is created its status has no
+    conditions yet, and kubectl wait then fails at once ("accessor error: <nil> is of the type <nil>",
+    kubernetes/kubernetes#66439) instead of waiting, which made fresh clusters fail now and then.
+    """
+    deadline = time.monotonic() + within
+    waiting: list[str] = []
+    while True:
+        done = subprocess.run(
+            [*kubectl, "get", *targets, "-o", "json"], capture_output=True, text=True, timeout=30, check=False
+        )
+        if done.returncode == 0:
+            waiting = unestablished(json.loads(done.stdout or "{}"))
+            if not waiting:
+                return
+        else:
+            waiting = [done.stderr.strip() or f"kubectl get exited {done.returncode}"]
+        if time.monotonic() > deadline:
+            raise ControlPlaneError(f"CustomResourceDefinitions not established after {within:g}s: {waiting}")
+        time.sleep(0.2)

@@ -37,7 +37,7 @@ import aiohttp
 
 from nodewright.api import constants
 from nodewright.sim import fleet
-from nodewright.sim.controlplane import free_port, log_tail
+from nodewright.sim.controlplane import ControlPlaneError, free_port, log_tail, wait_crds_established
 from nodewright.sim.kubeapi import ApiError, KubeClient
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -181,19 +181,13 @@ def kubectl_apply(
 
 
 def install_crds(bin_dir: Path, kubeconfig: Path, *, within: float = 60.0) -> None:
-    """Apply the CRDs and wait until both are Established."""
+    """Apply the CRDs and wait until every one of them is Established."""
     kubectl_apply(bin_dir, kubeconfig, paths=[CRD_DIR])
-    names = [
-        f"{constants.PLURAL_NODEWRIGHT}.{constants.GROUP}",
-        f"{constants.PLURAL_POLICY}.{constants.GROUP}",
-    ]
-    done = subprocess.run(
-        [str(bin_dir / "kubectl"), f"--kubeconfig={kubeconfig}", "wait", "--for=condition=Established",
-         f"--timeout={int(within)}s", *(f"crd/{n}" for n in names)],
-        capture_output=True, text=True, timeout=within + 10, check=False,
-    )  # fmt: skip
-    if done.returncode != 0:
-        raise DemoError(f"CRDs not established: {done.stderr.strip()}")
+    kubectl = [str(bin_dir / "kubectl"), f"--kubeconfig={kubeconfig}"]
+    try:
+        wait_crds_established(kubectl, ["-f", str(CRD_DIR)], within=within)
+    except ControlPlaneError as exc:
+        raise DemoError(str(exc)) from exc
 
 
 # ----------------------------------------------------------------------------------------------------
