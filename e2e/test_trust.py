@@ -8,7 +8,13 @@ delete it and say so (Warning Events on the node and the NodeWright, `nodewright
 and the stage must complete only through a pod the operator created itself.
 
 Each stage of the package takes `STAGE_SECONDS` in the simulator; the forged pods are made to succeed
-at once, so an operator that believed them would move on to the config stage within a second or two.
+fast (`FAST_FORGED_STAGE` per stage under our pod's name, at once on another node), so an operator that
+believed them would move on to the config stage within a second or two.
+
+kwok, the simulator, acts on pods by name without a uid precondition (its status patches and its
+deletes), which a kubelet does not: a forged pod that took our pod's name can have its queued status
+land on our pod re-created under that name, or be deleted by a deletion kwok had queued for our pod.
+The test keeps clear of both (see `FAST_FORGED_STAGE`, and the retry in the replacement test).
 
 The fleet-safety monitor is not used: the attacker's pods are package pods that no batch admitted, on
 purpose, and the monitor would rightly charge them to the operator.
@@ -26,6 +32,7 @@ import copy
 import datetime as dt
 import time
 from collections import defaultdict
+from typing import Final
 
 import aiohttp
 import pytest
@@ -114,8 +121,9 @@ async def sealed_apply_pod(kube: KubeClient, nw: str, *, not_uid: str = "") -> J
     return pod
 
 
-def forged_copy(pod: JSON, *, image: str | None, instant_success: bool) -> JSON:
-    """Every label and annotation of `pod` (signature and seal too), its spec, optionally changed."""
+def forged_copy(pod: JSON, *, image: str | None, stage_duration: str | None) -> JSON:
+    """Every label and annotation of `pod` (signature and seal too), its spec, optionally changed
+    (`stage_duration`: how long the simulator plays each of its stages)."""
     meta = pod["metadata"]
     forged = {
         "apiVersion": "v1",
@@ -132,16 +140,24 @@ def forged_copy(pod: JSON, *, image: str | None, instant_success: bool) -> JSON:
     for container in forged["spec"]["initContainers"]:
         if image is not None:
             container["image"] = image
-        if instant_success:
+        if stage_duration is not None:
             for env in container.get("env") or []:
                 if env["name"] == "NODEWRIGHT_SIM_DURATION":
-                    env["value"] = "0s"
+                    env["value"] = stage_duration
     return forged
 
 
-async def replace_with(kube: KubeClient, nw: str, ours: JSON, *, image: str | None, instant: bool) -> JSON:
+FAST_FORGED_STAGE: Final = "1s"
+"""How long a fast forged pod that took the name of ours runs each stage: far shorter than ours, but not
+0 s. kwok patches pod status by name, without a uid precondition, and a 0 s job it had already taken
+for the forged pod (deleted by the operator within milliseconds) could land on the operator's own pod
+re-created under that name -- its status Succeeded 27 ms after its creation, a result no kubelet would
+report for a pod it did not run (seen once). A delayed job is cancelled when kwok sees the deletion."""
+
+
+async def replace_with(kube: KubeClient, nw: str, ours: JSON, *, image: str | None, fast: bool) -> JSON:
     """Delete the operator's pod and create the forged copy under its name (retry if the operator's
-    own re-creation wins the name)."""
+    own re-creation wins the name); `fast`: its stages take `FAST_FORGED_STAGE`."""
     for _ in range(5):
         name = ours["metadata"]["name"]
         await kube.delete(
@@ -149,7 +165,9 @@ async def replace_with(kube: KubeClient, nw: str, ours: JSON, *, image: str | No
             body={"gracePeriodSeconds": 0, "preconditions": {"uid": ours["metadata"]["uid"]}},
         )
         try:
-            created: JSON = await kube.create(PODS, forged_copy(ours, image=image, instant_success=instant))
+            created: JSON = await kube.create(
+                PODS, forged_copy(ours, image=image, stage_duration=FAST_FORGED_STAGE if fast else None)
+            )
             return created
         except ApiError as err:
             if err.status != 409:
@@ -260,11 +278,22 @@ async def test_a_recreated_apply_pod_is_deleted_and_never_counts(
         )
         ours = await sealed_apply_pod(kube, nw)
         genuine = tuple(c["image"] for c in ours["spec"]["initContainers"])
-        forged = await replace_with(kube, nw, ours, image=image, instant=image is not None)
-        forged_uid, forged_name = forged["metadata"]["uid"], forged["metadata"]["name"]
-        assert forged["metadata"]["annotations"][SIGNATURE] == ours["metadata"]["annotations"][SIGNATURE]
+        for _ in range(3):
+            forged = await replace_with(kube, nw, ours, image=image, fast=image is not None)
+            forged_uid, forged_name = forged["metadata"]["uid"], forged["metadata"]["name"]
+            assert forged["metadata"]["annotations"][SIGNATURE] == ours["metadata"]["annotations"][SIGNATURE]
 
-        took = await wait_gone(kube, forged_name, forged_uid, within=30)
+            took = await wait_gone(kube, forged_name, forged_uid, within=30)
+            if sum((await untrusted_counts(operator)).values()) >= 1:
+                break
+            # Gone, but not deleted by the operator: it counts an untrusted pod before it deletes it.
+            # kwok deletes pods by name, without a uid precondition, and a deletion it still had queued
+            # for the pod we replaced can remove the forged pod that took the name (seen once in CI:
+            # the forged pod gone 0.0 s after its creation, nothing in the operator's log). Forge again.
+            print(f"[trust] {attack}: the forged pod was removed by the simulator; forging again")
+            ours = await sealed_apply_pod(kube, nw, not_uid=forged_uid)
+        else:
+            raise AssertionError("three forged pods in a row were removed by another than the operator")
         print(f"[trust] {attack}: untrusted pod deleted {took:.1f}s after its creation")
         node_obj = await kube.get(f"/api/v1/nodes/{node}")
         state = decode(node_obj["metadata"]["annotations"][f"nodewright.io/state.{nw}"])
@@ -312,7 +341,7 @@ async def test_a_signature_copied_to_another_node_is_deleted_there(
         await create_nodewright(kube, manifest)
         ours = await sealed_apply_pod(kube, nw)
         assert ours["spec"]["nodeName"] == selected
-        copied = forged_copy(ours, image=None, instant_success=True)
+        copied = forged_copy(ours, image=None, stage_duration="0s")
         copied["metadata"]["name"] = f"{nw}-copied"
         copied["spec"]["nodeName"] = other
         created = await kube.create(PODS, copied)
