@@ -540,8 +540,7 @@ class ControlPlane:
         deadline = time.monotonic() + 30
         path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{_KWOK_LOGS_CRD}"
         while True:
-            conditions = self.api("GET", path).get("status", {}).get("conditions") or []
-            if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+            if not unestablished(self.api("GET", path)):
                 return
             if time.monotonic() > deadline:
                 raise ControlPlaneError(
