@@ -225,3 +225,23 @@ async def test_exec_plugin_that_cannot_run(tmp_path: Path) -> None:
 def test_source_names_file_and_context(tmp_path: Path) -> None:
     cfg = load_kubeconfig(write(tmp_path / "kc", kubeconfig({"token": "t"}, {"server": "http://h:8080"})))
     assert cfg.source == f"kubeconfig {tmp_path / 'kc'} (context main)"
+
+
+def test_an_operator_in_a_cluster_does_not_load_pyyaml(tmp_path: Path, pki: dict[str, Path]) -> None:
+    """Only a kubeconfig needs YAML; in a pod the operator reads the service-account files."""
+    (tmp_path / "token").write_text("t0k3n")
+    (tmp_path / "ca.crt").write_bytes(pki["crt"].read_bytes())
+    script = f"""
+import os, sys
+from pathlib import Path
+import nodewright.cli.operator_cmd, nodewright.controller.operator, nodewright.controller.manager
+from nodewright.kube.config import load_incluster
+os.environ.update(KUBERNETES_SERVICE_HOST="10.0.0.1", KUBERNETES_SERVICE_PORT="443")
+print(load_incluster(directory=Path({str(tmp_path)!r})).server)
+print(sorted(m for m in sys.modules if m == "yaml" or m.startswith("yaml.")))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["https://10.0.0.1:443", "[]"]

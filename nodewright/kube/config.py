@@ -40,8 +40,6 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-import yaml
-
 from nodewright.kube.clock import SYSTEM_CLOCK, Clock
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -253,6 +251,9 @@ def load_kubeconfig(path: str | Path | None = None, *, context: str | None = Non
         env = os.environ.get("KUBECONFIG", "")
         path = env.split(os.pathsep)[0] if env else Path.home() / ".kube" / "config"
     file = Path(path).expanduser()
+    # Imported here: an operator in a cluster reads no kubeconfig, and PyYAML is 1.4 MiB of its memory.
+    import yaml
+
     try:
         doc = yaml.safe_load(file.read_text())
     except OSError as exc:
