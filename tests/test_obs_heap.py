@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import ctypes.util
 import platform
+import ssl
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +95,57 @@ def test_this_glibc_accepts_the_settings_and_trims() -> None:
     assert libc is not None
     assert heap.tune_allocator(libc) is True
     assert heap.HeapTrimmer(libc).trim() in (True, False)
+
+
+@pytest.fixture
+def restore_tls_read_buffer() -> Iterator[None]:
+    original = asyncio.sslproto.SSLProtocol.max_size
+    yield
+    asyncio.sslproto.SSLProtocol.max_size = original
+
+
+def test_a_tls_read_buffer_must_hold_a_record(restore_tls_read_buffer: None) -> None:
+    with pytest.raises(ValueError, match="16 KiB"):
+        heap.shrink_tls_read_buffers(4096)
+    assert heap.shrink_tls_read_buffers() == 256 * 1024, "asyncio's own size, read before the change"
+    assert asyncio.sslproto.SSLProtocol.max_size == heap.TLS_READ_BUFFER_BYTES
+
+
+@pytest.fixture
+def localhost_certificate(tmp_path: Path) -> tuple[Path, Path]:
+    crt, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(crt),
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return crt, key
+
+
+async def test_tls_connections_read_a_large_body_whole_through_the_smaller_buffer(
+    localhost_certificate: tuple[Path, Path], restore_tls_read_buffer: None
+) -> None:
+    crt, key = localhost_certificate
+    heap.shrink_tls_read_buffers()
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(crt, key)
+    client_context = ssl.create_default_context(cafile=str(crt))
+    body = bytes(range(256)) * 8192  # 2 MiB: many buffers' worth
+    protocols: list[asyncio.BaseProtocol] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(body)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_context)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection("127.0.0.1", port, ssl=client_context, server_hostname="localhost"), 10
+        )
+        protocols.append(writer.transport._ssl_protocol)  # type: ignore[attr-defined]
+        received = await asyncio.wait_for(reader.read(-1), 10)
+        writer.close()
+    assert received == body
+    assert len(protocols[0]._ssl_buffer) == heap.TLS_READ_BUFFER_BYTES  # type: ignore[attr-defined]

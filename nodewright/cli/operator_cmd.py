@@ -220,10 +220,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from nodewright.observability.heap import glibc, tune_allocator
+    from nodewright.observability.heap import glibc, shrink_tls_read_buffers, tune_allocator
     from nodewright.observability.logging import configure_logging
 
     tune_allocator(glibc())  # before any thread starts: arenas are per thread (observability/heap.py)
+    shrink_tls_read_buffers()
 
     fmt = {"auto": None, "json": True, "console": False}[args.log_format]
     configure_logging(args.log_level, json=fmt)

@@ -15,11 +15,18 @@ Two measures, both no-ops where the C library is not glibc (the tests' fakes sta
 - `HeapTrimmer`: `malloc_trim(0)` every `interval` seconds, which returns the free pages inside the
   heap as well. It runs in a worker thread (ctypes releases the GIL for the call): a first trim after a
   large list takes tens of milliseconds, which the event loop must not wait for.
+
+And one that is not glibc's: asyncio gives every TLS connection a 256 KiB read buffer for its whole
+life (`asyncio.sslproto.SSLProtocol.max_size`), and the operator keeps one connection open per watch
+(nodes, pods, NodeWrights, policies, budgets, ...) — over 1 MiB of an idle operator's memory.
+`shrink_tls_read_buffers()` lowers it to 64 KiB. A TLS record carries at most 16 KiB, so a read
+still takes several records at a time; a large list page only takes a few more `read` calls.
 """
 
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import contextlib
 import ctypes
 import ctypes.util
@@ -36,6 +43,7 @@ MMAP_THRESHOLD_BYTES: Final = 128 * 1024
 TRIM_THRESHOLD_BYTES: Final = 128 * 1024
 ARENAS: Final = 2
 TRIM_INTERVAL_SECONDS: Final = 30.0
+TLS_READ_BUFFER_BYTES: Final = 64 * 1024
 
 
 class Allocator(Protocol):
@@ -67,6 +75,17 @@ def tune_allocator(allocator: Allocator | None) -> bool:
         allocator.mallopt(M_ARENA_MAX, ARENAS),
     ]
     return all(result == 1 for result in accepted)
+
+
+def shrink_tls_read_buffers(size: int = TLS_READ_BUFFER_BYTES) -> int:
+    """Make asyncio's TLS connections opened from now on read into `size`-byte buffers; returns the
+    previous size."""
+    if size < 16 * 1024:
+        raise ValueError("a TLS read buffer must hold at least one 16 KiB record")
+    protocol = asyncio.sslproto.SSLProtocol
+    previous = int(protocol.max_size)
+    protocol.max_size = size
+    return previous
 
 
 class HeapTrimmer:
