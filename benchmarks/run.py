@@ -40,6 +40,7 @@ import psutil
 from benchmarks import analysis, runtime_env
 from nodewright.api import constants
 from nodewright.sim.demo import (
+    OPERATOR_PYTHON_FLAGS,
     REPO_ROOT,
     DemoError,
     FleetTracker,
@@ -692,7 +693,7 @@ def _operator(cfg: Config, kubeconfig: Path, log_path: Path) -> OperatorProcess:
         log_path=log_path,
         namespace=NAMESPACE,
         # What the image ships and nothing else: the venv's test tools would add ~4 MiB of imports.
-        interpreter=(sys.executable, "-S"),
+        interpreter=(sys.executable, "-S", *OPERATOR_PYTHON_FLAGS),
         python_path=(RUNTIME_ENV,),
         extra_args=[
             "--agent-image=registry.local/nodewright/agent:sim",

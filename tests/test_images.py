@@ -116,3 +116,21 @@ def test_layers_are_reproducible(layouts: Path, tmp_path: Path) -> None:
     first, _ = manifest_and_config(layouts / "agent")
     again, _ = manifest_and_config(tmp_path / "agent")
     assert first == again
+
+
+def test_the_operator_runs_without_docstrings_from_bytecode_the_image_carries(
+    layouts: Path, tmp_path: Path
+) -> None:
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    config = image_module().unpack(layouts / "operator", rootfs)["config"]
+    assert config["Entrypoint"][1] == "-OO", config["Entrypoint"]
+    # The image writes no bytecode (PYTHONDONTWRITEBYTECODE): without these files every start would
+    # compile the operator and the standard library again.
+    lib = rootfs / "opt" / "nodewright" / "lib"
+    for compiled in (
+        lib / "nodewright" / "cli" / "__pycache__" / "operator_cmd.cpython-311.opt-2.pyc",
+        lib / "aiohttp" / "__pycache__" / "client.cpython-311.opt-2.pyc",
+        rootfs / "usr" / "lib" / "python3.11" / "asyncio" / "__pycache__" / "sslproto.cpython-311.opt-2.pyc",
+    ):
+        assert compiled.is_file(), compiled
