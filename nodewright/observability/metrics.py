@@ -1,8 +1,9 @@
 """Operator metrics: OpenTelemetry instruments exposed in Prometheus text format (and optionally OTLP).
 
-One `OperatorMetrics` is created at start-up. It owns the `MeterProvider`, a private prometheus_client
-`CollectorRegistry` (never the global one, so every instance -- and every test -- is isolated) and,
-when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, a periodic OTLP/HTTP reader. It hands out:
+One `OperatorMetrics` is created at start-up. It owns the `MeterProvider` (no global state, so every
+instance -- and every test -- is isolated), a pull reader that `render()` collects and writes in the
+Prometheus text format (`exposition`) and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, a periodic
+OTLP/HTTP reader. It hands out:
 
 - `domain` (`DomainMetrics`): NodeWright gauges set from immutable `NodeWrightSnapshot`s built by the
   controller from the plan layer's status roll-up, plus stage-duration / maintenance histograms and a
@@ -12,11 +13,11 @@ when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, a periodic OTLP/HTTP reader. It hands
 - `reconcile(...)` for the controller-runtime reconcile series and `record_loop_lag(...)`.
 
 Naming. The exposition uses exactly the names Go operators use (`workqueue_depth`,
-`controller_runtime_reconcile_total`, ...). The OTel Prometheus exporter maps the unit into a suffix
-("s" -> `_seconds`) and prometheus_client appends `_total` to counters, so instruments are named with
-their final Prometheus name, counters end in `_total` (the exporter strips and re-adds it), and only
-instruments whose name already ends in `_seconds` carry unit "s". `target_info` and the
-`otel_scope_*` labels are switched off so the series are byte-identical to controller-runtime's.
+`controller_runtime_reconcile_total`, ...). The exposition maps the unit into a suffix ("s" ->
+`_seconds`) and writes counters with `_total`, like the OTel Prometheus exporter with prometheus_client
+did, so instruments are named with their final Prometheus name, counters end in `_total` (stripped and
+re-added), and only instruments whose name already ends in `_seconds` carry unit "s". No `target_info`
+and no `otel_scope_*` labels are written, so the series are byte-identical to controller-runtime's.
 Histograms get explicit bucket boundaries in seconds (the SDK default is millisecond-oriented).
 `EXPORTED_METRICS` lists every family name once; tests check the scrape and every PromQL expression in
 the shipped dashboard and alert rules against it.
@@ -35,8 +36,9 @@ Cardinality. No series is per node: labels are NodeWright, package, version, sta
 compartment, policy, strategy, reason, controller/queue name, verb, resource and code only.
 
 Threading. Prometheus scrapes run callbacks on the event loop thread; the OTLP periodic reader runs them
-on its own thread. Snapshot maps are replaced copy-on-write (reference assignment is atomic) and the
-small mutable maps are guarded by a lock, so callbacks never see a dict change size while iterating.
+on its own thread (the SDK serialises collections). Snapshot maps are replaced copy-on-write (reference
+assignment is atomic) and the small mutable maps are guarded by a lock, so callbacks never see a dict
+change size while iterating.
 """
 
 from __future__ import annotations
@@ -51,10 +53,11 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal, NamedTuple
 
 import structlog
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk import metrics as sdk_metrics
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
     Histogram,
     Metric,
     MetricExporter,
@@ -64,9 +67,9 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.resources import Resource
-from prometheus_client import CollectorRegistry, generate_latest
 
 from nodewright.api.models import Status
+from nodewright.observability import exposition
 
 # ----------------------------------------------------------------------------------------------------
 # Names (the Prometheus family names as scraped; histogram samples add _bucket/_sum/_count)
@@ -696,17 +699,52 @@ def _filter_metrics(data: MetricsData, keep: Callable[[_Attrs], bool]) -> Metric
     )
 
 
-class _FilteringPrometheusReader(PrometheusMetricReader):
-    def __init__(self, *, registry: CollectorRegistry, keep: Callable[[_Attrs], bool]) -> None:
-        super().__init__(disable_target_info=True, scope_info_enabled=False, registry=registry)
+class _FilteringPrometheusReader(MetricReader):
+    """The scrape's pull reader: `render()` collects (running the observable callbacks on the caller's
+    thread) and writes the filtered collection in the Prometheus text format."""
+
+    def __init__(self, keep: Callable[[_Attrs], bool]) -> None:
+        # Cumulative for every instrument kind, as PrometheusMetricReader asks: a scrape shows totals.
+        super().__init__(
+            preferred_temporality=dict.fromkeys(
+                (
+                    sdk_metrics.Counter,
+                    sdk_metrics.UpDownCounter,
+                    sdk_metrics.Histogram,
+                    sdk_metrics.ObservableCounter,
+                    sdk_metrics.ObservableUpDownCounter,
+                    sdk_metrics.ObservableGauge,
+                ),
+                AggregationTemporality.CUMULATIVE,
+            ),
+        )
         self._keep = keep
+        # `collect()` hands its result to `_receive_metrics`; the lock pairs each render with its own
+        # collection when two threads render at once.
+        self._render_lock = threading.Lock()
+        self._collected: MetricsData | None = None
+        self._shut_down = False
+
+    def render(self) -> bytes:
+        with self._render_lock:
+            if self._shut_down:
+                return b""
+            self.collect()
+            collected, self._collected = self._collected, None
+        return b"" if collected is None else exposition.render(collected)
 
     def _receive_metrics(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
     ) -> None:
-        if metrics_data is None:
-            return
-        super()._receive_metrics(_filter_metrics(metrics_data, self._keep), timeout_millis, **kwargs)
+        self._collected = _filter_metrics(metrics_data, self._keep)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        # Nothing is buffered between scrapes; the base class would run every callback for nothing.
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        with self._render_lock:
+            self._shut_down = True
 
 
 class _FilteringExporter(MetricExporter):
@@ -768,15 +806,14 @@ class OperatorMetrics:
     def __init__(
         self,
         *,
-        registry: CollectorRegistry | None = None,
         otlp: bool | None = None,
         otlp_exporter: MetricExporter | None = None,
         otlp_interval_seconds: float | None = None,
         service_instance: str | None = None,
         now: Callable[[], datetime] = _now_utc,
     ) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
-        readers: list[MetricReader] = [_FilteringPrometheusReader(registry=self.registry, keep=self._keeps)]
+        self._prometheus = _FilteringPrometheusReader(self._keeps)
+        readers: list[MetricReader] = [self._prometheus]
         if otlp is None:
             otlp = bool(os.environ.get(OTLP_ENDPOINT_ENV))
         self.otlp_enabled = bool(otlp or otlp_exporter is not None)
@@ -876,14 +913,14 @@ class OperatorMetrics:
         self._loop_lag_last.set({}, max(0.0, seconds))
 
     def render(self) -> bytes:
-        """The Prometheus text exposition (runs the observable callbacks)."""
-        return bytes(generate_latest(self.registry))
+        """The Prometheus text exposition (runs the observable callbacks); empty after `shutdown()`."""
+        return self._prometheus.render()
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return bool(self.provider.force_flush(timeout_millis))
 
     def shutdown(self) -> None:
-        """Flush the OTLP reader (if any) and unregister from the registry. Blocking: call off-loop."""
+        """Flush the OTLP reader (if any); later scrapes are empty. Blocking: call off-loop."""
         if not self._closed:
             self._closed = True
             self.provider.shutdown()

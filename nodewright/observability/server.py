@@ -2,7 +2,7 @@
 
 The address comes from the `--metrics-bind-address` flag (default `:8080`, Go syntax: an empty host
 means all interfaces; `0` disables the endpoint, as in controller-runtime). The handler renders the
-`OperatorMetrics` registry on the event loop: collection only walks small in-memory maps (no per-node
+`OperatorMetrics` on the event loop: collection only walks small in-memory maps (no per-node
 series), so it is cheaper than a thread hop. `/healthz` is not served here -- the manager owns health.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Final
 
 from aiohttp import web
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from nodewright.observability.exposition import CONTENT_TYPE
 from nodewright.observability.metrics import OperatorMetrics
 
 DEFAULT_METRICS_BIND_ADDRESS: Final = ":8080"
@@ -39,7 +39,7 @@ async def _metrics_handler(request: web.Request) -> web.Response:
     body = request.app[_METRICS_KEY].render()
     # Every name is a legacy Prometheus name, so the classic 0.0.4 text format is what we emit; older
     # Prometheus servers do not know version=1.0.0. The charset parameter needs the raw header.
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 def make_metrics_app(metrics: OperatorMetrics) -> web.Application:
