@@ -89,9 +89,9 @@ def metrics() -> OperatorMetrics:
 
 async def test_handler_serves_prometheus_text(metrics: OperatorMetrics) -> None:
     metrics.domain.update_nodewright("gpu-drivers", snapshot())
-    runner = await start_metrics_server(metrics, "127.0.0.1", 0)
+    server = await start_metrics_server(metrics, "127.0.0.1", 0)
     try:
-        port = bound_port(runner)
+        port = bound_port(server)
         async with (
             aiohttp.ClientSession() as session,
             session.get(f"http://127.0.0.1:{port}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as resp,
@@ -100,7 +100,7 @@ async def test_handler_serves_prometheus_text(metrics: OperatorMetrics) -> None:
             assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
             text = await resp.text()
     finally:
-        await runner.cleanup()
+        await server.stop()
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert families["nodewright_matched_nodes"].samples[0].value == 5
     # Exactly the controller-runtime style: no target_info, no otel_scope_* labels.

@@ -333,10 +333,10 @@ async def build_runtime(
     bind = parse_bind_address(args.metrics_bind_address)
     if bind is not None:
         try:
-            runner = await start_metrics_server(metrics, *bind)
+            metrics_server = await start_metrics_server(metrics, *bind)
         except OSError as exc:
             raise flags.listen_failure("--metrics-bind-address", args.metrics_bind_address, exc) from None
-        stack.push_async_callback(runner.cleanup)
+        stack.push_async_callback(metrics_server.stop)
     stack.push_async_callback(manager.health.stop)
     try:
         await manager.start_probes()

@@ -8,10 +8,11 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
-from aiohttp import web
+from nodewright.observability.endpoints import JSON, EndpointServer, Reply
 
 
 def parse_bind_address(address: str) -> tuple[str, int] | None:
@@ -27,29 +28,24 @@ class HealthServer:
     def __init__(self, address: str, *, status: Callable[[], dict[str, Any]]) -> None:
         self._bind = parse_bind_address(address)
         self._status = status
-        self._runner: web.AppRunner | None = None
+        self._server: EndpointServer | None = None
         self.port: int | None = None
 
     async def start(self) -> None:
         if self._bind is None:
             return
-        app = web.Application()
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._bind[0], self._bind[1])
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        server = EndpointServer({"/healthz": self._healthz, "/readyz": self._readyz})
+        await server.start(*self._bind)
+        self._server, self.port = server, server.port
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop()
 
-    async def _healthz(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok")
+    def _healthz(self) -> Reply:
+        return Reply(200, b"ok")
 
-    async def _readyz(self, request: web.Request) -> web.Response:
+    def _readyz(self) -> Reply:
         status = self._status()
-        return web.json_response(status, status=200 if status.get("ready") else 503)
+        return Reply(200 if status.get("ready") else 503, json.dumps(status).encode(), content_type=JSON)
