@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 import json
+import pickle
 import sys
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodewright.kube.trim import node_ready, trim_node, trim_pod
+from nodewright.kube.trim import FrozenLabels, node_ready, trim_node, trim_pod
 
 LABEL_KEYS = st.sampled_from(
     ["nvidia.com/gpu.product", "topology.kubernetes.io/zone", "nodewright.io/status.a", "x"]
@@ -130,3 +132,42 @@ def test_trim_pod() -> None:
     assert init["state"]["terminated"]["message"].endswith("mend")  # a log tail: its end says why
     assert t["status"]["containerStatuses"][0]["state"] == {"running": {}}
     assert t["status"]["phase"] == "Running"
+
+
+LABEL_MAPS = st.dictionaries(LABEL_KEYS | st.text(max_size=8), st.text(max_size=8), max_size=6)
+
+
+@given(LABEL_MAPS, LABEL_MAPS)
+def test_frozen_labels_behave_like_the_dict_they_were_made_from(
+    labels: dict[str, str], other: dict[str, str]
+) -> None:
+    frozen = FrozenLabels(labels)
+    assert frozen == labels and labels == frozen and dict(frozen) == labels
+    assert list(frozen) == list(labels) and list(frozen.items()) == list(labels.items())
+    assert len(frozen) == len(labels) and bool(frozen) == bool(labels)
+    for key in [*labels, *other]:
+        assert (key in frozen) == (key in labels)
+        assert frozen.get(key) == labels.get(key) and frozen.get(key, "-") == labels.get(key, "-")
+    assert (FrozenLabels(other) == frozen) == (other == labels)
+    assert copy.deepcopy(frozen) == labels and pickle.loads(pickle.dumps(frozen)) == labels
+
+
+def test_frozen_labels_share_the_key_index_of_equal_key_sets_and_refuse_writes() -> None:
+    a = FrozenLabels({"zone": "a", "gpu": "h100"})
+    b = FrozenLabels({"zone": "b", "gpu": "h100"})
+    c = FrozenLabels({"gpu": "h100", "zone": "a"})  # the same keys in another order: its own index
+    assert a._index is b._index and a._index is not c._index
+    assert a != b and a == c and a == {"gpu": "h100", "zone": "a"}
+    with pytest.raises(TypeError):
+        a["zone"] = "c"  # type: ignore[index]
+    with pytest.raises(TypeError):
+        hash(a)
+    assert json.loads(json.dumps(dict(a))) == a
+
+
+def test_trimmed_node_labels_are_frozen_and_trimming_again_keeps_them() -> None:
+    trimmed = trim_node(full_node({"nvidia.com/gpu.product": "H100", "zone": "z"}, {}))
+    labels = trimmed["metadata"]["labels"]
+    assert isinstance(labels, FrozenLabels) and labels == {"nvidia.com/gpu.product": "H100", "zone": "z"}
+    assert trim_node(trimmed)["metadata"]["labels"] is labels
+    assert trim_node({"metadata": {"name": "bare"}})["metadata"]["labels"] == {}
