@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import marshal
 import os
 import subprocess
 import sys
@@ -124,7 +125,7 @@ def test_the_operator_runs_without_docstrings_from_bytecode_the_image_carries(
     rootfs = tmp_path / "rootfs"
     rootfs.mkdir()
     config = image_module().unpack(layouts / "operator", rootfs)["config"]
-    assert config["Entrypoint"][1] == "-OO", config["Entrypoint"]
+    assert config["Entrypoint"][1:4] == ["-OO", "-X", "no_debug_ranges"], config["Entrypoint"]
     # The image writes no bytecode (PYTHONDONTWRITEBYTECODE): without these files every start would
     # compile the operator and the standard library again.
     lib = rootfs / "opt" / "nodewright" / "lib"
@@ -134,3 +135,9 @@ def test_the_operator_runs_without_docstrings_from_bytecode_the_image_carries(
         rootfs / "usr" / "lib" / "python3.11" / "asyncio" / "__pycache__" / "sslproto.cpython-311.opt-2.pyc",
     ):
         assert compiled.is_file(), compiled
+        code = marshal.loads(compiled.read_bytes()[16:])  # after the .pyc header
+        assert all(column is None for _, _, column, _ in code.co_positions()), f"debug ranges in {compiled}"
+    operator_cmd = marshal.loads(
+        (lib / "nodewright" / "cli" / "__pycache__" / "operator_cmd.cpython-311.opt-2.pyc").read_bytes()[16:]
+    )
+    assert not any(isinstance(c, str) and len(c) > 200 for c in operator_cmd.co_consts), "no module docstring"
