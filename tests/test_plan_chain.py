@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from nodewright.api.models import Interrupt, InterruptType, Package
@@ -148,6 +148,9 @@ def test_a_chained_pod_left_unbound_by_a_restart_is_bound_not_replaced() -> None
     interrupts=st.lists(st.booleans(), min_size=5, max_size=5),
     failing=st.one_of(st.none(), st.tuples(st.integers(0, 4), st.sampled_from(["apply", "config"]))),
 )
+# Found by Hypothesis: pa's apply fails once, pb is ready for its reboot before pa's retry ends, and pc
+# (after pa, also rebooting) became startable only then; it used to apply after pb's reboot and reboot again.
+@example(deps=[[], [], [0]], interrupts=[False, True, True, False, False], failing=(0, "apply"))
 def test_chained_rollouts_complete_and_keep_the_invariants(
     deps: list[list[int]], interrupts: list[bool], failing: tuple[int, str] | None
 ) -> None:
@@ -336,3 +339,15 @@ def test_a_deleted_nodewright_keeps_the_packages_a_running_pod_carries() -> None
     pod = {"metadata": {"annotations": {constants.POD_ANNOTATION_CHAIN: annotation}}}
     assert set(_deletion_spec(nw, state, [pod]).spec.packages) == {"pa", "pb", "pc"}
     assert set(_deletion_spec(nw, state).spec.packages) == {"pa"}, "without the pod only pa is in flight"
+
+
+def test_a_dependent_that_becomes_startable_before_a_pending_reboot_joins_it() -> None:
+    """Without chaining too: one reboot covers both packages although pa's retry delayed pc."""
+    reboot = Interrupt(type=InterruptType.REBOOT)
+    packages = {"pa": pkg("pa"), "pb": pkg("pb", interrupt=reboot), "pc": pkg("pc", "pa", interrupt=reboot)}
+    fates = iter(["fail@pa:apply"])
+    node = FakeNode(make_nw(packages=packages), outcomes=lambda _: next(fates, "succeed"))
+    assert node.run(max_steps=800).status.value == "complete"
+    assert node.reboots == 1
+    interrupts = [c for c in node.created if c.stage is PackageStage.INTERRUPT]
+    assert [(c.package, c.covers) for c in interrupts] == [("pb", ("pc",))]

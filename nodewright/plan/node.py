@@ -1401,6 +1401,10 @@ class _Planner:
             self.create(entry, attempt=attempt)
         # Start the merged interrupt once nothing else that could join it, or be killed by it, runs.
         if pending_interrupts:
+            # A package that became startable while these waited (its dependency's failed stage was
+            # retried meanwhile) would otherwise apply after the reboot and need one of its own: start it
+            # first, and the interrupt waits for it like for any other holdout.
+            self.start_new_runs(in_flight)
             holdouts = [
                 e
                 for e in self.state.packages
