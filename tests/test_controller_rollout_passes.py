@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -363,3 +364,42 @@ def test_the_shared_reports_stay_bounded_by_what_the_entries_use() -> None:
     memo.prune_shared()
     assert len(memo.shared) == 2, "only the report and tuple an entry uses are kept"
     assert memo.shared.share(list(kept)) is kept, "a node reaching the kept state shares the entry's reports"
+
+
+async def test_a_batch_bigger_than_the_pass_limit_is_admitted_over_several_passes(
+    env: _Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env.rt.options = replace(env.rt.options, admissions_per_pass=2)
+    sent: list[str] = []
+
+    async def capture(_name: str, spec: Any) -> None:
+        sent.append(spec.message)
+
+    monkeypatch.setattr(env.reconciler, "_event", capture)
+    env.put_nodewright(nw_obj(nodeSelectors={"matchLabels": {"pool": "a"}}, interruptionBudget={"count": 5}))
+    for i in range(6):
+        env.put_node(_node(f"n{i}"))
+    key = admission_annotation("nw")
+
+    def admitted() -> list[str]:
+        return sorted(
+            name
+            for name in (f"n{i}" for i in range(6))
+            if key in ((env.kube.get(NODES_C, name) or {})["metadata"].get("annotations") or {})
+        )
+
+    results = []
+    for _ in range(3):
+        results.append(await env.reconciler.reconcile("nw"))
+        env.rt.nodewrights.upsert(env.kube.get(NW_C, "nw") or {})
+    assert admitted() == ["n0", "n1", "n2", "n3", "n4"], "one batch of 5, two admissions per pass"
+    assert [r.requeue_after if r else None for r in results[:2]] == [rollout_mod.FILL_REQUEUE] * 2
+    assert results[2] is not None and results[2].requeue_after != rollout_mod.FILL_REQUEUE
+    assert [m for m in sent if "batch" in m] == [
+        "Compartment [__default__] batch 1 started: 5 node(s), the first 2: n0, n1"
+    ]
+    status = (env.kube.get(NW_C, "nw") or {})["status"]
+    state = status["compartmentStatuses"]["__default__"]["batchState"]
+    assert (state["plannedSize"], state["admittedSize"], state["currentBatch"]) == (5, 5, 1)
+    assert await env.reconciler.reconcile("nw") is not None
+    assert admitted() == ["n0", "n1", "n2", "n3", "n4"], "the whole batch is in flight: nothing more"

@@ -196,8 +196,9 @@ def test_operator_behaviour_values_reach_its_flags() -> None:
     defaults = parse_args(container(one(render(), "Deployment", "nw-nodewright"))["args"])
     assert defaults.reapply_on_reboot is False and defaults.keep_succeeded_logs is False
     assert defaults.reboot_timeout == 1200 and defaults.drift_checks == 4
-    assert defaults.chain_packages is False
+    assert defaults.chain_packages is False and defaults.admissions_per_pass == 32
     sets = (
+        "admissionsPerPass=8",
         "reapplyOnReboot=true",
         "chainPackages=true",
         "rebootTimeout=600",
@@ -206,7 +207,7 @@ def test_operator_behaviour_values_reach_its_flags() -> None:
     )
     parsed = parse_args(container(one(render(*sets), "Deployment", "nw-nodewright"))["args"])
     assert parsed.reapply_on_reboot is True and parsed.keep_succeeded_logs is True
-    assert parsed.chain_packages is True
+    assert parsed.chain_packages is True and parsed.admissions_per_pass == 8
     assert parsed.reboot_timeout == 600 and parsed.drift_checks == 16
 
 
@@ -434,6 +435,7 @@ def test_webhook_disabled_renders_no_webhook_objects() -> None:
         (("drain.allowForce=yes",), "allowForce"),
         (("drift.maxConcurrentChecks=0",), "maxConcurrentChecks"),
         (("rebootTimeout=0",), "rebootTimeout"),
+        (("admissionsPerPass=0",), "admissionsPerPass"),
     ],
 )
 def test_the_schema_refuses_bad_values(sets: tuple[str, ...], message: str) -> None:

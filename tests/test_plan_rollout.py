@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -111,6 +112,7 @@ class Sim:
     fingerprint: str = FP
     reset: bool = False
     paused: bool = False
+    admission_limit: int | None = None
 
     def plan(self) -> RolloutPlan:
         result = plan_rollout(
@@ -122,6 +124,7 @@ class Sim:
             now=NOW,
             reset_requested=self.reset,
             paused=self.paused,
+            admission_limit=self.admission_limit,
         )
         self.plans.append(result)
         return result
@@ -680,3 +683,118 @@ def test_preview_predicts_the_controller_sequence() -> None:
     )
     assert batch_sequences(predicted)[DEFAULT] == sim.batches()
     assert sim.sizes() == [1, 3, 5, 5, 5, 4]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Bounded plans (admission_limit): a batch is admitted over several plans and ends as it would in one.
+
+
+def _membership(plans: Sequence[RolloutPlan]) -> dict[tuple[str, int], set[str]]:
+    out: dict[tuple[str, int], set[str]] = {}
+    for p in plans:
+        for a in p.admissions:
+            out.setdefault((a.admission.compartment, a.admission.batch), set()).add(a.node)
+    return out
+
+
+def _run_bounded(sim: Sim, *, fast: bool) -> None:
+    """Plan, write, and let the active nodes finish: after every plan (`fast`: pods quicker than a pass)
+    or only once no admission is deferred (pods slower than the passes that fill their batch)."""
+    limit = sim.admission_limit
+    assert limit is not None
+    for _ in range(3000):
+        result = sim.plan()
+        sim.apply(result)
+        for name, comp in result.compartments.items():
+            assert comp.status.in_progress <= comp.status.ceiling, (name, comp.status)
+            assert sum(a.admission.compartment == name for a in result.admissions) <= limit
+        if not result.admissions and not result.active:
+            return
+        if fast or result.deferred == 0:
+            sim.finish(result)
+    raise AssertionError("rollout did not terminate")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.integers(1, 4), st.booleans())
+def test_bounded_plans_build_the_same_batches(
+    scenario: tuple[NodeWright, DeploymentPolicy | None, list[RolloutNode], dict[str, object]],
+    limit: int,
+    fast: bool,
+) -> None:
+    nw, pol, nodes, info = scenario
+    fails: set[str] = info["fails"]  # type: ignore[assignment]
+    whole = Sim(nw, pol, {n.name: n for n in nodes}, fails=lambda name, _b: name in fails)
+    whole.run(max_steps=1000)
+    bounded = Sim(
+        nw, pol, {n.name: n for n in nodes}, fails=lambda name, _b: name in fails, admission_limit=limit
+    )
+    _run_bounded(bounded, fast=fast)
+    if any(len(members) > limit for members in _membership(whole.plans).values()):
+        event("a batch was admitted over several plans")
+    assert _membership(bounded.plans) == _membership(whole.plans)
+    assert bounded.statuses == whole.statuses
+    assert {n.name: n.status for n in bounded.nodes.values()} == {
+        n.name: n.status for n in whole.nodes.values()
+    }
+
+
+def test_bounded_plan_defers_the_rest_of_the_batch_and_says_so() -> None:
+    sim = Sim(
+        nodewright(deployment_policy="pol"), policy(fixed(5), PolicyBudget(count=5)), {}, admission_limit=2
+    )
+    sim.nodes = {n.name: n for n in fleet(8)}
+    first = sim.plan()
+    sim.apply(first)
+    assert [a.node for a in first.admissions] == ["node-000", "node-001"]
+    assert first.deferred == 3 and first.compartments[DEFAULT].opened
+    deferred = [w for w in first.waiting if w.node in {"node-002", "node-003", "node-004"}]
+    assert {w.reason for w in deferred} == {WaitReason.NOT_YET_IN_BATCH}
+    assert all("taken into batch 1" in w.message for w in deferred)
+    state = sim.statuses[DEFAULT].batch_state
+    assert state is not None and (state.planned_size, state.admitted_size) == (5, 2)
+    # The admitted nodes finish before the rest is admitted: the batch is filled, not evaluated.
+    sim.finish(first)
+    second = sim.plan()
+    sim.apply(second)
+    assert [a.node for a in second.admissions] == ["node-002", "node-003"]
+    assert {a.admission.batch for a in second.admissions} == {1}
+    assert second.compartments[DEFAULT].batch_evaluated is None and not second.compartments[DEFAULT].opened
+    third = sim.plan()
+    sim.apply(third)
+    assert [a.node for a in third.admissions] == ["node-004"] and third.deferred == 0
+    assert sim.plan().admissions == ()  # the batch is whole: nothing more until it settles
+
+
+def test_pause_stops_filling_and_the_short_batch_settles() -> None:
+    sim = Sim(
+        nodewright(deployment_policy="pol"), policy(fixed(4), PolicyBudget(count=4)), {}, admission_limit=1
+    )
+    sim.nodes = {n.name: n for n in fleet(6)}
+    first = sim.plan()
+    sim.apply(first)
+    sim.finish(first)
+    sim.paused = True
+    paused = sim.plan()
+    sim.apply(paused)
+    assert paused.admissions == ()
+    outcome = paused.compartments[DEFAULT].batch_evaluated
+    assert outcome is not None and outcome.evaluated and outcome.state.last_batch_size == 1
+    state = sim.statuses[DEFAULT].batch_state
+    assert state is not None and (state.current_batch, state.planned_size, state.admitted_size) == (2, 0, 0)
+    sim.paused = False
+    resumed = sim.plan()
+    assert [a.admission.batch for a in resumed.admissions] == [2] and resumed.deferred == 3
+
+
+def test_admission_limit_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="admission_limit"):
+        plan_rollout(
+            nodewright(),
+            policy=None,
+            nodes=fleet(1),
+            compartment_statuses={},
+            fingerprint=FP,
+            now=NOW,
+            admission_limit=0,
+        )

@@ -968,6 +968,14 @@ class BatchState(_Model):
     approved_batch: int = _text(
         "The last batch whose pauseAfterBatch gate was approved (0: none).", default=0
     )
+    planned_size: int = _text(
+        "Nodes the open batch of currentBatch was planned with when it opened (0: none open).", default=0
+    )
+    admitted_size: int = _text(
+        "Admissions issued so far to the open batch; while fewer than plannedSize, later passes admit"
+        " the rest into it (the controller writes a bounded number of admissions per pass).",
+        default=0,
+    )
 
 
 class CompartmentStatus(_Model):

@@ -191,6 +191,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         " large fleet light for the API server and the nodes",
     )
     parser.add_argument(
+        "--admissions-per-pass",
+        type=flags.int_at_least(1),
+        default=_DEFAULTS.admissions_per_pass,
+        help="node admissions a rollout pass writes per compartment; a bigger batch is admitted over the"
+        " next passes, so a large batch does not hold up the other compartments' hand-overs",
+    )
+    parser.add_argument(
         "--notify-url-secret",
         metavar="SECRET/KEY",
         default=None,
@@ -420,6 +427,7 @@ async def run_operator(args: argparse.Namespace, rt: OperatorRuntime) -> int:
                 allow_force_drain=args.allow_force_drain,
                 keep_succeeded_logs=args.keep_succeeded_logs,
                 drift_check_limit=args.drift_checks,
+                admissions_per_pass=args.admissions_per_pass,
             ),
             metrics=rt.metrics,
             tracer=rt.tracer,

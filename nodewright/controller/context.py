@@ -163,6 +163,9 @@ class OperatorOptions:
     keep_succeeded_logs: bool = False
     # Drift-check pods in flight at once across all NodeWrights (controller.drift).
     drift_check_limit: int = 4
+    # Admissions one rollout pass writes per compartment; the rest of a bigger batch follows in the
+    # next passes (plan.rollout "Long batches"), so no pass holds up the other compartments for long.
+    admissions_per_pass: int = 32
 
     @property
     def runtime_required_taint_key(self) -> str:

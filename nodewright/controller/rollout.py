@@ -91,6 +91,9 @@ CORDONED_BY_SOMEONE_ELSE = "cordoned by someone else"
 RESYNC_ACTIVE = 60.0
 """Safety-net resync while nodes are in flight; progress itself is event-driven."""
 BUDGET_RETRY = 1.0
+FILL_REQUEUE = 0.05
+"""Seconds before the pass that admits the rest of a batch the last pass left (`--admissions-per-pass`):
+at once: its admissions are in the write-through node view already, and other keys' work interleaves."""
 """Seconds before a pass whose DisruptionBudget writes kept conflicting is tried again."""
 
 
@@ -547,6 +550,7 @@ class RolloutReconciler:
             disabled=is_disabled(model),
             next_order_hint=previous.next_order if previous.rollout_fingerprint == snap.fingerprint else 0,
             shared_budgets=shared,
+            admission_limit=self.rt.options.admissions_per_pass,
         )
 
     def _status(
@@ -579,6 +583,8 @@ class RolloutReconciler:
         return summary, status
 
     def _requeue(self, snap: _Snapshot, plan: RolloutPlan | None = None) -> float:
+        if plan is not None and plan.deferred:
+            return FILL_REQUEUE  # the rest of an open batch is admitted by the next pass
         in_flight = any(v.status in (Status.IN_PROGRESS, Status.ERRORING) for v in snap.views)
         requeue = RESYNC_ACTIVE if in_flight else self.rt.options.resync_seconds
         wake_at = plan.wake_at if plan is not None else None
@@ -847,14 +853,17 @@ class RolloutReconciler:
                 admitted.node
             )
         for (compartment, batch), nodes in sorted(started.items()):
-            spec = events.batch_started(compartment, batch, nodes)
-            await self._event(name, spec)
+            cplan = plan.compartments.get(compartment)
+            if cplan is not None and cplan.opened:  # one Event per batch, not one per pass that fills it
+                planned = cplan.status.batch_state.planned_size if cplan.status.batch_state else len(nodes)
+                await self._event(name, events.batch_started(compartment, batch, nodes, planned=planned))
         if plan.admissions:
             log.info(
                 "admitted nodes",
                 nodewright=name,
                 nodes=len(plan.admissions),
                 batches=sorted({f"{c}#{b}" for c, b in started}),
+                deferred=plan.deferred,
             )
 
     async def _prune_configmaps(self, model: NodeWright, status: Status | None, fingerprint: str) -> None:

@@ -270,10 +270,21 @@ def status_changed(old: str, new: str) -> EventSpec:
     return EventSpec(Reason.STATUS_CHANGED, f"NodeWright status changed [{old}] -> [{new}]")
 
 
-def batch_started(compartment: str, batch: int, nodes: Sequence[str]) -> EventSpec:
+def batch_started(
+    compartment: str, batch: int, nodes: Sequence[str], *, planned: int | None = None
+) -> EventSpec:
+    """`nodes`: those admitted by the pass that opened the batch; `planned`: the batch's size, when the
+    rest is admitted by the next passes (`--admissions-per-pass`)."""
+    if planned is None or planned <= len(nodes):
+        return EventSpec(
+            Reason.BATCH_STARTED,
+            f"Compartment [{compartment}] batch {batch} started with {len(nodes)} node(s):"
+            f" {list_names(nodes)}",
+        )
     return EventSpec(
         Reason.BATCH_STARTED,
-        f"Compartment [{compartment}] batch {batch} started with {len(nodes)} node(s): {list_names(nodes)}",
+        f"Compartment [{compartment}] batch {batch} started: {planned} node(s), the first {len(nodes)}:"
+        f" {list_names(nodes)}",
     )
 
 

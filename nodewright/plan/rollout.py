@@ -52,8 +52,21 @@ Batches are synchronous. Batch `k` of a compartment is the set of its nodes admi
 for `f`. The batch state's `currentBatch` names the batch being filled: it is *open* while at least one
 node holds an admission for it. When every member has settled it is evaluated (see `batches`),
 `currentBatch` advances, and in the same plan the next batch is opened with the strategy's size. Opening
-a batch changes no persisted counter, so the two writes (admissions on nodes, status on the NodeWright)
-need no ordering: re-planning with the admissions applied changes nothing until the batch settles.
+a batch records only its planned size (`plannedSize`) and the admissions issued to it (`admittedSize`);
+the strategy's counters change at evaluation only. Re-planning with the admissions applied changes
+nothing until the batch settles.
+
+Long batches. With `admission_limit` a plan admits at most that many nodes per compartment; the rest of
+the batch (its slots already counted in this plan) is admitted by the next plans, in pick order, while
+`admittedSize < plannedSize`. The controller writes a plan's admissions one after another, so a
+333-node batch in one plan is a pass of half a minute on a loaded API server, during which no other
+compartment's settled batch can hand over to its next one; bounded plans keep every pass short. A batch
+still taking admissions is not evaluated, even when its admitted members have all settled, so it ends
+with the size its strategy gave it. The fill stops (and the batch is evaluated once its admitted
+members settle) when nothing may start: a halt, a pause, a closed window, no free slot, no candidate.
+Each fill is recomputed within the ceiling and the shared budgets, like an opening. The status is
+written before the admissions: a crash between the two loses the admissions of that pass from the
+batch, which then settles smaller, as it would without a limit.
 
 Order numbers (SKYHOOK_NODE_ORDER). Admissions in a plan are numbered in pick order (compartments by
 name, then node pick order) from `max(order of any admission for f) + 1`, raised to `next_order_hint`
@@ -76,7 +89,7 @@ import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum, StrEnum
 
@@ -240,6 +253,10 @@ class CompartmentPlan:
     wake_at: datetime | None = None
     """The next moment at which time alone changes what this compartment may do (soak ends, a window
     opens or closes); the controller plans again then."""
+    opened: bool = False
+    """This plan opened `open_batch` (its first admissions); later plans only add to it."""
+    deferred: int = 0
+    """Nodes the open batch takes that `admission_limit` left for the next plans."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +283,11 @@ class RolloutPlan:
         """The earliest `CompartmentPlan.wake_at`: when to plan again although nothing else changes."""
         times = [c.wake_at for c in self.compartments.values() if c.wake_at is not None]
         return min(times, default=None)
+
+    @property
+    def deferred(self) -> int:
+        """Admissions left for the next plans by `admission_limit`: plan again right after writing these."""
+        return sum(c.deferred for c in self.compartments.values())
 
     @property
     def compartment_statuses(self) -> dict[str, CompartmentStatus]:
@@ -343,6 +365,7 @@ def plan_rollout(
     next_order_hint: int = 0,
     approvals: Mapping[str, int] | None = None,
     shared_budgets: Sequence[budgets.SharedBudget] = (),
+    admission_limit: int | None = None,
 ) -> RolloutPlan:
     """Decide admissions, batch state and why-waiting reasons for one NodeWright (module docstring).
 
@@ -352,7 +375,11 @@ def plan_rollout(
     `shared_budgets` are the DisruptionBudgets whose pools hold matched nodes, with what other
     NodeWrights and other causes disrupt in them (`plan.budgets`): a node of a pool with no free slot is
     not admitted (reason `DisruptionBudget`), and the batch takes the next candidates instead.
+    `admission_limit` caps the admissions of each compartment in this plan (the module docstring, "Long
+    batches"); the nodes it defers are reported in `CompartmentPlan.deferred`.
     """
+    if admission_limit is not None and admission_limit < 1:
+        raise ValueError(f"admission_limit must be at least 1, got {admission_limit}")
     by_name = {n.name: n for n in nodes}
     resolved = resolve_compartments(
         nodewright, policy=policy, nodes=[NodeRef(n.name, n.labels) for n in nodes]
@@ -382,6 +409,7 @@ def plan_rollout(
         disabled=disabled,
         approvals=dict(approvals or {}),
         ledger=budgets.Ledger(shared_budgets, own=(n for n, p in phases.items() if p in _HOLDS_SLOT)),
+        admission_limit=admission_limit,
     )
     plans: dict[str, CompartmentPlan] = {}
     admissions: list[NewAdmission] = []
@@ -433,6 +461,7 @@ class _Context:
     disabled: bool
     approvals: Mapping[str, int]
     ledger: budgets.Ledger
+    admission_limit: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,45 +486,33 @@ def _plan_compartment(
     state = _apply_resets(ctx, name, state=state, members=members)
     state = _catch_up(ctx, name, state=state, members=members)
 
-    # Evaluate the open batch once all its members have settled.
-    batch = _batch_members(ctx, name, state.current_batch, members)
-    outcome: batches.BatchOutcome | None = None
-    if batch and all(phases[n.name] in _SETTLED for n in batch):
-        settled_number = state.current_batch
-        complete = sum(phases[n.name] in (Phase.DONE, Phase.SUCCEEDED) for n in members)
-        erroring = sum(phases[n.name] is Phase.FAILED for n in members)
-        outcome = batches.evaluate_batch(
-            spec.strategy,
-            state,
-            succeeded=sum(phases[n.name] is Phase.SUCCEEDED for n in batch),
-            failed=sum(phases[n.name] is Phase.FAILED for n in batch),
-            complete_in_compartment=complete,
-            erroring_in_compartment=erroring,
-            total=len(members),
-        )
-        state = outcome.state.model_copy(update={"last_settled_batch": settled_number, "settled_at": ctx.now})
-        batch = []
-    if ctx.compartments.reset_on_completion and all(phases[n.name] in _COMPLETE for n in members):
-        state = batches.fresh_state(current_batch=state.current_batch)
-
     holding = [n for n in members if phases[n.name] in _HOLDS_SLOT]
     others = [n for n in members if n.unavailable_reason and phases[n.name] not in _HOLDS_SLOT]
     free = ceiling - len(holding) - len(others)
     candidates = [n for n in members if phases[n.name] in _PICKABLE and _eligible(n)]
+
+    batch = _batch_members(ctx, name, state.current_batch, members)
+    filling = bool(batch) and _may_fill(ctx, spec, state, candidates=candidates, free=free)
+    outcome: batches.BatchOutcome | None = None
+    if batch and not filling and all(phases[n.name] in _SETTLED for n in batch):
+        outcome, state = _evaluate(ctx, spec, state, batch=batch, members=members, phases=phases)
+        batch = []
+    if ctx.compartments.reset_on_completion and all(phases[n.name] in _COMPLETE for n in members):
+        state = batches.fresh_state(current_batch=state.current_batch)
+
     halted = state.should_stop
     pacing = _pacing(ctx, name, spec, state=state, waiting=bool(candidates) and not batch)
     state = pacing.state
     can_open = not batch and not halted and not ctx.paused and not ctx.disabled and pacing.reason is None
-    wanted = 0
-    picked: list[RolloutNode] = []
-    shared: dict[str, tuple[str, str]] = {}
+    selection = _Selection()
     if can_open and candidates:
-        raw = batches.strategy_batch_size(spec.strategy, state, total=len(members), ceiling=ceiling)
-        wanted = max(1, min(raw, len(candidates)))
-        size = batches.next_batch_size(
-            spec.strategy, state, total=len(members), remaining=len(candidates), ceiling=ceiling, free=free
+        selection = _open_batch(
+            ctx, spec, state, candidates=candidates, free=free, total=len(members), ceiling=ceiling
         )
-        picked, shared = _pick(ctx.ledger, candidates, size=size)
+    elif filling:
+        selection = _fill_batch(ctx, state, candidates=candidates, free=free)
+    state = selection.record(state)
+    picked = selection.picked
     admissions = tuple(
         NewAdmission(
             node=n.name,
@@ -503,18 +520,20 @@ def _plan_compartment(
         )
         for i, n in enumerate(picked)
     )
-    picked_names = {n.name for n in picked}
+    planned_names = {n.name for n in selection.planned}
     budget_full = _budget_full(
         spec,
         state,
-        batch=batch,
-        candidates=[n for n in candidates if n.name not in picked_names and n.name not in shared],
-        picked=len(picked),
-        wanted=wanted,
-        free=free,
+        batch=[*batch, *selection.planned],
+        candidates=[n for n in candidates if n.name not in planned_names and n.name not in selection.shared],
+        picked=len(selection.planned),
+        wanted=selection.wanted,
+        free=free - len(selection.planned),
         total=len(members),
         ceiling=ceiling,
     )
+    picked_names = {n.name for n in picked}
+    deferred = planned_names - picked_names
     waiting = tuple(
         _why_waiting(
             ctx,
@@ -523,7 +542,8 @@ def _plan_compartment(
             halted=halted,
             budget_full=n.name in budget_full,
             pacing=None if batch else pacing.reason,
-            shared=shared.get(n.name),
+            shared=selection.shared.get(n.name),
+            deferred_into=state.current_batch if n.name in deferred else None,
         )
         for n in members
         if phases[n.name] in _PICKABLE and n.name not in picked_names
@@ -559,13 +579,119 @@ def _plan_compartment(
         halt=halt,
         message=_slots_message(in_progress + len(others), ceiling, len(others))
         + (f"; {pacing.reason[1]}" if pacing.reason is not None and candidates and not batch else "")
-        + (f"; {next(iter(shared.values()))[1]}" if shared else ""),
+        + (f"; {next(iter(selection.shared.values()))[1]}" if selection.shared else ""),
         window=window,
         soak_until=pacing.soak_until,
         awaiting_approval=status.awaiting_approval,
         wake_at=pacing.wake_at,
+        opened=selection.opened and bool(picked),
+        deferred=len(deferred),
     )
     return _CompartmentResult(plan, admissions, waiting)
+
+
+def _evaluate(
+    ctx: _Context,
+    spec: CompartmentSpec,
+    state: BatchState,
+    *,
+    batch: Sequence[RolloutNode],
+    members: Sequence[RolloutNode],
+    phases: Mapping[str, Phase],
+) -> tuple[batches.BatchOutcome, BatchState]:
+    """Fold the settled open batch into the batch state; the next batch number becomes current."""
+    settled_number = state.current_batch
+    outcome = batches.evaluate_batch(
+        spec.strategy,
+        state,
+        succeeded=sum(phases[n.name] is Phase.SUCCEEDED for n in batch),
+        failed=sum(phases[n.name] is Phase.FAILED for n in batch),
+        complete_in_compartment=sum(phases[n.name] in (Phase.DONE, Phase.SUCCEEDED) for n in members),
+        erroring_in_compartment=sum(phases[n.name] is Phase.FAILED for n in members),
+        total=len(members),
+    )
+    closed = outcome.state.model_copy(
+        update={
+            "last_settled_batch": settled_number,
+            "settled_at": ctx.now,
+            "planned_size": 0,
+            "admitted_size": 0,
+        }
+    )
+    return outcome, closed
+
+
+def _may_fill(
+    ctx: _Context, spec: CompartmentSpec, state: BatchState, *, candidates: Sequence[RolloutNode], free: int
+) -> bool:
+    """Whether the open batch still takes admissions: it was planned larger than what was admitted so far
+    (`admission_limit` deferred the rest), a candidate and a slot are there, and nothing holds new
+    admissions (halt, pause, disable, a closed maintenance window). Such a batch is not evaluated yet, even
+    if every admitted member already settled, so it ends with the size its strategy gave it."""
+    if state.admitted_size >= state.planned_size or not candidates or free <= 0:
+        return False
+    if state.should_stop or ctx.paused or ctx.disabled:
+        return False
+    pacing = spec.pacing
+    return not pacing.has_maintenance or windows.evaluate(pacing.schedule, ctx.moment).active
+
+
+@dataclass(frozen=True, slots=True)
+class _Selection:
+    """The nodes a plan takes into the current batch.
+
+    `planned` are all the nodes the batch takes now (their slots are reserved in this plan); `picked`,
+    its first `admission_limit`, are admitted in this plan, the rest in the next ones (the batch state
+    records both counts). `wanted` is the strategy's size when the batch opens here (0 otherwise),
+    `shared` the candidates a shared DisruptionBudget kept out.
+    """
+
+    planned: tuple[RolloutNode, ...] = ()
+    picked: tuple[RolloutNode, ...] = ()
+    shared: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    wanted: int = 0
+    opened: bool = False
+
+    def record(self, state: BatchState) -> BatchState:
+        if self.opened:
+            return state.model_copy(
+                update={"planned_size": len(self.planned), "admitted_size": len(self.picked)}
+            )
+        if self.picked:
+            return state.model_copy(update={"admitted_size": state.admitted_size + len(self.picked)})
+        return state
+
+
+def _open_batch(
+    ctx: _Context,
+    spec: CompartmentSpec,
+    state: BatchState,
+    *,
+    candidates: Sequence[RolloutNode],
+    free: int,
+    total: int,
+    ceiling: int,
+) -> _Selection:
+    raw = batches.strategy_batch_size(spec.strategy, state, total=total, ceiling=ceiling)
+    size = batches.next_batch_size(
+        spec.strategy, state, total=total, remaining=len(candidates), ceiling=ceiling, free=free
+    )
+    planned, shared = _pick(ctx.ledger, candidates, size=size)
+    return _Selection(
+        planned=tuple(planned),
+        picked=tuple(planned[: ctx.admission_limit]),
+        shared=shared,
+        wanted=max(1, min(raw, len(candidates))),
+        opened=True,
+    )
+
+
+def _fill_batch(
+    ctx: _Context, state: BatchState, *, candidates: Sequence[RolloutNode], free: int
+) -> _Selection:
+    size = min(state.planned_size - state.admitted_size, free)
+    planned, shared = _pick(ctx.ledger, candidates, size=size)
+    return _Selection(planned=tuple(planned), picked=tuple(planned[: ctx.admission_limit]), shared=shared)
 
 
 @dataclass(frozen=True, slots=True)
@@ -672,7 +798,8 @@ def _catch_up(ctx: _Context, name: str, *, state: BatchState, members: Sequence[
     ]
     highest = max(admitted, default=0)
     if highest > state.current_batch:
-        return state.model_copy(update={"current_batch": highest})
+        # The lost status also held the planned size of that batch: it is not filled any further.
+        return state.model_copy(update={"current_batch": highest, "planned_size": 0, "admitted_size": 0})
     return state
 
 
@@ -752,6 +879,7 @@ def _why_waiting(
     budget_full: bool,
     pacing: tuple[WaitReason, str] | None = None,
     shared: tuple[str, str] | None = None,
+    deferred_into: int | None = None,
 ) -> Waiting:
     def waiting(reason: WaitReason, message: str, detail: str | None = None) -> Waiting:
         return Waiting(node.name, compartment, reason, detail, message)
@@ -777,6 +905,11 @@ def _why_waiting(
     if shared is not None:
         budget, message = shared
         return waiting(WaitReason.DISRUPTION_BUDGET, message, budget)
+    if deferred_into is not None:
+        return waiting(
+            WaitReason.NOT_YET_IN_BATCH,
+            f"taken into batch {deferred_into} of {compartment!r}; its admission is written in the next pass",
+        )
     if budget_full:
         return waiting(WaitReason.BUDGET_FULL, f"compartment {compartment!r} has no free slot")
     return waiting(WaitReason.NOT_YET_IN_BATCH, f"waiting for a later batch of {compartment!r}")
