@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from nodewright.controller.health import parse_bind_address
 from nodewright.controller.manager import LeaderElectionConfig, Manager
 from nodewright.kube.client import KubeClient
 from nodewright.kube.resources import NODES
 from nodewright.kube.trim import trim_node
 from nodewright.kube.workqueue import Result
+from nodewright.observability.endpoints import parse_bind_address
 from tests.kubefake import LEASES_C, NODES_C, FakeKube, node
 from tests.kubeutil import eventually
 

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nodewright.api.models import Status
 from nodewright.observability import metrics as m
+from nodewright.observability.endpoints import parse_bind_address
 from nodewright.observability.metrics import (
     EXPORTED_METRICS,
     HISTOGRAM_METRICS,
@@ -25,7 +26,7 @@ from nodewright.observability.metrics import (
     PackageKey,
     count_package_nodes,
 )
-from nodewright.observability.server import bound_port, parse_bind_address, start_metrics_server
+from nodewright.observability.server import bound_port, start_metrics_server
 
 Sample = tuple[str, dict[str, str], float]
 
@@ -441,6 +442,7 @@ def test_otlp_disabled_without_endpoint(monkeypatch: pytest.MonkeyPatch) -> None
         ("127.0.0.1:9090", ("127.0.0.1", 9090)),
         ("[::1]:8443", ("::1", 8443)),
         ("0", None),
+        ("", None),
     ],
 )
 def test_parse_bind_address(address: str, expected: tuple[str, int] | None) -> None:

@@ -295,10 +295,11 @@ async def build_runtime(
 ) -> OperatorRuntime:
     from nodewright.controller.manager import LeaderElectionConfig, Manager
     from nodewright.kube.client import KubeClient
+    from nodewright.observability.endpoints import parse_bind_address
     from nodewright.observability.heap import HeapTrimmer, glibc
     from nodewright.observability.loop_lag import EventLoopLagMonitor
     from nodewright.observability.metrics import OperatorMetrics
-    from nodewright.observability.server import parse_bind_address, start_metrics_server
+    from nodewright.observability.server import start_metrics_server
     from nodewright.observability.tracing import RolloutTracer
 
     election = (

@@ -12,16 +12,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from nodewright.observability.endpoints import JSON, EndpointServer, Reply
-
-
-def parse_bind_address(address: str) -> tuple[str, int] | None:
-    """`:8081` → ("0.0.0.0", 8081); `127.0.0.1:0` → ephemeral port; `0` or "" → disabled (None)."""
-    if address in ("", "0"):
-        return None
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
+from nodewright.observability.endpoints import JSON, EndpointServer, Reply, parse_bind_address
 
 
 class HealthServer:

@@ -41,6 +41,25 @@ TEXT: Final = "text/plain; charset=utf-8"
 JSON: Final = "application/json; charset=utf-8"
 
 
+def parse_bind_address(address: str) -> tuple[str, int] | None:
+    """Split a Go-style `[host]:port` (`:8080`, `0.0.0.0:8080`, `[::1]:9090`) into what `start` takes;
+    None for `0` or an empty address (the listener is disabled, as in controller-runtime). An empty host
+    means every interface. The flags (`cli.flags.bind_address`) refuse bad addresses with the flag's name
+    before anything starts; this check keeps other callers honest."""
+    address = address.strip()
+    if address in ("", "0"):
+        return None
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ValueError(f"invalid bind address {address!r}: expected [host]:port")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"invalid bind address {address!r}: port out of range")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return (host or "0.0.0.0", port)
+
+
 @dataclass(frozen=True)
 class Reply:
     status: int

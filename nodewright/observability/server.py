@@ -17,22 +17,6 @@ from nodewright.observability.metrics import OperatorMetrics
 DEFAULT_METRICS_BIND_ADDRESS: Final = ":8080"
 
 
-def parse_bind_address(address: str) -> tuple[str, int] | None:
-    """Split a Go-style `host:port` (`:8080`, `0.0.0.0:8080`, `[::1]:9090`); None for "0" (disabled)."""
-    address = address.strip()
-    if address == "0":
-        return None
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not port_text.isdigit():
-        raise ValueError(f"invalid bind address {address!r}: expected [host]:port")
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"invalid bind address {address!r}: port out of range")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return (host or "0.0.0.0", port)
-
-
 def metrics_reply(metrics: OperatorMetrics) -> Reply:
     # Every name is a legacy Prometheus name, so the classic 0.0.4 text format is what we emit; older
     # Prometheus servers do not know version=1.0.0.
