@@ -13,7 +13,6 @@ from nodewright.kube.client import KubeClient
 from nodewright.kube.resources import NODES
 from nodewright.kube.trim import trim_node
 from nodewright.kube.workqueue import Result
-from nodewright.observability.endpoints import parse_bind_address
 from tests.kubefake import LEASES_C, NODES_C, FakeKube, node
 from tests.kubeutil import eventually
 
@@ -107,13 +106,6 @@ async def test_sync_timeout_fails_run(kube: FakeKube) -> None:
     manager = Manager(KubeClient(kube.config(), max_retries=0), health_bind_address="0", sync_timeout=0.3)
     manager.informer(NODES)
     assert await manager.run(handle_signals=False) == 1
-
-
-def test_parse_bind_address() -> None:
-    assert parse_bind_address(":8081") == ("0.0.0.0", 8081)
-    assert parse_bind_address("127.0.0.1:0") == ("127.0.0.1", 0)
-    assert parse_bind_address("[::1]:9") == ("::1", 9)
-    assert parse_bind_address("0") is None
 
 
 async def test_controller_records_reconcile_metrics() -> None:
