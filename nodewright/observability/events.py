@@ -56,6 +56,7 @@ class Reason(StrEnum):
     STATE_MALFORMED = "StateMalformed"
     DELETION_BLOCKED = "DeletionBlocked"
     INVALID_SPEC = "InvalidSpec"
+    NOTIFICATIONS_DROPPED = "NotificationsDropped"
     # Node events (involvedObject: the Node)
     PACKAGE_STARTED = "PackageStarted"
     PACKAGE_COMPLETED = "PackageCompleted"
@@ -114,6 +115,12 @@ CATALOGUE: Final[tuple[ReasonInfo, ...]] = (
     ReasonInfo(Reason.DELETION_BLOCKED, EventType.WARNING, _NW, "The finalizer cannot complete"),
     ReasonInfo(
         Reason.INVALID_SPEC, EventType.WARNING, _NW, "The spec fails validation; nodes are left alone"
+    ),
+    ReasonInfo(
+        Reason.NOTIFICATIONS_DROPPED,
+        EventType.WARNING,
+        _NW,
+        "Notices about the NodeWright were dropped for a notification sink",
     ),
     ReasonInfo(Reason.PACKAGE_STARTED, EventType.NORMAL, "Node", "A package stage pod was created", True),
     ReasonInfo(Reason.PACKAGE_COMPLETED, EventType.NORMAL, "Node", "A package is complete on the node", True),
@@ -337,6 +344,16 @@ def state_malformed(nodes: Sequence[str]) -> EventSpec:
 
 def deletion_blocked(why: str) -> EventSpec:
     return EventSpec(Reason.DELETION_BLOCKED, f"Deletion blocked: {why}")
+
+
+def notifications_dropped(sink: str, reason: str, why: str) -> EventSpec:
+    """Notices for `sink` dropped (`reason`: the metric's label value, `why`: what it means). The
+    message stays the same for repeats so they count up one Event."""
+    return EventSpec(
+        Reason.NOTIFICATIONS_DROPPED,
+        f"Notifications to sink [{sink}] dropped ({reason}): {why}; counted in"
+        " nodewright_notifications_dropped_total",
+    )
 
 
 def package_started(
