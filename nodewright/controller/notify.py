@@ -283,6 +283,8 @@ class NotifyMetrics(Protocol):
 
 
 class NoMetrics:
+    """`NotifyMetrics` that record nothing (tests, tools)."""
+
     def count_notification(self, sink: str, event: str, result: str) -> None:
         pass
 
@@ -389,8 +391,8 @@ class Notifier:
 
     def keep(self, nodewright: str, sinks: Iterable[str]) -> None:
         """Retire the workers of `nodewright`'s own sinks not named in `sinks` (removed from its spec; none
-        when it is gone): they take no more notices and stop once their queue is delivered or after
-        `SHUTDOWN_GRACE` seconds, dropping what is left (reason removed)."""
+        when it is gone): they take no more notices and stop once their queue is delivered or after the
+        grace (`SHUTDOWN_GRACE`), dropping what is left (reason removed)."""
         wanted, prefix = set(sinks), f"{nodewright}/"
         for name in [n for n in self._sinks if n.startswith(prefix) and n not in wanted]:
             worker = self._sinks.pop(name)
@@ -441,8 +443,8 @@ class Notifier:
         self._closing = True
         workers = list(self._sinks.values())
         self._sinks.clear()
-        retiring = list(self._retiring.values())  # each bounded by its own grace
-        await asyncio.gather(self._stop(workers, grace, DropReason.SHUTDOWN), *retiring)
+        retiring = asyncio.gather(*self._retiring.values(), return_exceptions=True)  # own grace each
+        await asyncio.gather(self._stop(workers, grace, DropReason.SHUTDOWN), retiring)
         await asyncio.gather(*self._background, return_exceptions=True)
 
     async def _retire(self, worker: _SinkWorker) -> None:
