@@ -880,6 +880,54 @@ def test_a_failure_in_config_keeps_apply_done_and_retries_from_config() -> None:
     assert final.status == Status.ERRORING
 
 
+def test_a_package_completed_by_its_third_pod_keeps_three_attempts() -> None:
+    """Issue 29 item 5: fail, fail, succeed -> `attempts: 3` on the complete entry, not the 1 of the config
+    stage its install pod went on into."""
+    nw = make_nw()  # maxAttempts 3
+    state, pod = running_state(nw)
+    now = T0
+    for attempt in (1, 2):
+        assert pod.attempt == attempt and pod.stage == PackageStage.APPLY
+        failed = summary(pod, PodOutcome.FAILED, message="exit 1", progress=_progress(pod, 0))
+        now += timedelta(seconds=1)
+        state = plan_node(inp(nw, state, pods=(failed,), now=now)).state
+        now += timedelta(minutes=5)
+        retry = plan_node(inp(nw, state, now=now))
+        state, [pod] = retry.state, creates(retry)
+    assert pod.attempt == 3
+    done = plan_node(
+        inp(nw, state, pods=(summary(pod, PodOutcome.SUCCEEDED, progress=_progress(pod, 2)),), now=now)
+    )
+    entry = done.state.entry("pa", "1.0.0")
+    assert entry is not None and entry.state == PackageState.COMPLETE and entry.attempts == 3
+    assert decode(encode(done.state)).entry("pa", "1.0.0") == entry, "kept in the annotation"
+    assert done.status == Status.COMPLETE
+
+
+def test_a_chained_run_completed_in_a_retried_pod_keeps_its_own_first_attempt() -> None:
+    """The attempts kept on completion are those of the entry's own run: a package chained into the
+    third pod of another ran there once."""
+    packages = {
+        "pa": Package(version="1.0.0", image="x"),
+        "pb": Package(version="1.0.0", image="x", depends_on={"pa": "1.0.0"}),
+    }
+    fates = iter(["fail", "fail", "succeed"])
+    node = FakeNode(
+        make_nw(packages=packages),
+        outcomes=lambda _pod: next(fates, "succeed"),
+        options=PlanOptions(chain_packages=True),
+    )
+    node.run()
+    assert [(c.package, c.attempt, c.chain) for c in node.created] == [
+        ("pa", n, (("pb", "1.0.0", PackageStage.APPLY),)) for n in (1, 2, 3)
+    ]
+    state = node.state
+    assert state is not None and {e.name: (e.state, e.attempts) for e in state.packages} == {
+        "pa": (PackageState.COMPLETE, 3),
+        "pb": (PackageState.COMPLETE, 1),
+    }
+
+
 def test_a_single_stage_pod_of_an_older_operator_advances_only_as_far_as_it_ran() -> None:
     """An apply pod built one stage per pod (before an operator upgrade) succeeds: config still runs."""
     nw = make_nw()

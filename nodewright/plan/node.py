@@ -734,14 +734,19 @@ class _Planner:
     def advance_run(
         self, entry: PackageEntry, progress: tuple[StageProgress, ...], done: tuple[PackageStage, ...]
     ) -> PackageEntry | None:
-        """`entry` advanced through the stages `done` (in order, stopping at the first mismatch)."""
+        """`entry` advanced through the stages `done` (in order, stopping at the first mismatch).
+
+        The stages after the first count their own attempts from 1 (a failure there is that stage's
+        first), but a run that completes in this pod keeps the attempts of the stage it entered the pod
+        at: an install that failed twice in apply and then completed apply and config in its third pod
+        is complete after 3 attempts, not after config's 1."""
         current: PackageEntry | None = entry
         for stage in done:
             if current is None or current.stage != stage or current.state is PackageState.COMPLETE:
                 break
             if current is not entry:
                 current = self.continued_in(progress, current)
-            current = self.complete_stage(current)
+            current = self.complete_stage(current, run_attempts=entry.attempts)
         return current
 
     def fail_run(
@@ -839,10 +844,19 @@ class _Planner:
         began = part.started if part is not None and part.started is not None else self.now
         return replace(entry, state=PackageState.IN_PROGRESS, attempts=1, started=ts(began))
 
-    def complete_stage(self, entry: PackageEntry) -> PackageEntry | None:
-        """Record `entry`'s current stage as succeeded; returns the entry after it (None: removed)."""
+    def complete_stage(self, entry: PackageEntry, *, run_attempts: int = 0) -> PackageEntry | None:
+        """Record `entry`'s current stage as succeeded; returns the entry after it (None: removed).
+
+        `run_attempts`: the attempts of the stage the pod that ran this one started at (see
+        `advance_run`), kept on the entry if this completes the package."""
         pkg = _package(self.nw, entry.name)
-        new = advance(entry, pkg, now=self.now, applied_config=config_hashes(pkg.config_map))
+        new = advance(
+            entry,
+            pkg,
+            now=self.now,
+            applied_config=config_hashes(pkg.config_map),
+            run_attempts=run_attempts,
+        )
         if entry.stage == PackageStage.UPGRADE:
             # The upgrade replaced older versions on the host: their entries go (newer ones stay, D2).
             mine = _version_key(entry.version)

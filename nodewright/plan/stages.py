@@ -253,11 +253,18 @@ def next_stage(stage: PackageStage, *, has_interrupt: bool) -> PackageStage | Do
 
 
 def advance(
-    entry: PackageEntry, package: Package, *, now: datetime, applied_config: tuple[tuple[str, str], ...]
+    entry: PackageEntry,
+    package: Package,
+    *,
+    now: datetime,
+    applied_config: tuple[tuple[str, str], ...],
+    run_attempts: int = 0,
 ) -> PackageEntry | None:
     """The entry after its current stage succeeded; None when the entry is to be removed.
 
     `applied_config` are the per-key hashes the succeeded pod mounted (recorded after `config`).
+    `run_attempts` are the attempts of the stage the succeeded pod started at, when it went on into
+    this one (an install pod runs apply and config): a complete entry keeps the larger count.
     """
     nxt = next_stage(entry.stage, has_interrupt=run_interrupt(package, entry) is not None)
     base = replace(
@@ -274,9 +281,12 @@ def advance(
     if nxt == Done.REMOVE:
         return None
     if nxt == Done.COMPLETE:
-        # The attempts of the last stage stay on the complete entry: "complete after 3 attempts" is
-        # worth seeing (node status, `kubectl nodewright node list`); the next run starts from 0 anyway.
-        return replace(base, state=PackageState.COMPLETE, changed=(), attempts=entry.attempts)
+        # The attempts of the pod that completed the package stay on the complete entry: "complete
+        # after 3 attempts" is worth seeing (node status, `kubectl nodewright node list`); the last
+        # stage of an install pod is config, whose own count (1) would hide the apply retries before it.
+        # The next run starts from 0 anyway.
+        attempts = max(entry.attempts, run_attempts)
+        return replace(base, state=PackageState.COMPLETE, changed=(), attempts=attempts)
     return replace(base, stage=nxt, state=PackageState.PENDING, started=None)
 
 
