@@ -16,6 +16,7 @@ import pytest
 from nodewright.api import constants
 from nodewright.api.models import NodeWright
 from nodewright.api.nodestate import NodeState, PackageEntry, PackageStage, PackageState, decode, encode
+from nodewright.controller import nodes as nodes_module
 from nodewright.controller.context import (
     EventRecorder,
     ModelCache,
@@ -540,3 +541,75 @@ async def test_a_drifted_package_is_repaired_in_a_pod_that_re_runs_its_steps(env
         "tool", "1.0.0"
     )
     assert entry is not None and entry.repair and entry.state == PackageState.IN_PROGRESS
+
+
+class _LogRecorder:
+    """Stands in for the node controller's structlog logger: (event, fields) in the order written."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, dict[str, Any]]] = []
+
+    def _record(self, event: str, **fields: Any) -> None:
+        self.records.append((event, fields))
+
+    info = warning = debug = error = _record
+
+    def events(self) -> list[str]:
+        return [event for event, _ in self.records]
+
+
+async def test_the_intent_to_create_a_package_pod_is_logged_before_the_request(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29 item 12: an operator SIGKILLed while a create is in flight still leaves the record of
+    the pod it may have made; the outcome follows the answer."""
+    recorder = _LogRecorder()
+    monkeypatch.setattr(nodes_module, "log", recorder)
+    sent = env.rt.client.create_pod
+    seen_at_create: list[list[str]] = []
+
+    async def create_pod(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        seen_at_create.append(recorder.events())
+        return await sent(namespace, body)
+
+    monkeypatch.setattr(env.rt.client, "create_pod", create_pod)
+    env.put_node(node_obj(env.admit()))
+    await env.reconciler.reconcile("nw/n1")
+    [pod] = env.pods()
+    assert seen_at_create == [["creating package pod"]], "written before the request, the outcome not yet"
+    [(_, intent)] = [r for r in recorder.records if r[0] == "creating package pod"]
+    assert intent == {
+        "pod": pod["metadata"]["name"],
+        "node": "n1",
+        "nodewright": "nw",
+        "package": "tool",
+        "version": "1.0.0",
+        "stage": "apply",
+        "attempt": 1,
+        "chain": None,
+    }
+    [(_, outcome)] = [r for r in recorder.records if r[0] == "package pod created"]
+    assert outcome == {**intent, "uid": pod["metadata"]["uid"]}
+    assert recorder.events().index("creating package pod") < recorder.events().index("package pod created")
+
+
+async def test_a_refused_package_pod_create_logs_its_intent_then_the_failure(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = _LogRecorder()
+    monkeypatch.setattr(nodes_module, "log", recorder)
+    refusal = 'Pod "x" is invalid: spec.tolerations[0].operator: Invalid value: "Exists"'
+    env.kube.fail(
+        "POST",
+        "/pods",
+        422,
+        body={"kind": "Status", "status": "Failure", "reason": "Invalid", "code": 422, "message": refusal},
+        times=1,
+    )
+    env.put_node(node_obj(env.admit()))
+    await env.reconciler.reconcile("nw/n1")
+    creates = [r for r in recorder.records if r[0] in ("creating package pod", "package pod not created")]
+    assert [event for event, _ in creates] == ["creating package pod", "package pod not created"]
+    (_, intent), (_, failed) = creates
+    assert failed == {**intent, "error": failed["error"]} and refusal in failed["error"], failed
+    assert "package pod created" not in recorder.events()
