@@ -30,6 +30,7 @@ from nodewright.controller.context import (
     encode_admission,
 )
 from nodewright.controller.drainer import Timing, update_timing
+from nodewright.controller.logstore import KeptLog, kept_logs, store_name
 from nodewright.controller.nodes import NodeReconciler, _deletion_spec, node_facts
 from nodewright.kube.client import KubeClient
 from nodewright.kube.informer import Informer
@@ -541,6 +542,105 @@ async def test_a_drifted_package_is_repaired_in_a_pod_that_re_runs_its_steps(env
         "tool", "1.0.0"
     )
     assert entry is not None and entry.repair and entry.state == PackageState.IN_PROGRESS
+
+
+def _pulling(pod: dict[str, Any], container: str, message: str) -> None:
+    """`container` of `pod` cannot pull its image (the kubelet backs off); nothing has run."""
+    pod["status"] = {
+        "phase": "Pending",
+        "initContainerStatuses": [
+            {
+                "name": c["name"],
+                "state": {"waiting": {"reason": "ErrImagePull", "message": message}}
+                if c["name"] == container
+                else {"waiting": {"reason": "PodInitializing"}},
+            }
+            for c in pod["spec"]["initContainers"]
+        ],
+    }
+
+
+async def test_an_image_pull_failure_that_exhausts_its_attempts_keeps_why_as_the_stage_log(env: Env) -> None:
+    """Issue 29 item 6: no container ran, so no log exists; the kept log of the stage names the image,
+    the kubelet's reason and message, and the attempts, once the pod is gone."""
+    two_attempts = {"tool": {"version": "1.0.0", "image": "ghcr.io/x/tool", "maxAttempts": 2}}
+    env.rt.nodewrights.upsert(nw_obj(packages=two_attempts))
+    env.kube.creation_timestamp = "2026-01-01T11:59:00Z"  # well within the stage timeout
+    env.put_node(node_obj(env.admit()))
+    clock = [NOW]
+    env.rt.clock = lambda: clock[0]
+    pull = 'failed to pull and unpack image "ghcr.io/x/tool:1.0.0": not found'
+
+    async def pull_fails(attempt: int) -> dict[str, Any]:
+        """The pod of `attempt` is created, fails to pull, and the pull-error grace (60 s) runs out."""
+        await env.reconciler.reconcile("nw/n1")
+        [pod] = env.pods()
+        assert pod["metadata"]["annotations"][constants.POD_ANNOTATION_ATTEMPT] == str(attempt)
+        _pulling(pod, "tool-init", pull)
+        env.rt.nodes.upsert(trim_node(env.node()))
+        env.rt.pods.upsert(trim_pod(pod))
+        env.rt.pod_expectations.observed(trim_pod(pod))
+        await env.reconciler.reconcile("nw/n1")  # the grace starts
+        clock[0] += timedelta(seconds=61)
+        env.rt.nodes.upsert(trim_node(env.node()))
+        await env.reconciler.reconcile("nw/n1")  # the grace is over: a failed attempt
+        assert env.pods() == [], "the pod is deleted once its failure is recorded"
+        env.rt.pods.delete(trim_pod(pod))
+        env.rt.pod_expectations.observed_delete(trim_pod(pod))
+        return pod
+
+    def kept() -> KeptLog:
+        store = env.kube.get(("api/v1", NS, "configmaps"), store_name("nw", "n1"))
+        [entry] = kept_logs(store)
+        return entry
+
+    first = await pull_fails(1)
+    entry = kept()
+    assert (entry.stage, entry.outcome, entry.attempt, entry.pod) == (
+        "apply",
+        "failed",
+        1,
+        first["metadata"]["name"],
+    )
+    assert "attempt 1/2 of apply failed: image pull failing for 1m" in entry.message, entry
+    clock[0] += timedelta(seconds=11)  # the retry's backoff
+    env.rt.nodes.upsert(trim_node(env.node()))
+    second = await pull_fails(2)
+    state = decode(env.node()["metadata"]["annotations"][constants.state_annotation("nw")])
+    assert state.entry("tool", "1.0.0").state == PackageState.ERRORING  # type: ignore[union-attr]
+    entry = kept()
+    assert (entry.attempt, entry.pod, entry.container) == (2, second["metadata"]["name"], "tool-init")
+    assert entry.image == "ghcr.io/x/tool:1.0.0" and entry.reason == "ErrImagePull", entry
+    assert "apply failed 2 time(s), giving up" in entry.message and pull in entry.message, entry
+    assert entry.log == "" and entry.exit_code is None
+
+
+async def test_a_pod_deleted_at_the_stage_timeout_keeps_its_log_so_far(env: Env) -> None:
+    """The other attempt no container's exit explains: still running at the stage timeout."""
+    one_attempt = {"tool": {"version": "1.0.0", "image": "ghcr.io/x/tool", "maxAttempts": 1}}
+    env.rt.nodewrights.upsert(nw_obj(packages=one_attempt))
+    env.kube.creation_timestamp = "2026-01-01T10:00:00Z"  # 2 h before NOW: past 2 x 30m
+    env.put_node(node_obj(env.admit()))
+    await env.reconciler.reconcile("nw/n1")
+    [pod] = env.pods()
+    pod["status"] = {
+        "phase": "Pending",
+        "initContainerStatuses": [
+            {"name": "tool-init", "state": {"terminated": {"exitCode": 0}}},
+            {"name": "tool-apply", "state": {"running": {"startedAt": "2026-01-01T10:00:05Z"}}},
+        ],
+    }
+    env.rt.nodes.upsert(trim_node(env.node()))
+    env.rt.pods.upsert(trim_pod(pod))
+    env.rt.pod_expectations.observed(trim_pod(pod))
+    env.kube.fail("GET", "/log", 200, body="STILL-WAITING-FOR-THE-DEVICE", times=4)
+    await env.reconciler.reconcile("nw/n1")
+    assert env.pods() == []
+    store = env.kube.get(("api/v1", NS, "configmaps"), store_name("nw", "n1"))
+    [entry] = kept_logs(store)
+    assert (entry.stage, entry.attempt, entry.reason) == ("apply", 1, "StageTimeout"), entry
+    assert "did not finish within 1h" in entry.message and "giving up" in entry.message, entry
+    assert "STILL-WAITING-FOR-THE-DEVICE" in entry.log, entry
 
 
 class _LogRecorder:

@@ -131,6 +131,7 @@ from nodewright.plan.rollout import Admission, spec_fingerprint
 from nodewright.plan.stages import (
     ACTIVE_STATES,
     INTERRUPT_STAGES,
+    FailureCause,
     PodOutcome,
     PodSummary,
     StageProgress,
@@ -170,6 +171,7 @@ class _PassContext:
     node: JSON
     stored: NodeState | None
     summaries: tuple[PodSummary, ...]
+    pods: Mapping[str, JSON]  # the package pods summarised, by name
     admission: Admission | None
     deleting: bool
     timing: Timing
@@ -277,6 +279,7 @@ class NodeReconciler:
             return None
         if plan.drift_result is not None:
             self.rt.metrics.domain.count_drift_check(nodewright=nw_name, result=plan.drift_result)
+        await self._keep_stopped(ctx, plan)
         self._observe(
             ctx.model,
             node_name,
@@ -415,6 +418,7 @@ class NodeReconciler:
             node=node,
             stored=stored,
             summaries=tuple(summaries),
+            pods={str((p.get("metadata") or {}).get("name")): p for p in pods_raw},
             admission=admission if usable is not None else None,
             deleting=deleting,
             timing=timing,
@@ -542,6 +546,17 @@ class NodeReconciler:
             message=summary.message,
             now=self.rt.clock(),
         )
+
+    async def _keep_stopped(self, ctx: _PassContext, plan: NodePlan) -> None:
+        """Attempts the plan failed whose pods did not fail by themselves (image pull errors past their
+        grace, stage timeouts) are kept as their stage's kept log, before the plan's actions delete the
+        pods. A pod that failed by itself was kept when it was read (`_keep_log`)."""
+        for failed in plan.failed:
+            if failed.cause is FailureCause.POD_FAILED:
+                continue
+            pod = ctx.pods.get(failed.pod)
+            if pod is not None:
+                await self.logstore.record_stopped(ctx.inp.nodewright, pod, failed, now=ctx.now)
 
     @staticmethod
     def _usable_admission(admission: Admission | None, effective: NodeWright) -> StateAdmission | None:

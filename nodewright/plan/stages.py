@@ -349,12 +349,21 @@ class Observation(StrEnum):
     FAILED = "failed"
 
 
+class FailureCause(StrEnum):
+    """What failed an attempt: the pod itself, or the operator's limits on it."""
+
+    POD_FAILED = "pod-failed"  # a container exited non-zero, or the pod failed: its status says why
+    PULL_ERROR = "pull-error"  # its images could not be pulled for `pull_error_grace`: nothing ran
+    TIMEOUT = "timeout"  # still running at the stage timeout: the operator deletes it
+
+
 @dataclass(frozen=True, slots=True)
 class AttemptView:
     observation: Observation
     reason: str = ""
     recheck_after: float | None = None  # seconds until a deadline/grace expires
     pull_error_since: str | None = None
+    cause: FailureCause | None = None  # FAILED: what failed it
 
 
 def observe_pod(pod: PodSummary, entry: PackageEntry, *, now: datetime, policy: RetryPolicy) -> AttemptView:
@@ -362,16 +371,22 @@ def observe_pod(pod: PodSummary, entry: PackageEntry, *, now: datetime, policy: 
     if pod.outcome == PodOutcome.SUCCEEDED:
         return AttemptView(Observation.SUCCEEDED)
     if pod.outcome == PodOutcome.FAILED:
-        return AttemptView(Observation.FAILED, pod.message or "pod failed")
+        return AttemptView(Observation.FAILED, pod.message or "pod failed", cause=FailureCause.POD_FAILED)
     if pod.outcome == PodOutcome.DEADLINE:
-        return AttemptView(Observation.FAILED, pod.message or "pod exceeded its deadline")
+        return AttemptView(
+            Observation.FAILED, pod.message or "pod exceeded its deadline", cause=FailureCause.POD_FAILED
+        )
     # The stage timeout is per stage: a pod running apply and config gets twice as long (a chained pod,
     # the timeout of its own package for each stage of every run it carries).
     limit = policy.stage_timeout * pod.stage_count
     deadline = pod.created + timedelta(seconds=limit)
     if now >= deadline:
         what = "stage" if pod.stage_count == 1 else f"{pod.stage_count} stages"
-        return AttemptView(Observation.FAILED, f"{what} did not finish within {_human(limit)}; pod deleted")
+        return AttemptView(
+            Observation.FAILED,
+            f"{what} did not finish within {_human(limit)}; pod deleted",
+            cause=FailureCause.TIMEOUT,
+        )
     recheck = seconds_until(deadline, now)
     if pod.outcome == PodOutcome.PULL_ERROR:
         since_text = entry.pull_error_since or ts(now)
@@ -381,6 +396,7 @@ def observe_pod(pod: PodSummary, entry: PackageEntry, *, now: datetime, policy: 
             return AttemptView(
                 Observation.FAILED,
                 f"image pull failing for {_human(policy.pull_error_grace)}: {pod.message or 'pull error'}",
+                cause=FailureCause.PULL_ERROR,
             )
         return AttemptView(
             Observation.WAIT,
