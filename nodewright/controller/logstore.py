@@ -297,15 +297,15 @@ class LogStore:
         of how many, or that it gave up, and the kubelet's words). A stage timeout: the log tail of the
         stage containers so far, fetched before the pod is deleted.
         """
-        if not self._first_time(pod):
-            return False
+        if failed.cause is FailureCause.POD_FAILED or not self._first_time(pod):
+            return False  # (a pod that failed by itself is kept from its own record: `record`)
         container, reason, image, text = "", "", "", ""
         if failed.cause is FailureCause.PULL_ERROR:
             stuck = pull_error(pod)
             if stuck is not None:
                 container, reason = stuck[0], stuck[1]
                 image = container_image(pod, container)
-        else:
+        else:  # TIMEOUT
             own = str(((pod.get("metadata") or {}).get("labels") or {}).get(constants.POD_LABEL_PACKAGE))
             names = stage_containers(pod, own)
             container, reason, text = ",".join(names), STAGE_TIMEOUT, await self._logs(pod, names)
