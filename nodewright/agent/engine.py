@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final, TextIO
 
-from nodewright.agent import hostfs, interrupts, modes
+from nodewright.agent import hostfs, interrupts, modes, safefile
 from nodewright.agent.config import (
     ENV_ARGUMENT_PREFIX,
     STEP_DIR,
@@ -343,7 +343,7 @@ class Agent:
 
     def _step_env(self, step: Step | None, versions: tuple[str, str] | None) -> dict[str, str]:
         env = dict(self.environ)
-        env.update(hostfs.read_environment_file(hostfs.in_root(self.root, HOST_ENVIRONMENT_FILE)))
+        env.update(self._host_environment())
         if step is not None:
             env.update(step.env)
             env.update(
@@ -358,6 +358,13 @@ class Agent:
         env["NODEWRIGHT_HOST_ROOT"] = self._host_root_view
         env.update(mirrored_names(env))
         return env
+
+    def _host_environment(self) -> dict[str, str]:
+        try:
+            return hostfs.read_environment_file(hostfs.in_root(self.root, HOST_ENVIRONMENT_FILE))
+        except safefile.Refused as exc:
+            self.reporter.warn(f"the host's {HOST_ENVIRONMENT_FILE} is not used: {exc}")
+            return {}
 
     def _run_logged(
         self, command: Command, logs: LogFiles, log_name: str, *, tail: TextIO | None = None
