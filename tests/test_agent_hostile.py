@@ -161,6 +161,7 @@ def test_a_deeply_nested_interrupt_payload_is_one_line_and_exit_1(host: HostRoot
     [
         ("NODEWRIGHT_AGENT_BUFFER_LIMIT", "a whole number of bytes from 1 to 1048576"),
         ("SKYHOOK_AGENT_BUFFER_LIMIT", "a whole number of bytes from 1 to 1048576"),
+        ("NODEWRIGHT_AGENT_LOG_LIMIT", "a whole number of bytes from 65536 to 1073741824"),
         ("NODEWRIGHT_AGENT_STOP_TIMEOUT", "a number of seconds greater than 0 and at most 3600"),
     ],
 )
@@ -171,6 +172,75 @@ def test_a_setting_too_large_to_mean_anything_is_exit_2_naming_it(
     assert result.code == 2
     assert _only_line(result.err) == f"ERROR: {name}='99999999999999999999': expected {expected}"
     assert not host.path("/runs").exists()
+
+
+# ----------------------------------------------------------------------------------------------------
+# A chatty step: what is kept of its output
+
+
+LIMIT = 64 * 1024
+CHATTY = """\
+i=0
+while [ $i -lt 20000 ]; do echo "line $i of a chatty step"; i=$((i + 1)); done
+echo "the last line says why"
+echo "an error line" >&2
+exit 3
+"""
+
+
+def test_a_chatty_steps_log_keeps_the_tail_under_the_limit_with_a_marker(host: HostRoot) -> None:
+    host.script("apply.sh", CHATTY)
+    result = host.run_process("apply", env=host.env(NODEWRIGHT_AGENT_LOG_LIMIT=str(LIMIT)))
+    assert result.code == 1
+    (log,) = host.log_dir.glob("apply.sh-*.log")
+    data = log.read_bytes()
+    first, rest = data.split(b"\n", 1)
+    assert len(rest) <= LIMIT, "the kept log is the limit plus one marker line"
+    assert data.rstrip().endswith(b"[out] the last line says why")
+    marker = first.decode().split(" [agent] ", 1)[1]
+    written = sum(
+        len(f"2025-01-31T12:00:00.000000+00:00 [out] line {i} of a chatty step\n") for i in range(20000)
+    )
+    dropped, lines = _dropped(marker, "stdout log truncated: ")
+    kept_lines = rest.count(b"\n")
+    assert lines + kept_lines == 20001, "every line is either kept or counted as dropped"
+    assert dropped + len(rest) == written + len(
+        "2025-01-31T12:00:00.000000+00:00 [out] the last line says why\n"
+    )
+    assert marker.endswith("of this step's output dropped before this line; the log keeps the last 64 KiB "
+                           "(NODEWRIGHT_AGENT_LOG_LIMIT)")  # fmt: skip
+    kept = [line.split(" [out] ", 1)[1] for line in rest.decode().splitlines()]
+    first_kept = 20000 - (len(kept) - 1)
+    assert kept == [f"line {i} of a chatty step" for i in range(first_kept, 20000)] + [
+        "the last line says why"
+    ]
+    (err,) = host.log_dir.glob("apply.sh-*.err")
+    assert err.read_text().endswith("[err] an error line\n") and "truncated" not in err.read_text()
+
+
+def test_a_chatty_steps_container_log_is_capped_and_ends_with_its_last_lines(host: HostRoot) -> None:
+    host.script("apply.sh", CHATTY)
+    result = host.run_process("apply", env=host.env(NODEWRIGHT_AGENT_LOG_LIMIT=str(LIMIT)))
+    step_lines = [line for line in result.out.splitlines() if " [out] " in line]
+    assert sum(len(line) + 1 for line in step_lines) <= LIMIT
+    assert step_lines[-1].endswith("[out] the last line says why")
+    markers = [line.split(" [agent] ", 1)[1] for line in result.out.splitlines() if " echo " in line]
+    assert markers[0] == (
+        "stdout echo paused after 32 KiB of this step's output (NODEWRIGHT_AGENT_LOG_LIMIT); the last 32 KiB "
+        "follow when the step ends"
+    )
+    dropped, lines = _dropped(markers[1], "stdout echo resumed: ")
+    assert lines + len(step_lines) == 20001
+    assert dropped > 0 and markers[1].endswith("follow (NODEWRIGHT_AGENT_LOG_LIMIT)")
+    assert "apply step apply.sh FAILED: exit 3" in result.out and "the last line says why" in result.out
+
+
+def _dropped(marker: str, prefix: str) -> tuple[int, int]:
+    """`<bytes> bytes (<lines> lines)` after `prefix` in a marker line."""
+    assert marker.startswith(prefix), marker
+    words = marker[len(prefix) :].split()
+    assert words[1] == "bytes" and words[3] == "lines)", marker
+    return int(words[0]), int(words[2].lstrip("("))
 
 
 def test_the_history_file_and_config_json_keep_their_format(host: HostRoot) -> None:

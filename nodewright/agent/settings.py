@@ -12,6 +12,7 @@ by either operator work (ours sets both to the same value):
 | resource id `<nw>-<uid>-<gen>_<pkg>_<ver>` | `NODEWRIGHT_RESOURCE_ID`, `SKYHOOK_RESOURCE_ID` | (none) |
 | write step log files | `NODEWRIGHT_AGENT_WRITE_LOGS`, `SKYHOOK_AGENT_WRITE_LOGS` | `true` |
 | output read size (1 B to 1 MiB) | `NODEWRIGHT_AGENT_BUFFER_LIMIT`, `SKYHOOK_AGENT_BUFFER_LIMIT` | 8 KiB |
+| output kept per step and stream (64 KiB to 1 GiB) | `NODEWRIGHT_AGENT_LOG_LIMIT` | 2 MiB |
 | run steps whose flag exists | `OVERLAY_ALWAYS_RUN_STEP` | `false` |
 | copy the container's resolv.conf to the host | `COPY_RESOLV` | `true` |
 | chroot into the host root per step | `NODEWRIGHT_AGENT_CHROOT` | `true` when root, else `false` |
@@ -36,6 +37,8 @@ DEFAULT_LOG_DIR: Final = "/var/log/skyhook"
 DEFAULT_DATA_DIR: Final = "/skyhook-package"
 DEFAULT_BUFFER_LIMIT: Final = 8 * 1024
 BUFFER_LIMIT_RANGE: Final = (1, 1024 * 1024)
+DEFAULT_LOG_LIMIT: Final = 2 * 1024 * 1024
+LOG_LIMIT_RANGE: Final = (64 * 1024, 1024 * 1024 * 1024)
 DEFAULT_STOP_TIMEOUT: Final = 10.0
 STOP_TIMEOUT_RANGE: Final = (0.0, 3600.0)  # exclusive, inclusive
 
@@ -49,6 +52,7 @@ ALWAYS_RUN_VAR: Final = "OVERLAY_ALWAYS_RUN_STEP"
 COPY_RESOLV_VAR: Final = "COPY_RESOLV"
 CHROOT_VAR: Final = "NODEWRIGHT_AGENT_CHROOT"
 STOP_TIMEOUT_VAR: Final = "NODEWRIGHT_AGENT_STOP_TIMEOUT"
+LOG_LIMIT_VAR: Final = "NODEWRIGHT_AGENT_LOG_LIMIT"
 
 #: Suffixes shared by a SKYHOOK_<x> and a NODEWRIGHT_<x> variable; steps see both spellings.
 MIRRORED_SUFFIXES: Final = (
@@ -83,6 +87,7 @@ class Settings:
     resource_id: str | None
     write_logs: bool
     buffer_limit: int
+    log_limit: int
     always_run_steps: bool
     copy_resolv: bool
     chroot: bool
@@ -115,6 +120,7 @@ def read_settings(environ: Mapping[str, str], *, is_root: bool) -> Settings:
             f"or set {CHROOT_VAR}=false to run steps without chroot"
         )
     buffer_limit = _bytes(environ, BUFFER_LIMIT_VARS, DEFAULT_BUFFER_LIMIT, BUFFER_LIMIT_RANGE, errors)
+    log_limit = _bytes(environ, (LOG_LIMIT_VAR,), DEFAULT_LOG_LIMIT, LOG_LIMIT_RANGE, errors)
     stop_timeout = _seconds(environ, (STOP_TIMEOUT_VAR,), DEFAULT_STOP_TIMEOUT, STOP_TIMEOUT_RANGE, errors)
     if errors:
         raise SettingsError(errors)
@@ -125,6 +131,7 @@ def read_settings(environ: Mapping[str, str], *, is_root: bool) -> Settings:
         resource_id=resource_id or None,
         write_logs=write_logs,
         buffer_limit=buffer_limit,
+        log_limit=log_limit,
         always_run_steps=always_run,
         copy_resolv=copy_resolv,
         chroot=chroot,
