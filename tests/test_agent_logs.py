@@ -196,3 +196,12 @@ def test_a_quiet_step_is_echoed_unchanged_without_markers() -> None:
     with CappedEcho(sink, limit=1024, stream="stderr", clock=lambda: MOMENT) as echo:
         echo.write("one\ntwo\n")
     assert sink.getvalue() == "one\ntwo\n"
+
+
+def test_carriage_returns_stay_inside_their_line_in_the_echo_tail() -> None:
+    sink = io.StringIO()
+    with CappedEcho(sink, limit=16, stream="stdout", clock=lambda: MOMENT) as echo:
+        echo.write("x" * 20 + "\n")
+        echo.write("10%\r50%\r100%\n")  # one line of progress output: its last 8 bytes are kept
+    assert sink.getvalue().endswith("its last 8 bytes follow (NODEWRIGHT_AGENT_LOG_LIMIT)\n0%\r100%\n")
+    assert "echo resumed: 26 bytes (1 lines)" in sink.getvalue()

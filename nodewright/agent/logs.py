@@ -278,7 +278,7 @@ class CappedEcho(_Capped):
         return self._held > 0
 
     def write(self, text: str) -> int:
-        for line in text.splitlines(keepends=True):
+        for line in _lines(text):
             size = len(line.encode("utf-8", errors="replace"))
             if not self.paused and size <= self._head_left:
                 self._sink.write(line)
@@ -328,6 +328,13 @@ class CappedEcho(_Capped):
         )
         self._sink.write("".join(line for line, _ in self._tail))
         self._sink.flush()
+
+
+def _lines(text: str) -> list[str]:
+    """`text` cut after each newline (only "\n": a step's "\r" progress output stays in its line)."""
+    parts = text.split("\n")
+    last = parts.pop()
+    return [f"{part}\n" for part in parts] + ([last] if last else [])
 
 
 class LogFiles:

@@ -272,3 +272,5 @@ def _check_extras(package_dir: Path, report: Report) -> None:
     except layout.PayloadError as exc:
         if not (exc.path == package_dir / layout.CONFIG_FILE and report.config is None):  # said already
             report.errors.append(str(exc))
+    except OSError as exc:
+        report.errors.append(f"{exc.filename or package_dir}: cannot be read: {exc.strerror or exc}")
