@@ -244,16 +244,8 @@ class CappedFile(_Capped):
         with open(self.path, "rb") as reader:
             reader.seek(start - 1)
             previous = reader.read(1)
-            head = reader.read(_CHUNK)
-        if previous == b"\n":
-            return start
-        newline = head.find(b"\n")
-        if 0 <= newline < len(head) - 1:
-            return start + newline + 1
-        skip = 0  # a line longer than the look-ahead: cut inside it, but not inside a UTF-8 character
-        while skip < len(head) and head[skip] & 0xC0 == 0x80:
-            skip += 1
-        return start + skip
+            ahead = reader.read(_CHUNK)
+        return start + line_start(previous, ahead)
 
 
 class CappedEcho(_Capped):
@@ -267,7 +259,7 @@ class CappedEcho(_Capped):
         self._sink = sink
         self._head_left = limit // 2
         self._tail_limit = limit - limit // 2
-        self._tail: deque[tuple[str, int]] = deque()
+        self._tail: deque[bytes] = deque()  # what was written since the pause, in writes, trimmed
         self._tail_bytes = 0
         self._held = 0  # bytes and lines not echoed live
         self._held_lines = 0
@@ -278,36 +270,33 @@ class CappedEcho(_Capped):
         return self._held > 0
 
     def write(self, text: str) -> int:
-        for line in _lines(text):
+        if self.paused:
+            self._hold(text)
+            return len(text)
+        lines = _lines(text)
+        for index, line in enumerate(lines):
             size = len(line.encode("utf-8", errors="replace"))
-            if not self.paused and size <= self._head_left:
-                self._sink.write(line)
-                self._head_left -= size
-                continue
-            if not self.paused:
+            if size > self._head_left:
                 self._sink.write(
                     self._line(
                         f"{self.stream} echo paused after {size_text(self.limit // 2)} of this step's output "
                         f"({LOG_LIMIT_VAR}); the last {size_text(self._tail_limit)} follow when the step ends"
                     )
                 )
-            self._hold(line, size)
+                self._hold("".join(lines[index:]))
+                break
+            self._sink.write(line)
+            self._head_left -= size
         return len(text)
 
-    def _hold(self, line: str, size: int) -> None:
-        if size > self._tail_limit:  # one line longer than the whole tail: keep its end
-            line = line.encode("utf-8", errors="replace")[-self._tail_limit :].decode(
-                "utf-8", errors="ignore"
-            )
-            self._held += size - len(line.encode())
-            size = len(line.encode())
-        self._tail.append((line, size))
-        self._tail_bytes += size
-        self._held += size
-        self._held_lines += 1
-        while self._tail_bytes > self._tail_limit:
-            _, dropped = self._tail.popleft()
-            self._tail_bytes -= dropped
+    def _hold(self, text: str) -> None:
+        data = text.encode("utf-8", errors="replace")
+        self._tail.append(data)
+        self._tail_bytes += len(data)
+        self._held += len(data)
+        self._held_lines += data.count(b"\n")
+        while len(self._tail) > 1 and self._tail_bytes - len(self._tail[0]) >= self._tail_limit:
+            self._tail_bytes -= len(self._tail.popleft())
 
     def flush(self) -> None:
         self._sink.flush()
@@ -318,16 +307,36 @@ class CappedEcho(_Capped):
         self._closed = True
         if not self.paused:
             return
-        skipped = self._held - self._tail_bytes
-        skipped_lines = self._held_lines - len(self._tail)
+        held = b"".join(self._tail)
+        start = max(len(held) - self._tail_limit, 0)
+        if start > 0:
+            start += line_start(held[start - 1 : start], held[start : start + _CHUNK])
+        kept = held[start:]
+        skipped = self._held - len(kept)
+        skipped_lines = self._held_lines - kept.count(b"\n")
         self._sink.write(
             self._line(
                 f"{self.stream} echo resumed: {skipped} bytes ({skipped_lines} lines) of this step's output "
-                f"were not echoed; its last {self._tail_bytes} bytes follow ({LOG_LIMIT_VAR})"
+                f"were not echoed; its last {len(kept)} bytes follow ({LOG_LIMIT_VAR})"
             )
         )
-        self._sink.write("".join(line for line, _ in self._tail))
+        self._sink.write(kept.decode("utf-8", errors="replace"))
         self._sink.flush()
+
+
+def line_start(previous: bytes, ahead: bytes) -> int:
+    """How far to move a cut, made after `previous` and before `ahead`, to start a line: 0 at a line
+    start, past the next newline if `ahead` has one before its end, else past UTF-8 continuation bytes
+    (a line longer than the look-ahead is cut inside, but not inside a character)."""
+    if previous in (b"", b"\n"):
+        return 0
+    newline = ahead.find(b"\n")
+    if 0 <= newline < len(ahead) - 1:
+        return newline + 1
+    skip = 0
+    while skip < len(ahead) and ahead[skip] & 0xC0 == 0x80:
+        skip += 1
+    return skip
 
 
 def _lines(text: str) -> list[str]:
