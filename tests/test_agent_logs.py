@@ -17,8 +17,8 @@ from nodewright.agent.logs import (
     LogFiles,
     Reporter,
     file_stamp,
-    size_text,
 )
+from nodewright.agent.safefile import size_text
 
 MOMENT = datetime(2025, 1, 31, 12, 0, 0, 123456, tzinfo=timezone.utc)  # noqa: UP017 - agent style
 

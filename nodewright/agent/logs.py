@@ -37,6 +37,8 @@ from datetime import datetime, timezone
 from types import TracebackType
 from typing import Final, Protocol, TextIO, TypeVar
 
+from nodewright.agent.safefile import size_text
+
 KEEP_LOGS: Final = 5
 LOG_LIMIT_VAR: Final = "NODEWRIGHT_AGENT_LOG_LIMIT"
 _CHUNK: Final = 64 * 1024
@@ -131,14 +133,6 @@ class LineWriter:
         for sink in self._sinks:
             sink.write(text)
             sink.flush()
-
-
-def size_text(count: int) -> str:
-    """`2 MiB`, `512 KiB`, `300 bytes`: a size as people write it."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if count >= size and count % size == 0:
-            return f"{count // size} {unit}"
-    return f"{count} bytes"
 
 
 class _Capped:
