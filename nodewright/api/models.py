@@ -44,6 +44,7 @@ from pydantic.fields import FieldInfo
 
 from nodewright.api import constants
 from nodewright.api import k8svalidation as k8s
+from nodewright.api.dates import CALENDAR_DATE_MESSAGE, CALENDAR_DATE_PATTERN, is_calendar_date
 from nodewright.api.images import (
     IMAGE_ID_PATTERN,
     IMAGE_NAME_FIND,
@@ -1185,7 +1186,14 @@ class PolicyBudget(_Model):
     count: Annotated[int, Field(ge=1, le=INT_MAX)] | None = _text("Absolute number of nodes.")
 
 
-DATE_PATTERN = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"
+# A day that exists (nodewright.api.dates): the schema says so in CEL, so the API server refuses
+# 2026-02-30 even without the webhook, with a message that says what to write.
+_CALENDAR_DATE_RULE = CelRule(
+    rule=f"self.matches(r'{CALENDAR_DATE_PATTERN}')",
+    message=CALENDAR_DATE_MESSAGE,
+    check=is_calendar_date,
+)
+CalendarDate = Annotated[str, Field(max_length=10), _CALENDAR_DATE_RULE]
 MAX_WINDOWS = 16
 # Five cron fields separated by single spaces (cronsim checks the values; the shape keeps stray
 # whitespace and control characters out, which a cron evaluator would silently accept).
@@ -1224,8 +1232,8 @@ class Blackout(_Model):
         ),
     )
 
-    start: Annotated[str, Field(pattern=DATE_PATTERN, max_length=10)] = _req("First day (YYYY-MM-DD).")
-    end: Annotated[str, Field(pattern=DATE_PATTERN, max_length=10)] = _req("Last day (YYYY-MM-DD), included.")
+    start: CalendarDate = _req("First day (YYYY-MM-DD).")
+    end: CalendarDate = _req("Last day (YYYY-MM-DD), included.")
     reason: Annotated[str, Field(max_length=256)] | None = _text("Why (shown in the waiting reason).")
 
 
