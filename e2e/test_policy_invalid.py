@@ -53,6 +53,7 @@ operator_factory = operator_fixture.operator_factory
 
 POLICIES = "/apis/nodewright.io/v1alpha1/deploymentpolicies"
 NODEWRIGHTS = "/apis/nodewright.io/v1alpha1/nodewrights"
+BUDGETS = "/apis/nodewright.io/v1alpha1/disruptionbudgets"
 FIELD = "spec.maintenance.blackouts[0].start"
 
 
@@ -241,18 +242,29 @@ async def _verbs_say_why(cluster: ControlPlane, *, stuck: str, frozen: str, node
 async def test_a_status_time_that_does_not_exist_is_refused(
     kube: KubeClient, crds: None, unique: str
 ) -> None:
-    """`format: date-time` on the NodeWright's status times: the API server parses them, so the operator
-    never reads back an impossible moment (e.g. a soak's `settledAt`)."""
+    """`format: date-time` on the status times the operator reads back (a soak's `settledAt`, a
+    DisruptionBudget's slot and queue times): the API server refuses one that does not exist, so an edit
+    of a status by hand cannot make every pass fail."""
     name = f"times-{unique}"
+    budget = {
+        "apiVersion": "nodewright.io/v1alpha1",
+        "kind": "DisruptionBudget",
+        "metadata": {"name": name},
+        "spec": {"nodeSelector": {"matchLabels": {"pool": name}}, "budget": {"count": 1}},
+    }
     await create_nodewright(kube, nodewright_manifest(name, fleet_prefix=name, packages={"tool": package()}))
+    await kube.create(BUDGETS, budget)
+    bad = "2026-02-30T00:00:00Z"
     try:
-        bad = {
-            "status": {
-                "compartmentStatuses": {"__default__": {"batchState": {"settledAt": "2026-02-30T00:00:00Z"}}}
-            }
-        }
-        with pytest.raises(ApiError) as refused:
-            await kube.merge_patch(f"{NODEWRIGHTS}/{name}/status", bad)
-        assert refused.value.status == 422 and "settledAt" in refused.value.body, refused.value.body
+        for path, status, field in [
+            (f"{NODEWRIGHTS}/{name}/status",
+             {"compartmentStatuses": {"__default__": {"batchState": {"settledAt": bad}}}}, "settledAt"),
+            (f"{BUDGETS}/{name}/status", {"waiting": {"some-nw": bad}}, "waiting"),
+            (f"{BUDGETS}/{name}/status", {"slots": {"node-1": {"some-nw": bad}}}, "slots"),
+        ]:  # fmt: skip
+            with pytest.raises(ApiError) as refused:
+                await kube.merge_patch(path, {"status": status})
+            assert refused.value.status == 422 and field in refused.value.body, refused.value.body
     finally:
         await kube.delete(f"{NODEWRIGHTS}/{name}")
+        await kube.delete(f"{BUDGETS}/{name}")

@@ -143,7 +143,7 @@ def _date_fields(schema: dict[str, Any], path: str = "") -> list[tuple[str, dict
 def test_every_date_field_of_the_crds_is_checked_by_the_api_server() -> None:
     """A day in a spec carries the calendar rule (the API server refuses 2026-02-30 without the webhook);
     a moment is `format: date-time` (the API server parses it), which only status fields, written by
-    the operator, have."""
+    the operator and read back by it, have."""
     seen = []
     for crd in (crdgen.nodewright_crd(), crdgen.deploymentpolicy_crd(), crdgen.disruptionbudget_crd()):
         schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -159,6 +159,8 @@ def test_every_date_field_of_the_crds_is_checked_by_the_api_server() -> None:
         sum(".blackouts[*].start" in p for p in seen) == 3
         and sum(".blackouts[*].end" in p for p in seen) == 3
     )
+    # The DisruptionBudget's slot and queue times are read back by every pass of the NodeWrights in its pool.
+    assert ".status.slots[*][*]" in seen and ".status.waiting[*]" in seen
 
 
 def test_windows_reach_the_ends_of_the_calendar() -> None:

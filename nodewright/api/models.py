@@ -1366,6 +1366,9 @@ class DeploymentPolicy(_Model):
 
 
 MAX_BUDGET_SLOTS = 10_000
+# A moment written by the operator (RFC 3339) and parsed back by it: `format: date-time` makes the API
+# server refuse one that does not exist (an edit of the status by hand), which would fail every pass.
+Moment = Annotated[str, SchemaExtra.of(format="date-time")]
 MAX_BUDGET_HOLDERS = 1024
 
 
@@ -1394,13 +1397,13 @@ class DisruptionBudgetStatus(_Model):
         "Disrupted nodes without a slot: cordoned by someone else, NotReady, or in progress outside a slot.",
         default=0,
     )
-    slots: dict[str, Annotated[dict[str, str], Field(max_length=MAX_BUDGET_HOLDERS)]] | None = _text(
+    slots: dict[str, Annotated[dict[str, Moment], Field(max_length=MAX_BUDGET_HOLDERS)]] | None = _text(
         "Per node of the pool, the NodeWrights holding a slot on it and since when (RFC 3339). A NodeWright"
         " records its slot here before it admits the node, with the resourceVersion it planned from.",
         max_length=MAX_BUDGET_SLOTS,
     )
     holders: dict[str, int] | None = _text("Slots held per NodeWright.", max_length=MAX_BUDGET_HOLDERS)
-    waiting: dict[str, str] | None = _text(
+    waiting: dict[str, Moment] | None = _text(
         "NodeWrights refused a slot and since when: a free slot goes to the longest waiting first.",
         max_length=MAX_BUDGET_HOLDERS,
     )
