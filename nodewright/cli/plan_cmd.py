@@ -39,13 +39,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from nodewright.api import constants
 from nodewright.api.models import CompartmentStatus, DeploymentPolicy, NodeWright, Status
 from nodewright.api.nodestate import MalformedNodeState, NodeState, decode
+from nodewright.api.validation import model_errors
 from nodewright.cli import flags
 from nodewright.plan import preview as preview_mod
 from nodewright.plan import selectors, sequencing
 from nodewright.plan.node import is_disabled, is_paused
+from nodewright.plan.policy import PolicyInvalid
 from nodewright.plan.rollout import RolloutNode, spec_fingerprint
 
 JSON = dict[str, Any]
@@ -149,7 +153,7 @@ class PlanReport:
 def build_report(
     nw: NodeWright,
     *,
-    policy: DeploymentPolicy | None,
+    policy: DeploymentPolicy | PolicyInvalid | None,
     nodes: Sequence[Mapping[str, Any]],
     all_nodewrights: Sequence[NodeWright] = (),
     compartment_statuses: Mapping[str, CompartmentStatus] | None = None,
@@ -284,8 +288,9 @@ def parse_nodewright(obj: JSON) -> NodeWright:
 def parse_policy(obj: JSON) -> DeploymentPolicy:
     try:
         return DeploymentPolicy.model_validate(obj)
-    except ValueError as exc:
-        raise PlanInputError(f"invalid DeploymentPolicy: {exc}") from exc
+    except ValidationError as exc:
+        problems = "; ".join(str(e) for e in model_errors(exc)[:10])
+        raise PlanInputError(f"invalid DeploymentPolicy: {problems}") from exc
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -295,7 +300,7 @@ def parse_policy(obj: JSON) -> DeploymentPolicy:
 @dataclass
 class Inputs:
     nodewright: NodeWright
-    policy: DeploymentPolicy | None
+    policy: DeploymentPolicy | PolicyInvalid | None
     nodes: list[JSON]
     all_nodewrights: list[NodeWright]
     compartment_statuses: dict[str, CompartmentStatus]
@@ -304,6 +309,7 @@ class Inputs:
 
 
 async def gather(args: argparse.Namespace) -> Inputs:
+    from nodewright.controller.context import ModelCache
     from nodewright.kube.client import KubeClient
     from nodewright.kube.config import load_config, load_kubeconfig
     from nodewright.kube.resources import DEPLOYMENTPOLICIES, DISRUPTIONBUDGETS, NODES, NODEWRIGHTS, NotFound
@@ -344,14 +350,16 @@ async def gather(args: argparse.Namespace) -> Inputs:
         nw = file_nw or existing
         if nw is None:
             raise PlanInputError(f"NodeWright {name!r} not found (give -f to plan one that is not applied)")
-        policy: DeploymentPolicy | None = None
+        policy: DeploymentPolicy | PolicyInvalid | None = None
         if nw.spec.deployment_policy:
             policy = next((p for p in file_policies if p.metadata.name == nw.spec.deployment_policy), None)
             if policy is None:
                 try:
-                    policy = parse_policy(await client.get(DEPLOYMENTPOLICIES, nw.spec.deployment_policy))
+                    stored = await client.get(DEPLOYMENTPOLICIES, nw.spec.deployment_policy)
                 except NotFound:
-                    policy = None  # the preview reports PolicyNotFound, like the controller
+                    stored = None  # the preview reports PolicyNotFound, like the controller
+                # A stored policy the operator refuses blocks the rollout (PolicyInvalid): predicted so.
+                policy = ModelCache().policy_or_problems(stored) if stored is not None else None
     statuses = dict((existing.status.compartment_statuses or {}) if existing and existing.status else {})
     # Applying a file to an existing NodeWright keeps its persisted status (a separate subresource).
     all_nws = [n for n in all_nws if n.metadata.name != nw.metadata.name] + [nw]

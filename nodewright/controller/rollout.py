@@ -68,6 +68,7 @@ from nodewright.plan.configdiff import config_digest
 from nodewright.plan.node import NodeFacts, Taint, is_disabled, is_paused, node_complete, untolerated_taints
 from nodewright.plan.podspec import package_configmap_name as podspec_configmap_name
 from nodewright.plan.podspec import parse_duration_seconds
+from nodewright.plan.policy import PolicyInvalid
 from nodewright.plan.rollout import (
     APPROVE_ANNOTATION,
     Phase,
@@ -191,7 +192,7 @@ class _Snapshot:
     reports: list[NodeReport]
     rollout_nodes: list[RolloutNode]
     malformed: list[str]
-    policy: DeploymentPolicy | None
+    policy: DeploymentPolicy | PolicyInvalid | None
     policy_name: str
     facts: list[sequencing.NodeWrightFacts]
     reset: bool
@@ -719,7 +720,7 @@ class RolloutReconciler:
             return entry.rollout
         return replace(entry.rollout, waiting_for_priority=blocker.name)
 
-    def _policy(self, nodewright: NodeWright) -> tuple[DeploymentPolicy | None, str]:
+    def _policy(self, nodewright: NodeWright) -> tuple[DeploymentPolicy | PolicyInvalid | None, str]:
         policy_name = nodewright.spec.deployment_policy
         if not policy_name:
             return None, "legacy"
@@ -1044,6 +1045,8 @@ class RolloutReconciler:
             self._last_status[name] = new
         if plan.policy_not_found is not None and model.spec.deployment_policy:
             await self._event(name, events.policy_not_found(model.spec.deployment_policy))
+        if plan.policy_invalid is not None:
+            await self._event(name, events.policy_invalid(plan.policy_invalid.message))
         if malformed:
             await self._event(name, events.state_malformed(malformed))
 

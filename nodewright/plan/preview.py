@@ -29,6 +29,7 @@ from typing import Any
 
 from nodewright.api.models import CompartmentStatus, DeploymentPolicy, NodeWright, Status
 from nodewright.plan.budgets import SharedBudget
+from nodewright.plan.policy import PolicyInvalid
 from nodewright.plan.rollout import Phase, RolloutNode, RolloutPlan, WaitReason, phase_of, plan_rollout
 from nodewright.plan.stages import ts
 
@@ -77,12 +78,15 @@ class RolloutPreview:
     compartments: tuple[CompartmentPreview, ...]
     blockers: tuple[Blocker, ...]
     steps: int
+    policy_invalid: str | None = None
+    """The policy exists but fails validation: what is wrong with it (no node will start)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "nodewright": self.nodewright,
             "policy": self.policy,
             "policyNotFound": self.policy_not_found,
+            "policyInvalid": self.policy_invalid,
             "steps": self.steps,
             "compartments": [
                 {
@@ -117,7 +121,7 @@ class Simulation:
 def simulate_rollout(
     nodewright: NodeWright,
     *,
-    policy: DeploymentPolicy | None,
+    policy: DeploymentPolicy | PolicyInvalid | None,
     nodes: Sequence[RolloutNode],
     fingerprint: str,
     now: str,
@@ -167,7 +171,7 @@ def simulate_rollout(
 def preview_rollout(
     nodewright: NodeWright,
     *,
-    policy: DeploymentPolicy | None,
+    policy: DeploymentPolicy | PolicyInvalid | None,
     nodes: Sequence[RolloutNode],
     fingerprint: str,
     now: str,
@@ -213,6 +217,7 @@ def preview_rollout(
         nodewright=nodewright.metadata.name,
         policy=first.policy_name,
         policy_not_found=first.policy_not_found is not None,
+        policy_invalid=first.policy_invalid.message if first.policy_invalid is not None else None,
         compartments=compartments,
         blockers=_blockers(first),
         steps=len(sim.plans),
@@ -263,6 +268,8 @@ def render_table(preview: RolloutPreview) -> str:
     lines = [f"NodeWright {preview.nodewright} (policy: {preview.policy or '-'})"]
     if preview.policy_not_found:
         lines.append(f"DeploymentPolicy {preview.policy!r} not found: no node will start")
+    if preview.policy_invalid:
+        lines.append(preview.policy_invalid)
     lines.extend(_columns([header, *rows]))
     if preview.blockers:
         lines.append("")

@@ -105,7 +105,9 @@ from nodewright.plan.policy import (
     Compartments,
     CompartmentSpec,
     NodeRef,
+    PolicyInvalid,
     PolicyNotFound,
+    PolicyUnusable,
     resolve_compartments,
 )
 
@@ -126,6 +128,7 @@ class WaitReason(StrEnum):
     BLOCKED = "Blocked"
     NODE_UNAVAILABLE = "NodeUnavailable"
     POLICY_NOT_FOUND = "PolicyNotFound"
+    POLICY_INVALID = "PolicyInvalid"
     WINDOW = "Window"
     SOAKING = "Soaking"
     AWAITING_APPROVAL = "AwaitingApproval"
@@ -277,6 +280,8 @@ class RolloutPlan:
     """Compartments whose gate this plan approved (from the `approvals` input)."""
     budget_refusals: tuple[str, ...] = ()
     """Shared DisruptionBudgets that had no free slot for a node this plan wanted to admit."""
+    policy_invalid: PolicyInvalid | None = None
+    """The named DeploymentPolicy exists but fails validation: like a missing one, nothing is admitted."""
 
     @property
     def wake_at(self) -> datetime | None:
@@ -354,7 +359,7 @@ def phase_of(node: RolloutNode, *, fingerprint: str) -> Phase:
 def plan_rollout(
     nodewright: NodeWright,
     *,
-    policy: DeploymentPolicy | None,
+    policy: DeploymentPolicy | PolicyInvalid | None,
     nodes: Sequence[RolloutNode],
     compartment_statuses: Mapping[str, CompartmentStatus],
     fingerprint: str,
@@ -389,8 +394,8 @@ def plan_rollout(
         [next_order_hint]
         + [n.admission.order + 1 for n in nodes if n.admission and n.admission.fingerprint == fingerprint]
     )
-    if isinstance(resolved, PolicyNotFound):
-        return _policy_not_found(
+    if isinstance(resolved, PolicyNotFound | PolicyInvalid):
+        return _policy_unusable(
             resolved,
             nodes=nodes,
             phases=phases,
@@ -936,8 +941,8 @@ def _slots_message(used: int, ceiling: int, by_others: int) -> str:
     return text
 
 
-def _policy_not_found(
-    missing: PolicyNotFound,
+def _policy_unusable(
+    missing: PolicyUnusable,
     *,
     nodes: Sequence[RolloutNode],
     phases: Mapping[str, Phase],
@@ -948,7 +953,8 @@ def _policy_not_found(
 ) -> RolloutPlan:
     # Keep the persisted batch state untouched: a halted compartment must stay halted when the policy
     # comes back, so the compartment statuses are echoed, not dropped.
-    reason, message = WaitReason.POLICY_NOT_FOUND, missing.message
+    reason = WaitReason.POLICY_INVALID if isinstance(missing, PolicyInvalid) else WaitReason.POLICY_NOT_FOUND
+    message = missing.message
     if disabled:
         reason, message = WaitReason.DISABLED, "the NodeWright is disabled"
     elif paused:
@@ -964,7 +970,7 @@ def _policy_not_found(
     }
     return RolloutPlan(
         policy_name=missing.policy_name,
-        policy_not_found=missing,
+        policy_not_found=missing if isinstance(missing, PolicyNotFound) else None,
         compartments=kept,
         admissions=(),
         releases=tuple(sorted(n for n, p in phases.items() if p is Phase.RELEASED)),
@@ -973,6 +979,7 @@ def _policy_not_found(
         halts=(),
         reset_applied=False,
         next_order=next_order,
+        policy_invalid=missing if isinstance(missing, PolicyInvalid) else None,
     )
 
 
