@@ -79,9 +79,10 @@ from nodewright.plan.rollout import (
     phase_of,
     plan_rollout,
     spec_fingerprint,
+    status_for_spec,
 )
 from nodewright.plan.stages import ts
-from nodewright.plan.status import NodeReport, PackageReport, StatusSummary, aggregate_status
+from nodewright.plan.status import NodeReport, PackageReport, StatusSummary, aggregate_status, report_for
 
 log = structlog.get_logger("nodewright.rollout")
 
@@ -328,15 +329,14 @@ def rollout_node(
 
     `needs_work` comes from the state annotation (the node controller's record), not from the status
     label, because right after a spec change the label still says `complete` until the node controller
-    has looked again; the status label is used for what the node is doing.
+    has looked again; the status label is used for what the node is doing, corrected by `needs_work`
+    (`status_for_spec`: a node with pending work is never counted complete).
     """
     name = nodewright.metadata.name
     needs_work = state is None or not node_complete(nodewright, state)
     if state is None and not nodewright.spec.packages:
         needs_work = False
-    status = _status_of(node, name) or (Status.WAITING if needs_work else Status.COMPLETE)
-    if not needs_work and status is Status.IN_PROGRESS:
-        status = Status.COMPLETE
+    status = status_for_spec(_status_of(node, name), needs_work=needs_work)
     unavailable = unavailable_reason(
         node, own=state, all_nodewrights=list(all_nodewrights) or [name], inactive=inactive
     )
@@ -757,11 +757,7 @@ class RolloutReconciler:
             )
             for e in (state.packages if state is not None else ())
         )
-        if node.status is Status.DRIFTED:
-            # Drift only reported: the node is complete (kstatus Current); to be repaired: it waits.
-            counted = Status.WAITING if node.needs_work else Status.COMPLETE
-            return NodeReport(name=node.name, status=counted, packages=packages, drifted=True)
-        return NodeReport(name=node.name, status=node.status, packages=packages)
+        return report_for(node.name, node.status, needs_work=node.needs_work, packages=packages)
 
     def _predecessor_condition(self, model: NodeWright, plan: RolloutPlan, snap: _Snapshot) -> Condition:
         """`WaitingForNodeWright`: nodes (or the whole NodeWright, `sequencing: all`) wait for an earlier
@@ -1051,8 +1047,10 @@ class RolloutReconciler:
         views, policy_name = snap.views, snap.policy_name
         by_status: dict[str, int] = {}
         oldest: datetime | None = None
-        for view in views:
-            key = (view.status or Status.WAITING).value
+        for view, node in zip(views, snap.rollout_nodes, strict=True):
+            # The status for the current spec, as the NodeWright status counts it (the label lags a
+            # spec change: see `status_for_spec`).
+            key = node.status.value
             by_status[key] = by_status.get(key, 0) + 1
             started = view.oldest_started
             if started is not None and (oldest is None or started < oldest):

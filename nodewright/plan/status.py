@@ -43,7 +43,7 @@ from nodewright.api.models import (
     NodeWrightStatus,
     Status,
 )
-from nodewright.plan.rollout import RolloutPlan, WaitReason
+from nodewright.plan.rollout import RolloutPlan, WaitReason, status_for_spec
 
 MAX_EXAMPLES = 5
 
@@ -97,13 +97,32 @@ class PackageReport:
 
 @dataclass(frozen=True, slots=True)
 class NodeReport:
-    """`status` is what the node counts as in the roll-up: a drifted node that only reports drift is
-    complete; one waiting for its repair (action reapply) waits. `drifted` marks both."""
+    """`status` is what the node counts as in the roll-up (`report_for`). `drifted` marks a node whose
+    label says drifted."""
 
     name: str
     status: Status
     packages: tuple[PackageReport, ...] = ()
     drifted: bool = False
+
+
+def report_for(
+    name: str, status: Status, *, needs_work: bool, packages: tuple[PackageReport, ...] = ()
+) -> NodeReport:
+    """What one node counts as in the roll-up, from its status for the current spec
+    (`plan.rollout.status_for_spec`) and whether its state says work for that spec is pending.
+
+    A node with pending work is never counted complete: after a spec change the status labels still
+    say `complete` until the node controller has planned each node again, and counting those made the
+    first status of every new generation `Ready=True` with that generation as `observedGeneration`
+    before any node had started. A drifted node whose drift is only reported counts as complete
+    (drift is information); one waiting for its repair (action reapply) waits.
+    """
+    counted = status_for_spec(status, needs_work=needs_work)
+    if counted is Status.DRIFTED:
+        counted = Status.WAITING if needs_work else Status.COMPLETE
+        return NodeReport(name=name, status=counted, packages=packages, drifted=True)
+    return NodeReport(name=name, status=counted, packages=packages)
 
 
 @dataclass(frozen=True, slots=True)
