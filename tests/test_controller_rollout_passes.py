@@ -438,3 +438,26 @@ async def test_the_first_status_of_a_new_generation_is_not_ready_before_its_node
     assert conditions["Reconciling"]["status"] == "True", conditions["Reconciling"]
     assert status["status"] != "complete", status["status"]
     assert status["completeNodes"] == "0/3", "no node has completed generation 2 yet"
+
+
+async def test_runtime_taint_held_names_the_nodes_it_holds(env: _Env) -> None:
+    """Issue 29 item 7: `RuntimeTaintHeld` said "7 node(s) keep the runtime-required taint" without saying
+    which; like the other aggregate conditions it names the first few (sorted) and how many more."""
+    obj = nw_obj(nodeSelectors={"matchLabels": {"pool": "a"}}, runtimeRequired=True)
+    obj["metadata"]["annotations"] = {constants.ANNOTATION_PAUSE: "true"}
+    env.put_nodewright(obj)
+    taint = {"key": constants.DEFAULT_RUNTIME_REQUIRED_TAINT_KEY, "value": "true", "effect": "NoSchedule"}
+    for i in range(7):
+        node = _node(f"n{i}")
+        node["spec"]["taints"] = [taint]
+        env.put_node(node)
+    env.put_node(_node("free"))  # not tainted: not held
+    await env.reconciler.reconcile("nw")
+    status = (env.kube.get(NW_C, "nw") or {})["status"]
+    held = {c["type"]: c for c in status["conditions"]}[rollout_mod.RUNTIME_TAINT_HELD]
+    assert (held["status"], held["reason"]) == ("True", "HeldWhileInactive"), held
+    message = held["message"]
+    assert message.startswith("7 node(s) keep the runtime-required taint"), message
+    assert "n0, n1, n2, n3, n4 and 2 more" in message, message
+    assert "free" not in message and "n5" not in message, message
+    assert "resume or enable it" in message, message

@@ -82,11 +82,18 @@ from nodewright.plan.rollout import (
     status_for_spec,
 )
 from nodewright.plan.stages import ts
-from nodewright.plan.status import NodeReport, PackageReport, StatusSummary, aggregate_status, report_for
+from nodewright.plan.status import (
+    RUNTIME_TAINT_HELD,
+    NodeReport,
+    PackageReport,
+    StatusSummary,
+    aggregate_status,
+    report_for,
+    runtime_taint_condition,
+)
 
 log = structlog.get_logger("nodewright.rollout")
 
-RUNTIME_TAINT_HELD = "RuntimeTaintHeld"
 SKIP_RETRY_MIN = 10.0
 CORDONED_BY_SOMEONE_ELSE = "cordoned by someone else"
 RESYNC_ACTIVE = 60.0
@@ -787,24 +794,11 @@ class RolloutReconciler:
         )
 
     def _taint_condition(self, model: NodeWright, report: taints.TaintReport, now: datetime) -> Condition:
-        held = report.held_while_inactive
+        held = runtime_taint_condition(report.held_while_inactive, generation=model.metadata.generation)
         previous = {c.type: c for c in (model.status.conditions or [])} if model.status else {}
-        status: Literal["True", "False"] = "True" if held else "False"
         old = previous.get(RUNTIME_TAINT_HELD)
-        message = (
-            f"{held} node(s) keep the runtime-required taint while this NodeWright is paused or disabled;"
-            " resume or enable it (or remove it) to release them"
-            if held
-            else "no node is held by an inactive NodeWright"
-        )
-        return Condition(
-            type=RUNTIME_TAINT_HELD,
-            status=status,
-            reason="HeldWhileInactive" if held else "NotHeld",
-            message=message,
-            last_transition_time=old.last_transition_time if old and old.status == status else ts(now),
-            observed_generation=model.metadata.generation,
-        )
+        since = old.last_transition_time if old and old.status == held.status else ts(now)
+        return held.model_copy(update={"last_transition_time": since})
 
     # -- writes -----------------------------------------------------------------------------------
 

@@ -57,6 +57,7 @@ POLICY_NOT_FOUND = "PolicyNotFound"
 NODE_STATE_MALFORMED = "NodeStateMalformed"
 BLOCKED = "Blocked"
 DRIFTED = "Drifted"
+RUNTIME_TAINT_HELD = "RuntimeTaintHeld"
 OWNED_CONDITIONS = (
     READY,
     RECONCILING,
@@ -242,6 +243,31 @@ def aggregate_status(
         package_counts=_package_counts(nodes),
         waiting_reasons=facts.waiting_counts,
         waiting_examples={k: _examples(v) for k, v in sorted(waiting_names.items())},
+    )
+
+
+def runtime_taint_condition(held: Sequence[str], *, generation: int | None) -> Condition:
+    """`RuntimeTaintHeld`: the nodes that keep the runtime-required taint only because this NodeWright is
+    paused or disabled (`controller.taints`), counted and named (at most `MAX_EXAMPLES`, like every
+    aggregate condition), so an SRE knows which nodes stay unschedulable. `lastTransitionTime` is left
+    empty for `merge_conditions` to set."""
+    message = (
+        _names_message(
+            f"{len(held)} node(s) keep the runtime-required taint while this NodeWright is paused or"
+            " disabled:",
+            held,
+        )
+        + "; resume or enable it (or remove it) to release them"
+        if held
+        else "no node is held by an inactive NodeWright"
+    )
+    return Condition(
+        type=RUNTIME_TAINT_HELD,
+        status="True" if held else "False",
+        reason="HeldWhileInactive" if held else "NotHeld",
+        message=message,
+        last_transition_time="",
+        observed_generation=generation,
     )
 
 
