@@ -439,10 +439,10 @@ class RolloutReconciler:
         started = time.monotonic()
         summary, status = self._status(snap, model, plan, taint_report)
         self._compute[name] = compute + time.monotonic() - started
-        # The status (batch state) is written before the admissions it opens: a reader (`nodewright
-        # plan`, which lists nodes before it reads the NodeWright) then never sees admissions newer than
-        # the batch state, and a crash between the two writes only delays the opened batch (re-planning
-        # opens it again, with the same nodes).
+        # The status (batch state) is written before the admissions it opens: a reader then never sees
+        # admissions newer than the batch state that counts them (`nodewright plan` reads until both show
+        # one moment: `plan.preview.check_snapshot`), and a crash between the two writes only delays the
+        # opened batch (re-planning opens it again, with the same nodes).
         await self._write_status(obj, status)
         await self._apply_admissions(name, plan, snap.views)
         if self.budgets is not None:
