@@ -14,6 +14,7 @@ completed, and the nodes in progress per compartment at every change.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import itertools
@@ -50,6 +51,7 @@ from e2e.operator_fixture import (
 from nodewright.api import constants
 from nodewright.api.models import NodeWright
 from nodewright.api.nodestate import decode
+from nodewright.cli import plan_cmd
 from nodewright.plan.rollout import spec_fingerprint
 from nodewright.sim import fleet
 from nodewright.sim.controlplane import ControlPlane
@@ -663,3 +665,79 @@ async def test_ready_at_a_new_generation_waits_until_its_nodes_have_done_the_wor
         )
         assert done["status"]["completeNodes"] == f"{len(names)}/{len(names)}", done["status"]
         await delete_and_diagnose(kube, prefix, nw)
+
+
+# ----------------------------------------------------------------------------------------------------
+# 5. `nodewright plan` taken at any moment of a real rollout predicts the rest of it
+
+
+async def test_plan_taken_at_any_moment_of_a_rollout_predicts_the_rest_of_it(
+    cluster: ControlPlane,
+    operator_factory: Any,
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    """Issue 29 item 4: mid-rollout, `nodewright plan` predicted the open batch again (exponential
+    compartment: [7, 7, 7, 2] predicted where [3, 7, 7, 2] happened). Plans are taken back to back while
+    the rollout runs (the command's own read and prediction, in process); each must predict exactly the
+    admissions that follow the moment it read."""
+    prefix = nw = f"mid-{unique}"
+    groups = [Group("exp", 19, {"count": 7}, {"exponential": {"initialBatch": 3, "growthFactor": 3}})]
+    pol = policy_manifest(nw, groups)
+    manifest = nodewright_manifest(nw, fleet_prefix=prefix, packages={"tool": package()}, deploymentPolicy=nw)
+    args = argparse.Namespace(
+        name=nw,
+        filename=None,
+        policy=None,
+        kubeconfig=str(cluster.kubeconfig),
+        context=None,
+        request_timeout=30.0,
+    )
+    async with grouped_fleet(cluster, prefix, groups), policy(kube, pol):
+        fast_operator(operator_factory)
+        await create_nodewright(kube, manifest)
+        fingerprint = await fingerprint_of(kube, nw)
+        taken: list[tuple[dict[str, tuple[str, int]], dict[str, dict[int, list[str]]], list[str]]] = []
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            inputs = await plan_cmd.gather(args)
+            report = plan_cmd.build_report(
+                inputs.nodewright,
+                policy=inputs.policy,
+                nodes=inputs.nodes,
+                all_nodewrights=inputs.all_nodewrights,
+                compartment_statuses=inputs.compartment_statuses,
+                exists=inputs.exists,
+            )
+            seen = {
+                str(n["metadata"]["name"]): (str(a["c"]), int(a["b"]))
+                for n in inputs.nodes
+                if (a := admission_of(n, nw)) is not None and a["f"] == fingerprint
+            }
+            predicted = {
+                c.name: {b.number: sorted(b.nodes) for b in c.batches}
+                for c in report.preview.compartments
+                if c.batches
+            }
+            taken.append((seen, predicted, inputs.notes))
+            if not predicted and all(status_of(n, nw) == "complete" for n in inputs.nodes):
+                break
+        nodes = await wait_statuses(kube, prefix, nw, "complete", within=60)
+    final = observed_batches(nodes, nw, fingerprint)
+    assert [len(final["exp"][b]) for b in sorted(final["exp"])] == [3, 7, 7, 2], final
+    assert len(taken) >= 5, "the rollout ended before plans were taken along it"
+    for index, (seen, predicted, notes) in enumerate(taken):
+        future: dict[str, dict[int, list[str]]] = {}
+        for comp, by_batch in final.items():
+            for batch, members in by_batch.items():
+                left = sorted(n for n in members if n not in seen)
+                if left:
+                    future.setdefault(comp, {})[batch] = left
+        sizes = {c: {b: len(n) for b, n in bs.items()} for c, bs in predicted.items()}
+        happened = {c: {b: len(n) for b, n in bs.items()} for c, bs in future.items()}
+        assert predicted == future, (
+            f"plan {index + 1} of {len(taken)} ({len(seen)} admitted when read; notes {notes}): predicted"
+            f" {sizes}, then happened {happened}"
+        )
+    await delete_and_diagnose(kube, prefix, nw)
