@@ -14,7 +14,6 @@ from nodewright.api import constants
 from nodewright.api.models import DeploymentPolicy, NodeWright, Status
 from nodewright.cli import demo_cmd, plan_cmd
 from nodewright.controller.context import admission_annotation, encode_admission
-from nodewright.plan.preview import SnapshotCheck
 from nodewright.plan.rollout import Admission, spec_fingerprint
 from nodewright.sim.fleet import node_manifest
 
@@ -382,6 +381,8 @@ def _admitted_nodes(count: int) -> list[dict[str, Any]]:
 async def test_admissions_missing_for_good_are_taken_as_they_are_after_a_moment() -> None:
     """A member released or deleted since it was admitted leaves the batch state counting it: once the
     same read has come back for `SETTLE` seconds the plan goes on (the controller plans with it too)."""
+    from nodewright.plan.preview import SnapshotCheck
+
     reads = _Reads([_status(1, 3)], _admitted_nodes(2))
     snap = await plan_cmd.read_snapshot(reads, "nw", clock=lambda: reads.now, sleep=reads.sleep)
     assert snap.check is SnapshotCheck.ADMISSIONS_UNWRITTEN and not snap.moving
@@ -389,6 +390,8 @@ async def test_admissions_missing_for_good_are_taken_as_they_are_after_a_moment(
 
 
 async def test_a_rollout_that_never_stands_still_is_read_until_the_deadline_with_a_note() -> None:
+    from nodewright.plan.preview import SnapshotCheck
+
     reads = _Reads([_status(b, 1) for b in range(1, 1000)], _admitted_nodes(1))
     snap = await plan_cmd.read_snapshot(reads, "nw", clock=lambda: reads.now, sleep=reads.sleep, deadline=2.0)
     assert snap.check is SnapshotCheck.STATUS_MOVED and snap.moving

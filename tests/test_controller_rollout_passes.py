@@ -29,7 +29,7 @@ from nodewright.kube.trim import trim_node
 from nodewright.observability.metrics import count_package_nodes
 from nodewright.plan import podspec
 from nodewright.plan.rollout import Admission, NewAdmission, RolloutNode, RolloutPlan
-from nodewright.plan.status import RUNTIME_TAINT_HELD, NodeReport, PackageReport
+from nodewright.plan.status import NodeReport, PackageReport
 from tests.kubefake import FakeKube
 from tests.test_controller_nodes import NS, make_runtime, nw_obj
 
@@ -454,7 +454,7 @@ async def test_runtime_taint_held_names_the_nodes_it_holds(env: _Env) -> None:
     env.put_node(_node("free"))  # not tainted: not held
     await env.reconciler.reconcile("nw")
     status = (env.kube.get(NW_C, "nw") or {})["status"]
-    held = {c["type"]: c for c in status["conditions"]}[RUNTIME_TAINT_HELD]
+    held = {c["type"]: c for c in status["conditions"]}["RuntimeTaintHeld"]
     assert (held["status"], held["reason"]) == ("True", "HeldWhileInactive"), held
     message = held["message"]
     assert message.startswith("7 node(s) keep the runtime-required taint"), message
