@@ -416,10 +416,34 @@ class Inputs:
     notes: list[str] = field(default_factory=list)
 
 
+class _ApiReads:
+    """`ClusterReads` through the API (list requests, each with the client's deadline)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    async def nodewrights(self) -> list[JSON]:
+        from nodewright.kube.resources import NODEWRIGHTS
+
+        return list((await self.client.list(NODEWRIGHTS)).items)
+
+    async def nodes(self) -> list[JSON]:
+        from nodewright.kube.resources import NODES
+
+        return list((await self.client.list(NODES)).items)
+
+
+def _moving_note(snapshot: Snapshot) -> str:
+    return (
+        f"the rollout kept changing while it was read ({snapshot.attempts} reads in {READ_DEADLINE:.0f} s):"
+        " the prediction is from the last read and may be off around the batch under way"
+    )
+
+
 async def gather(args: argparse.Namespace) -> Inputs:
     from nodewright.kube.client import KubeClient
     from nodewright.kube.config import load_config, load_kubeconfig
-    from nodewright.kube.resources import DEPLOYMENTPOLICIES, DISRUPTIONBUDGETS, NODES, NODEWRIGHTS, NotFound
+    from nodewright.kube.resources import DEPLOYMENTPOLICIES, DISRUPTIONBUDGETS, NotFound
 
     file_nw: NodeWright | None = None
     file_policies: list[DeploymentPolicy] = []
@@ -436,23 +460,8 @@ async def gather(args: argparse.Namespace) -> Inputs:
     context = getattr(args, "context", None)
     config = load_kubeconfig(args.kubeconfig, context=context) if context else load_config(args.kubeconfig)
     name = file_nw.metadata.name if file_nw is not None else args.name
-    notes: list[str] = []
     async with KubeClient(config, timeout=float(getattr(args, "request_timeout", 30.0))) as client:
-
-        class ApiReads:
-            async def nodewrights(self) -> list[JSON]:
-                return list((await client.list(NODEWRIGHTS)).items)
-
-            async def nodes(self) -> list[JSON]:
-                return list((await client.list(NODES)).items)
-
-        snapshot = await read_snapshot(ApiReads(), name)
-        if snapshot.moving:
-            notes.append(
-                f"the rollout kept changing while it was read ({snapshot.attempts} reads in"
-                f" {READ_DEADLINE:.0f} s): the prediction is from the last read and may be off around"
-                " the batch under way"
-            )
+        snapshot = await read_snapshot(_ApiReads(client), name)
         nodes, listed_nws = snapshot.nodes, snapshot.nodewrights
         try:
             budget_objects = (await client.list(DISRUPTIONBUDGETS)).items
@@ -480,6 +489,7 @@ async def gather(args: argparse.Namespace) -> Inputs:
     statuses = dict((existing.status.compartment_statuses or {}) if existing and existing.status else {})
     # Applying a file to an existing NodeWright keeps its persisted status (a separate subresource).
     all_nws = [n for n in all_nws if n.metadata.name != nw.metadata.name] + [nw]
+    notes = [_moving_note(snapshot)] if snapshot.moving else []
     return Inputs(nw, policy, nodes, all_nws, statuses, existing is not None, budget_objects, notes)
 
 
