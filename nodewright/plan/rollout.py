@@ -189,8 +189,9 @@ class Admission:
 class RolloutNode:
     """One matched node as the rollout sees it.
 
-    `status` is the node's status for this NodeWright. `needs_work` is true while the node is not
-    complete for the current spec. Contract with the node stage machine: a node reports `erroring` from
+    `status` is the node's status for this NodeWright and the current spec (`status_for_spec`: a
+    node with pending work is never `complete`). `needs_work` is true while the node is not complete
+    for the current spec. Contract with the node stage machine: a node reports `erroring` from
     its first failure until it succeeds (retries do not flip it back to `in_progress`), and reports
     `blocked` only while it holds no disruption (a node blocked mid-drain stays `in_progress`).
     `unavailable_reason` marks a node made unavailable by someone else (cordoned by another actor,
@@ -209,6 +210,28 @@ class RolloutNode:
     blocked_reason: str | None = None
     waiting_for_priority: str | None = None
     may_start_while_unavailable: bool = False
+
+
+def status_for_spec(label: Status | None, *, needs_work: bool) -> Status:
+    """What a matched node counts as for the current spec: its status label, corrected by its state.
+
+    The status label is the node controller's record of what the node is doing, and it lags a spec
+    change: until the node controller has planned the node for the new spec, a node that completed the
+    previous one still reads `complete`. Whether the node has converged to *this* spec is known from its
+    state annotation (`needs_work`: the spec's package versions, configs, uninstalls and drift repairs
+    against what the node completed). So a node with pending work never counts as complete -- it waits
+    until it is admitted and started -- and one without pending work is not in progress (the label is
+    left from work the spec no longer asks for). Every consumer (status roll-up and its `Ready`
+    condition, `nodewright plan`, `kubectl nodewright why`) reads this, so a new generation's first
+    status never says `Ready` before its nodes have done the work.
+    """
+    if label is None:
+        return Status.WAITING if needs_work else Status.COMPLETE
+    if needs_work and label is Status.COMPLETE:
+        return Status.WAITING
+    if not needs_work and label is Status.IN_PROGRESS:
+        return Status.COMPLETE
+    return label
 
 
 @dataclass(frozen=True, slots=True)

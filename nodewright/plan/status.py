@@ -45,7 +45,7 @@ from nodewright.api.models import (
     NodeWrightStatus,
     Status,
 )
-from nodewright.plan.rollout import RolloutPlan, WaitReason
+from nodewright.plan.rollout import RolloutPlan, WaitReason, status_for_spec
 
 MAX_EXAMPLES = 5
 
@@ -60,6 +60,7 @@ POLICY_INVALID = "PolicyInvalid"
 NODE_STATE_MALFORMED = "NodeStateMalformed"
 BLOCKED = "Blocked"
 DRIFTED = "Drifted"
+RUNTIME_TAINT_HELD = "RuntimeTaintHeld"
 OWNED_CONDITIONS = (
     READY,
     RECONCILING,
@@ -101,13 +102,32 @@ class PackageReport:
 
 @dataclass(frozen=True, slots=True)
 class NodeReport:
-    """`status` is what the node counts as in the roll-up: a drifted node that only reports drift is
-    complete; one waiting for its repair (action reapply) waits. `drifted` marks both."""
+    """`status` is what the node counts as in the roll-up (`report_for`). `drifted` marks a node whose
+    label says drifted."""
 
     name: str
     status: Status
     packages: tuple[PackageReport, ...] = ()
     drifted: bool = False
+
+
+def report_for(
+    name: str, status: Status, *, needs_work: bool, packages: tuple[PackageReport, ...] = ()
+) -> NodeReport:
+    """What one node counts as in the roll-up, from its status for the current spec
+    (`plan.rollout.status_for_spec`) and whether its state says work for that spec is pending.
+
+    A node with pending work is never counted complete: after a spec change the status labels still
+    say `complete` until the node controller has planned each node again, and counting those made the
+    first status of every new generation `Ready=True` with that generation as `observedGeneration`
+    before any node had started. A drifted node whose drift is only reported counts as complete
+    (drift is information); one waiting for its repair (action reapply) waits.
+    """
+    counted = status_for_spec(status, needs_work=needs_work)
+    if counted is Status.DRIFTED:
+        counted = Status.WAITING if needs_work else Status.COMPLETE
+        return NodeReport(name=name, status=counted, packages=packages, drifted=True)
+    return NodeReport(name=name, status=counted, packages=packages)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +249,31 @@ def aggregate_status(
         package_counts=_package_counts(nodes),
         waiting_reasons=facts.waiting_counts,
         waiting_examples={k: _examples(v) for k, v in sorted(waiting_names.items())},
+    )
+
+
+def runtime_taint_condition(held: Sequence[str], *, generation: int | None) -> Condition:
+    """`RuntimeTaintHeld`: the nodes that keep the runtime-required taint only because this NodeWright is
+    paused or disabled (`controller.taints`), counted and named (at most `MAX_EXAMPLES`, like every
+    aggregate condition), so an SRE knows which nodes stay unschedulable. `lastTransitionTime` is left
+    empty for `merge_conditions` to set."""
+    message = (
+        _names_message(
+            f"{len(held)} node(s) keep the runtime-required taint while this NodeWright is paused or"
+            " disabled:",
+            held,
+        )
+        + "; resume or enable it (or remove it) to release them"
+        if held
+        else "no node is held by an inactive NodeWright"
+    )
+    return Condition(
+        type=RUNTIME_TAINT_HELD,
+        status="True" if held else "False",
+        reason="HeldWhileInactive" if held else "NotHeld",
+        message=message,
+        last_transition_time="",
+        observed_generation=generation,
     )
 
 
