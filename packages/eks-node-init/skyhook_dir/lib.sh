@@ -148,8 +148,17 @@ read_efa_source() {
 # machine's dnf or apt-get.
 tool() {
 	if [ -z "$HOST" ]; then
-		command -v "$1" 2>/dev/null
-		return
+		# The file on PATH, not `command -v`: a busybox shell would answer with its own applet's name.
+		_dirs=$PATH
+		while [ -n "$_dirs" ]; do
+			_dir=${_dirs%%:*}
+			if [ -n "$_dir" ] && [ -f "$_dir/$1" ] && [ -x "$_dir/$1" ]; then
+				printf '%s\n' "$_dir/$1"
+				return 0
+			fi
+			case $_dirs in *:*) _dirs=${_dirs#*:} ;; *) _dirs= ;; esac
+		done
+		return 1
 	fi
 	[ -n "${NODEWRIGHT_HOST_TOOLS:-}" ] && [ -x "$NODEWRIGHT_HOST_TOOLS/$1" ] || return 1
 	printf '%s\n' "$NODEWRIGHT_HOST_TOOLS/$1"
