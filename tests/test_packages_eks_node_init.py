@@ -157,6 +157,9 @@ def test_running_again_changes_nothing(host: Host) -> None:
     assert host.installer_runs() == ["efa_installer.sh 1.47.0 -y"]
     host.ok("config-check", config)
     host.ok("post-interrupt-check", config)
+    text = host.ok("upgrade", config)  # a new package version over the same configuration
+    assert "eks-node-init: changed:" not in text
+    host.ok("upgrade-check", config)
 
 
 def _al2023_default_back(host: Host) -> None:
@@ -259,6 +262,30 @@ def test_grub_default_is_read_as_update_grub_reads_it(tmp_path: Path) -> None:
     assert "/boot/grub/grub.cfg has no entry for kernel 6.8.0-1024-aws: update-grub has not run" in text
     ubuntu.node.write("/boot/grub/grub.cfg", "menuentry 'Ubuntu, with Linux 6.8.0-1024-aws' {\n}\n")
     ubuntu.ok("config-check", config)
+
+
+def test_grub_without_submenus_gets_the_top_level_entry(tmp_path: Path) -> None:
+    ubuntu = Host(tmp_path, UBUNTU)
+    ubuntu.node.write("/etc/default/grub", "GRUB_DEFAULT=0\nGRUB_DISABLE_SUBMENU=y\n")
+    config = ubuntu.config()
+    ubuntu.ok("apply", config)
+    assert 'GRUB_DEFAULT="Ubuntu, with Linux 6.8.0-1024-aws"' in ubuntu.node.read(GRUB_FILE)
+    assert ubuntu.boot() == UBUNTU.pinned
+    ubuntu.ok("post-interrupt-check", config)
+
+
+def test_efa_devices_zero_is_for_instance_types_without_efa(al2023: Host) -> None:
+    for driver in al2023.node.root.glob("sys/class/infiniband/*/device"):
+        (driver / "driver").unlink()
+    config = al2023.config(**{"efa-devices": "0"})
+    al2023.ok("apply", config)
+    al2023.node.path("/opt/amazon/efa/bin/fi_info").write_text("#!/bin/sh\nexit 1\n")
+    text = al2023.ok("config-check", config)
+    assert (
+        "efa-devices 0: the EFA devices and libfabric's efa provider (which needs one) are not compared"
+        in text
+    )
+    assert "0 EFA devices" in al2023.fails("config-check", al2023.config())
 
 
 def test_uninstall_puts_back_the_boot_default_and_removes_efa(host: Host) -> None:

@@ -167,8 +167,10 @@ def test_cos_writes_the_running_values_and_leaves_the_kernel_parameters_out(host
     assert "sysctl net.ipv4.tcp_rmem 4096 131072 6291456" in host.read(ORIGINAL).splitlines()
     for mode in ("apply-check", "config-check", "post-interrupt-check"):
         assert "the running node has every value of" in host.ok(mode, "tuning", HOPPER_TRAINING)
-    text = host.ok("config", "tuning", HOPPER_TRAINING)
-    assert "unchanged: sysctl vm.swappiness = 10" in text and "set sysctl" not in text
+    for mode in ("config", "upgrade"):
+        text = host.ok(mode, "tuning", HOPPER_TRAINING)
+        assert "unchanged: sysctl vm.swappiness = 10" in text and "set sysctl" not in text
+    host.ok("upgrade-check", "tuning", HOPPER_TRAINING)
 
 
 @pytest.mark.parametrize(

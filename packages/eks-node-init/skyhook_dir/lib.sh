@@ -251,9 +251,13 @@ running_kernel() {
 	if [ -f "$HOST/proc/sys/kernel/osrelease" ]; then cat "$HOST/proc/sys/kernel/osrelease"; fi
 }
 
-# grub_entry: the GRUB menu path of KERNEL as Debian's and Ubuntu's update-grub name it.
+# grub_entry: the GRUB menu path of KERNEL as Debian's and Ubuntu's update-grub name it (in the
+# "Advanced options" submenu unless GRUB_DISABLE_SUBMENU puts every kernel at the top).
 grub_entry() {
-	printf 'Advanced options for %s>%s, with Linux %s' "$DISTRIBUTOR" "$DISTRIBUTOR" "$KERNEL"
+	case $(grub_setting GRUB_DISABLE_SUBMENU) in
+	y | yes | true) printf '%s, with Linux %s' "$DISTRIBUTOR" "$KERNEL" ;;
+	*) printf 'Advanced options for %s>%s, with Linux %s' "$DISTRIBUTOR" "$DISTRIBUTOR" "$KERNEL" ;;
+	esac
 }
 
 render_grub() {
@@ -262,18 +266,22 @@ render_grub() {
 	printf 'GRUB_DEFAULT="%s"\n' "$(grub_entry)"
 }
 
-# effective_grub_default: GRUB_DEFAULT after /etc/default/grub and grub.d/*.cfg, sourced as update-grub
-# sources them (a later file wins).
-effective_grub_default() {
+# grub_setting NAME: the GRUB setting NAME after /etc/default/grub and grub.d/*.cfg, sourced as
+# update-grub sources them (a later file wins).
+grub_setting() {
 	(
 		set +eu
-		GRUB_DEFAULT=
+		eval "$1="
 		for _file in "$HOST/etc/default/grub" "$HOST"/etc/default/grub.d/*.cfg; do
 			# shellcheck disable=SC1090 # the node's own files, as update-grub reads them
 			if [ -f "$_file" ]; then . "$_file" >/dev/null 2>&1; fi
 		done
-		printf '%s' "$GRUB_DEFAULT"
+		eval "printf '%s' \"\$$1\""
 	)
+}
+
+effective_grub_default() {
+	grub_setting GRUB_DEFAULT
 }
 
 # grubby_default: the kernel grubby boots by default (a path such as /boot/vmlinuz-<release>).
