@@ -36,8 +36,12 @@ this process does what a kubelet does instead, so package pods execute their rea
   either path) by an interrupt-stage package pod is handed to the simulator's rebooter as kwok's stages
   do: the pod's processes are stopped, the pod gets the condition `sim.nodewright.io/RebootPending=True`,
   and the rebooter takes the node NotReady, gives it a new bootID and finishes the pod. This kubelet then
-  leaves that pod's status alone and boots the host root with the new bootID. A reboot asked for by any
-  other pod is refused: the requesting processes are killed (reported as failures).
+  leaves that pod's status alone and boots the host root with the new bootID, and reports the kernel the
+  boot started (the boot loader's default, `nodewright.sim.kubelet_host`) as the node's
+  `status.nodeInfo.kernelVersion`, as a kubelet reports the kernel it runs on. A reboot asked for by any
+  other pod is refused: the requesting processes are killed (reported as failures). Every container also
+  gets `NODEWRIGHT_HOST_TOOLS`, the directory of the node's stand-ins, for package steps that run a
+  node's package manager against the directory standing for it.
 - **Restarts of this process.** Everything is rebuilt from the API: a terminal pod is not run again, a
   pod handed to the rebooter stays with it, a pod in progress continues with its next container, and a
   container reported running whose process is gone (it died with the old kubelet, which shares its
