@@ -127,13 +127,14 @@ remove_installed_kernels() {
 			continue
 		fi
 		say "removing kernel $_release (installed by this package, no longer pinned): $_packages"
+		# stdin is the record being read: the package manager must not read it.
 		set -f
 		if [ "$FAMILY" = deb ]; then
 			# shellcheck disable=SC2086 # one argument per package
-			DEBIAN_FRONTEND=noninteractive "$PM" remove -y $_packages
+			DEBIAN_FRONTEND=noninteractive "$PM" remove -y $_packages </dev/null
 		else
 			# shellcheck disable=SC2086 # one argument per package
-			"$PM" remove -y $_packages
+			"$PM" remove -y $_packages </dev/null
 		fi
 		set +f
 	done <"$HOST$KERNEL_INSTALLED"
