@@ -1091,6 +1091,7 @@ class RolloutReconciler:
                 nodes_by_status=by_status,
                 package_nodes=count_package_nodes(entries),
                 packages=frozenset(snap.nodewright.spec.packages),
+                package_versions={n: p.version for n, p in snap.nodewright.spec.packages.items()},
                 compartments=compartments,
                 drain_blocked=drain_blocked,
                 waiting_by_reason=waiting_counts(plan, views, name),
