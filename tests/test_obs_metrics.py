@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, MetricExporter, MetricExportResult
 from opentelemetry.sdk.metrics.export import MetricsData as OtelMetricsData
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -336,7 +336,10 @@ def test_declared_empty_histograms_are_pushed_over_otlp_too() -> None:
             for p in metric.data.data_points
         ]
         assert points and all(
-            p.count == 0 and dict(p.attributes or {}) == {"controller": "rollout"} for p in points
+            isinstance(p, HistogramDataPoint)
+            and p.count == 0
+            and dict(p.attributes or {}) == {"controller": "rollout"}
+            for p in points
         )
     finally:
         metrics.shutdown()
