@@ -296,6 +296,8 @@ def test_series_the_dashboard_and_alerts_read_exist_before_first_use(metrics: Op
         assert value(metrics, "nodewright_watch_restarts_total", resource="nodes", reason=reason) == 0, reason
     assert value(metrics, "nodewright_watch_events_total", resource="nodes", type="BOOKMARK") == 0
     assert value(metrics, "nodewright_event_loop_lag_last_seconds") == 0
+    for reason in ("NotYetInBatch", "BudgetFull", "CompartmentHalted", "ProtectedPods", "DrainBlocked"):
+        assert value(metrics, "nodewright_waiting_nodes", nodewright="nw", reason=reason) == 0, reason
     for package, version in (("driver", "1.2"), ("tools", "0.3"), ("fresh", "0.1")):
         labels = {"nodewright": "nw", "package": package, "version": version}
         assert value(metrics, "nodewright_package_retries_total", **labels) == 0, package

@@ -57,6 +57,8 @@ from nodewright.kube.trim import node_ready
 from nodewright.kube.workqueue import Result
 from nodewright.observability import events
 from nodewright.observability.metrics import (
+    HELD_BY_DRAIN,
+    HELD_BY_PROTECTED_PODS,
     CompartmentSnapshot,
     NodeWrightSnapshot,
     count_package_nodes,
@@ -1184,8 +1186,6 @@ class RolloutReconciler:
 
 DELETION_BLOCKED = "DeletionBlocked"
 WAITING_FOR_NODEWRIGHT = "WaitingForNodeWright"
-HELD_BY_PROTECTED_PODS = "ProtectedPods"
-HELD_BY_DRAIN = "DrainBlocked"
 
 
 def parse_reset_annotation(text: str) -> tuple[bool, frozenset[str]]:

@@ -73,6 +73,7 @@ from opentelemetry.sdk.resources import Resource
 
 from nodewright.api.models import Status
 from nodewright.observability import exposition
+from nodewright.plan.rollout import WaitReason
 
 # ----------------------------------------------------------------------------------------------------
 # Names (the Prometheus family names as scraped; histogram samples add _bucket/_sum/_count)
@@ -171,6 +172,34 @@ EXPORTED_METRICS: Final[tuple[str, ...]] = (
     NOTIFICATION_CIRCUIT,
 )
 
+PER_NODEWRIGHT_METRICS: Final[frozenset[str]] = frozenset(
+    {
+        NODEWRIGHT_STATUS,
+        NODEWRIGHT_NODES,
+        NODEWRIGHT_MATCHED_NODES,
+        PACKAGE_NODES,
+        PACKAGE_RETRIES,
+        ROLLOUT_MATCHED,
+        ROLLOUT_CEILING,
+        ROLLOUT_IN_PROGRESS,
+        ROLLOUT_COMPLETED,
+        ROLLOUT_PROGRESS,
+        ROLLOUT_BATCH,
+        ROLLOUT_FAILURES,
+        ROLLOUT_HALTED,
+        WINDOW_ACTIVE,
+        DRAIN_BLOCKED,
+        WAITING_NODES,
+        OLDEST_STAGE_AGE,
+        STAGE_DURATION,
+        MAINTENANCE,
+        DRIFTED_NODES,
+        DRIFT_CHECKS,
+    }
+)
+"""Families whose series belong to a NodeWright (label `nodewright`): they exist once it does. Every
+other family of `EXPORTED_METRICS` that the dashboard or the alerts read is scraped from the start."""
+
 # Histograms dropped at export for removed NodeWrights / packages (see module docstring).
 _REMOVABLE_HISTOGRAMS: Final = frozenset({STAGE_DURATION, MAINTENANCE})
 
@@ -255,6 +284,17 @@ def _histogram(meter: Any, name: str) -> Any:
 
 ReconcileResult = Literal["success", "error", "requeue", "requeue_after"]
 RECONCILE_RESULTS: Final[tuple[ReconcileResult, ...]] = ("success", "error", "requeue", "requeue_after")
+
+HELD_BY_PROTECTED_PODS: Final = "ProtectedPods"
+"""`nodewright_waiting_nodes` reason of an admitted node held at its gate by protected pods."""
+HELD_BY_DRAIN: Final = "DrainBlocked"
+"""... by a drain that cannot progress (an eviction refused, or the drain timeout passed)."""
+WAITING_REASONS: Final[tuple[str, ...]] = (
+    *(r.value for r in WaitReason),
+    HELD_BY_PROTECTED_PODS,
+    HELD_BY_DRAIN,
+)
+"""The reasons of `nodewright_waiting_nodes`, each reported per NodeWright (0 when nobody waits)."""
 
 LEGACY_POLICY: Final = "legacy"
 """Policy label value of a NodeWright without a DeploymentPolicy (interruptionBudget translation)."""
@@ -510,8 +550,9 @@ class DomainMetrics:
 
     def _waiting(self) -> Iterable[Observation]:
         for nw, snap in self._snapshots.items():
-            for reason, count in snap.waiting_by_reason.items():
-                yield Observation(count, {"nodewright": nw, "reason": reason})
+            # Every reason is reported (0 when nobody waits for it), like the node statuses.
+            for reason in sorted(set(WAITING_REASONS) | set(snap.waiting_by_reason)):
+                yield Observation(snap.waiting_by_reason.get(reason, 0), {"nodewright": nw, "reason": reason})
 
     def _oldest_stage(self) -> Iterable[Observation]:
         now = self._now()
