@@ -514,7 +514,10 @@ async def test_a_rollout_superseded_by_a_newer_generation_ends_its_node_traces(
         async def completed() -> bool:
             return sum(Collector.attrs(r)["nodewright.outcome"] == "complete" for r in roots()) >= 2
 
-        await fleet.wait_for(completed, within=30, what="the new rollouts' root spans")
+        try:
+            await fleet.wait_for(completed, within=30, what="the new rollouts' root spans")
+        except TimeoutError:
+            pytest.fail(f"roots: {[(Collector.attrs(r), r.status) for r in roots()]}")
         outcomes = Counter(
             (str(Collector.attrs(r)["k8s.node.name"]), str(Collector.attrs(r)["nodewright.outcome"]))
             for r in roots()

@@ -39,6 +39,7 @@ from tests.kubefake import FakeKube
 from tests.test_controller_nodes import (
     NS,
     Env,
+    _finish_init_containers,
     make_runtime,
     node_obj,
     nw_obj,
@@ -55,6 +56,20 @@ class TracedEnv(Env):
 
     def roots(self) -> list[ReadableSpan]:
         return [s for s in self.spans() if s.name == ROOT_SPAN_NAME]
+
+    seen_pods: dict[str, dict[str, Any]]
+
+    def sync_pods(self) -> None:
+        """The informers as their watches would leave them: the API server's pods and node."""
+        held = {p["metadata"]["name"]: p for p in self.pods()}
+        for name, gone in list(self.seen_pods.items()):
+            if name not in held:
+                self.rt.pods.delete(gone)
+                del self.seen_pods[name]
+        for name, pod in held.items():
+            self.seen_pods[name] = trim_pod(pod)
+            self.rt.pods.upsert(self.seen_pods[name])
+        self.rt.nodes.upsert(trim_node(self.node()))
 
     def timing(self) -> Timing:
         return read_timing(self.node()["metadata"].get("annotations") or {}, "nw")
@@ -80,9 +95,16 @@ async def traced() -> AsyncIterator[TracedEnv]:
         pod_expectations=PodExpectations(trim_pod),
     )
     rt.tracer = tracer
+    # As the operator wires them (controller.operator): the pod watch settles the expectations.
+    expectations = rt.pod_expectations
+    pods.add_handler(
+        on_add=expectations.observed,
+        on_update=lambda _old, new: expectations.observed(new),
+        on_delete=expectations.observed_delete,
+    )
     nodewrights.upsert(nw_obj())
     env = TracedEnv(kube, rt, NodeReconciler(rt), rollouts)
-    env.exporter, env.tracer = exporter, tracer
+    env.exporter, env.tracer, env.seen_pods = exporter, tracer, {}
     try:
         yield env
     finally:
@@ -138,7 +160,7 @@ async def test_a_rollout_superseded_by_a_newer_generation_ends_with_an_error_roo
     newer = nw_obj(packages={"tool": {"version": "2.0.0", "image": "ghcr.io/x/tool"}})
     newer["metadata"].update(generation=2, resourceVersion="2")
     traced.rt.nodewrights.upsert(newer)
-    traced.rt.nodes.upsert(trim_node(traced.node()))
+    traced.sync_pods()
     await traced.reconciler.reconcile("nw/n1")
     [root] = traced.roots()
     assert root.status.status_code is StatusCode.ERROR
@@ -147,9 +169,26 @@ async def test_a_rollout_superseded_by_a_newer_generation_ends_with_an_error_roo
     assert root.attributes["nodewright.batch"] == 1 and root.attributes["k8s.node.name"] == "n1"
     ended = traced.timing().trace
     assert ended is not None and ended.ended
-    traced.rt.nodes.upsert(trim_node(traced.node()))
+    traced.sync_pods()
     await traced.reconciler.reconcile("nw/n1")
     assert len(traced.roots()) == 1, "ended once"
+
+    # The new spec's rollout admits the node again -- batch 1, order 3, in the same second: only the
+    # fingerprint tells the two admissions apart. It gets a trace of its own, which completes.
+    node = traced.node()
+    node["metadata"]["annotations"].update(traced.admit())
+    traced.put_node(node)
+    traced.sync_pods()  # the old pod's deletion observed, as its watch would
+    await traced.reconciler.reconcile("nw/n1")
+    [pod] = [p for p in traced.pods() if p["metadata"]["labels"].get("nodewright.io/version") == "2.0.0"]
+    _finish_init_containers(pod)
+    traced.rt.nodes.upsert(trim_node(traced.node()))
+    traced.rt.pods.upsert(trim_pod(pod))
+    await traced.reconciler.reconcile("nw/n1")
+    assert traced.node()["metadata"]["labels"][constants.status_label("nw")] == "complete"
+    first, second = sorted(traced.roots(), key=lambda r: r.end_time or 0)
+    assert second.attributes is not None and second.attributes["nodewright.outcome"] == "complete"
+    assert second.context.trace_id != first.context.trace_id
 
 
 async def test_a_completed_node_ends_its_trace_once_with_an_ok_root(traced: TracedEnv) -> None:
@@ -205,7 +244,7 @@ def test_every_traced_admission_ends_at_most_once_and_only_after_it_opened(steps
         # The rollout writes a node's admissions one after another, each newer than the last: once
         # replaced, an admission never returns (a stale one may become current again, when the spec
         # change is reverted).
-        if drawn is not None and (latest is None or drawn.at >= latest.at):
+        if drawn is not None and (latest is None or ADMISSIONS.index(drawn) >= ADMISSIONS.index(latest)):
             latest = drawn
         current = latest if drawn is not None else None
         if current is not None and (current.key in consumed or current.fingerprint != fingerprint):

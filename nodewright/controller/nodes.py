@@ -1506,4 +1506,5 @@ def _rollout_ref(model: NodeWright, node: str, admission: TracedAdmission | None
         picked_at=picked,
         batch=admission.batch,
         compartment=admission.compartment,
+        fingerprint=admission.fingerprint,
     )

@@ -11,9 +11,9 @@ Restart safety. A node rollout lasts minutes to hours and spans many reconciles 
 restarts, so nothing is held open in memory: each span is emitted when its stage finishes, with start
 and end timestamps taken from the node state the controller persists, and the ids are derived
 deterministically from the rollout's identity -- (NodeWright uid, node, time the node was picked,
-batch) -- which the controller can rebuild after a restart:
+batch, spec fingerprint of the admission) -- which the controller can rebuild after a restart:
 
-- trace id = first 16 bytes of sha256("nodewright-trace/<uid>/<node>/<picked_at>/<batch>"),
+- trace id = first 16 bytes of sha256("nodewright-trace/<uid>/<node>/<picked_at>/<batch>/<fingerprint>"),
 - root span id = 8 bytes of sha256 of the same key + "/root".
 
 Stage spans emitted before the root name it as their (remote) parent; the root span itself is emitted
@@ -91,9 +91,13 @@ class NodeRollout:
     picked_at: datetime
     batch: int
     compartment: str
+    fingerprint: str = ""  # of the spec the node was admitted for ("" for ids of older releases)
 
     def _key(self) -> str:
-        return f"nodewright-trace/{self.nodewright_uid}/{self.node}/{self.picked_at.isoformat()}/{self.batch}"
+        key = f"nodewright-trace/{self.nodewright_uid}/{self.node}/{self.picked_at.isoformat()}/{self.batch}"
+        # A spec change restarts batch numbering and admission times have second precision: the
+        # fingerprint keeps a superseded rollout and its successor in two traces.
+        return f"{key}/{self.fingerprint}" if self.fingerprint else key
 
     @property
     def trace_id(self) -> int:
@@ -143,7 +147,9 @@ class TracedAdmission:
 
     @property
     def key(self) -> str:
-        return f"{self.batch}/{self.order}/{self.at}"
+        # The fingerprint too: a new spec's rollout numbers its batches and orders from the start
+        # again, and admission times have second precision.
+        return f"{self.fingerprint}/{self.batch}/{self.order}/{self.at}"
 
     def encode(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
