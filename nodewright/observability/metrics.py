@@ -759,9 +759,10 @@ class ZeroHistograms:
 
     client-go creates a queue's latency histograms with the queue (`WithLabelValues`), so they are
     scraped before the first item; the OTel SDK reports a histogram point (and the metric at all) only
-    after a first observation. Declared label sets without a point get an empty one at export, for
-    the scrape and the OTLP push alike. Declarations are few and fixed (queues, controllers, the loop
-    lag); they are never removed.
+    after a first observation. Declared label sets without a point get an empty one in the scrape
+    (the Prometheus exposition; the OTLP push keeps OpenTelemetry's own semantics: no point before a
+    measurement). Declarations are few and fixed (queues, controllers, the loop lag); they are never
+    removed.
     """
 
     def __init__(self) -> None:
@@ -970,7 +971,7 @@ class OperatorMetrics:
         now: Callable[[], datetime] = _now_utc,
     ) -> None:
         self.zero_histograms = ZeroHistograms()
-        self._prometheus = _FilteringPrometheusReader(self._prepare)
+        self._prometheus = _FilteringPrometheusReader(self._scraped)
         readers: list[MetricReader] = [self._prometheus]
         if otlp is None:
             otlp = bool(os.environ.get(OTLP_ENDPOINT_ENV))
@@ -982,7 +983,7 @@ class OperatorMetrics:
                 otlp_exporter = OTLPMetricExporter()
             readers.append(
                 PeriodicExportingMetricReader(
-                    _FilteringExporter(otlp_exporter, self._prepare),
+                    _FilteringExporter(otlp_exporter, self._pushed),
                     export_interval_millis=(
                         otlp_export_interval_millis(os.environ)
                         if otlp_interval_seconds is None
@@ -1049,10 +1050,14 @@ class OperatorMetrics:
         )
         self._closed = False
 
-    def _prepare(self, data: MetricsData) -> MetricsData:
-        """What both readers export: declared empty histograms added, removed series dropped."""
+    def _pushed(self, data: MetricsData) -> MetricsData:
+        """What the OTLP push exports: removed series dropped."""
         # Readers are built before `domain` exists, but nothing is collected before it does.
-        return _filter_metrics(self.zero_histograms.complete(data), self.domain.keeps)
+        return _filter_metrics(data, self.domain.keeps)
+
+    def _scraped(self, data: MetricsData) -> MetricsData:
+        """What the scrape shows: also the declared histograms without observations, empty."""
+        return self._pushed(self.zero_histograms.complete(data))
 
     def reconcile(self, *, controller: str, result: ReconcileResult, seconds: float) -> None:
         """Record one finished reconcile (controller-runtime semantics: errors also count in _total)."""
