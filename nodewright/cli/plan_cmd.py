@@ -29,7 +29,6 @@ change the batch sequence).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from collections import Counter
@@ -37,16 +36,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodewright.api import constants
 from nodewright.api.models import CompartmentStatus, DeploymentPolicy, NodeWright, Status
 from nodewright.api.nodestate import MalformedNodeState, NodeState, decode
 from nodewright.cli import flags
+from nodewright.cli.plugin import common
 from nodewright.plan import preview as preview_mod
 from nodewright.plan import selectors, sequencing
 from nodewright.plan.node import is_disabled, is_paused
 from nodewright.plan.rollout import RolloutNode, spec_fingerprint
+
+if TYPE_CHECKING:
+    from nodewright.kube.client import KubeClient
 
 JSON = dict[str, Any]
 PROG = "nodewright plan"
@@ -54,7 +57,7 @@ DEFAULT_RUNTIME_TAINT_KEY = constants.DEFAULT_RUNTIME_REQUIRED_TAINT_KEY
 
 
 class PlanInputError(Exception):
-    """The manifests or the cluster do not give a NodeWright to plan (exit code 2)."""
+    """The manifests do not give a NodeWright to plan (exit code 2)."""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -303,11 +306,8 @@ class Inputs:
     budget_objects: list[JSON] = field(default_factory=list)
 
 
-async def gather(args: argparse.Namespace) -> Inputs:
-    from nodewright.kube.client import KubeClient
-    from nodewright.kube.config import load_config, load_kubeconfig
-    from nodewright.kube.resources import DEPLOYMENTPOLICIES, DISRUPTIONBUDGETS, NODES, NODEWRIGHTS, NotFound
-
+def read_files(args: argparse.Namespace) -> tuple[NodeWright | None, list[DeploymentPolicy]]:
+    """The NodeWright of `-f` (if given) and the DeploymentPolicies of `-f` and `--policy`."""
     file_nw: NodeWright | None = None
     file_policies: list[DeploymentPolicy] = []
     if args.filename is not None:
@@ -319,43 +319,64 @@ async def gather(args: argparse.Namespace) -> Inputs:
         file_policies = [parse_policy(p) for p in pick(docs, constants.KIND_POLICY)]
     if args.policy is not None:
         file_policies += [parse_policy(p) for p in pick(load_documents(args.policy), constants.KIND_POLICY)]
+    return file_nw, file_policies
 
-    context = getattr(args, "context", None)
-    config = load_kubeconfig(args.kubeconfig, context=context) if context else load_config(args.kubeconfig)
-    async with KubeClient(config, timeout=float(getattr(args, "request_timeout", 30.0))) as client:
-        # Nodes before NodeWrights: the operator writes a NodeWright's batch state before the admissions
-        # it opens on nodes, so reading in the opposite order never pairs admissions with an older batch
-        # state (which would predict the open batch's successors from stale counters).
-        nodes = (await client.list(NODES)).items
-        listed_nws = (await client.list(NODEWRIGHTS)).items
+
+async def gather(
+    client: KubeClient,
+    args: argparse.Namespace,
+    files: tuple[NodeWright | None, list[DeploymentPolicy]],
+) -> Inputs:
+    """The cluster's side of the plan; `files` is what `read_files` read from -f and --policy."""
+    from nodewright.kube.resources import DISRUPTIONBUDGETS, NODES, NODEWRIGHTS, NotFound
+
+    file_nw, file_policies = files
+    # Nodes before NodeWrights: the operator writes a NodeWright's batch state before the admissions
+    # it opens on nodes, so reading in the opposite order never pairs admissions with an older batch
+    # state (which would predict the open batch's successors from stale counters).
+    nodes = (await client.list(NODES)).items
+    listed_nws = (await client.list(NODEWRIGHTS)).items
+    try:
+        budget_objects = (await client.list(DISRUPTIONBUDGETS)).items
+    except NotFound:
+        budget_objects = []  # CRD not installed (an older release): no shared budget to respect
+    all_nws: list[NodeWright] = []
+    for obj in listed_nws:
         try:
-            budget_objects = (await client.list(DISRUPTIONBUDGETS)).items
-        except NotFound:
-            budget_objects = []  # CRD not installed (an older release): no shared budget to respect
-        all_nws: list[NodeWright] = []
-        for obj in listed_nws:
-            try:
-                all_nws.append(NodeWright.model_validate(obj))
-            except ValueError:
-                continue  # an invalid object cannot block anyone: the controller skips it too
-        by_name = {n.metadata.name: n for n in all_nws}
-        name = file_nw.metadata.name if file_nw is not None else args.name
-        existing = by_name.get(name)
-        nw = file_nw or existing
-        if nw is None:
-            raise PlanInputError(f"NodeWright {name!r} not found (give -f to plan one that is not applied)")
-        policy: DeploymentPolicy | None = None
-        if nw.spec.deployment_policy:
-            policy = next((p for p in file_policies if p.metadata.name == nw.spec.deployment_policy), None)
-            if policy is None:
-                try:
-                    policy = parse_policy(await client.get(DEPLOYMENTPOLICIES, nw.spec.deployment_policy))
-                except NotFound:
-                    policy = None  # the preview reports PolicyNotFound, like the controller
+            all_nws.append(NodeWright.model_validate(obj))
+        except ValueError:
+            continue  # an invalid object cannot block anyone: the controller skips it too
+    name = file_nw.metadata.name if file_nw is not None else args.name
+    existing = next((n for n in all_nws if n.metadata.name == name), None)
+    nw = file_nw or existing
+    if nw is None:
+        from nodewright.cli.plugin.common import NotFoundError
+
+        raise NotFoundError(f"NodeWright {name!r} not found (give -f to plan one that is not applied)")
+    policy = await _policy(client, nw, file_policies)
     statuses = dict((existing.status.compartment_statuses or {}) if existing and existing.status else {})
     # Applying a file to an existing NodeWright keeps its persisted status (a separate subresource).
     all_nws = [n for n in all_nws if n.metadata.name != nw.metadata.name] + [nw]
     return Inputs(nw, policy, nodes, all_nws, statuses, existing is not None, budget_objects)
+
+
+async def _policy(
+    client: KubeClient, nw: NodeWright, file_policies: Sequence[DeploymentPolicy]
+) -> DeploymentPolicy | None:
+    """The NodeWright's DeploymentPolicy: from the files, else the cluster; None when it has none or it
+    does not exist (the preview reports PolicyNotFound, like the controller)."""
+    from nodewright.kube.resources import DEPLOYMENTPOLICIES, NotFound
+
+    wanted = nw.spec.deployment_policy
+    if not wanted:
+        return None
+    policy = next((p for p in file_policies if p.metadata.name == wanted), None)
+    if policy is not None:
+        return policy
+    try:
+        return parse_policy(await client.get(DEPLOYMENTPOLICIES, wanted))
+    except NotFound:
+        return None
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -373,36 +394,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=flags.existing_file,
         help="a DeploymentPolicy manifest (default: read from the cluster)",
     )
-    parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default: $KUBECONFIG or in-cluster)")
-    parser.add_argument("--context", default=None, help="kubeconfig context (default: current-context)")
-    parser.add_argument(
-        "--request-timeout",
-        type=flags.positive_float,
-        default=30.0,
-        metavar="SECONDS",
-        help="deadline of each API request (default 30)",
-    )
     parser.add_argument("-o", "--output", choices=("table", "wide", "json"), default="table")
-    parser.set_defaults(func=run)
+    common.add_cluster_flags(parser)  # kubectl's flags, as every verb of the plugin
+    parser.set_defaults(func=run, prog=parser.prog)
 
 
 def run(args: argparse.Namespace) -> int:
-    import aiohttp
-
-    from nodewright.kube.config import ConfigError
-    from nodewright.kube.resources import ApiError
-
+    """Exit codes as every plugin verb's (docs/plugin.md): 2 usage or unreadable manifests, 3 unknown
+    NodeWright, 1 the API server unreachable (within --request-timeout per call)."""
     if (args.name is None) == (args.filename is None):
         return flags.fail(PROG, "give either a NodeWright name or -f FILE")
     try:
-        inputs = asyncio.run(gather(args))
+        files = read_files(args)  # manifests are read (once: -f - is stdin) before any connection
     except PlanInputError as exc:
         return flags.fail(PROG, exc)
-    except ConfigError as exc:
-        return flags.fail(PROG, f"{exc} (pass --kubeconfig or set $KUBECONFIG)")
-    except (ApiError, OSError, aiohttp.ClientError) as exc:
-        print(f"{PROG}: cannot read the cluster: {flags.one_line(exc)}", file=sys.stderr)
-        return 1
+
+    async def plan(session: common.Session) -> int:
+        return await _plan(session, files)
+
+    return common.run(args, plan)
+
+
+async def _plan(session: common.Session, files: tuple[NodeWright | None, list[DeploymentPolicy]]) -> int:
+    inputs = await gather(session.client, session.args, files)
     report = build_report(
         inputs.nodewright,
         policy=inputs.policy,
@@ -412,11 +426,12 @@ def run(args: argparse.Namespace) -> int:
         exists=inputs.exists,
         budget_objects=inputs.budget_objects,
     )
-    if args.output == "json":
-        print(json.dumps(report.to_json(), indent=2))
+    if session.args.output == "json":
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
     else:
-        sys.stdout.write(render(report, wide=args.output == "wide"))
-    return 0
+        sys.stdout.write(render(report, wide=session.args.output == "wide"))
+    sys.stdout.flush()
+    return common.OK
 
 
 if __name__ == "__main__":  # `python -m nodewright.cli.plan_cmd plan ...` until it is registered

@@ -29,6 +29,7 @@ Events are left to expire (the API server deletes them after an hour). Package f
 unless the operator uninstalled them in step 1. Every request has a deadline (the client's); the whole
 run has `--timeout`. The exit status is 0 when nothing of ours is left (a kept cordon is reported, not an
 error), 1 when something could not be removed, 2 for bad flags or a kubeconfig that does not load.
+Progress goes to stdout, errors to stderr (`nodewright uninstall: error: ...`).
 """
 
 from __future__ import annotations
@@ -36,12 +37,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from nodewright.cli import flags
+from nodewright.cli import flags, output
 from nodewright.cli.flags import UsageError
 
 if TYPE_CHECKING:
@@ -141,7 +143,7 @@ async def _main(args: argparse.Namespace, config: Any) -> int:
                     " of helm/nodewright/templates/uninstall-hook.yaml"
                 ) from None
             report.problem(f"API error: {exc}")
-    print(report.summary(dry_run=args.dry_run), flush=True)
+    output.say(report.summary(dry_run=args.dry_run))
     return 1 if report.problems else 0
 
 
@@ -293,7 +295,10 @@ class Report:
     lines: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    emit: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
+    emit: Callable[[str], None] = field(default=output.say)
+    emit_error: Callable[[str], None] = field(
+        default=lambda line: output.say(f"{PROG}: {line}", stream=sys.stderr)
+    )
 
     def say(self, line: str) -> None:
         self.lines.append(line)
@@ -305,7 +310,7 @@ class Report:
 
     def problem(self, line: str) -> None:
         self.problems.append(line)
-        self.emit(f"error: {line}")
+        self.emit_error(f"error: {line}")
 
     def summary(self, *, dry_run: bool) -> str:
         what = "would change" if dry_run else "changed"

@@ -120,6 +120,9 @@ class KubeClient:
     timeout: float = 30.0
     connect_timeout: float = 10.0
     max_retries: int = 5
+    call_deadline: float | None = None
+    """Seconds one call may take with all its retries (None: `max_retries` attempts of `timeout` each).
+    A command line's `--request-timeout` sets it: the user's deadline is the whole call's."""
     backoff_base: float = 0.2
     backoff_cap: float = 10.0
     max_retry_after: float = 60.0
@@ -198,32 +201,49 @@ class KubeClient:
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         if data is not None and content_type is None:
             content_type = "application/json"
+        give_up_at = None if self.call_deadline is None else self.clock.monotonic() + self.call_deadline
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
             if method != "GET":
                 await self._writes.wait()
+            budget = self._attempt_timeout(give_up_at)
             try:
-                return await self._once(method, path, resource, params, data, content_type, verb or method)
+                return await self._once(
+                    method, path, resource, params, data, content_type, verb or method, timeout=budget
+                )
             except TooManyRequests as exc:
                 if not retry_429 or last:
                     raise
+                failure: Exception = exc
                 delay = min(exc.retry_after or self._backoff(attempt), self.max_retry_after)
             except ApiError as exc:
                 if exc.status < 500 or not repeatable or last:
                     raise
-                delay = self._backoff(attempt)
-            except aiohttp.ClientConnectorError:
+                failure, delay = exc, self._backoff(attempt)
+            except aiohttp.ClientConnectorError as exc:
                 if last:
                     raise
-                delay = self._backoff(attempt)
-            except (aiohttp.ClientError, TimeoutError):
+                failure, delay = exc, self._backoff(attempt)
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 attempts.transport_errors += 1
                 if not repeatable or last:
                     raise
-                delay = self._backoff(attempt)
+                failure, delay = exc, self._backoff(attempt)
+            if self._out_of_time(give_up_at, delay):
+                raise failure
             log.debug("retrying request", method=method, path=path, attempt=attempt + 1, delay=delay)
             await self.clock.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _attempt_timeout(self, give_up_at: float | None) -> float:
+        """An attempt's own deadline: `timeout`, cut to what is left of the call's deadline."""
+        if give_up_at is None:
+            return self.timeout
+        return max(0.001, min(self.timeout, give_up_at - self.clock.monotonic()))
+
+    def _out_of_time(self, give_up_at: float | None, delay: float) -> bool:
+        """Whether a retry after `delay` would start past the call's deadline (then the error stands)."""
+        return give_up_at is not None and self.clock.monotonic() + delay >= give_up_at
 
     def _backoff(self, attempt: int) -> float:
         base = min(self.backoff_cap, self.backoff_base * float(2**attempt))
@@ -238,6 +258,8 @@ class KubeClient:
         data: bytes | None,
         content_type: str | None,
         verb: str,
+        *,
+        timeout: float,  # noqa: ASYNC109 - the attempt's own deadline, handed to aiohttp
     ) -> JSON:
         started = time.perf_counter()
         code = "<error>"
@@ -249,7 +271,7 @@ class KubeClient:
                 params=params,
                 data=data,
                 headers=headers,
-                timeout=aiohttp.ClientTimeout(total=self.timeout, sock_connect=self.connect_timeout),
+                timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, self.connect_timeout)),
                 **self._request_kwargs(),
             ) as resp:
                 code = str(resp.status)
