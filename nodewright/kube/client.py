@@ -20,6 +20,15 @@ Retries (jittered exponential backoff on the injected clock, bounded by `max_ret
   attempt created; then the existing object is read and returned.
 - 409 Conflict on an update means the object changed since it was read: `modify()` re-reads it, calls
   the caller's mutate callback on the fresh copy and tries again.
+- 401 Unauthorized: the credential is told (`Auth.expire()`); a token file is re-read, an exec plugin
+  runs again, and the request is repeated once with the new credential, as client-go does.
+
+`call_deadline` (the CLI's `--request-timeout`) bounds one call with all its retries: each attempt's
+timeout is cut to what is left, and no retry starts past it.
+
+Connection settings come from `ClusterConfig` (kubeconfig parity, `nodewright.kube.config`): the TLS
+context, `tls-server-name` as the SNI and certificate name, and an HTTP(S) proxy (HTTPS to the API
+server through a CONNECT tunnel) with its Proxy-Authorization.
 
 Each request is reported once to `RequestMetrics.observe(verb, resource, code, seconds)` (code is the
 HTTP status, or "<error>" when no response arrived), the shape of client-go's
@@ -175,7 +184,20 @@ class KubeClient:
         return headers
 
     def _request_kwargs(self) -> dict[str, Any]:
-        return {"server_hostname": self.config.tls_server_name} if self.config.tls_server_name else {}
+        """What every request adds for the cluster's connection settings (kubeconfig fields)."""
+        kwargs: dict[str, Any] = {}
+        if self.config.tls_server_name:
+            kwargs["server_hostname"] = self.config.tls_server_name  # SNI and certificate name check
+        proxy = self.config.proxy
+        if proxy is not None:
+            kwargs["proxy"] = proxy.url
+            if proxy.authorization:
+                kwargs["proxy_headers"] = {"Proxy-Authorization": proxy.authorization}
+        return kwargs
+
+    def _refused_credentials(self, status: int) -> bool:
+        """On a 401, let the credential refresh itself; True when a retry may carry a new one."""
+        return status == 401 and self.config.auth.expire()
 
     # -- the request loop ---------------------------------------------------------------------------
 
@@ -208,9 +230,8 @@ class KubeClient:
                 await self._writes.wait()
             budget = self._attempt_timeout(give_up_at)
             try:
-                return await self._once(
-                    method, path, resource, params, data, content_type, verb or method, timeout=budget
-                )
+                call = (method, path, resource, params, data, content_type, verb or method)
+                return await self._once_authenticated(*call, timeout=budget)
             except TooManyRequests as exc:
                 if not retry_429 or last:
                     raise
@@ -234,6 +255,28 @@ class KubeClient:
             log.debug("retrying request", method=method, path=path, attempt=attempt + 1, delay=delay)
             await self.clock.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _once_authenticated(
+        self,
+        method: str,
+        path: str,
+        resource: str,
+        params: Mapping[str, str] | None,
+        data: bytes | None,
+        content_type: str | None,
+        verb: str,
+        *,
+        timeout: float,  # noqa: ASYNC109 - the attempt's own deadline, handed to aiohttp
+    ) -> JSON:
+        """`_once`, and once more when a 401 made the credential refresh itself (a rotated token file,
+        an exec plugin's token revoked before its expiry)."""
+        call = (method, path, resource, params, data, content_type, verb)
+        try:
+            return await self._once(*call, timeout=timeout)
+        except ApiError as exc:
+            if not self._refused_credentials(exc.status):
+                raise
+        return await self._once(*call, timeout=timeout)
 
     def _attempt_timeout(self, give_up_at: float | None) -> float:
         """An attempt's own deadline: `timeout`, cut to what is left of the call's deadline."""
@@ -320,6 +363,7 @@ class KubeClient:
                 verb="GET", resource=resource, code=code, seconds=time.perf_counter() - started
             )
         if int(code) >= 400:
+            self._refused_credentials(int(code))
             raise api_error(int(code), _decode(text))
         return text
 
@@ -736,6 +780,7 @@ class KubeClient:
             )
         try:
             if resp.status != 200:
+                self._refused_credentials(resp.status)  # the caller's next watch has a fresh credential
                 text = await _read_error_body(resp, self.timeout)
                 raise api_error(resp.status, _decode(text))
             stream = WatchStream(resp, clock=self.clock, inactivity_timeout=inactivity_timeout)
