@@ -10,6 +10,7 @@ included.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -234,3 +235,60 @@ async def test_output_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     assert ran.code == 141, ran
     assert "Traceback" not in ran.err and "BrokenPipe" not in ran.err, ran.err
     assert (tmp_path / "oci" / "index.json").is_file(), "the work was done; only its output was cut"
+
+
+# ----------------------------------------------------------------------------------------------------
+# version
+
+
+def deployment(name: str, component: str, image: str, **labels: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {
+                "app.kubernetes.io/name": "nodewright",
+                "app.kubernetes.io/component": component,
+                **labels,
+            },
+        },
+        "spec": {"replicas": 2, "template": {"spec": {"containers": [{"image": image}]}}},
+        "status": {"readyReplicas": 1},
+    }
+
+
+async def test_version_names_the_client_and_the_operator_and_webhook_in_the_namespace(
+    kube: FakeKube, kubeconfig: str
+) -> None:
+    from nodewright.cli.plugin.version_verbs import client_version
+
+    ran = await cli("version", "--client")
+    assert ran.code == 0 and ran.out == f"Client Version: {client_version()}\n", ran
+    ran = await cli("version", "--kubeconfig", kubeconfig)
+    assert ran.code == 3, ran
+    assert "no NodeWright operator Deployment in namespace 'nodewright-system'" in ran.one_line_error()
+    assert ran.out.startswith("Client Version: ")
+    deployments = ("apis/apps/v1", "ops", "deployments")
+    kube.put(
+        deployments,
+        deployment(
+            "nw-nodewright",
+            "operator",
+            "ghcr.io/x/nodewright:0.1.0",
+            **{"app.kubernetes.io/version": "0.1.0"},
+        ),
+    )
+    kube.put(
+        deployments,
+        deployment("nw-nodewright-webhook", "webhook", "registry.local/nw:0.2.0-rc1@sha256:" + "a" * 64),
+    )
+    kube.put(deployments, {"metadata": {"name": "other", "labels": {"app": "x"}}, "spec": {}})
+    ran = await cli("version", "--kubeconfig", kubeconfig, "-n", "ops", "-o", "json")
+    assert ran.code == 0, ran
+    doc = json.loads(ran.out)
+    assert doc["operator"] == {
+        "version": "0.1.0", "deployment": "ops/nw-nodewright", "image": "ghcr.io/x/nodewright:0.1.0",
+        "replicas": 2, "readyReplicas": 1,
+    }  # fmt: skip
+    assert doc["webhook"]["version"] == "0.2.0-rc1", "no version label: the image tag"
+    ran = await cli("version", "--kubeconfig", kubeconfig, "-n", "ops")
+    assert "Operator Version: 0.1.0 (deployment ops/nw-nodewright, 1/2 ready" in ran.out, ran.out
