@@ -17,6 +17,7 @@ status`): they are moved behind it, where every cluster command defines them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 from collections.abc import Callable, Sequence
@@ -103,10 +104,10 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "nodewright", plugin_
         parser.print_help()
         return 2
     entry = commands.by_name().get(command or "")
-    if entry is None or not entry.logs:
-        output.quiet_logging()
+    logs = contextlib.nullcontext() if entry is not None and entry.logs else output.command_logging()
     try:
-        return func(args)
+        with logs:
+            return func(args)
     except BrokenPipeError:
         output.silence_stdout()
         return output.BROKEN_PIPE_EXIT

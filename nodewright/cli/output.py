@@ -20,9 +20,11 @@ on stdout and a person sees one clear line:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from typing import Final, TextIO
 
 BROKEN_PIPE_EXIT: Final = 141
@@ -41,6 +43,20 @@ def quiet_logging() -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+@contextlib.contextmanager
+def command_logging() -> Iterator[None]:
+    """`quiet_logging()` for the length of one command, then the configuration before it: a command run
+    in-process (tests, `make demo` calling `plan`) leaves no global logging state behind."""
+    import structlog
+
+    previous = structlog.get_config()
+    quiet_logging()
+    try:
+        yield
+    finally:
+        structlog.configure(**previous)
 
 
 def silence_stdout() -> None:
