@@ -183,10 +183,16 @@ def test_validate_of_a_directory_without_a_package(
     assert code == 1 and "not a directory" in err
 
 
-@pytest.mark.parametrize("name", ["shell", "tuning", "kdump", "bind-mount"])
+@pytest.mark.parametrize("name", ["shell", "tuning", "kdump", "bind-mount", "eks-node-init"])
 def test_the_reference_packages_validate_cleanly(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    version = json.loads((REPO / "packages" / name / "config.json").read_text())["package_version"]
     code, out, err = _cli(capsys, "validate", str(REPO / "packages" / name))
-    assert (code, err) == (0, "") and out.endswith(f"{name} 1.0.0 is valid (0 warnings)\n")
+    assert (code, err) == (0, "") and out.endswith(f"{name} {version} is valid (0 warnings)\n")
+
+
+def test_every_package_of_the_catalogue_is_validated() -> None:
+    listed = {p.parent.name for p in (REPO / "packages").glob("*/config.json")}
+    assert listed == {"shell", "tuning", "kdump", "bind-mount", "eks-node-init"}
 
 
 def test_run_refuses_bad_requests_with_every_reason(

@@ -293,11 +293,9 @@ async def _workloads(kubeconfig: Path, names: Sequence[str]) -> list[Any]:
 
 async def _plan(kubeconfig: Path, nw_path: Path) -> dict[str, list[int]]:
     from nodewright.cli import plan_cmd
-    from nodewright.cli.plugin.common import open_client
 
     ns = argparse.Namespace(filename=nw_path, policy=None, kubeconfig=str(kubeconfig), name=None)
-    async with open_client(ns) as client:
-        inputs = await plan_cmd.gather(client, ns, plan_cmd.read_files(ns))
+    inputs = await plan_cmd.gather(ns)
     report = plan_cmd.build_report(
         inputs.nodewright,
         policy=inputs.policy,

@@ -26,11 +26,11 @@ Kubeconfig (`load_kubeconfig`):
   subdomains, `*` everything, IP addresses and CIDR ranges, optionally with a port). `localhost` and
   loopback addresses never go through a proxy.
 - User (`nodewright.kube.credentials`): `client-certificate(-data)` + `client-key(-data)` (mutual TLS,
-  loaded into the SSL context), then `tokenFile` (wins over `token`, as in client-go), `token`,
-  `username`/`password`, or an `exec` credential plugin (client.authentication.k8s.io v1/v1beta1, with
-  `env`, `interactiveMode`, `installHint` and `provideClusterInfo`). `auth-provider` is refused: kubectl
-  dropped its providers (use the exec plugin that replaced yours, e.g. `gke-gcloud-auth-plugin`,
-  `kubelogin`).
+  loaded into the SSL context from memory by `load_pem_chain`: no temporary directory needed), then
+  `tokenFile` (wins over `token`, as in client-go), `token`, `username`/`password`, or an `exec`
+  credential plugin (client.authentication.k8s.io v1/v1beta1, with `env`, `interactiveMode`,
+  `installHint` and `provideClusterInfo`). `auth-provider` is refused: kubectl dropped its providers
+  (use the exec plugin that replaced yours, e.g. `gke-gcloud-auth-plugin`, `kubelogin`).
 
 In-cluster (`load_incluster`): `KUBERNETES_SERVICE_HOST`/`KUBERNETES_SERVICE_PORT`, the CA and token
 mounted at `/var/run/secrets/kubernetes.io/serviceaccount` (a `TokenFile`: re-read for rotation). No
@@ -61,30 +61,41 @@ from nodewright.kube.clock import SYSTEM_CLOCK, Clock
 from nodewright.kube.credentials import (
     EXEC_API_VERSIONS,
     INTERACTIVE_MODES,
+    TEMP_DIR_REMEDY,
     Auth,
     BasicAuth,
     ConfigError,
     ExecCredential,
     NoAuth,
+    NoTempDir,
     StaticToken,
     TokenFile,
     load_client_pair,
+    load_pem_chain,
+    no_temp_dir_message,
+    temp_dir_missing,
 )
 
 __all__ = [
+    "TEMP_DIR_REMEDY",
     "Auth",
     "BasicAuth",
     "ClusterConfig",
     "ConfigError",
     "ExecCredential",
     "NoAuth",
+    "NoTempDir",
     "Proxy",
     "StaticToken",
     "TokenFile",
     "load_config",
     "load_incluster",
     "load_kubeconfig",
+    "load_pem_chain",
+    "no_temp_dir_message",
+    "parse_proxy",
     "proxy_from_environment",
+    "temp_dir_missing",
 ]
 
 SERVICE_ACCOUNT_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")

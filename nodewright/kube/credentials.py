@@ -129,20 +129,87 @@ class TokenFile:
         return True
 
 
-def load_client_pair(context: ssl.SSLContext, cert: bytes, key: bytes, *, what: str) -> None:
-    """Load a PEM client certificate and key into `context`; `what` names them in the error."""
-    # ssl only loads certificate chains from files: write them to a private temp dir, then delete.
-    with tempfile.TemporaryDirectory(prefix="nodewright-tls-") as tmp:
-        cert_path, key_path = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
+class NoTempDir(OSError):
+    """Neither an in-memory file nor a writable temporary directory is available for a PEM pair."""
+
+
+TEMP_DIR_REMEDY: Final = (
+    "mount a writable directory at /tmp (the Helm chart mounts an emptyDir there) or point $TMPDIR at one"
+)
+
+
+def no_temp_dir_message(exc: BaseException) -> str:
+    """One line for a process that found no usable temporary directory (`tempfile`'s error)."""
+    return f"no writable temporary directory ({_one_line(exc)}): {TEMP_DIR_REMEDY}"
+
+
+def temp_dir_missing() -> OSError | None:
+    """tempfile's error when no temporary directory is usable ($TMPDIR, /tmp, /var/tmp, ...), else None."""
+    try:
+        tempfile.gettempdir()
+    except OSError as exc:
+        return exc
+    return None
+
+
+def load_pem_chain(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    """Load a PEM certificate (chain) and its private key from memory into `context`.
+
+    `ssl` loads them only from files. On Linux they go into anonymous in-memory files (`memfd_create`,
+    opened by OpenSSL through /proc/self/fd), so the key never touches a disk and a read-only root file
+    system without /tmp is fine; elsewhere into a private temporary directory, removed at once, and
+    `NoTempDir` says so when there is none. `ssl.SSLError`/`ValueError` mean the pair is not PEM or the
+    key does not match.
+    """
+    fds = _memory_files(cert, key)
+    if fds:
+        try:
+            context.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}")
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return
+    try:
+        tmp = tempfile.TemporaryDirectory(prefix="nodewright-tls-")
+    except OSError as exc:
+        raise NoTempDir(no_temp_dir_message(exc)) from None
+    with tmp:
+        cert_path, key_path = Path(tmp.name) / "tls.crt", Path(tmp.name) / "tls.key"
         cert_path.write_bytes(cert)
         key_path.touch(mode=0o600)
         key_path.write_bytes(key)
-        try:
-            context.load_cert_chain(cert_path, key_path)
-        except (ssl.SSLError, ValueError) as exc:
-            raise ConfigError(
-                f"{what}: not a PEM certificate and its matching private key ({_one_line(exc)})"
-            ) from None
+        context.load_cert_chain(cert_path, key_path)
+
+
+def _memory_files(*contents: bytes) -> list[int]:
+    """File descriptors of in-memory files holding `contents` (empty where the system has none)."""
+    memfd = getattr(os, "memfd_create", None)
+    if memfd is None or not Path("/proc/self/fd").is_dir():
+        return []
+    fds: list[int] = []
+    try:
+        for data in contents:
+            fds.append(memfd("nodewright-tls", os.MFD_CLOEXEC))
+            with open(fds[-1], "wb", closefd=False) as file:
+                file.write(data)
+    except OSError:  # e.g. a seccomp profile that refuses memfd_create
+        for fd in fds:
+            os.close(fd)
+        return []
+    return fds
+
+
+def load_client_pair(context: ssl.SSLContext, cert: bytes, key: bytes, *, what: str) -> None:
+    """Load a PEM client certificate and key into `context` (`load_pem_chain`); `what` names them in
+    the error."""
+    try:
+        load_pem_chain(context, cert, key)
+    except (ssl.SSLError, ValueError) as exc:
+        raise ConfigError(
+            f"{what}: not a PEM certificate and its matching private key ({_one_line(exc)})"
+        ) from None
+    except NoTempDir as exc:
+        raise ConfigError(f"{what}: {exc}") from None
 
 
 @dataclass

@@ -53,6 +53,7 @@ class Reason(StrEnum):
     ROLLOUT_PAUSED = "RolloutPaused"
     ROLLOUT_DISABLED = "RolloutDisabled"
     POLICY_NOT_FOUND = "PolicyNotFound"
+    POLICY_INVALID = "PolicyInvalid"
     STATE_MALFORMED = "StateMalformed"
     DELETION_BLOCKED = "DeletionBlocked"
     INVALID_SPEC = "InvalidSpec"
@@ -111,6 +112,12 @@ CATALOGUE: Final[tuple[ReasonInfo, ...]] = (
     ReasonInfo(Reason.ROLLOUT_PAUSED, EventType.NORMAL, _NW, "The pause annotation stopped admissions"),
     ReasonInfo(Reason.ROLLOUT_DISABLED, EventType.NORMAL, _NW, "The disable annotation stopped the rollout"),
     ReasonInfo(Reason.POLICY_NOT_FOUND, EventType.WARNING, _NW, "The referenced DeploymentPolicy is missing"),
+    ReasonInfo(
+        Reason.POLICY_INVALID,
+        EventType.WARNING,
+        _NW,
+        "The referenced DeploymentPolicy fails validation (each field and what to do); nothing starts",
+    ),
     ReasonInfo(Reason.STATE_MALFORMED, EventType.WARNING, _NW, "Node state annotations cannot be parsed"),
     ReasonInfo(Reason.DELETION_BLOCKED, EventType.WARNING, _NW, "The finalizer cannot complete"),
     ReasonInfo(
@@ -333,6 +340,11 @@ def rollout_disabled() -> EventSpec:
 
 def policy_not_found(policy: str) -> EventSpec:
     return EventSpec(Reason.POLICY_NOT_FOUND, f"DeploymentPolicy [{policy}] not found; rollout blocked")
+
+
+def policy_invalid(message: str) -> EventSpec:
+    """`message`: `plan.policy.PolicyInvalid.message` (the policy, each field and what to do)."""
+    return EventSpec(Reason.POLICY_INVALID, f"{message}; rollout blocked")
 
 
 def state_malformed(nodes: Sequence[str]) -> EventSpec:
