@@ -590,6 +590,7 @@ class NodeReconciler:
                 tail = await self.logs.tail(pod, missing)
                 message = f"{message}; log: {tail}" if tail else message
             meta = pod.get("metadata") or {}
+            annotations = meta.get("annotations") or {}
             checks.append(
                 DriftCheckPod(
                     name=str(meta.get("name")),
@@ -597,6 +598,7 @@ class NodeReconciler:
                     failed_container=failed[0] if failed is not None else None,
                     message=message,
                     terminating=bool(meta.get("deletionTimestamp")),
+                    basis=str(annotations.get(constants.POD_ANNOTATION_DRIFT_BASIS) or ""),
                 )
             )
         return DriftInput(
@@ -621,7 +623,7 @@ class NodeReconciler:
             if pkg.config_map:
                 await self.configmaps.ensure(nw, name, pkg)
         manifest = podspec.build_drift_check_pod(
-            nw, checked, node=node_name, slot=action.slot, options=self.pod_options
+            nw, checked, node=node_name, slot=action.slot, options=self.pod_options, basis=action.basis
         )
         self.rt.signer.sign(manifest)
         self.drift.checked(key, action.slot)
@@ -898,6 +900,7 @@ class NodeReconciler:
             options=self.pod_options,
             interrupt=action.interrupt,
             repair=action.repair,
+            run=action.run,
             chain=[
                 podspec.ChainLink(name, nw.spec.packages[name], version, stage)
                 for name, version, stage in action.chain
