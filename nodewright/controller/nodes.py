@@ -259,7 +259,7 @@ class NodeReconciler:
         cordon = any(isinstance(a, Cordon) for a in plan.actions)
         uncordon = any(isinstance(a, Uncordon) for a in plan.actions) and ctx.cordoned_by_us
         new_timing = self._next_timing(key, ctx, plan, selection, cordon=cordon, uncordon=uncordon)
-        if ctx.deleting and self._settled(plan, ctx.summaries):
+        if ctx.deleting and self._settled(plan, ctx.summaries, ctx.inp.drift):
             # Nothing left to do for a leaving NodeWright: release the node instead of writing status
             # (a status written now would hold the finalizer forever).
             await self._cleanup(ctx.node, nw_name, plan.state, cordoned=ctx.cordoned_by_us, forget_state=True)
@@ -1145,9 +1145,11 @@ class NodeReconciler:
     # Leaving nodes
 
     @staticmethod
-    def _settled(plan: NodePlan, pods: Sequence[PodSummary]) -> bool:
-        """Deletion: nothing of this NodeWright runs or is due on the node."""
-        if pods or plan.status != Status.COMPLETE:
+    def _settled(plan: NodePlan, pods: Sequence[PodSummary], drift_input: DriftInput | None) -> bool:
+        """Deletion: nothing of this NodeWright runs or is due on the node, and no drift-check pod is
+        left there (the plan removes an ended one; released first, nothing would: the NodeWright's
+        finalizer waits for its pods)."""
+        if pods or (drift_input is not None and drift_input.pods) or plan.status != Status.COMPLETE:
             return False
         if any(isinstance(a, (CreatePod, Drain)) for a in plan.actions):
             return False
@@ -1156,6 +1158,16 @@ class NodeReconciler:
     async def _unselected(
         self, key: str, nw_name: str, node: JSON, stored: NodeState | None, pods: Sequence[JSON]
     ) -> tuple[bool, float | None] | None:
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            ended = classify(pod)[0] is not PodOutcome.RUNNING
+            if is_drift_check(pod) and ended and not meta.get("deletionTimestamp"):
+                # A check of a node the NodeWright no longer selects: its result concerns nobody, and
+                # nothing else would remove it.
+                reason = "drift check of a node the NodeWright no longer selects"
+                await self._delete_pod(
+                    str(node["metadata"]["name"]), DeletePod(str(meta.get("name")), reason)
+                )
         if pods:
             # Work of ours is still running there: let it end (the pod's events bring us back).
             return False, self.plan_options.poll_interval
