@@ -48,7 +48,13 @@ say (`finish_chain`). docs/stages.md, "Chained runs".
 
 Reboot interrupts complete when the node's bootID differs from the one recorded at interrupt start and
 the node is Ready, independently of the interrupt pod (the reboot kills it); a node that does not come
-back within `reboot_timeout` makes the entry `erroring`.
+back within `reboot_timeout` makes the entry `erroring`. Every interrupt attempt has its own identity on
+the host (`interrupt_run`: the agent's flags are keyed by it), and a reboot pod that ended while the node
+stays Ready with its old bootID for `reboot_grace` did not reboot it: a failed attempt (`await_reboot`).
+
+Drift-check pods (`DriftInput`) are read and removed as soon as they end, whatever the node's state,
+and their result counts only on the basis they were made against (`observe_checks`); no stage pod
+starts while one exists on the node (`drift_check_running`).
 """
 
 from __future__ import annotations
