@@ -284,7 +284,9 @@ class Timeline:
     def check_done_since(self, mark: int, node: str) -> bool:
         """A check pod created on `node` after event `mark` has been read and removed."""
         added = {
-            p for kind, p, n, s in self.events[mark:] if kind == "ADDED" and n == node and s == "drift-check"
+            pod
+            for kind, pod, where, stage in self.events[mark:]
+            if kind == "ADDED" and where == node and stage == constants.POD_STAGE_DRIFT_CHECK
         }
         return any(kind == "DELETED" and p in added for kind, p, _, _ in self.events[mark:])
 
@@ -326,9 +328,15 @@ async def test_drift_repair_of_a_reboot_package_reboots_once_per_repair(
             (root_of(cluster, target) / rmem).write_text("4096\n")
             await wait_statuses(kube, prefix, nw, "drifted", within=60, count=1)
 
-            # Repair 1: asked for while the node's next check may be under way (the lane's timing).
+            # Repair 1: asked for as soon as the node's next check starts (the lane's timing: the check
+            # still runs, or has just ended, when the repair becomes due).
+            since = len(timeline.events)
+
             async def checking() -> bool:
-                return bool(timeline.checks[target])
+                return any(
+                    kind == "ADDED" and node == target and stage == constants.POD_STAGE_DRIFT_CHECK
+                    for kind, _, node, stage in timeline.events[since:]
+                )
 
             await fleet.wait_for(checking, within=30, what=f"a drift check on {target}")
             mark, boots = len(timeline.events), len(timeline.boots[target])

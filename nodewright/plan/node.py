@@ -1513,19 +1513,7 @@ class _Planner:
             return
         carrier, skipped = self.interrupt_group()
         if carrier is not None:
-            attempt = self.startable(carrier) if self.in_spec(carrier) else None
-            if attempt is not None and self.node_gate(for_interrupt=True):
-                merged = self.merged_interrupt(carrier, skipped)
-                if merged is not None:
-                    if attempt > carrier.attempts:
-                        # A retry is a new interrupt: a new identity on the host (the agent's flags
-                        # for the last attempt may say it ran) and its own reboot deadline.
-                        self.state = replace(
-                            self.state, boot_id=self.node.boot_id or None, interrupt_at=ts(self.now)
-                        )
-                    self.create(
-                        carrier, attempt=attempt, interrupt=merged, covers=tuple(e.name for e in skipped)
-                    )
+            self.continue_interrupt(carrier, skipped)
             return  # nothing else runs during an interrupt
         in_flight = [e for e in self.state.packages if self.in_spec(e) and e.state in ACTIVE_STATES]
         pending_interrupts = [
@@ -1542,44 +1530,62 @@ class _Planner:
             if gated and not self.node_gate(for_interrupt=False):
                 continue
             self.create(entry, attempt=attempt)
-        # Start the merged interrupt once nothing else that could join it, or be killed by it, runs.
         if pending_interrupts:
-            # A package that became startable while these waited (its dependency's failed stage was
-            # retried meanwhile) would otherwise apply after the reboot and need one of its own: start it
-            # first, and the interrupt waits for it like for any other holdout.
-            self.start_new_runs(in_flight)
-            holdouts = [
-                e
-                for e in self.state.packages
-                if self.in_spec(e) and e.state in ACTIVE_STATES and e.stage not in INTERRUPT_STAGES
-            ]
-            if holdouts or self.creates or self.pod_running():
-                names = sorted({e.name for e in holdouts})
-                self.waiting.append("interrupt waits for " + (", ".join(names) if names else "running pods"))
-                return
-            checking = self.drift_check_running()
-            if checking is not None:
-                # Before anything is recorded: the merge below is decided when the pod is created.
-                self.waiting.append(f"interrupt waits for drift check {checking} to finish")
-                self.requeue(self.opts.poll_interval, f"pod {checking} still running")
-                return
-            if not self.node_gate(for_interrupt=True):
-                return
-            candidates = {e.name: i for e in pending_interrupts if (i := self.stage_interrupt(e)) is not None}
-            group = merge_for_node(candidates)
-            if group is None:
-                return
-            for e in pending_interrupts:
-                if e.name != group.carrier:
-                    self.put(replace(e, state=PackageState.SKIPPED, updated=ts(self.now)))
-            carrier_entry = next(e for e in pending_interrupts if e.name == group.carrier)
-            self.state = replace(self.state, boot_id=self.node.boot_id or None, interrupt_at=ts(self.now))
-            self.create(carrier_entry, attempt=1, interrupt=group.interrupt, covers=group.skipped)
-            self.events.append(
-                Event("Interrupt", f"{group.interrupt.type.value} for {', '.join(sorted(candidates))}")
-            )
+            self.start_interrupt(in_flight, pending_interrupts)
             return
         self.start_new_runs(in_flight)
+
+    def continue_interrupt(self, carrier: PackageEntry, skipped: list[PackageEntry]) -> None:
+        """The node's interrupt is in flight: its pod again when it was lost (the same attempt, the same
+        identity) or after a failed attempt (a new attempt: a new identity and reboot deadline)."""
+        attempt = self.startable(carrier) if self.in_spec(carrier) else None
+        if attempt is None or not self.node_gate(for_interrupt=True):
+            return
+        merged = self.merged_interrupt(carrier, skipped)
+        if merged is None:
+            return
+        if attempt > carrier.attempts:
+            # A retry is a new interrupt: a new identity on the host (the agent's flags for the last
+            # attempt may say it ran) and its own reboot deadline.
+            self.state = replace(self.state, boot_id=self.node.boot_id or None, interrupt_at=ts(self.now))
+        self.create(carrier, attempt=attempt, interrupt=merged, covers=tuple(e.name for e in skipped))
+
+    def start_interrupt(self, in_flight: list[PackageEntry], pending: list[PackageEntry]) -> None:
+        """Start the merged interrupt once nothing else that could join it, or be killed by it, runs."""
+        # A package that became startable while these waited (its dependency's failed stage was retried
+        # meanwhile) would otherwise apply after the reboot and need one of its own: start it first, and
+        # the interrupt waits for it like for any other holdout.
+        self.start_new_runs(in_flight)
+        holdouts = [
+            e
+            for e in self.state.packages
+            if self.in_spec(e) and e.state in ACTIVE_STATES and e.stage not in INTERRUPT_STAGES
+        ]
+        if holdouts or self.creates or self.pod_running():
+            names = sorted({e.name for e in holdouts})
+            self.waiting.append("interrupt waits for " + (", ".join(names) if names else "running pods"))
+            return
+        checking = self.drift_check_running()
+        if checking is not None:
+            # Before anything is recorded: the merge below is decided when the pod is created.
+            self.waiting.append(f"interrupt waits for drift check {checking} to finish")
+            self.requeue(self.opts.poll_interval, f"pod {checking} still running")
+            return
+        if not self.node_gate(for_interrupt=True):
+            return
+        candidates = {e.name: i for e in pending if (i := self.stage_interrupt(e)) is not None}
+        group = merge_for_node(candidates)
+        if group is None:
+            return
+        for e in pending:
+            if e.name != group.carrier:
+                self.put(replace(e, state=PackageState.SKIPPED, updated=ts(self.now)))
+        carrier_entry = next(e for e in pending if e.name == group.carrier)
+        self.state = replace(self.state, boot_id=self.node.boot_id or None, interrupt_at=ts(self.now))
+        self.create(carrier_entry, attempt=1, interrupt=group.interrupt, covers=group.skipped)
+        self.events.append(
+            Event("Interrupt", f"{group.interrupt.type.value} for {', '.join(sorted(candidates))}")
+        )
 
     def start_new_runs(self, in_flight: list[PackageEntry]) -> None:
         runs = self.new_runs()
