@@ -713,3 +713,30 @@ async def test_a_refused_package_pod_create_logs_its_intent_then_the_failure(
     (_, intent), (_, failed) = creates
     assert failed == {**intent, "error": failed["error"]} and refusal in failed["error"], failed
     assert "package pod created" not in recorder.events()
+
+
+async def test_an_earlier_nodewright_whose_label_lags_its_spec_edit_keeps_the_node_waiting(env: Env) -> None:
+    """`infra` (earlier by priority) was edited to 2.0.0 together with `nw`: n1 still says
+    `infra: complete` from 1.0.0 (its node controller has not planned n1 again), so `nw` starts nothing
+    there although it is admitted; once infra's state has completed 2.0.0 the next pass starts it."""
+    infra = nw_obj(priority=10)
+    infra["metadata"] = {**infra["metadata"], "name": "infra", "uid": "infra-uid"}
+    infra["spec"]["packages"] = {"base": {"version": "2.0.0", "image": "ghcr.io/x/base"}}
+    env.rt.nodewrights.upsert(infra)
+
+    def infra_done(version: str) -> dict[str, str]:
+        entry = PackageEntry("base", version, PackageStage.CONFIG, PackageState.COMPLETE)
+        return {constants.state_annotation("infra"): encode(NodeState(packages=(entry,)))}
+
+    lagging = node_obj({**env.admit(), **infra_done("1.0.0")})
+    lagging["metadata"]["labels"][constants.status_label("infra")] = "complete"
+    env.put_node(lagging)
+    await env.reconciler.reconcile("nw/n1")
+    assert env.pods() == []
+    assert constants.status_label("nw") not in env.node()["metadata"]["labels"], "untouched: waiting"
+    done = node_obj({**env.admit(), **infra_done("2.0.0")})
+    done["metadata"]["labels"][constants.status_label("infra")] = "complete"
+    env.put_node(done)
+    await env.reconciler.reconcile("nw/n1")
+    [pod] = env.pods()
+    assert pod["spec"]["nodeName"] == "n1"

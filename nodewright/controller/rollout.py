@@ -67,7 +67,7 @@ from nodewright.observability.metrics import (
 from nodewright.plan import batches, sequencing
 from nodewright.plan.budgets import SharedBudget
 from nodewright.plan.configdiff import config_digest
-from nodewright.plan.node import NodeFacts, Taint, is_disabled, is_paused, node_complete, untolerated_taints
+from nodewright.plan.node import NodeFacts, Taint, is_disabled, is_paused, untolerated_taints
 from nodewright.plan.podspec import package_configmap_name as podspec_configmap_name
 from nodewright.plan.podspec import parse_duration_seconds
 from nodewright.plan.policy import PolicyInvalid
@@ -83,6 +83,7 @@ from nodewright.plan.rollout import (
     plan_rollout,
     spec_fingerprint,
     status_for_spec,
+    work_pending,
 )
 from nodewright.plan.stages import ts
 from nodewright.plan.status import (
@@ -343,9 +344,7 @@ def rollout_node(
     (`status_for_spec`: a node with pending work is never counted complete).
     """
     name = nodewright.metadata.name
-    needs_work = state is None or not node_complete(nodewright, state)
-    if state is None and not nodewright.spec.packages:
-        needs_work = False
+    needs_work = work_pending(nodewright, state)
     status = status_for_spec(_status_of(node, name), needs_work=needs_work)
     unavailable = unavailable_reason(
         node, own=state, all_nodewrights=list(all_nodewrights) or [name], inactive=inactive
@@ -388,6 +387,9 @@ class RolloutReconciler:
         self._deletion_warned: dict[str, str] = {}  # NodeWright -> reason of the DeletionBlocked Event sent
         self._fingerprint: dict[str, str] = {}  # NodeWright -> spec fingerprint of the last pass
         self._pruned: dict[str, str] = {}  # NodeWright -> fingerprint whose old package ConfigMaps are gone
+        # Every NodeWright's completion per node, for ordering and the runtime-required taint: a node's
+        # state is decoded again only when its annotation text changed (`sequencing.CompletionMemo`).
+        self._completion = sequencing.CompletionMemo()
         self.configmaps = PackageConfigMaps(rt.client, namespace=rt.options.namespace)
 
     def settles_batch(self, name: str, node: str, labels: Mapping[str, str]) -> bool:
@@ -437,7 +439,7 @@ class RolloutReconciler:
         compute = time.monotonic() - started
         # Taints first: a new node must be tainted before its admission marks it as touched.
         taint_report = await taints.reconcile_runtime_taints(
-            rt, snap.nodewright, snap.matched, all_names=snap.all_names
+            rt, snap.nodewright, snap.matched, all_names=snap.all_names, completion=self._completion
         )
         started = time.monotonic()
         summary, status = self._status(snap, model, plan, taint_report)
@@ -739,9 +741,10 @@ class RolloutReconciler:
         self, all_names: Sequence[str], nodes: Sequence[JSON]
     ) -> list[sequencing.NodeWrightFacts]:
         if len(all_names) < 2:
+            self._completion.keep(all_names)
             return []  # a lone NodeWright waits for nobody; the facts cost O(nodes) to build
         models = [m for m in (self.rt.nodewright(name)[1] for name in all_names) if m is not None]
-        return sequencing.facts_for(models, nodes)
+        return sequencing.facts_for(models, nodes, memo=self._completion)
 
     def _global_sequencing_blocker(
         self, name: str, facts: Sequence[sequencing.NodeWrightFacts]
