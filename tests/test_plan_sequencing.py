@@ -7,6 +7,7 @@ one back on every node until the earlier one has done its new spec there.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -60,7 +61,7 @@ def _state(version: str, state: PackageState = PackageState.COMPLETE, *, drifted
 
 
 def _node(
-    name: str, pool: str, *, states: dict[str, NodeState | str] | None = None, **labels: str
+    name: str, pool: str, *, states: Mapping[str, NodeState | str] | None = None, **labels: str
 ) -> dict[str, Any]:
     """A node with status labels `labels` (NodeWright -> status) and state annotations `states`
     (NodeWright -> state, or raw annotation text)."""
@@ -185,7 +186,7 @@ def test_the_memo_decodes_a_state_again_only_when_its_text_or_the_spec_changed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     decoded: list[str] = []
-    real = sequencing.decode
+    real = decode
 
     def counting(text: str) -> NodeState:
         decoded.append(text)
@@ -243,14 +244,12 @@ def _fleets(draw: st.DrawFn) -> list[dict[str, Any]]:
     return nodes
 
 
-def _infra(draw: st.DrawFn) -> NodeWright:
-    return _nw(
-        "infra",
-        10,
-        sequencing=draw(st.sampled_from(["node", "all"])),
-        version=draw(st.sampled_from(_VERSIONS)),
-        drift=draw(st.sampled_from([None, "report", "reapply"])),
-    )
+_INFRAS = st.builds(
+    lambda mode, version, action: _nw("infra", 10, sequencing=mode, version=version, drift=action),
+    st.sampled_from(["node", "all"]),
+    st.sampled_from(_VERSIONS),
+    st.sampled_from([None, "report", "reapply"]),
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -260,7 +259,7 @@ def test_the_later_nodewright_never_starts_where_the_earlier_one_has_not_complet
 ) -> None:
     """Whatever the labels say (lagging, garbage, absent), app is let through on a node only where
     infra's state completes infra's current spec -- and with `sequencing: all`, on every infra node."""
-    infra = _infra(data.draw)
+    infra = data.draw(_INFRAS)
     facts = facts_for([infra, _nw("app", 200, version=data.draw(st.sampled_from(_VERSIONS)))], nodes)
 
     def done(node: dict[str, Any]) -> bool:
@@ -286,7 +285,7 @@ def test_the_memo_answers_like_a_fresh_read_across_passes(
     stale decode."""
     memo = CompletionMemo()
     for nodes in passes:
-        nws = [_infra(data.draw), _nw("app", 200, version=data.draw(st.sampled_from(_VERSIONS)))]
+        nws = [data.draw(_INFRAS), _nw("app", 200, version=data.draw(st.sampled_from(_VERSIONS)))]
         assert facts_for(nws, nodes, memo=memo) == facts_for(nws, nodes)
         for node in nodes:  # the node controller's per-node question, between two builds
             fresh = CompletionMemo().complete_on(nws[0], node)
@@ -302,3 +301,13 @@ def test_the_roll_up_counts_complete_exactly_the_nodes_ordering_counts_complete(
     status = status_for_spec(label, needs_work=needs_work)
     counted = report_for("n", status, needs_work=needs_work).status is Status.COMPLETE
     assert counted is complete_for_spec(label, needs_work=needs_work)
+
+
+@pytest.mark.parametrize("value", [None, "garbage", *(s.value for s in Status)])
+@pytest.mark.parametrize("needs_work", [False, True])
+def test_the_memo_reads_labels_by_the_rule(value: str | None, needs_work: bool) -> None:
+    """The memo never parses a label: outside `NEVER_COMPLETE` the state decides, which is what
+    `complete_for_spec` says of every label (an unknown value reads as none, as in the rollout)."""
+    label = Status(value) if value in {s.value for s in Status} else None
+    by_memo = value not in sequencing.NEVER_COMPLETE and not needs_work
+    assert by_memo is complete_for_spec(label, needs_work=needs_work)

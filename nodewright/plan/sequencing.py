@@ -81,46 +81,41 @@ def blocking(nodewrights: Iterable[NodeWrightFacts], *, target: str, node: str) 
     return None
 
 
-_NEVER_COMPLETE: frozenset[Status | None] = frozenset(
-    s for s in Status if not complete_for_spec(s, needs_work=False)
+NEVER_COMPLETE: frozenset[str] = frozenset(
+    s.value for s in Status if not complete_for_spec(s, needs_work=False)
 )
-"""Labels under which no state makes a node complete (`erroring`, `waiting`, ...): no decode needed."""
-
-
-def _label(labels: Mapping[str, str], nodewright: str) -> Status | None:
-    value = labels.get(constants.status_label(nodewright))
-    try:
-        return Status(value) if value is not None else None
-    except ValueError:
-        return None  # an unknown value says nothing; the state decides (as in the rollout)
+"""Status label values under which no state makes a node complete (`erroring`, `waiting`, ...): no
+decode needed. Under any other label (`complete`, `drifted`, `in_progress`, none, or a value this
+operator does not know, which says nothing) the node is complete exactly when its state has no work
+pending for the spec: `complete_for_spec` answered without parsing the label."""
 
 
 class _SpecCompletion:
     """One NodeWright's spec and, per node, (state annotation text, work pending for that spec)."""
 
-    __slots__ = ("entries", "key", "nodewright")
+    __slots__ = ("entries", "key", "label_key", "nodewright", "state_key")
 
     def __init__(self, nodewright: NodeWright, key: object) -> None:
         self.nodewright = nodewright
         self.key = key
+        self.label_key = constants.status_label(nodewright.metadata.name)
+        self.state_key = constants.state_annotation(nodewright.metadata.name)
         self.entries: dict[str, tuple[str | None, bool]] = {}
 
     def complete(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str]) -> bool:
-        nw_name = self.nodewright.metadata.name
-        label = _label(labels, nw_name)
-        if label in _NEVER_COMPLETE:
+        if labels.get(self.label_key) in NEVER_COMPLETE:
             return False
-        text = annotations.get(constants.state_annotation(nw_name))
+        text = annotations.get(self.state_key)
         cached = self.entries.get(name)
-        if cached is not None and cached[0] == text:
-            return complete_for_spec(label, needs_work=cached[1])
+        if cached is None or cached[0] != text:
+            cached = self.entries[name] = (text, self._work_pending(text))
+        return not cached[1]
+
+    def _work_pending(self, text: str | None) -> bool:
         try:
-            state = decode(text) if text is not None else None
-            needs_work = work_pending(self.nodewright, state)
+            return work_pending(self.nodewright, decode(text) if text is not None else None)
         except MalformedNodeState:
-            needs_work = True  # unreadable: never complete (the rollout reports it StateMalformed)
-        self.entries[name] = (text, needs_work)
-        return complete_for_spec(label, needs_work=needs_work)
+            return True  # unreadable: never complete (the rollout reports the node StateMalformed)
 
 
 def _spec_key(nodewright: NodeWright) -> object:
