@@ -647,6 +647,8 @@ class NodeReconciler:
                     message=message,
                     terminating=bool(meta.get("deletionTimestamp")),
                     basis=str(annotations.get(constants.POD_ANNOTATION_DRIFT_BASIS) or ""),
+                    created=_parse(meta.get("creationTimestamp")),
+                    deadline=_active_deadline(pod),
                 )
             )
         return DriftInput(
@@ -1490,6 +1492,12 @@ def _parse(text: str | None) -> datetime | None:
         return parse_ts(text)
     except ValueError:
         return None
+
+
+def _active_deadline(pod: JSON) -> float | None:
+    """The pod's `activeDeadlineSeconds` (kept by `kube.trim.trim_pod`), None when it has none."""
+    value = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    return float(value) if isinstance(value, int) and value > 0 else None
 
 
 def _traced(admission: Admission | None) -> TracedAdmission | None:

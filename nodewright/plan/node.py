@@ -54,7 +54,8 @@ stays Ready with its old bootID for `reboot_grace` did not reboot it: a failed a
 
 Drift-check pods (`DriftInput`) are read and removed as soon as they end, whatever the node's state,
 and their result counts only on the basis they were made against (`observe_checks`); no stage pod
-starts while one exists on the node (`drift_check_running`).
+starts while one exists on the node (`drift_check_running`), so one still there past its deadline is
+deleted as a check error (`overran`).
 """
 
 from __future__ import annotations
@@ -188,6 +189,8 @@ class DriftCheckPod:
     message: str = ""
     terminating: bool = False
     basis: str = ""  # its `nodewright.io/drift-basis` annotation (`drift.CheckBasis`)
+    created: datetime | None = None  # its creationTimestamp
+    deadline: float | None = None  # its `activeDeadlineSeconds` (None: built without one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -510,6 +513,7 @@ class _Planner:
         self.drift_requeue: RequeueAfter | None = None
         self.drift_result: str | None = None
         self.drift_recheck = False  # a host change is to be checked: keep the recorded bootID
+        self.check_expires: datetime | None = None  # when the running check pod is given up (if any)
 
     # -- small utilities ------------------------------------------------------------------------
 
@@ -1722,19 +1726,41 @@ class _Planner:
         repair). Its result counts only while the node is still what it was made against
         (`drift.void_reason`: no run of a checked package since it started, the same boot); a void
         check is removed without a verdict (after a reboot nobody asked for, the node stays due:
-        `drift_checks`). Check pods that have not ended are left alone; stage pods wait until every
-        check pod is gone (`drift_check_running`)."""
+        `drift_checks`). Check pods that have not ended are left alone until their deadline has
+        passed (`overran`); stage pods wait until every check pod is gone (`drift_check_running`)."""
         facts = self.inp.drift
         if facts is None:
             return
         for pod in facts.pods:
-            if pod.terminating or _check_running(pod):
+            if pod.terminating:
                 continue
+            if _check_running(pod):
+                ended = self.overran(pod)
+                if ended is None:
+                    continue
+                pod = ended
             void = drift.void_reason(pod.basis, self.nw, self.state, boot_id=self.node.boot_id)
             if void is None:
                 self.read_drift_check(pod, drift.check_plan(self.nw, self.state))
                 continue
             self.deletes.setdefault(pod.name, DeletePod(pod.name, f"drift check void: {void.value}"))
+
+    def overran(self, pod: DriftCheckPod) -> DriftCheckPod | None:
+        """A running check pod past `drift.check_expires` (its deadline plus a grace the kubelet has to
+        end it): the pod as ended with outcome DEADLINE, to be read as a check `error` and deleted (it
+        holds back every stage pod of the node while it exists). None while it has time: the node is
+        planned again when it runs out (`check_expires`)."""
+        if pod.created is None:
+            return None
+        expires = drift.check_expires(self.nw, created=pod.created, deadline=pod.deadline)
+        if self.now < expires:
+            self.check_expires = min(expires, self.check_expires or expires)
+            self.requeue(seconds_until(expires, self.now), f"deadline of drift check {pod.name}")
+            return None
+        limit = human_duration((expires - pod.created).total_seconds())
+        message = f"the check pod was still there {limit} after it was created (deadline and grace); deleted"
+        self.deletes[pod.name] = DeletePod(pod.name, f"drift check overran its deadline: {message}")
+        return replace(pod, outcome=PodOutcome.DEADLINE, message=message)
 
     def drift_checks(self, *, was_complete: bool) -> None:
         """Drift detection on a node where this NodeWright is complete (rules in `plan.drift`).
@@ -1751,6 +1777,10 @@ class _Planner:
         checked = drift.check_plan(self.nw, self.state)
         if any(_check_running(pod) for pod in facts.pods):
             self.requeue(self.opts.poll_interval, "drift check running")
+            if self.check_expires is not None:  # a hung check ends no pod event: look again at its deadline
+                self.drift_requeue = RequeueAfter(
+                    max(1.0, seconds_until(self.check_expires, self.now)), "drift check deadline"
+                )
             return
         old = self.inp.state or NodeState()
         recheck = None
