@@ -167,7 +167,7 @@ CONDITION_MESSAGE_LIMIT: Final = 1024
 class _SequencingCache:
     built_at: float = -1e9
     facts: tuple[sequencing.NodeWrightFacts, ...] = ()
-    nodewrights: tuple[tuple[str, str], ...] = ()  # (name, resourceVersion) of what the facts read
+    nodewrights: tuple[tuple[object, ...], ...] = ()  # what the facts read of each (`_ordering_inputs`)
     completion: sequencing.CompletionMemo = field(default_factory=sequencing.CompletionMemo)
 
 
@@ -702,7 +702,8 @@ class NodeReconciler:
     def _sequencing_blocker(self, nw_name: str, node: JSON) -> str | None:
         """The earlier NodeWright keeping this node waiting, if any.
 
-        The facts are cached for a second (and rebuilt at once when a NodeWright changed), but this
+        The facts are cached for a second (and rebuilt at once when a NodeWright's spec, pause, disable
+        or deletion changed: an edit must not be read against the facts of the old spec), but this
         node's own completion is taken from the node as it is now, for each NodeWright's current spec
         (`sequencing.CompletionMemo`, the rule the facts use): the event that unblocks it (the earlier
         NodeWright completing here) is the very node update that brought us here, and a stale cache
@@ -727,7 +728,7 @@ class NodeReconciler:
         now = time.monotonic()
         cache = self._sequencing
         objects = self.rt.nodewrights.objects()
-        read = tuple((str(o["metadata"]["name"]), str(o["metadata"].get("resourceVersion"))) for o in objects)
+        read = tuple(_ordering_inputs(o) for o in objects)
         if now - cache.built_at < SEQUENCING_FACTS_TTL and read == cache.nodewrights:
             return cache.facts
         cache.nodewrights, cache.built_at = read, now
@@ -1492,6 +1493,20 @@ def _parse(text: str | None) -> datetime | None:
         return parse_ts(text)
     except ValueError:
         return None
+
+
+def _ordering_inputs(nodewright: JSON) -> tuple[object, ...]:
+    """What the ordering facts read of a NodeWright object: its spec (generation), pause, disable and
+    deletion. Not its resourceVersion: every status write of the rollout changes that."""
+    meta = nodewright.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    return (
+        meta.get("name"),
+        meta.get("generation"),
+        bool(meta.get("deletionTimestamp")),
+        annotations.get(constants.ANNOTATION_PAUSE),
+        annotations.get(constants.ANNOTATION_DISABLE),
+    )
 
 
 def _active_deadline(pod: JSON) -> float | None:

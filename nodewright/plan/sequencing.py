@@ -14,9 +14,9 @@ the status roll-up uses): its status label corrected by its state annotation. Th
 edit -- it says `complete` from the previous generation until the node controller has planned the node
 again -- so when an earlier and a later NodeWright are edited together, reading the label alone let the
 later one start on nodes where the earlier one had not even begun its new spec. Reading the state
-costs a decode per (NodeWright, node): `CompletionMemo` keeps each node's answer until its state
-annotation text, its status label or the NodeWright's spec changes, so a pass over 10,000 nodes
-decodes only the nodes that changed since the last one.
+costs a decode per (NodeWright, node): `CompletionMemo` keeps what each node's state says until its
+state annotation text or the NodeWright's spec changes (the label is read every time), so a pass over
+10,000 nodes decodes only the annotations that changed since the last one.
 """
 
 from __future__ import annotations
