@@ -140,6 +140,11 @@ def node_name(name_prefix: str, index: int) -> str:
     return f"{name_prefix}-{index:05d}"
 
 
+def node_labels(name: str, index: int, *, profile: str, fleet: str) -> dict[str, str]:
+    """The labels of the fleet's node `index` (GFD, NFD, topology), e.g. for a real node joining the fleet."""
+    return _labels(name, index, profile_for(profile, index), fleet)
+
+
 def _labels(name: str, index: int, p: GpuProfile, fleet: str) -> dict[str, str]:
     kmaj, kmin, krev, kextra = p.kernel
     dmaj, dmin, drev = p.driver
