@@ -15,6 +15,9 @@ N=$1
 LOWER=$2
 SNAP=$3
 M=$N/merged
+# util-linux's mount records some mounts in /run/mount/utab, the machine's file until the pivot: keep
+# that record in the node's directory instead.
+export LIBMOUNT_UTAB="$N/utab"
 
 read -r _wired < "$N/net.fifo"
 
