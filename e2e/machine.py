@@ -68,7 +68,9 @@ def take() -> Snapshot:
             "mounts": frozenset(_mounts()),
             "links": frozenset(_ip("-o", "link", "show")),
             "addresses": frozenset(_ip("-o", "addr", "show")),
-            "routes": frozenset(_ip("route", "show", "table", "all") + _ip("-6", "route", "show", "table", "all")),
+            "routes": frozenset(
+                _ip("route", "show", "table", "all") + _ip("-6", "route", "show", "table", "all")
+            ),
             "firewall": frozenset(_firewall()),
             "cgroups": frozenset(_cgroups()),
             "etc": frozenset(_tree(Path("/etc"))),
@@ -124,7 +126,12 @@ def _firewall() -> Iterator[str]:
     root = _nft_root()
     env = {**os.environ, "LD_LIBRARY_PATH": f"{root}/usr/lib/x86_64-linux-gnu:{root}/lib/x86_64-linux-gnu"}
     done = subprocess.run(
-        [str(root / "usr" / "sbin" / "nft"), "list", "ruleset"], capture_output=True, text=True, timeout=30, env=env, check=True
+        [str(root / "usr" / "sbin" / "nft"), "list", "ruleset"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+        check=True,
     )
     yield from (f"nft: {line.strip()}" for line in done.stdout.splitlines() if line.strip())
 

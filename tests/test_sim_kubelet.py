@@ -388,7 +388,7 @@ def test_the_operators_package_pod_lands_in_the_node_root(tmp_path: Path) -> Non
     assert copy_image.kind is ImageKind.DIRECTORY and copy_image.directory == registry / "tuning"
     script = copy_spec.argv[2]
     assert copy_spec.argv[:2] == ("/bin/sh", "-c")
-    assert f"cp -r {tmp_path}/pod/images/tuning-init/* {node_root}/${{SKYHOOK_DIR}}" in script
+    assert f"cp -rf {tmp_path}/pod/images/tuning-init/* {node_root}/${{SKYHOOK_DIR}}" in script
     assert copy_spec.env["SKYHOOK_DIR"].startswith("/var/lib/skyhook/tune/")  # a host path: not mapped
     # The package's configMap volume sits inside the payload: it is placed into the payload copy.
     assert copy_mounts.nested == (

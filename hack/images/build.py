@@ -423,7 +423,9 @@ def busybox_layer(work: Path) -> Layer:
     for applet in applets:
         if applet != "busybox":
             (tree / "bin" / applet).symlink_to("busybox")
-    return Layer.write(tree, work / "busybox-layer", comment=f"busybox ({Path(found).parent.name}, Debian's busybox-static)")
+    return Layer.write(
+        tree, work / "busybox-layer", comment=f"busybox ({Path(found).parent.name}, Debian's busybox-static)"
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -497,7 +499,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             layer = busybox_layer(Path(tmp))
             digest = write_layout(args.out / PACKAGE_BASE, PACKAGE_BASE_IMAGE, [layer], tag=tag)
-            log(f"{PACKAGE_BASE}: {args.out / PACKAGE_BASE} {digest} ({layer.size / 2**20:.1f} MiB compressed)")
+            log(
+                f"{PACKAGE_BASE}: {args.out / PACKAGE_BASE} {digest} ({layer.size / 2**20:.1f} MiB compressed)"
+            )
     if not names:
         log(f"done in {time.monotonic() - started:.0f}s")
         print(args.out)

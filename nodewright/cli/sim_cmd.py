@@ -115,7 +115,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     down.set_defaults(func=cmd_down)
 
     push = commands.add_parser("push", help="push an OCI image layout to the real nodes' registry")
-    push.add_argument("layout", type=existing_directory, help="OCI image layout directory (make images, package build)")
+    push.add_argument(
+        "layout", type=existing_directory, help="OCI image layout directory (make images, package build)"
+    )
     push.add_argument("image", type=flags.image_reference, help="the reference real nodes pull it by")
     push.add_argument("--dir", type=Path, default=DEFAULT_DIR)
     push.set_defaults(func=cmd_push)
@@ -134,7 +136,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             "nodewright sim up", f"--real-packages {args.real_packages} is more than --nodes {args.nodes}"
         )
     if args.push and not args.real_nodes:
-        return flags.fail("nodewright sim up", "--push needs --real-nodes (only real nodes pull from the registry)")
+        return flags.fail(
+            "nodewright sim up", "--push needs --real-nodes (only real nodes pull from the registry)"
+        )
     try:
         plane = ControlPlane.create(
             args.dir, image_dirs=args.image_dir, agent_images=args.agent_image, real_nodes=args.real_nodes

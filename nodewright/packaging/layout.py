@@ -4,9 +4,11 @@ Image contract (anchor §2.12-§2.13, unchanged from the reference so public ima
 
 - the image holds the package payload at `/skyhook-package`: `config.json`, `skyhook_dir/` (step
   scripts), optionally `root_dir/` (laid over the host root) and anything the steps read;
-- the package pod's first init container runs `/bin/sh -c 'mkdir -p <root>/<copy dir> && cp -r
+- the package pod's first init container runs `/bin/sh -c 'mkdir -p <root>/<copy dir> && cp -rf
   /skyhook-package/* <root>/<copy dir>'` in the package image, so an image that goes to a real node needs
-  `/bin/sh`, `mkdir` and `cp` (a busybox base is enough);
+  `/bin/sh`, `mkdir` and `cp` (a busybox base is enough). `-f`: a later pod of the same run (a retry, the
+  post-interrupt pod) copies onto the first one's files, and a ConfigMap volume's files are symlinks
+  (`..data`), which busybox's `cp -r` refuses to replace;
 - the package's ConfigMap, when the NodeWright gives it one, is mounted at `/skyhook-package/configmaps`,
   hiding whatever the image has there.
 

@@ -161,7 +161,7 @@ _MODES: Final = (
 
 _DOCKERFILE: Final = """\
 # The @NAME@ package image. The payload goes under /skyhook-package; the package pod's init container
-# runs `/bin/sh -c 'mkdir -p ... && cp -r /skyhook-package/* ...'` in this image, so the base needs a
+# runs `/bin/sh -c 'mkdir -p ... && cp -rf /skyhook-package/* ...'` in this image, so the base needs a
 # shell, mkdir and cp: busybox is enough. (`nodewright package build` writes the same image as an OCI
 # layout without a Docker daemon.)
 FROM busybox:1.36.1

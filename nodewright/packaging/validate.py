@@ -219,7 +219,7 @@ def _check_dockerfile(package_dir: Path, report: Report) -> None:
     elif bases[-1].lower() == "scratch":
         report.errors.append(
             f"{layout.DOCKERFILE}: the image is FROM scratch, but the package pod's init container runs "
-            f"/bin/sh -c 'mkdir -p ... && cp -r {layout.PAYLOAD_DIR}/* ...' in it; use a base with a shell "
+            f"/bin/sh -c 'mkdir -p ... && cp -rf {layout.PAYLOAD_DIR}/* ...' in it; use a base with a shell "
             "(e.g. busybox)"
         )
     if layout.PAYLOAD_DIR not in text:

@@ -596,7 +596,7 @@ def _stage_containers(
         "image": image_reference(package.image, version, package.container_sha),
         "imagePullPolicy": "Always",
         "command": ["/bin/sh"],
-        "args": ["-c", f"mkdir -p {target} && cp -r {PAYLOAD_DIR}/* {target}"],
+        "args": ["-c", f"mkdir -p {target} && cp -rf {PAYLOAD_DIR}/* {target}"],
         "env": [{"name": "SKYHOOK_DIR", "value": cdir}],
         "securityContext": privileged,
         "volumeMounts": mounts,

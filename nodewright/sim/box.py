@@ -81,7 +81,7 @@ class BoxesSpec:
     api_port: int
     registry_port: int
     nodes: tuple[NodeSpec, ...]
-    plan: AddressPlan = AddressPlan()
+    plan: AddressPlan = field(default_factory=AddressPlan)
 
     @property
     def layer(self) -> Path:
@@ -158,7 +158,9 @@ def write_layer(layer: Path, *, plan: AddressPlan) -> None:
     _write(etc / "containerd" / "config.toml", containerd_config())
     _write(etc / "containerd" / "certs.d" / "_default" / "hosts.toml", registry_hosts(plan.registry))
     _write(etc / "os-release", OS_RELEASE)
-    _write(etc / "passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")
+    _write(
+        etc / "passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
+    )
     _write(etc / "group", "root:x:0:\nnogroup:x:65534:\n")
     _write(etc / "resolv.conf", "# No name server: nothing in a NodeWright node box may ask DNS anything.\n")
     _write(etc / "hosts", "127.0.0.1 localhost\n")
@@ -214,7 +216,9 @@ state = "/run/containerd"
 def registry_hosts(registry: str) -> str:
     """Every registry host is the simulator's registry (`_default`), with no fallback to the real host:
     `server` is the local registry too, so a missing image fails here instead of going out."""
-    return f'server = "http://{registry}"\n\n[host."http://{registry}"]\n  capabilities = ["pull", "resolve"]\n'
+    return (
+        f'server = "http://{registry}"\n\n[host."http://{registry}"]\n  capabilities = ["pull", "resolve"]\n'
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -228,7 +232,10 @@ def provision(spec: BoxesSpec, node: NodeSpec, *, material: pki.Pki) -> Path:
         (directory / sub).mkdir(parents=True, exist_ok=True)
     upper = directory / "upper"
     _write(upper / "etc" / "hostname", node.name + "\n")
-    _write(upper / "etc" / "machine-id", hashlib.sha256(f"{spec.sim_id}/{node.name}".encode()).hexdigest()[:32] + "\n")
+    _write(
+        upper / "etc" / "machine-id",
+        hashlib.sha256(f"{spec.sim_id}/{node.name}".encode()).hexdigest()[:32] + "\n",
+    )
     box = upper / "etc" / "nodewright-box"
     _write(box / "node-ip", plan.node_ip(node.index) + "\n")
     _write(box / "cgroup-root", cgroup_root(spec.sim_id, node.name) + "\n")
@@ -264,7 +271,11 @@ def cni_config(subnet: str) -> str:
                     "isGateway": True,
                     "ipMasq": False,
                     "hairpinMode": True,
-                    "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]], "routes": [{"dst": "0.0.0.0/0"}]},
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": subnet}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                    },
                 }
             ],
         },

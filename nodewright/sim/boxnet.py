@@ -118,7 +118,9 @@ class Lab:
         box = f"/proc/{box_pid}/ns/net"
         with contextlib.suppress(OSError):
             run_ip("link", "del", link, namespace=lab)  # a leftover of the previous boot, if any
-        run_ip("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", str(box_pid), namespace=lab)
+        run_ip(
+            "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", str(box_pid), namespace=lab
+        )
         run_ip("link", "set", link, "master", LAB_BRIDGE, "up", namespace=lab)
         run_ip("link", "set", "lo", "up", namespace=box)
         run_ip("addr", "add", f"{plan.node_ip(index)}/{plan.prefix_length}", "dev", "eth0", namespace=box)
@@ -146,7 +148,9 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         pass
 
 
-async def splice(a: tuple[asyncio.StreamReader, asyncio.StreamWriter], b: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
+async def splice(
+    a: tuple[asyncio.StreamReader, asyncio.StreamWriter], b: tuple[asyncio.StreamReader, asyncio.StreamWriter]
+) -> None:
     """Copy both ways until both directions ended, then close both connections."""
     try:
         await asyncio.gather(_pump(a[0], b[1]), _pump(b[0], a[1]))
@@ -169,7 +173,9 @@ async def open_in(namespace: int, host: str, port: int) -> tuple[asyncio.StreamR
     """A connection to `host:port` from inside `namespace`."""
     sock = netns.tcp_socket(namespace)
     try:
-        await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, (host, port)), _CONNECT_TIMEOUT_S)
+        await asyncio.wait_for(
+            asyncio.get_running_loop().sock_connect(sock, (host, port)), _CONNECT_TIMEOUT_S
+        )
     except BaseException:
         sock.close()
         raise
@@ -182,7 +188,7 @@ async def forward(namespace: int, *, address: str, port: int, target_port: int) 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             upstream = await open_host(target_port)
-        except (OSError, asyncio.TimeoutError) as err:
+        except (TimeoutError, OSError) as err:
             log.warning("forward %s:%d -> 127.0.0.1:%d failed: %s", address, port, target_port, err)
             writer.close()
             return
@@ -238,15 +244,16 @@ class ConnectProxy:
         self.lab_networks = list(lab_networks)
 
     async def serve(self, socket_path: Path) -> asyncio.AbstractServer:
-        socket_path.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket_path)
         server = await asyncio.start_unix_server(self._handle, path=str(socket_path))
-        os.chmod(socket_path, 0o600)
+        os.chmod(socket_path, 0o600)  # kube-apiserver runs as root here; nobody else needs it
         return server
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _HEADER_TIMEOUT_S)
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             writer.close()
             return
         request = head.split(b"\r\n", 1)[0].decode("latin-1").split()
@@ -261,7 +268,7 @@ class ConnectProxy:
             upstream = await (
                 open_in(self.lab.fd, where.host, where.port) if where.in_lab else open_host(where.port)
             )
-        except (OSError, asyncio.TimeoutError) as err:
+        except (TimeoutError, OSError) as err:
             await self._refuse(writer, 502, f"dialing {request[1]} failed: {err}")
             return
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")

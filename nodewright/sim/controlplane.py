@@ -358,13 +358,18 @@ class ControlPlane:
             "--allow-privileged=true", "--profiling=false", f"--cert-dir={d / 'apiserver'}",
         ]  # fmt: skip
         if not self.real_nodes:
-            return [*argv, "--authorization-mode=RBAC", "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition"]
+            return [
+                *argv,
+                "--authorization-mode=RBAC",
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            ]
         # Real nodes make it a cluster as users run one: pods get their ServiceAccount tokens (admission
         # plugin on), kubelets are authorized as nodes, and the API server reaches kubelets and the
         # webhook's endpoints through the real nodes' egress proxy (nodewright.sim.boxnet).
         return [
             *argv, "--authorization-mode=Node,RBAC", "--disable-admission-plugins=TaintNodesByCondition",
-            f"--kubelet-client-certificate={p.kubelet_client_crt}", f"--kubelet-client-key={p.kubelet_client_key}",
+            f"--kubelet-client-certificate={p.kubelet_client_crt}",
+            f"--kubelet-client-key={p.kubelet_client_key}",
             f"--egress-selector-config-file={self.dir / REAL_NODES_DIR / 'egress-selector.yaml'}",
             "--enable-aggregator-routing=true",
         ]  # fmt: skip
@@ -375,9 +380,11 @@ class ControlPlane:
         if self.real_nodes:
             # The chart's Deployments and its uninstall hook's Job, the webhook Service's endpoints and the
             # CA bundle every pod's projected token volume mounts.
-            controllers += ["deployment-controller", "replicaset-controller", "job-controller",
-                            "ttl-after-finished-controller", "endpoints-controller", "endpointslice-controller",
-                            "root-ca-certificate-publisher-controller", "pod-garbage-collector-controller"]  # fmt: skip
+            controllers += [
+                "deployment-controller", "replicaset-controller", "job-controller",
+                "ttl-after-finished-controller", "endpoints-controller", "endpointslice-controller",
+                "root-ca-certificate-publisher-controller", "pod-garbage-collector-controller",
+            ]  # fmt: skip
         return [
             str(self.bin_dir / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
             f"--authentication-kubeconfig={self.kubeconfig}", f"--authorization-kubeconfig={self.kubeconfig}",
@@ -828,7 +835,11 @@ def scheduler_config(kubeconfig: Path) -> str:
                             "addedAffinity": {
                                 "requiredDuringSchedulingIgnoredDuringExecution": {
                                     "nodeSelectorTerms": [
-                                        {"matchExpressions": [{"key": "type", "operator": "NotIn", "values": ["kwok"]}]}
+                                        {
+                                            "matchExpressions": [
+                                                {"key": "type", "operator": "NotIn", "values": ["kwok"]}
+                                            ]
+                                        }
                                     ]
                                 }
                             }
@@ -844,10 +855,19 @@ def scheduler_config(kubeconfig: Path) -> str:
 def _real_node_prerequisites(bins: binaries.ControlPlaneBinaries) -> Path:
     """The real nodes' base root, after checking what they need of this machine (one line each)."""
     if os.geteuid() != 0:
-        raise ControlPlaneError("real nodes need root (namespaces, mounts, cgroups): run as root, or without --real-nodes")
-    for tool, package in (("unshare", "util-linux"), ("nsenter", "util-linux"), ("ip", "iproute2"), ("mount", "mount")):
+        raise ControlPlaneError(
+            "real nodes need root (namespaces, mounts, cgroups): run as root, or without --real-nodes"
+        )
+    for tool, package in (
+        ("unshare", "util-linux"),
+        ("nsenter", "util-linux"),
+        ("ip", "iproute2"),
+        ("mount", "mount"),
+    ):
         if shutil.which(tool) is None:
-            raise ControlPlaneError(f"real nodes need `{tool}`: install Debian's {package} (apt-get install {package})")
+            raise ControlPlaneError(
+                f"real nodes need `{tool}`: install Debian's {package} (apt-get install {package})"
+            )
     if not Path("/sys/fs/cgroup").is_dir():
         raise ControlPlaneError("real nodes need the cgroup file system at /sys/fs/cgroup")
     try:

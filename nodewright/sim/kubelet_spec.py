@@ -21,7 +21,7 @@ directories of the simulator instead:
 - **Path mapping.** Every container path in `command`, `args`, env values and `workingDir` that starts
   with a mount path is rewritten to the mapped directory (whole path components only, so `/root` maps
   but `/rooted` and `/usr/root` do not). This is what makes the operator's copy command
-  (`cp -r /skyhook-package/* /root/${SKYHOOK_DIR}`) and the agent's `<mode> /root <copyDir>` land in the
+  (`cp -rf /skyhook-package/* /root/${SKYHOOK_DIR}`) and the agent's `<mode> /root <copyDir>` land in the
   node's host root. Paths the process builds at run time from other paths (as the agent does with its
   root argument) need no mapping; paths it hard-codes do not get one.
 - **Environment.** As the kubelet builds it: `envFrom` (configMap/secret, with prefix, invalid names
@@ -516,7 +516,7 @@ class Mount:
 @dataclass(frozen=True, slots=True)
 class NestedMount:
     """A volume mounted inside the image payload: placed into the per-pod payload copy at `relative`.
-    ConfigMap/secret content is copied (read-only anyway, and `cp -r` must see real files); hostPath and
+    ConfigMap/secret content is copied (read-only anyway, and `cp -rf` must see real files); hostPath and
     emptyDir are linked so writes stay shared."""
 
     relative: str

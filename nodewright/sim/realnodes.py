@@ -136,12 +136,10 @@ class Box:
         """The box's first process: the only child of `unshare --fork`."""
         assert self.proc is not None
         deadline = time.monotonic() + _BOOT_TIMEOUT_S
-        path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, ValueError):
-                children = path.read_text().split()
-                if children:
-                    return int(children[0])
+            child = _first_child(self.proc.pid)
+            if child is not None:
+                return child
             if self.proc.returncode is not None:
                 raise BootError(f"unshare exited {self.proc.returncode} (see {self.dir / 'console.log'})")
             await asyncio.sleep(0.02)
@@ -176,6 +174,14 @@ def _ending(code: int) -> str:
     return f"crash (exit {code})" if code >= 0 else f"crash (signal {signal.Signals(-code).name})"
 
 
+def _first_child(pid: int) -> int | None:
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return None
+    return int(children[0]) if children else None
+
+
 def _signal_fifo(fifo: Path) -> None:
     """Tell stage1 the network is wired: one line into its FIFO (it opened it for reading at start)."""
     deadline = time.monotonic() + _BOOT_TIMEOUT_S
@@ -206,12 +212,16 @@ async def run(spec: box.BoxesSpec, ready_file: Path) -> int:
     box.snapshot_sysctl(spec.dir)
     lab = boxnet.Lab(spec.plan)
     plan = spec.plan
-    servers = [
+    servers: list[asyncio.AbstractServer] = [
         await boxnet.forward(lab.fd, address=plan.service_ip, port=443, target_port=spec.api_port),
-        await boxnet.forward(lab.fd, address=plan.gateway, port=plan.registry_port, target_port=spec.registry_port),
+        await boxnet.forward(
+            lab.fd, address=plan.gateway, port=plan.registry_port, target_port=spec.registry_port
+        ),
     ]
     names = {n.name: plan.node_ip(n.index) for n in spec.nodes}
-    proxy = boxnet.ConnectProxy(lab, names=names, lab_networks=[plan.lab_cidr, f"{plan.pod_cidr_prefix}.0.0/16"])
+    proxy = boxnet.ConnectProxy(
+        lab, names=names, lab_networks=[plan.lab_cidr, f"{plan.pod_cidr_prefix}.0.0/16"]
+    )
     servers.append(await proxy.serve(spec.dir / EGRESS_SOCKET))
     boxes = [Box(spec, node, lab) for node in spec.nodes]
     changed = asyncio.Event()
@@ -241,21 +251,32 @@ async def _write_status(directory: Path, boxes: list[Box], changed: asyncio.Even
     while True:
         await changed.wait()
         changed.clear()
-        status = {b.node.name: vars(b.record) for b in boxes}
-        tmp = directory / (STATUS_FILE + ".tmp")
-        tmp.write_text(json.dumps(status, indent=2), encoding="utf-8")
-        tmp.replace(directory / STATUS_FILE)
+        _save_status(directory, {b.node.name: vars(b.record) for b in boxes})
         if not ready_written and all(b.record.boots > 0 for b in boxes):
-            ready_file.write_text(_now(), encoding="utf-8")
+            _mark_ready(ready_file)
             ready_written = True
 
 
+def _mark_ready(ready_file: Path) -> None:
+    ready_file.write_text(_now(), encoding="utf-8")
+
+
+def _save_status(directory: Path, status: dict[str, dict[str, object]]) -> None:
+    tmp = directory / (STATUS_FILE + ".tmp")
+    tmp.write_text(json.dumps(status, indent=2), encoding="utf-8")
+    tmp.replace(directory / STATUS_FILE)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nodewright.sim.realnodes", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m nodewright.sim.realnodes", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--dir", type=Path, required=True, help="the real nodes' directory (spec.json)")
     parser.add_argument("--ready-file", type=Path, required=True)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     if os.geteuid() != 0:
         print("nodewright.sim.realnodes: real nodes need root (namespaces, mounts, cgroups)", file=sys.stderr)
         return 2

@@ -49,7 +49,9 @@ class ImageRef:
 
     @classmethod
     def parse(cls, reference: str) -> ImageRef:
-        name, _, tag = reference.rpartition(":") if ":" in reference.rsplit("/", 1)[-1] else (reference, "", "")
+        name, _, tag = (
+            reference.rpartition(":") if ":" in reference.rsplit("/", 1)[-1] else (reference, "", "")
+        )
         tag = tag or "latest"
         first, _, rest = name.partition("/")
         if rest and ("." in first or ":" in first or first == "localhost"):
@@ -108,7 +110,9 @@ class _Answer:
     headers: Any
 
 
-def _request(method: str, url: str, *, data: bytes | None = None, headers: dict[str, str] | None = None) -> _Answer:
+def _request(
+    method: str, url: str, *, data: bytes | None = None, headers: dict[str, str] | None = None
+) -> _Answer:
     req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=_TIMEOUT_S) as resp:
@@ -177,6 +181,10 @@ def binary_image_layout(
     manifest_desc = put(json.dumps(manifest, sort_keys=True).encode(), _MANIFEST_TYPES[0])
     manifest_desc["annotations"] = {"org.opencontainers.image.ref.name": tag}
     (out / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}), encoding="utf-8")
-    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [manifest_desc]}
+    index = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [manifest_desc],
+    }
     (out / "index.json").write_text(json.dumps(index), encoding="utf-8")
     return out
