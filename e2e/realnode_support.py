@@ -74,7 +74,10 @@ class RealLane:
     @property
     def targets(self) -> list[str]:
         """The nodes the lane's NodeWrights select: every real node but the system one, and the kwok ones."""
-        return [*self.plane.real_node_names[1:], *(fleet.node_name(KWOK_PREFIX, i) for i in range(KWOK_NODES))]
+        return [
+            *self.plane.real_node_names[1:],
+            *(fleet.node_name(KWOK_PREFIX, i) for i in range(KWOK_NODES)),
+        ]
 
     @property
     def real_targets(self) -> list[str]:
@@ -104,7 +107,9 @@ class RealLane:
             raise AssertionError(f"{' '.join(command)} on {node} exited {done.returncode}: {done.stderr}")
         return done.stdout
 
-    def kubectl(self, *args: str, check: bool = True, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, check: bool = True, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
         return self.plane.kubectl(*args, check=check, timeout=timeout)
 
     def plugin(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -118,7 +123,9 @@ class RealLane:
             check=False,
         )
         if check and done.returncode != 0:
-            raise AssertionError(f"kubectl nodewright {' '.join(args)} exited {done.returncode}: {done.stderr}")
+            raise AssertionError(
+                f"kubectl nodewright {' '.join(args)} exited {done.returncode}: {done.stderr}"
+            )
         return done
 
     @classmethod
@@ -145,7 +152,9 @@ class RealLane:
             print(f"\n[real-nodes] kept: export KUBECONFIG={self.kubeconfig}")
             return []
         if self.installed:
-            self.helm.run("uninstall", "nodewright", "-n", NAMESPACE, "--wait", "--timeout", "3m", check=False)
+            self.helm.run(
+                "uninstall", "nodewright", "-n", NAMESPACE, "--wait", "--timeout", "3m", check=False
+            )
         self.plane.down()
         shutil.rmtree(self.root, ignore_errors=True)
         return machine.differences(self.before, machine.take())
@@ -182,14 +191,10 @@ class RealLane:
         self.helm.run("push", archive, f"oci://{registry}/charts", "--plain-http")
         values = self.root / "values.yaml"
         system = {SYSTEM_LABEL: "true"}
-        values.write_text(
-            yaml.safe_dump(
-                {"nodeSelector": system, "webhook": {"nodeSelector": system}}
-            )
-        )
+        values.write_text(yaml.safe_dump({"nodeSelector": system, "webhook": {"nodeSelector": system}}))
         self.helm.run(
-            "install", "nodewright", f"oci://{registry}/charts/nodewright", "--version", VERSION, "--plain-http",
-            "-n", NAMESPACE, "--create-namespace", "-f", str(values), "--wait", "--timeout", "4m",
+            "install", "nodewright", f"oci://{registry}/charts/nodewright", "--version", VERSION,
+            "--plain-http", "-n", NAMESPACE, "--create-namespace", "-f", str(values), "--wait", "--timeout", "4m",
             timeout=300,
         )  # fmt: skip
         self.installed = True
@@ -210,7 +215,9 @@ def _box_init_pid(node_dir: Path) -> int:
 
 
 def _run(*argv: str | Path) -> str:
-    done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=900, check=False, cwd=REPO)
+    done = subprocess.run(
+        [str(a) for a in argv], capture_output=True, text=True, timeout=900, check=False, cwd=REPO
+    )
     if done.returncode != 0:
         raise AssertionError(f"{' '.join(map(str, argv))} exited {done.returncode}:\n{done.stderr[-3000:]}")
     return done.stdout

@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from e2e.invariants import InvariantMonitor
 from e2e.realnode_support import (
-    AGENT_IMAGE,
     NAMESPACE,
     OPERATOR_IMAGE,
     SLEEPER_IMAGE,
@@ -75,7 +73,9 @@ async def kube(lane: RealLane) -> AsyncIterator[KubeClient]:
 # 1. The chart's pods
 
 
-async def test_operator_and_webhook_run_as_pods_of_the_project_images(lane: RealLane, kube: KubeClient) -> None:
+async def test_operator_and_webhook_run_as_pods_of_the_project_images(
+    lane: RealLane, kube: KubeClient
+) -> None:
     pods = (await kube.list_all(f"/api/v1/namespaces/{NAMESPACE}/pods"))["items"]
     chart_pods = [p for p in pods if p["metadata"]["name"].startswith("nodewright")]
     roles = sorted(p["spec"]["containers"][0]["args"][0] for p in chart_pods)
@@ -126,7 +126,7 @@ async def test_reference_packages_roll_out_over_real_and_kwok_nodes(lane: RealLa
     # The protected pod was waited for: nothing of the rollout ran on its node before it finished.
     guard = await kube.get(f"/api/v1/namespaces/{APPS}/pods/guard")
     finished = guard["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"]
-    first_pod = min(e["firstTimestamp"] or e["eventTime"] for e in await package_events(kube, guard_node))
+    first_pod = min(e.get("firstTimestamp") or e["eventTime"] for e in await started_events(kube, guard_node))
     assert parse_time(first_pod) >= parse_time(finished), (first_pod, finished)
     # The Deployment's pods on the target nodes were evicted through the PDB and came back elsewhere.
     web_after = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in await app_pods(kube, "web")}
@@ -155,16 +155,38 @@ async def check_package_results(lane: RealLane) -> None:
 
 
 async def test_package_logs_come_through_the_real_kubelet(lane: RealLane, kube: KubeClient) -> None:
+    """A config change whose step prints a marker, then takes a while: read while its pod runs."""
     node = lane.real_targets[0]
-    logs = lane.plugin("package", "logs", NW, "shell", "--node", node, "--previous", check=False)
-    print(f"[real-nodes] kubectl nodewright package logs: {logs.stdout[-500:]}{logs.stderr[-300:]}")
-    # A check pod of drift detection is the live pod to read: run one now and read it while it exists.
-    pods = await kube.list_all(f"/api/v1/namespaces/{NAMESPACE}/pods", params={"labelSelector": f"nodewright.io/nodewright={NW}"})
-    for pod in pods["items"]:
-        name = pod["metadata"]["name"]
-        container = pod["spec"]["initContainers"][-1]["name"]
-        text = lane.kubectl("-n", NAMESPACE, "logs", name, "-c", container).stdout
-        assert text.strip(), name
+    marker = "config-step-marker-7f3a"
+    scripts = {
+        "config.sh": _HEADER + f'echo {marker}\ncp "$SKYHOOK_DIR/configmaps/value" "$d/value"\nsleep 8\n'
+    }
+    patch = {"spec": {"packages": {"shell": {"configMap": {**scripts, "value": "changed"}}}}}
+    await kube.merge_patch(f"{NW_PATH}/{NW}", patch)
+
+    async def running_config_pod() -> str | None:
+        for pod in await kube_pods(kube, f"nodewright.io/nodewright={NW},nodewright.io/node={node}"):
+            statuses = {s["name"]: s for s in pod["status"].get("initContainerStatuses") or []}
+            if "running" in (statuses.get("shell-config") or {}).get("state", {}):
+                return str(pod["metadata"]["name"])
+        return None
+
+    pod = await fleet.wait_for(
+        running_config_pod, within=240, interval=0.5, what=f"a shell config pod on {node}"
+    )
+
+    async def both_show_the_marker() -> bool:
+        direct = lane.kubectl("-n", NAMESPACE, "logs", pod, "-c", "shell-config", check=False).stdout
+        plugin = lane.plugin(
+            "package", "logs", NW, "shell", "--node", node, "--stage", "config", check=False
+        ).stdout
+        return marker in direct and marker in plugin
+
+    await fleet.wait_for(
+        both_show_the_marker, within=30, interval=0.5, what="the marker in kubectl logs and package logs"
+    )
+    await wait_complete(kube, lane.targets, within=300)
+    assert (lane.upper(node) / "etc/nodewright-e2e/value").read_text() == "changed"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -174,10 +196,14 @@ async def test_package_logs_come_through_the_real_kubelet(lane: RealLane, kube: 
 async def test_drift_in_a_box_is_detected_and_repaired(lane: RealLane, kube: KubeClient) -> None:
     node = lane.real_targets[2]
     lane.in_box(node, "sysctl", "-w", "vm.max_map_count=65530")
-    await kube.merge_patch(f"{NW_PATH}/{NW}", {"spec": {"driftDetection": {"interval": "10s", "action": "report"}}})
+    await kube.merge_patch(
+        f"{NW_PATH}/{NW}", {"spec": {"driftDetection": {"interval": "10s", "action": "report"}}}
+    )
     drifted = await wait_label(kube, node, "drifted", within=180)
     assert not drifted["spec"].get("unschedulable"), "a drift report never cordons"
-    await kube.merge_patch(f"{NW_PATH}/{NW}", {"spec": {"driftDetection": {"interval": "10s", "action": "reapply"}}})
+    await kube.merge_patch(
+        f"{NW_PATH}/{NW}", {"spec": {"driftDetection": {"interval": "10s", "action": "reapply"}}}
+    )
     await wait_label(kube, node, "complete", within=300)
     assert lane.in_box(node, "cat", "/proc/sys/vm/max_map_count").strip() == "1048576"
 
@@ -188,19 +214,37 @@ async def test_drift_in_a_box_is_detected_and_repaired(lane: RealLane, kube: Kub
 
 async def test_helm_uninstall_leaves_every_node_clean(lane: RealLane, kube: KubeClient) -> None:
     done = await asyncio.to_thread(
-        lane.helm.run, "uninstall", "nodewright", "-n", NAMESPACE, "--wait", "--timeout", "4m", check=False, timeout=300
+        lane.helm.run,
+        "uninstall",
+        "nodewright",
+        "-n",
+        NAMESPACE,
+        "--wait",
+        "--timeout",
+        "4m",
+        check=False,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr + done.stdout
     lane.installed = False
-    for node in await kube.list_all("/api/v1/nodes"):
-        pass
     nodes = (await kube.list_all("/api/v1/nodes"))["items"]
     for node in nodes:
         meta = node["metadata"]
-        ours = [k for k in {**meta.get("labels", {}), **meta.get("annotations", {})} if k.startswith("nodewright.io/")]
-        conditions = [c["type"] for c in node["status"].get("conditions", []) if c["type"].startswith("nodewright.io/")]
+        ours = [
+            k
+            for k in {**meta.get("labels", {}), **meta.get("annotations", {})}
+            if k.startswith("nodewright.io/")
+        ]
+        conditions = [
+            c["type"] for c in node["status"].get("conditions", []) if c["type"].startswith("nodewright.io/")
+        ]
         taints = [t["key"] for t in node["spec"].get("taints") or [] if t["key"].startswith("nodewright.io/")]
-        assert not (ours or conditions or taints or node["spec"].get("unschedulable")), (meta["name"], ours, conditions, taints)
+        assert not (ours or conditions or taints or node["spec"].get("unschedulable")), (
+            meta["name"],
+            ours,
+            conditions,
+            taints,
+        )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -242,7 +286,11 @@ def reference_packages() -> JSON:
             "version": "1.0.0",
             "image": package_image("tuning"),
             "interrupt": {"type": "reboot"},
-            "configMap": {"accelerator": "hopper", "workload": "training", "overrides": "sysctl vm.max_map_count 1048576\n"},
+            "configMap": {
+                "accelerator": "hopper",
+                "workload": "training",
+                "overrides": "sysctl vm.max_map_count 1048576\n",
+            },
         },
         "bind-mount": {
             "version": "1.0.0",
@@ -299,7 +347,10 @@ async def create_workloads(kube: KubeClient, lane: RealLane, guard_node: str) ->
     )
     await kube.create(
         f"/apis/policy/v1/namespaces/{APPS}/poddisruptionbudgets",
-        {"metadata": {"name": "web"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}},
+        {
+            "metadata": {"name": "web"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}},
+        },
     )
     await kube.create(
         f"/api/v1/namespaces/{APPS}/pods",
@@ -347,9 +398,19 @@ async def wait_complete(kube: KubeClient, nodes: list[str], *, within: float) ->
     except TimeoutError:
         states = {n: await node_status(kube, n) for n in nodes}
         status = (await kube.get(f"{NW_PATH}/{NW}")).get("status") or {}
-        telling = [f"{c['type']}={c['status']}: {c['message']}" for c in status.get("conditions", []) if c.get("message")]
-        conditions = {n: [c.get("message") for c in (await kube.get(f"/api/v1/nodes/{n}"))["status"]["conditions"]
-                          if c["type"].startswith("nodewright.io/")] for n in nodes}
+        telling = [
+            f"{c['type']}={c['status']}: {c['message']}"
+            for c in status.get("conditions", [])
+            if c.get("message")
+        ]
+        conditions = {
+            n: [
+                c.get("message")
+                for c in (await kube.get(f"/api/v1/nodes/{n}"))["status"]["conditions"]
+                if c["type"].startswith("nodewright.io/")
+            ]
+            for n in nodes
+        }
         raise AssertionError(f"not complete: {states}\n{telling}\n{conditions}") from None
 
 
@@ -361,26 +422,29 @@ async def node_status(kube: KubeClient, node: str) -> str | None:
 async def wait_label(kube: KubeClient, node: str, want: str, *, within: float) -> JSON:
     async def probe() -> JSON | None:
         obj = await kube.get(f"/api/v1/nodes/{node}")
-        return obj if (obj["metadata"].get("labels") or {}).get(f"nodewright.io/status.{NW}") == want else None
+        return (
+            obj if (obj["metadata"].get("labels") or {}).get(f"nodewright.io/status.{NW}") == want else None
+        )
 
     result: JSON = await fleet.wait_for(probe, within=within, interval=1.0, what=f"{node} {want}")
     return result
 
 
-async def package_events(kube: KubeClient, node: str) -> list[JSON]:
+async def started_events(kube: KubeClient, node: str) -> list[JSON]:
+    """The operator's PackageStarted Events of the node: when its first package pod started."""
     listed = await kube.list_all(
-        f"/api/v1/namespaces/{NAMESPACE}/events", params={"fieldSelector": "involvedObject.kind=Pod"}
+        "/api/v1/namespaces/default/events",
+        params={"fieldSelector": f"involvedObject.name={node},reason=PackageStarted"},
     )
-    return [
-        e
-        for e in listed["items"]
-        if e["involvedObject"]["name"].startswith(NW) and node in e["involvedObject"]["name"] and e.get("reason") == "Scheduled"
-        or (e["involvedObject"]["name"].startswith(NW) and node in e["involvedObject"]["name"])
-    ]
+    events: list[JSON] = listed["items"]
+    assert events, f"no PackageStarted Event for {node}"
+    return events
+
+
+async def kube_pods(kube: KubeClient, selector: str) -> list[JSON]:
+    listed = await kube.list_all(f"/api/v1/namespaces/{NAMESPACE}/pods", params={"labelSelector": selector})
+    return [p for p in listed["items"] if not p["metadata"].get("deletionTimestamp")]
 
 
 def parse_time(text: str) -> dt.datetime:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-__all__ = ["AGENT_IMAGE"]
