@@ -194,7 +194,8 @@ class RealLane:
         values.write_text(yaml.safe_dump({"nodeSelector": system, "webhook": {"nodeSelector": system}}))
         self.helm.run(
             "install", "nodewright", f"oci://{registry}/charts/nodewright", "--version", VERSION,
-            "--plain-http", "-n", NAMESPACE, "--create-namespace", "-f", str(values), "--wait", "--timeout", "4m",
+            "--plain-http", "-n", NAMESPACE, "--create-namespace", "-f", str(values),
+            "--wait", "--timeout", "4m",
             timeout=300,
         )  # fmt: skip
         self.installed = True
