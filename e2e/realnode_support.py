@@ -20,7 +20,6 @@ reaches the kubelets for logs, helm's uninstall hook is a Job whose pod runs on 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -35,7 +34,7 @@ import yaml
 
 from e2e import machine
 from e2e.helm_support import Helm, helm_binary
-from nodewright.sim import fleet
+from nodewright.sim import box, fleet
 from nodewright.sim.controlplane import ControlPlane
 from nodewright.sim.kubeapi import JSON, KubeClient
 
@@ -93,16 +92,7 @@ class RealLane:
     def in_box(self, node: str, *command: str, check: bool = True) -> str:
         """Run `command` inside the node's box (its mount, PID and network namespaces), as its own
         processes see the node: its /proc/sys copy, its mounts."""
-        status = json.loads((self.plane.dir / "realnodes" / "status.json").read_text())
-        assert status[node]["state"] == "running", status[node]
-        init = _box_init_pid(self.node_dir(node))
-        done = subprocess.run(
-            ["nsenter", "-t", str(init), "-m", "-p", "-n", "-u", "--", *command],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
+        done = box.run_inside(self.node_dir(node), list(command))
         if check and done.returncode != 0:
             raise AssertionError(f"{' '.join(command)} on {node} exited {done.returncode}: {done.stderr}")
         return done.stdout
@@ -199,20 +189,6 @@ class RealLane:
             timeout=300,
         )  # fmt: skip
         self.installed = True
-
-
-def _box_init_pid(node_dir: Path) -> int:
-    """The box's init: the child of the `unshare` whose command line names the node directory."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if argv and argv[0].endswith(b"unshare") and str(node_dir).encode() in argv:
-                children = (entry / "task" / entry.name / "children").read_text().split()
-                if children:
-                    return int(children[0])
-    raise AssertionError(f"no running box for {node_dir}")
 
 
 def _run(*argv: str | Path) -> str:

@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -399,3 +400,38 @@ def labels_for(node_labels: Mapping[str, str]) -> dict[str, str]:
         if key in allowed or not (prefix.endswith("kubernetes.io") or prefix.endswith("k8s.io")):
             out[key] = value
     return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Looking into a running box
+
+
+def init_pid(node_dir: Path) -> int | None:
+    """The PID (on the machine) of the box's init: the child of the `unshare` naming `node_dir`."""
+    needle = str(node_dir).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if argv and argv[0].endswith(b"unshare") and needle in argv:
+                children = (entry / "task" / entry.name / "children").read_text().split()
+                if children:
+                    return int(children[0])
+    return None
+
+
+def run_inside(node_dir: Path, argv: list[str], *, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    """Run `argv` in the box of `node_dir` (its mount, PID, network and UTS namespaces): the node as its
+    own processes see it (its /proc/sys copy, its mounts), e.g. to read a running value or to change one
+    by hand, as someone with a root shell on the node would."""
+    pid = init_pid(node_dir)
+    if pid is None:
+        raise FileNotFoundError(f"no running box for {node_dir}")
+    return subprocess.run(
+        ["nsenter", "-t", str(pid), "-m", "-p", "-n", "-u", "--", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
