@@ -17,12 +17,13 @@ nodes and their pods alone and the simulated kubelet (`nodewright.sim.kubelet`) 
 
 Workloads are bare pods bound by `nodeName` owned by a StatefulSet that no controller reconciles
 (kube-controller-manager never runs the statefulset controller; with real nodes it runs the replicaset
-controller, for the chart's Deployments, so a ReplicaSet owner would re-create evicted pods). The owner is what makes
-every PodDisruptionBudget form work: the disruption controller resolves a pod's controllerRef to find the
-expected pod count for `maxUnavailable` and percentage `minAvailable`; with bare pods only an integer
-`minAvailable` works (the others fail safe to zero disruptions allowed). kwok runs the pods: Running and
-Ready at once, then Succeeded after `sim.nodewright.io/run-for` / at `sim.nodewright.io/finish-at`, or
-Failed with `sim.nodewright.io/result: fail`; without them they run forever. See docs/simulator.md.
+controller for the chart's Deployments, so a ReplicaSet owner would re-create evicted pods). The owner is
+what makes every PodDisruptionBudget form work: the disruption controller resolves a pod's controllerRef
+to find the expected pod count for `maxUnavailable` and percentage `minAvailable`; with bare pods only an
+integer `minAvailable` works (the others fail safe to zero disruptions allowed). kwok runs the pods:
+Running and Ready at once, then Succeeded after `sim.nodewright.io/run-for` / at
+`sim.nodewright.io/finish-at`, or Failed with `sim.nodewright.io/result: fail`; without them they run
+forever. See docs/simulator.md.
 """
 
 from __future__ import annotations
