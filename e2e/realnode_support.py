@@ -57,6 +57,11 @@ def package_image(name: str) -> str:
     return f"ghcr.io/nodewright/packages/{name}"
 
 
+def package_version(name: str) -> str:
+    """The version of the reference package `name` (its config.json): the tag it is pushed under."""
+    return str(json.loads((REPO / "packages" / name / "config.json").read_text())["package_version"])
+
+
 @dataclass
 class RealLane:
     root: Path
@@ -169,8 +174,7 @@ class RealLane:
             out = self.root / "packages" / name
             _run(sys.executable, "-m", "nodewright", "package", "build", REPO / "packages" / name,
                  "--base", images / "package-base", "-o", out)  # fmt: skip
-            version = json.loads((REPO / "packages" / name / "config.json").read_text())["package_version"]
-            reference = f"{package_image(name)}:{version}"
+            reference = f"{package_image(name)}:{package_version(name)}"
             self.digests[reference] = self.plane.push_image(out, reference)
 
     def _install_chart(self) -> None:

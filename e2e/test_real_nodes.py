@@ -39,6 +39,7 @@ from e2e.realnode_support import (
     TARGET_LABEL,
     RealLane,
     package_image,
+    package_version,
 )
 from nodewright.sim import fleet
 from nodewright.sim.kubeapi import JSON, ApiError, KubeClient
@@ -91,7 +92,9 @@ async def test_operator_and_webhook_run_as_pods_of_the_project_images(
     created = await kube.create(
         NW_PATH,
         nodewright(
-            "webhook-probe", {"shell": {"version": "1.0.0", "image": package_image("shell")}}, paused=True
+            "webhook-probe",
+            {"shell": {"version": package_version("shell"), "image": package_image("shell")}},
+            paused=True,
         ),
     )
     assert created["spec"]["packages"]["shell"]["name"] == "shell", created["spec"]
@@ -278,12 +281,12 @@ SHELL_SCRIPTS = {
 def reference_packages() -> JSON:
     return {
         "shell": {
-            "version": "1.0.0",
+            "version": package_version("shell"),
             "image": package_image("shell"),
             "configMap": {**SHELL_SCRIPTS, "value": "from-the-configmap"},
         },
         "tuning": {
-            "version": "1.0.0",
+            "version": package_version("tuning"),
             "image": package_image("tuning"),
             "interrupt": {"type": "reboot"},
             "configMap": {
@@ -293,7 +296,7 @@ def reference_packages() -> JSON:
             },
         },
         "bind-mount": {
-            "version": "1.0.0",
+            "version": package_version("bind-mount"),
             "image": package_image("bind-mount"),
             "interrupt": {"type": "service", "services": [MOUNT_UNIT]},
             "configMap": {"mounts": "/var/lib/nwdata /mnt/nwdata\n"},
