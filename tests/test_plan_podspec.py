@@ -106,6 +106,8 @@ def test_package_pod() -> None:
     assert pod["metadata"]["annotations"][constants.POD_ANNOTATION_NODE] == "node-a"
     assert pod_node(pod) == "node-a" and spec["restartPolicy"] == "Never"
     assert spec["hostPID"] and spec["hostNetwork"]
+    # No ServiceAccount token on the host: found on real nodes, where the admission plugin mounts one.
+    assert spec["automountServiceAccountToken"] is False
     assert spec["terminationGracePeriodSeconds"] == 90
     init = spec["initContainers"]
     # One pod per transition: the install runs apply and config, each with its check, in one pod; the

@@ -657,6 +657,9 @@ def _pod_spec(
     spec: dict[str, Any] = {
         **placement,
         "restartPolicy": "Never",
+        # Package steps run as root on the host and need no API access: no ServiceAccount token is
+        # mounted (the ServiceAccount admission plugin would add the namespace's `default` token).
+        "automountServiceAccountToken": False,
         "hostPID": True,
         "hostNetwork": True,
         "initContainers": init,
