@@ -186,6 +186,9 @@ SCHEMA_REFUSES = [
     "dp-compartment-name-non-ascii",
     "spec-not-object",
     "priority-over-int32",
+    "dp-blackout-day-does-not-exist",
+    "dp-compartment-blackout-end-not-leap-year",
+    "dp-default-blackout-april-31",
 ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 from typing import Any
 
 import yaml
@@ -32,6 +33,7 @@ from e2e.operator_fixture import (
     status_of,
     wait_statuses,
 )
+from e2e.test_plugin import plugin, plugin_json
 from nodewright.api.nodestate import decode
 from nodewright.plan import podspec
 from nodewright.sim import fleet
@@ -50,6 +52,19 @@ crds = operator_fixture.crds
 kube = operator_fixture.kube
 operator = operator_fixture.operator
 operator_factory = operator_fixture.operator_factory
+
+
+def log_records(operator: OperatorProcess) -> list[dict[str, Any]]:
+    """The operator's JSON log lines, parsed (other lines skipped)."""
+    records = []
+    for line in operator.log_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
 
 
 def state_of(node: dict[str, Any], nw: str) -> Any:
@@ -157,6 +172,11 @@ async def test_stage_failing_twice_then_succeeding_completes(
             applies = [c for c in watch.created if c[3] == "apply"]
             assert sorted(a[4] for a in applies) == ["1", "1", "2", "2", "3", "3"], watch.created
         assert all(not state_of(n, nw).entry("tool", "1.0.0").error for n in nodes)
+        # Complete after 3 attempts, as the state and the plugin say (issue 29 item 5: it said 1).
+        assert [state_of(n, nw).entry("tool", "1.0.0").attempts for n in nodes] == [3, 3]
+        status = await plugin_json(cluster, "node", "status", nodes[0]["metadata"]["name"])
+        [mine] = [d for d in status["nodewrights"] if d["nodewright"] == nw]
+        assert [(p["state"], p["attempts"]) for p in mine["packages"]] == [("complete", 3)], mine
         await delete_nodewright(kube, nw)
 
 
@@ -175,6 +195,28 @@ async def test_image_pull_error_reports_erroring_with_reason(
         nodes = await wait_statuses(kube, prefix, nw, "erroring", within=120)
         message = (condition_of(nodes[0], nw) or {}).get("message", "")
         assert "ImagePullBackOff" in message or "ErrImagePull" in message, message
+        # The pod is gone, and the stage's kept log says why (issue 29 item 6: there was none).
+        node = nodes[0]["metadata"]["name"]
+
+        async def pod_gone() -> bool:
+            return not await package_pods(kube, nw)
+
+        await fleet.wait_for(pod_gone, within=60, what="the failed pod deleted")
+        logs = await plugin_json(cluster, "package", "logs", nw, "tool", "--node", node)
+        assert logs["source"] == "kept", logs
+        [kept] = logs["entries"]
+        assert (kept["stage"], kept["outcome"], kept["attempt"], kept["container"]) == (
+            "apply",
+            "failed",
+            1,
+            "tool-init",
+        ), kept
+        assert kept["image"] == "ghcr.io/example/pkg:1.0.0", kept
+        assert kept["reason"] in ("ErrImagePull", "ImagePullBackOff"), kept
+        assert "apply failed 1 time(s), giving up: image pull failing for 1m" in kept["message"], kept
+        assert "ghcr.io/example/pkg:1.0.0" in kept["message"], kept
+        text = (await plugin(cluster, "package", "logs", nw, "tool", "--node", node)).stdout
+        assert "image ghcr.io/example/pkg:1.0.0" in text and "giving up" in text, text
         await delete_nodewright(kube, nw)
 
 
@@ -206,6 +248,10 @@ async def test_operator_killed_mid_rollout_resumes_without_rerunning(
         keys = [(node, pkg, stage) for _, node, pkg, stage, _ in watch.created]
         assert len(keys) == len(set(keys)) == 4 * 2, sorted(keys)
         assert {stage for _, _, stage in keys} == {"apply"}, sorted(keys)
+        # The operator's log accounts for every pod it made, across the SIGKILL: the record of the
+        # intent is written before the create request leaves (issue 29 item 12).
+        intents = {r.get("pod") for r in log_records(operator) if r.get("event") == "creating package pod"}
+        assert {name for name, *_ in watch.created} <= intents, (watch.created, intents)
         await delete_nodewright(kube, nw)
 
 

@@ -11,12 +11,17 @@ repository's `packages/<name>/` directories (a version-specific copy goes in `<c
 - `tuning` with a reboot interrupt: the post-interrupt check reads the values back from the rebooted node;
   a node where another file overrides a tuned sysctl fails that check: the node turns `erroring` with the
   check's output, and its compartment halts (failureThreshold 1) before touching the other nodes.
+- `eks-node-init` on Amazon Linux 2023 and Ubuntu roots: the kernel is installed with the node's package
+  manager (the simulator's dnf and apt-get stand-ins), made the boot default (grubby, GRUB), booted by the
+  reboot interrupt and read back (`uname -r`, the node's `status.nodeInfo.kernelVersion`); EFA is
+  installed from a stand-in installer on the node; the uninstall's reboot boots the image's kernel again.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 from e2e import operator_fixture
@@ -36,9 +41,10 @@ from e2e.operator_fixture import (
     status_of,
     wait_statuses,
 )
-from nodewright.sim import fleet
+from nodewright.sim import fleet, hostshims
 from nodewright.sim.controlplane import ControlPlane
 from nodewright.sim.kubeapi import JSON, KubeClient
+from tests.packages_node import Node, efa_devices, efa_installer_tarball
 
 crds = operator_fixture.crds
 kube = operator_fixture.kube
@@ -230,3 +236,129 @@ async def test_tuning_is_read_back_after_the_reboot_and_a_failing_check_halts_th
             await delete_nodewright(kube, nw, within=180)
         finally:
             await kube.delete(f"/apis/nodewright.io/v1alpha1/deploymentpolicies/{policy}")
+
+
+AL2023_OS_RELEASE = 'NAME="Amazon Linux"\nVERSION="2023"\nID="amzn"\nID_LIKE="fedora"\nVERSION_ID="2023"\n'
+NODE_INIT_KERNELS = {"al2023": "6.1.132-147.221.amzn2023.x86_64", "ubuntu": "6.8.0-1024-aws"}
+EFA_INSTALLERS = "/opt/nodewright-e2e"
+
+
+def node_init_package(kernel: str) -> JSON:
+    return {
+        "version": "1.0.0",
+        "image": "ghcr.io/nodewright/eks-node-init",
+        "interrupt": {"type": "reboot"},
+        "configInterrupts": {"*": {"type": "reboot"}},
+        "uninstall": {"enabled": True},
+        "maxAttempts": 1,
+        "configMap": {
+            "accelerator": "hopper",
+            "kernel": kernel,
+            "efa-installer": f"file://{EFA_INSTALLERS}/aws-efa-installer-{{version}}.tar.gz",
+            "efa-devices": "2",
+        },
+    }
+
+
+def stage_node_image(cluster: ControlPlane, node: str, image: str) -> None:
+    """What the node's image has before NodeWright: its os-release (Ubuntu's is the profile's), an EFA
+    installer on its disk, two EFA devices."""
+    root = Node(root=root_of(cluster, node), scratch=cluster.dir / "scratch" / node)
+    if image == "al2023":
+        root.write("/etc/os-release", AL2023_OS_RELEASE)
+    efa_installer_tarball(root.path(f"{EFA_INSTALLERS}/aws-efa-installer-1.47.0.tar.gz"), "1.47.0")
+    efa_devices(root, 2)
+
+
+def uname_r(cluster: ControlPlane, node: str) -> str:
+    """`uname -r` on the node: its uname stand-in, as a package step runs it."""
+    result = subprocess.run(
+        [str(cluster.dir / "kubelet" / "nodes" / node / "bin" / "uname"), "-r"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return result.stdout.strip()
+
+
+async def test_eks_node_init_pins_the_kernel_and_reads_it_back_after_the_reboot(
+    cluster: ControlPlane,
+    operator: OperatorProcess,
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    fast_reboot = {REBOOT_SECONDS_ANNOTATION: "0.5"}
+    prefixes = {image: f"init-{image[:3]}-{unique}" for image in NODE_INIT_KERNELS}
+    async with (
+        fleet_of(cluster, prefixes["al2023"], 2, real_packages=2, annotations_extra=fast_reboot) as al2023,
+        fleet_of(cluster, prefixes["ubuntu"], 2, real_packages=2, annotations_extra=fast_reboot) as ubuntu,
+    ):
+        nodes = {"al2023": al2023, "ubuntu": ubuntu}
+        images = {node: image for image, names in nodes.items() for node in names}
+        for node, image in images.items():
+            stage_node_image(cluster, node, image)
+        image_kernel = {
+            n["metadata"]["name"]: n["status"]["nodeInfo"]["kernelVersion"]
+            for n in await _all(kube, prefixes)
+        }
+        for image, prefix in prefixes.items():
+            await create_nodewright(
+                kube,
+                nodewright_manifest(
+                    prefix,
+                    fleet_prefix=prefix,
+                    packages={"eks-node-init": node_init_package(NODE_INIT_KERNELS[image])},
+                ),
+            )
+        for prefix in prefixes.values():
+            await wait_statuses(kube, prefix, prefix, "complete", within=240)
+
+        reported = {
+            n["metadata"]["name"]: n["status"]["nodeInfo"]["kernelVersion"]
+            for n in await _all(kube, prefixes)
+        }
+        for node, image in images.items():
+            root, pinned = root_of(cluster, node), NODE_INIT_KERNELS[image]
+            assert (root / f"boot/vmlinuz-{pinned}").is_file(), node
+            assert uname_r(cluster, node) == pinned, f"{node} runs the pinned kernel after the reboot"
+            assert reported[node] == pinned, "the kubelet reports the booted kernel"
+            assert (
+                (root / "opt/amazon/efa_installed_packages")
+                .read_text()
+                .startswith("# EFA installer version: 1.47.0")
+            )
+            assert "efa" in hostshims.loaded_modules(hostshims.Node(root, root)), "loaded at boot"
+            log = (root / hostshims.COMMANDS_LOG).read_text()
+            if image == "al2023":
+                assert f"dnf install -y kernel-{pinned}" in log and "apt-get" not in log
+                assert f"saved_entry={pinned}" in (root / "boot/grub2/grubenv").read_text()
+            else:
+                assert f"apt-get install -y linux-image-{pinned}" in log and "grubby" not in log
+                assert (
+                    f"with Linux {pinned}"
+                    in (root / "etc/default/grub.d/zz-nodewright-eks-node-init.cfg").read_text()
+                )
+
+        # Uninstall: the boot default goes back, and the uninstall's reboot boots the image's kernel.
+        for prefix in prefixes.values():
+            generation = int(((await get_nodewright(kube, prefix)) or {})["metadata"]["generation"])
+            await patch_nodewright(
+                kube, prefix, {"spec": {"packages": {"eks-node-init": {"uninstall": {"apply": True}}}}}
+            )
+            await wait_statuses(kube, prefix, prefix, "complete", within=240, generation=generation + 1)
+        reported = {
+            n["metadata"]["name"]: n["status"]["nodeInfo"]["kernelVersion"]
+            for n in await _all(kube, prefixes)
+        }
+        for node in images:
+            assert uname_r(cluster, node) == image_kernel[node] == reported[node], node
+            assert not (root_of(cluster, node) / "var/lib/nodewright-eks-node-init").exists()
+            assert not (root_of(cluster, node) / "opt/amazon/efa_installed_packages").exists()
+        for prefix in prefixes.values():
+            await delete_nodewright(kube, prefix, within=120)
+
+
+async def _all(kube: KubeClient, prefixes: dict[str, str]) -> list[JSON]:
+    return [node for prefix in prefixes.values() for node in await nodes_of(kube, prefix)]

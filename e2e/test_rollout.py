@@ -14,6 +14,7 @@ completed, and the nodes in progress per compartment at every change.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import itertools
@@ -38,6 +39,7 @@ from e2e.operator_fixture import (
     OperatorProcess,
     create_nodewright,
     delete_nodewright,
+    fleet_of,
     get_nodewright,
     nodes_of,
     nodewright_manifest,
@@ -49,6 +51,7 @@ from e2e.operator_fixture import (
 from nodewright.api import constants
 from nodewright.api.models import NodeWright
 from nodewright.api.nodestate import decode
+from nodewright.cli import plan_cmd
 from nodewright.plan.rollout import spec_fingerprint
 from nodewright.sim import fleet
 from nodewright.sim.controlplane import ControlPlane
@@ -574,3 +577,167 @@ async def test_version_bump_mid_rollout_goes_through_batches(
         }
         assert not {k: v for k, v in leftovers.items() if v}, leftovers
         await delete_and_diagnose(kube, prefix, nw)
+
+
+# ----------------------------------------------------------------------------------------------------
+# 4. kstatus: after a spec edit, "Ready and observedGeneration == generation" means the edit is done
+
+
+async def wait_kstatus_ready(
+    kube: KubeClient, nw: str, *, generation: int, since: str, within: float
+) -> JSON:
+    """What Argo CD, Flux and `kubectl wait --for=condition=Ready` wait for, seen through a watch from
+    `since` (every status write after it, transient ones included): the first NodeWright object whose
+    Ready condition is True and whose `status.observedGeneration` equals its `metadata.generation`
+    (at least `generation`, the one the edit produced)."""
+    path = "/apis/nodewright.io/v1alpha1/nodewrights"
+
+    def ready(obj: JSON) -> bool:
+        status = obj.get("status") or {}
+        current = int(obj["metadata"].get("generation") or 0)
+        conditions = {c.get("type"): c for c in status.get("conditions") or []}
+        return (
+            current >= generation
+            and status.get("observedGeneration") == current
+            and (conditions.get("Ready") or {}).get("status") == "True"
+        )
+
+    async def watch() -> JSON:
+        rv = since
+        while True:
+            async for event in kube.watch(
+                path, resource_version=rv, params={"fieldSelector": f"metadata.name={nw}"}
+            ):
+                obj = event["object"]
+                assert event["type"] != "ERROR", f"watch ended: {obj}"  # a short test: no compaction
+                rv = str(obj["metadata"].get("resourceVersion") or rv)
+                if event["type"] in ("ADDED", "MODIFIED") and ready(obj):
+                    return dict(obj)
+
+    return await asyncio.wait_for(watch(), timeout=within)
+
+
+async def test_ready_at_a_new_generation_waits_until_its_nodes_have_done_the_work(
+    cluster: ControlPlane,
+    operator: OperatorProcess,
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    """Issue 29 item 1: the first status written for a new generation used to carry observedGeneration N
+    with Ready=True (the nodes' status labels still said `complete` from generation N-1) for 20-90 ms,
+    so a kstatus client returned before the change had even started. The wait below sees every status
+    write (a watch), so it catches such a transient status every time."""
+    prefix = nw = f"kst-{unique}"
+    async with fleet_of(cluster, prefix, 4) as names:
+        manifest = nodewright_manifest(
+            nw, fleet_prefix=prefix, packages={"tool": package("1.0.0")}, interruptionBudget={"count": 2}
+        )
+        created = await create_nodewright(kube, manifest)
+        await wait_kstatus_ready(
+            kube, nw, generation=1, since=str(created["metadata"]["resourceVersion"]), within=90
+        )
+        before = await get_nodewright(kube, nw)
+        assert before is not None
+        edited = await patch_nodewright(kube, nw, {"spec": {"packages": {"tool": {"version": "2.0.0"}}}})
+        generation = int(edited["metadata"]["generation"])
+        assert generation > int(before["metadata"]["generation"])
+        done = await wait_kstatus_ready(
+            kube, nw, generation=generation, since=str(before["metadata"]["resourceVersion"]), within=120
+        )
+        # The wait returned: every node has done generation N's work (package 2.0.0 complete), and
+        # the status says so. (Before the fix it returned within milliseconds of the edit, while every
+        # node still had 1.0.0 and no 2.0.0 pod had started.)
+        nodes = {n["metadata"]["name"]: n for n in await nodes_of(kube, prefix)}
+        assert sorted(nodes) == sorted(names)
+        versions = {}
+        for name, node in nodes.items():
+            text = (node["metadata"].get("annotations") or {}).get(f"nodewright.io/state.{nw}")
+            state = decode(text) if text is not None else None
+            versions[name] = sorted(
+                (e.version, e.state.value)
+                for e in (state.packages if state is not None else ())
+                if e.name == "tool"
+            )
+        assert all(("2.0.0", "complete") in v for v in versions.values()), (
+            f"Ready=True at generation {generation} before the nodes did its work: {versions};"
+            f" status {json.dumps(done.get('status'), indent=1)[:3000]}"
+        )
+        assert done["status"]["completeNodes"] == f"{len(names)}/{len(names)}", done["status"]
+        await delete_and_diagnose(kube, prefix, nw)
+
+
+# ----------------------------------------------------------------------------------------------------
+# 5. `nodewright plan` taken at any moment of a real rollout predicts the rest of it
+
+
+async def test_plan_taken_at_any_moment_of_a_rollout_predicts_the_rest_of_it(
+    cluster: ControlPlane,
+    operator_factory: Any,
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    """Issue 29 item 4: mid-rollout, `nodewright plan` predicted the open batch again (exponential
+    compartment: [7, 7, 7, 2] predicted where [3, 7, 7, 2] happened). Plans are taken back to back while
+    the rollout runs (the command's own read and prediction, in process); each must predict exactly the
+    admissions that follow the moment it read."""
+    prefix = nw = f"mid-{unique}"
+    groups = [Group("exp", 19, {"count": 7}, {"exponential": {"initialBatch": 3, "growthFactor": 3}})]
+    pol = policy_manifest(nw, groups)
+    manifest = nodewright_manifest(nw, fleet_prefix=prefix, packages={"tool": package()}, deploymentPolicy=nw)
+    args = argparse.Namespace(
+        name=nw,
+        filename=None,
+        policy=None,
+        kubeconfig=str(cluster.kubeconfig),
+        context=None,
+        request_timeout=30.0,
+    )
+    async with grouped_fleet(cluster, prefix, groups), policy(kube, pol):
+        fast_operator(operator_factory)
+        await create_nodewright(kube, manifest)
+        fingerprint = await fingerprint_of(kube, nw)
+        taken: list[tuple[dict[str, tuple[str, int]], dict[str, dict[int, list[str]]], list[str]]] = []
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            inputs = await plan_cmd.gather(args)
+            report = plan_cmd.build_report(
+                inputs.nodewright,
+                policy=inputs.policy,
+                nodes=inputs.nodes,
+                all_nodewrights=inputs.all_nodewrights,
+                compartment_statuses=inputs.compartment_statuses,
+                exists=inputs.exists,
+            )
+            seen = {
+                str(n["metadata"]["name"]): (str(a["c"]), int(a["b"]))
+                for n in inputs.nodes
+                if (a := admission_of(n, nw)) is not None and a["f"] == fingerprint
+            }
+            predicted = {
+                c.name: {b.number: sorted(b.nodes) for b in c.batches}
+                for c in report.preview.compartments
+                if c.batches
+            }
+            taken.append((seen, predicted, inputs.notes))
+            if not predicted and all(status_of(n, nw) == "complete" for n in inputs.nodes):
+                break
+        nodes = await wait_statuses(kube, prefix, nw, "complete", within=60)
+    final = observed_batches(nodes, nw, fingerprint)
+    assert [len(final["exp"][b]) for b in sorted(final["exp"])] == [3, 7, 7, 2], final
+    assert len(taken) >= 5, "the rollout ended before plans were taken along it"
+    for index, (seen, predicted, notes) in enumerate(taken):
+        future: dict[str, dict[int, list[str]]] = {}
+        for comp, by_batch in final.items():
+            for batch, members in by_batch.items():
+                left = sorted(n for n in members if n not in seen)
+                if left:
+                    future.setdefault(comp, {})[batch] = left
+        sizes = {c: {b: len(n) for b, n in bs.items()} for c, bs in predicted.items()}
+        happened = {c: {b: len(n) for b, n in bs.items()} for c, bs in future.items()}
+        assert predicted == future, (
+            f"plan {index + 1} of {len(taken)} ({len(seen)} admitted when read; notes {notes}): predicted"
+            f" {sizes}, then happened {happened}"
+        )
+    await delete_and_diagnose(kube, prefix, nw)

@@ -102,8 +102,11 @@ STRING_CLASSES: dict[str, tuple[str, list[str]]] = {
     "**.maintenance.windows.*.timeZone": (STRICT, ["Mars/Olympus"]),
     "**.maintenance.windows.*.schedule": (STRICT, ["0 25 * * *", "every night", "0 2 * *"]),
     "**.maintenance.windows.*.duration": (STRICT, [*_DURATIONS, "0"]),
-    "**.maintenance.blackouts.*.start": (STRICT, ["2026-13-01", "tomorrow", "2026-1-1"]),
-    "**.maintenance.blackouts.*.end": (STRICT, ["2026-02-30x", "2026/01/02"]),
+    "**.maintenance.blackouts.*.start": (
+        STRICT,
+        ["2026-13-01", "tomorrow", "2026-1-1", "2026-02-30", "0000-01-01"],
+    ),
+    "**.maintenance.blackouts.*.end": (STRICT, ["2026-02-30x", "2026/01/02", "2027-02-29", "2026-04-31"]),
     "**.maintenance.blackouts.*.reason": (FREE, []),
     "spec.notifications.*.name": (STRICT, ["team slack", "-a", "x" * 64]),
     "spec.notifications.*.urlSecretRef.name": (STRICT, ["My_Secret", "a/b"]),

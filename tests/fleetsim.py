@@ -99,6 +99,8 @@ class Fleet:
     extra_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # node -> more labels
     on_write: Callable[[], None] | None = None
     """Also run after every write (a `SharedFleet` checks its budget there)."""
+    admission_limit: int | None = None
+    """The operator's `--admissions-per-pass` (None: every admission of a batch in one pass)."""
 
     def __post_init__(self) -> None:
         for index, name in enumerate(self.names):
@@ -145,6 +147,17 @@ class Fleet:
                 "nodeInfo": {"bootID": node.boot_id},
             },
         }
+
+    def nodewright_object(self) -> dict[str, Any]:
+        """The NodeWright as the API server holds it, with what the rollout passes wrote in its status."""
+        obj = self.nodewright.to_json_dict()
+        obj.update({"apiVersion": "nodewright.io/v1alpha1", "kind": "NodeWright"})
+        obj["status"] = {
+            "compartmentStatuses": {c: s.to_json_dict() for c, s in sorted(self.statuses.items())},
+            "rolloutFingerprint": self.fingerprint,
+            "nextOrder": self.next_order,
+        }
+        return obj
 
     def admission(self, name: str) -> Admission | None:
         text = self.admissions.get(name)
@@ -194,6 +207,7 @@ class Fleet:
             next_order_hint=self.next_order,
             approvals=self.approvals,
             shared_budgets=shared,
+            admission_limit=self.admission_limit,
         )
 
     def write_status(self, plan: RolloutPlan) -> None:

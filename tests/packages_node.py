@@ -19,11 +19,14 @@ import glob
 import io
 import shutil
 import subprocess
+import sys
+import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodewright.packaging import layout, localrun
+from nodewright.sim import hostshims
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = REPO / "packages"
@@ -186,3 +189,80 @@ def node(tmp_path: Path) -> Node:
 
 def copy_dir(package: str, version: str = "1.0.0") -> str:
     return layout.Identity().copy_dir(package, version)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Stand-ins for node-init packages: the node's tools and AWS's EFA installer (tests only)
+
+# AWS's efa_installer.sh as the checks see its result: /opt/amazon/efa_installed_packages with the
+# installer's version, libfabric's fi_info listing the efa provider; --uninstall removes both. It acts on
+# NODEWRIGHT_HOST_ROOT (a directory standing for a node, or / in a chroot) and refuses to run outside its
+# directory, as the real one does.
+EFA_INSTALLER_STAND_IN = r"""#!/bin/sh
+# A test stand-in for AWS's efa_installer.sh (NodeWright's package tests and e2e only).
+set -eu
+R="${NODEWRIGHT_HOST_ROOT:-/}"
+R="${R%/}"
+VERSION=@VERSION@
+[ -e common.sh ] || { echo "Please cd into the installer directory." >&2; exit 1; }
+mkdir -p "$R/var/log"
+echo "efa_installer.sh $VERSION $*" >>"$R/var/log/efa-installer-stand-in.log"
+for arg in "$@"; do
+	case $arg in
+	-u | --uninstall)
+		rm -rf "$R/opt/amazon/efa" "$R/opt/amazon/efa_installed_packages"
+		echo "EFA uninstall complete."
+		exit 0
+		;;
+	esac
+done
+mkdir -p "$R/opt/amazon/efa/bin"
+printf '# EFA installer version: %s\n# Debug packages installed: no\n# Packages installed:\n' "$VERSION" \
+	>"$R/opt/amazon/efa_installed_packages"
+echo "efa-config efa-profile libfabric-aws rdma-core" >>"$R/opt/amazon/efa_installed_packages"
+cat >"$R/opt/amazon/efa/bin/fi_info" <<'EOF'
+#!/bin/sh
+echo "provider: efa"
+echo "    fabric: efa"
+echo "    type: FI_EP_RDM"
+EOF
+chmod 755 "$R/opt/amazon/efa/bin/fi_info"
+echo "EFA installation complete."
+"""
+
+
+def efa_installer_tarball(target: Path, version: str) -> Path:
+    """`aws-efa-installer-<version>.tar.gz` holding the stand-in, as AWS's tarball lays it out."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(target, "w:gz") as tar:
+        for name, text, mode in (
+            (
+                "aws-efa-installer/efa_installer.sh",
+                EFA_INSTALLER_STAND_IN.replace("@VERSION@", version),
+                0o755,
+            ),
+            ("aws-efa-installer/common.sh", "# stand-in\n", 0o644),
+        ):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    return target
+
+
+def efa_devices(node: Node, count: int) -> None:
+    """EFA devices as /sys shows them: /sys/class/infiniband/<dev>/device/driver -> .../drivers/efa."""
+    for index in range(count):
+        device = node.path(f"/sys/class/infiniband/rdmap{16 + index}s0/device")
+        device.mkdir(parents=True, exist_ok=True)
+        (device / "driver").symlink_to("../../../../bus/pci/drivers/efa")
+
+
+def host_tools(node: Node, directory: Path) -> Path:
+    """The simulator's stand-ins for the node's commands (dnf, apt-get, grubby, modprobe, uname, ...),
+    acting on the node's root, given to the steps as NODEWRIGHT_HOST_TOOLS."""
+    hostshims.install(
+        directory, python=sys.executable, source_root=str(REPO), root=node.root, state=node.scratch
+    )
+    node.env["NODEWRIGHT_HOST_TOOLS"] = str(directory)
+    return directory

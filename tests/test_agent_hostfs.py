@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import errno
+import inspect
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -126,3 +128,24 @@ def test_environment_file(tmp_path: Path) -> None:
         "Q": "a b",
     }
     assert hostfs.read_environment_file(str(tmp_path / "none")) == {}
+
+
+def test_overlay_depth_costs_no_recursion(tmp_path: Path) -> None:
+    """A package's root_dir/ nested deeper than the interpreter's recursion limit is laid over (os.walk
+    recursed per level before Python 3.12: such a tree was a RecursionError traceback on the node)."""
+    depth = 300
+    target = str(tmp_path / "root_dir")
+    os.mkdir(target)
+    for _ in range(depth):
+        target += "/d"
+        os.mkdir(target)
+    Path(target, "leaf.conf").write_text("deep\n")
+    (tmp_path / "host").mkdir()
+    previous = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack()) + depth // 2)  # room for the call, not for one frame a level
+    try:
+        written = hostfs.overlay(str(tmp_path / "root_dir"), str(tmp_path / "host"))
+    finally:
+        sys.setrecursionlimit(previous)
+    assert written == ["/" + "/".join(["d"] * depth) + "/leaf.conf"]
+    assert (tmp_path / "host" / ("d/" * depth) / "leaf.conf").read_text() == "deep\n"

@@ -10,7 +10,15 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodewright.agent.logs import LineWriter, LogFiles, Reporter, file_stamp
+from nodewright.agent.logs import (
+    CappedEcho,
+    CappedFile,
+    LineWriter,
+    LogFiles,
+    Reporter,
+    file_stamp,
+)
+from nodewright.agent.safefile import size_text
 
 MOMENT = datetime(2025, 1, 31, 12, 0, 0, 123456, tzinfo=timezone.utc)  # noqa: UP017 - agent style
 
@@ -103,3 +111,97 @@ def test_rotation_keeps_the_newest_five_of_each_kind_per_step(tmp_path: Path) ->
         + ["apply.sh-extra.sh-2025-01-31-110000.000000.log", "apply.sh.notes"]
     )
     assert all(re.search(r"\.(log|err)$", n) for n in remaining if n.startswith("apply.sh-2025"))
+
+
+# ----------------------------------------------------------------------------------------------------
+# What a step's output may cost: the node's file keeps the tail, the container echo head and tail
+
+
+def _marker(text: str) -> str:
+    return text.split(" [agent] ", 1)[1]
+
+
+@given(
+    st.lists(st.text(alphabet="aé✓ \t", max_size=300), max_size=300),
+    st.integers(min_value=64, max_value=4096),
+)
+def test_a_capped_file_keeps_the_last_bytes_at_line_starts_and_counts_the_rest(
+    lines: list[str], limit: int
+) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "step.log"
+        written = b""
+        with CappedFile(str(path), limit=limit, stream="stdout", clock=lambda: MOMENT) as capped:
+            for line in lines:
+                capped.write(line + "\n")
+                written += (line + "\n").encode()
+                assert path.stat().st_size <= 2 * limit + 200 + len(line.encode()) + 1
+        data = path.read_bytes()
+    if len(written) <= limit:
+        assert data == written and capped.dropped == 0
+        return
+    marker, kept = data.split(b"\n", 1)
+    assert len(kept) <= limit and written.endswith(kept)
+    assert capped.dropped == len(written) - len(kept)
+    assert capped.dropped_lines == written.count(b"\n") - kept.count(b"\n")
+    assert _marker(marker.decode()) == (
+        f"stdout log truncated: {capped.dropped} bytes ({capped.dropped_lines} lines) of this step's output "
+        f"dropped before this line; the log keeps the last {size_text(limit)} (NODEWRIGHT_AGENT_LOG_LIMIT)"
+    )
+    if any(len((line + "\n").encode()) <= limit // 2 for line in lines[-1:]):
+        assert written[: len(written) - len(kept)].endswith(b"\n"), "the kept part starts at a line"
+
+
+def test_a_line_longer_than_the_limit_is_cut_outside_a_character(tmp_path: Path) -> None:
+    path = tmp_path / "step.log"
+    with CappedFile(str(path), limit=100, stream="stderr", clock=lambda: MOMENT) as capped:
+        capped.write("✓" * 1000 + "é\n")  # 3003 bytes; the last 100 start inside a ✓ (3 bytes each)
+    marker, kept = path.read_bytes().split(b"\n", 1)
+    assert (
+        kept.decode() == "✓" * 32 + "é\n" and "stderr log truncated: 2904 bytes (0 lines)" in marker.decode()
+    )
+    assert capped.dropped == 2904
+
+
+@given(
+    st.lists(st.text(alphabet="ab✓", max_size=50), max_size=200), st.integers(min_value=16, max_value=2048)
+)
+def test_the_echo_is_the_head_and_the_tail_within_the_limit(lines: list[str], limit: int) -> None:
+    sink = io.StringIO()
+    echo = CappedEcho(sink, limit=limit, stream="stdout", clock=lambda: MOMENT)
+    for line in lines:
+        echo.write(line + "\n")
+    echo.close()
+    written = [line + "\n" for line in lines]
+    echoed = sink.getvalue().splitlines(keepends=True)
+    if sum(len(line.encode()) for line in written) <= limit // 2:
+        assert echoed == written
+        return
+    markers = [i for i, line in enumerate(echoed) if " [agent] stdout echo " in line]
+    assert len(markers) == 2
+    head, tail = echoed[: markers[0]], echoed[markers[1] + 1 :]
+    assert head == written[: len(head)]
+    assert sum(len(x.encode()) for x in head + tail) <= limit
+    assert "".join(written).encode().endswith("".join(tail).encode()), "the tail is the last bytes written"
+    skipped = _marker(echoed[markers[1]])
+    held = sum(len(x.encode()) for x in written[len(head) :])
+    tail_bytes = sum(len(x.encode()) for x in tail)
+    assert skipped.startswith(f"stdout echo resumed: {held - tail_bytes} bytes (")
+
+
+def test_a_quiet_step_is_echoed_unchanged_without_markers() -> None:
+    sink = io.StringIO()
+    with CappedEcho(sink, limit=1024, stream="stderr", clock=lambda: MOMENT) as echo:
+        echo.write("one\ntwo\n")
+    assert sink.getvalue() == "one\ntwo\n"
+
+
+def test_carriage_returns_stay_inside_their_line_in_the_echo_tail() -> None:
+    sink = io.StringIO()
+    with CappedEcho(sink, limit=16, stream="stdout", clock=lambda: MOMENT) as echo:
+        echo.write("x" * 20 + "\n")
+        echo.write("10%\r50%\r100%\n")  # one line of progress output: its last 8 bytes are kept
+    assert sink.getvalue().endswith("its last 8 bytes follow (NODEWRIGHT_AGENT_LOG_LIMIT)\n0%\r100%\n")
+    assert "echo resumed: 26 bytes (1 lines)" in sink.getvalue()

@@ -91,7 +91,9 @@ def test_bad_settings_are_named(host: HostRoot) -> None:
     host.root.mkdir()
     result = host.run("apply", env=host.env(SKYHOOK_AGENT_BUFFER_LIMIT="lots"))
     assert result.code == 2
-    assert "SKYHOOK_AGENT_BUFFER_LIMIT='lots': expected a whole number of bytes greater than 0" in result.err
+    assert (
+        "SKYHOOK_AGENT_BUFFER_LIMIT='lots': expected a whole number of bytes from 1 to 1048576" in result.err
+    )
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ def test_defaults_are_the_reference_agents() -> None:
     assert settings.resource_id is None
     assert settings.write_logs and settings.copy_resolv and not settings.always_run_steps
     assert settings.buffer_limit == 8192 and settings.stop_timeout == 10.0
+    assert settings.log_limit == 2 * 1024 * 1024
 
 
 def test_chroot_defaults_to_whether_the_agent_is_root() -> None:
@@ -70,6 +71,7 @@ def test_every_bad_value_is_reported_with_its_variable() -> None:
         "NODEWRIGHT_LOG_DIR": "/var/../log",
         "SKYHOOK_AGENT_WRITE_LOGS": "maybe",
         "SKYHOOK_AGENT_BUFFER_LIMIT": "8KiB",
+        "NODEWRIGHT_AGENT_LOG_LIMIT": "1000",
         "NODEWRIGHT_AGENT_STOP_TIMEOUT": "-1",
     }
     with pytest.raises(SettingsError) as caught:
@@ -78,15 +80,53 @@ def test_every_bad_value_is_reported_with_its_variable() -> None:
         "SKYHOOK_ROOT_DIR='etc/skyhook': expected an absolute path on the host without '..'",
         "NODEWRIGHT_LOG_DIR='/var/../log': expected an absolute path on the host without '..'",
         "SKYHOOK_AGENT_WRITE_LOGS='maybe': expected true or false",
-        "SKYHOOK_AGENT_BUFFER_LIMIT='8KiB': expected a whole number of bytes greater than 0",
-        "NODEWRIGHT_AGENT_STOP_TIMEOUT='-1': expected a number of seconds greater than 0",
+        "SKYHOOK_AGENT_BUFFER_LIMIT='8KiB': expected a whole number of bytes from 1 to 1048576",
+        "NODEWRIGHT_AGENT_LOG_LIMIT='1000': expected a whole number of bytes from 65536 to 1073741824",
+        "NODEWRIGHT_AGENT_STOP_TIMEOUT='-1': expected a number of seconds greater than 0 and at most 3600",
     ]
 
 
-@pytest.mark.parametrize("value", ["0", "nan", "inf"])
-def test_limits_must_be_positive_finite_numbers(value: str) -> None:
-    with pytest.raises(SettingsError):
-        read_settings({"NODEWRIGHT_AGENT_STOP_TIMEOUT": value}, is_root=True)
+OUT_OF_RANGE = {
+    # 99999999999999999999 once passed and crashed the first step (os.read: int too large for C ssize_t).
+    "NODEWRIGHT_AGENT_BUFFER_LIMIT": ["99999999999999999999", "1048577", "0", "-1", "1_000", "1e3", "0x10",
+                                      "\u0663", "4.5", "+5", "1 024"],
+    "SKYHOOK_AGENT_BUFFER_LIMIT": ["99999999999999999999", "0"],
+    "NODEWRIGHT_AGENT_LOG_LIMIT": ["99999999999999999999", "1073741825", "65535", "0", "-1", "2MiB",
+                                   "1_000_000"],
+    "NODEWRIGHT_AGENT_STOP_TIMEOUT": ["0", "-1", "nan", "inf", "1e400", "1e3", "3600.5", "1e-3", "1_0",
+                                      "--1"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [(name, value) for name, values in OUT_OF_RANGE.items() for value in values]
+)
+def test_numbers_out_of_range_or_not_plain_decimals_are_refused_by_name(name: str, value: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        read_settings({name: value}, is_root=True)
+    (error,) = caught.value.errors
+    assert error.startswith(f"{name}={value!r}: expected a ")
+
+
+def test_numbers_at_the_ends_of_their_ranges_are_accepted() -> None:
+    low = read_settings(
+        {
+            "NODEWRIGHT_AGENT_BUFFER_LIMIT": "1",
+            "NODEWRIGHT_AGENT_LOG_LIMIT": "65536",
+            "NODEWRIGHT_AGENT_STOP_TIMEOUT": ".5",
+        },
+        is_root=True,
+    )
+    assert (low.buffer_limit, low.log_limit, low.stop_timeout) == (1, 65536, 0.5)
+    high = read_settings(
+        {
+            "NODEWRIGHT_AGENT_BUFFER_LIMIT": " 1048576 ",
+            "NODEWRIGHT_AGENT_LOG_LIMIT": "1073741824",
+            "NODEWRIGHT_AGENT_STOP_TIMEOUT": "3600",
+        },
+        is_root=True,
+    )
+    assert (high.buffer_limit, high.log_limit, high.stop_timeout) == (1048576, 1 << 30, 3600.0)
 
 
 def test_booleans() -> None:

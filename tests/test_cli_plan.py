@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -231,3 +232,167 @@ def test_a_full_shared_budget_holds_its_pool_and_names_who_holds_it() -> None:
     assert sum(report.preview.compartments[0].sizes) == 4, "the nodes outside the pool still roll out"
     without = plan_cmd.build_report(nw, policy=None, nodes=[*nodes, outsider], now=NOW)
     assert sum(without.preview.compartments[0].sizes) == 6
+
+
+# ----------------------------------------------------------------------------------------------------
+# A plan read while the rollout moves (issue 29 item 4)
+
+NODES_C = ("api/v1", "", "nodes")
+NW_C = ("apis/nodewright.io/v1alpha1", "", "nodewrights")
+POLICY_C = ("apis/nodewright.io/v1alpha1", "", "deploymentpolicies")
+
+
+def _put_world(kube: Any, fleet: Any) -> None:
+    """The fleet's NodeWright (with the status the controller wrote) and nodes, into the API server."""
+    kube.put(NW_C, fleet.nodewright_object())
+    for name in fleet.names:
+        kube.put(NODES_C, dict(fleet.node_object(name), apiVersion="v1", kind="Node"))
+
+
+def _admissions(fleet: Any) -> dict[str, tuple[str, int]]:
+    out = {}
+    for name in fleet.names:
+        adm = fleet.admission(name)
+        if adm is not None and adm.fingerprint == fleet.fingerprint:
+            out[name] = (adm.compartment, adm.batch)
+    return out
+
+
+async def test_a_plan_read_while_a_batch_settles_and_the_next_opens_predicts_from_one_moment(
+    tmp_path: Path,
+) -> None:
+    """The nodes are listed while the last node of batch 1 is still running; before the NodeWright is
+    read, that node completes and the controller opens batch 2 (status, then admissions). Paired as read,
+    the new batch state and the old nodes made the preview open batch 2 again (smaller, as the running
+    node still held a slot) and push its nodes into later batches: "predicts the open batch again"."""
+    from nodewright.api.models import FixedStrategy, PolicyBudget, Strategy
+    from tests.fleetsim import Fleet
+    from tests.kubefake import FakeKube
+    from tests.test_plan_fleet import fleet_of, nodewright, policy, run
+
+    fleet = Fleet(
+        nodewright(),
+        policy(Strategy(fixed=FixedStrategy(initial_batch=2)), PolicyBudget(count=2)),
+        fleet_of(6),
+    )
+    fleet.rollout_pass()
+    first = sorted(_admissions(fleet))
+    assert len(first) == 2
+    while fleet.labels.get(first[0]) != "complete":
+        fleet.node_pass(first[0])
+    fleet.node_pass(first[1])
+    assert fleet.labels[first[1]] == "in_progress"
+
+    class MovingKube(FakeKube):
+        """Serves the nodes as listed above; right after that list, the rollout moves on."""
+
+        moved = False
+
+        def _get(self, collection: Any, name: str | None, query: dict[str, str]) -> Any:
+            response = super()._get(collection, name, query)
+            if collection == NODES_C and name is None and not self.moved:
+                self.moved = True
+                while fleet.labels.get(first[1]) != "complete":
+                    fleet.node_pass(first[1])
+                fleet.rollout_pass()  # batch 1 settles, batch 2 opens: status, then its admissions
+                _put_world(self, fleet)
+            return response
+
+    kube = MovingKube()
+    await kube.start()
+    try:
+        _put_world(kube, fleet)
+        assert fleet.policy is not None
+        pol = fleet.policy.to_json_dict()
+        pol.update({"apiVersion": "nodewright.io/v1alpha1", "kind": "DeploymentPolicy"})
+        kube.put(POLICY_C, pol)
+        config = tmp_path / "kubeconfig"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "c", "cluster": {"server": kube.url}}],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                    "current-context": "x",
+                }
+            )
+        )
+        args = argparse.Namespace(
+            name="nw", filename=None, policy=None, kubeconfig=str(config), context=None, request_timeout=5.0
+        )
+        inputs = await plan_cmd.gather(args)
+        assert kube.moved
+    finally:
+        await kube.stop()
+    report = plan_cmd.build_report(
+        inputs.nodewright,
+        policy=inputs.policy,
+        nodes=inputs.nodes,
+        all_nodewrights=inputs.all_nodewrights,
+        compartment_statuses=inputs.compartment_statuses,
+        exists=inputs.exists,
+        now=fleet.now,
+    )
+    predicted = {b.number: sorted(b.nodes) for c in report.preview.compartments for b in c.batches}
+    seen = _admissions(fleet)
+    for name in fleet.names:
+        fleet.node_pass(name)
+    run(fleet)
+    future: dict[int, list[str]] = {}
+    for node, (_, batch) in sorted(_admissions(fleet).items()):
+        if node not in seen:
+            future.setdefault(batch, []).append(node)
+    assert predicted == future, (predicted, future, seen)
+
+
+class _Reads:
+    """Fixed NodeWright objects (one per call, the last repeated) and nodes; a fake clock."""
+
+    def __init__(self, statuses: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> None:
+        self.statuses, self.node_list, self.now, self.calls = statuses, nodes, 0.0, 0
+
+    async def nodewrights(self) -> list[dict[str, Any]]:
+        status = self.statuses[min(self.calls, len(self.statuses) - 1)]
+        self.calls += 1
+        return [{"metadata": {"name": "nw"}, "spec": {}, "status": status}]
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        return self.node_list
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _status(batch: int, admitted: int) -> dict[str, Any]:
+    state = {"currentBatch": batch, "plannedSize": admitted, "admittedSize": admitted}
+    return {"rolloutFingerprint": "f", "compartmentStatuses": {"zone": {"batchState": state}}}
+
+
+def _admitted_nodes(count: int) -> list[dict[str, Any]]:
+    adm = encode_admission(Admission("zone", 1, 0, "f", "2026-01-01T00:00:00Z"))
+    return [
+        {"metadata": {"name": f"n{i}", "annotations": {admission_annotation("nw"): adm}}}
+        for i in range(count)
+    ]
+
+
+async def test_admissions_missing_for_good_are_taken_as_they_are_after_a_moment() -> None:
+    """A member released or deleted since it was admitted leaves the batch state counting it: once the
+    same read has come back for `SETTLE` seconds the plan goes on (the controller plans with it too)."""
+    from nodewright.plan.preview import SnapshotCheck
+
+    reads = _Reads([_status(1, 3)], _admitted_nodes(2))
+    snap = await plan_cmd.read_snapshot(reads, "nw", clock=lambda: reads.now, sleep=reads.sleep)
+    assert snap.check is SnapshotCheck.ADMISSIONS_UNWRITTEN and not snap.moving
+    assert plan_cmd.SETTLE <= reads.now < plan_cmd.SETTLE + 3 * plan_cmd.RETRY
+
+
+async def test_a_rollout_that_never_stands_still_is_read_until_the_deadline_with_a_note() -> None:
+    from nodewright.plan.preview import SnapshotCheck
+
+    reads = _Reads([_status(b, 1) for b in range(1, 1000)], _admitted_nodes(1))
+    snap = await plan_cmd.read_snapshot(reads, "nw", clock=lambda: reads.now, sleep=reads.sleep, deadline=2.0)
+    assert snap.check is SnapshotCheck.STATUS_MOVED and snap.moving
+    assert reads.now >= 2.0 and snap.attempts > 1

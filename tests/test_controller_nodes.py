@@ -16,6 +16,7 @@ import pytest
 from nodewright.api import constants
 from nodewright.api.models import NodeWright
 from nodewright.api.nodestate import NodeState, PackageEntry, PackageStage, PackageState, decode, encode
+from nodewright.controller import nodes as nodes_module
 from nodewright.controller.context import (
     EventRecorder,
     ModelCache,
@@ -29,6 +30,7 @@ from nodewright.controller.context import (
     encode_admission,
 )
 from nodewright.controller.drainer import Timing, update_timing
+from nodewright.controller.logstore import KeptLog, kept_logs, store_name
 from nodewright.controller.nodes import NodeReconciler, _deletion_spec, node_facts
 from nodewright.kube.client import KubeClient
 from nodewright.kube.informer import Informer
@@ -540,3 +542,174 @@ async def test_a_drifted_package_is_repaired_in_a_pod_that_re_runs_its_steps(env
         "tool", "1.0.0"
     )
     assert entry is not None and entry.repair and entry.state == PackageState.IN_PROGRESS
+
+
+def _pulling(pod: dict[str, Any], container: str, message: str) -> None:
+    """`container` of `pod` cannot pull its image (the kubelet backs off); nothing has run."""
+    pod["status"] = {
+        "phase": "Pending",
+        "initContainerStatuses": [
+            {
+                "name": c["name"],
+                "state": {"waiting": {"reason": "ErrImagePull", "message": message}}
+                if c["name"] == container
+                else {"waiting": {"reason": "PodInitializing"}},
+            }
+            for c in pod["spec"]["initContainers"]
+        ],
+    }
+
+
+async def test_an_image_pull_failure_that_exhausts_its_attempts_keeps_why_as_the_stage_log(env: Env) -> None:
+    """Issue 29 item 6: no container ran, so no log exists; the kept log of the stage names the image,
+    the kubelet's reason and message, and the attempts, once the pod is gone."""
+    two_attempts = {"tool": {"version": "1.0.0", "image": "ghcr.io/x/tool", "maxAttempts": 2}}
+    env.rt.nodewrights.upsert(nw_obj(packages=two_attempts))
+    env.kube.creation_timestamp = "2026-01-01T11:59:00Z"  # well within the stage timeout
+    env.put_node(node_obj(env.admit()))
+    clock = [NOW]
+    env.rt.clock = lambda: clock[0]
+    pull = 'failed to pull and unpack image "ghcr.io/x/tool:1.0.0": not found'
+
+    async def pull_fails(attempt: int) -> dict[str, Any]:
+        """The pod of `attempt` is created, fails to pull, and the pull-error grace (60 s) runs out."""
+        await env.reconciler.reconcile("nw/n1")
+        [pod] = env.pods()
+        assert pod["metadata"]["annotations"][constants.POD_ANNOTATION_ATTEMPT] == str(attempt)
+        _pulling(pod, "tool-init", pull)
+        env.rt.nodes.upsert(trim_node(env.node()))
+        env.rt.pods.upsert(trim_pod(pod))
+        env.rt.pod_expectations.observed(trim_pod(pod))
+        await env.reconciler.reconcile("nw/n1")  # the grace starts
+        clock[0] += timedelta(seconds=61)
+        env.rt.nodes.upsert(trim_node(env.node()))
+        await env.reconciler.reconcile("nw/n1")  # the grace is over: a failed attempt
+        assert env.pods() == [], "the pod is deleted once its failure is recorded"
+        env.rt.pods.delete(trim_pod(pod))
+        env.rt.pod_expectations.observed_delete(trim_pod(pod))
+        return pod
+
+    def kept() -> KeptLog:
+        store = env.kube.get(("api/v1", NS, "configmaps"), store_name("nw", "n1"))
+        [entry] = kept_logs(store)
+        return entry
+
+    first = await pull_fails(1)
+    entry = kept()
+    assert (entry.stage, entry.outcome, entry.attempt, entry.pod) == (
+        "apply",
+        "failed",
+        1,
+        first["metadata"]["name"],
+    )
+    assert "attempt 1/2 of apply failed: image pull failing for 1m" in entry.message, entry
+    clock[0] += timedelta(seconds=11)  # the retry's backoff
+    env.rt.nodes.upsert(trim_node(env.node()))
+    second = await pull_fails(2)
+    state = decode(env.node()["metadata"]["annotations"][constants.state_annotation("nw")])
+    assert state.entry("tool", "1.0.0").state == PackageState.ERRORING  # type: ignore[union-attr]
+    entry = kept()
+    assert (entry.attempt, entry.pod, entry.container) == (2, second["metadata"]["name"], "tool-init")
+    assert entry.image == "ghcr.io/x/tool:1.0.0" and entry.reason == "ErrImagePull", entry
+    assert "apply failed 2 time(s), giving up" in entry.message and pull in entry.message, entry
+    assert entry.log == "" and entry.exit_code is None
+
+
+async def test_a_pod_deleted_at_the_stage_timeout_keeps_its_log_so_far(env: Env) -> None:
+    """The other attempt no container's exit explains: still running at the stage timeout."""
+    one_attempt = {"tool": {"version": "1.0.0", "image": "ghcr.io/x/tool", "maxAttempts": 1}}
+    env.rt.nodewrights.upsert(nw_obj(packages=one_attempt))
+    env.kube.creation_timestamp = "2026-01-01T10:00:00Z"  # 2 h before NOW: past 2 x 30m
+    env.put_node(node_obj(env.admit()))
+    await env.reconciler.reconcile("nw/n1")
+    [pod] = env.pods()
+    pod["status"] = {
+        "phase": "Pending",
+        "initContainerStatuses": [
+            {"name": "tool-init", "state": {"terminated": {"exitCode": 0}}},
+            {"name": "tool-apply", "state": {"running": {"startedAt": "2026-01-01T10:00:05Z"}}},
+        ],
+    }
+    env.rt.nodes.upsert(trim_node(env.node()))
+    env.rt.pods.upsert(trim_pod(pod))
+    env.rt.pod_expectations.observed(trim_pod(pod))
+    env.kube.fail("GET", "/log", 200, body="STILL-WAITING-FOR-THE-DEVICE", times=4)
+    await env.reconciler.reconcile("nw/n1")
+    assert env.pods() == []
+    store = env.kube.get(("api/v1", NS, "configmaps"), store_name("nw", "n1"))
+    [entry] = kept_logs(store)
+    assert (entry.stage, entry.attempt, entry.reason) == ("apply", 1, "StageTimeout"), entry
+    assert "did not finish within 1h" in entry.message and "giving up" in entry.message, entry
+    assert "STILL-WAITING-FOR-THE-DEVICE" in entry.log, entry
+
+
+class _LogRecorder:
+    """Stands in for the node controller's structlog logger: (event, fields) in the order written."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, dict[str, Any]]] = []
+
+    def _record(self, event: str, **fields: Any) -> None:
+        self.records.append((event, fields))
+
+    info = warning = debug = error = _record
+
+    def events(self) -> list[str]:
+        return [event for event, _ in self.records]
+
+
+async def test_the_intent_to_create_a_package_pod_is_logged_before_the_request(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29 item 12: an operator SIGKILLed while a create is in flight still leaves the record of
+    the pod it may have made; the outcome follows the answer."""
+    recorder = _LogRecorder()
+    monkeypatch.setattr(nodes_module, "log", recorder)
+    sent = env.rt.client.create_pod
+    seen_at_create: list[list[str]] = []
+
+    async def create_pod(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        seen_at_create.append(recorder.events())
+        return await sent(namespace, body)
+
+    monkeypatch.setattr(env.rt.client, "create_pod", create_pod)
+    env.put_node(node_obj(env.admit()))
+    await env.reconciler.reconcile("nw/n1")
+    [pod] = env.pods()
+    assert seen_at_create == [["creating package pod"]], "written before the request, the outcome not yet"
+    [(_, intent)] = [r for r in recorder.records if r[0] == "creating package pod"]
+    assert intent == {
+        "pod": pod["metadata"]["name"],
+        "node": "n1",
+        "nodewright": "nw",
+        "package": "tool",
+        "version": "1.0.0",
+        "stage": "apply",
+        "attempt": 1,
+        "chain": None,
+    }
+    [(_, outcome)] = [r for r in recorder.records if r[0] == "package pod created"]
+    assert outcome == {**intent, "uid": pod["metadata"]["uid"]}
+    assert recorder.events().index("creating package pod") < recorder.events().index("package pod created")
+
+
+async def test_a_refused_package_pod_create_logs_its_intent_then_the_failure(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = _LogRecorder()
+    monkeypatch.setattr(nodes_module, "log", recorder)
+    refusal = 'Pod "x" is invalid: spec.tolerations[0].operator: Invalid value: "Exists"'
+    env.kube.fail(
+        "POST",
+        "/pods",
+        422,
+        body={"kind": "Status", "status": "Failure", "reason": "Invalid", "code": 422, "message": refusal},
+        times=1,
+    )
+    env.put_node(node_obj(env.admit()))
+    await env.reconciler.reconcile("nw/n1")
+    creates = [r for r in recorder.records if r[0] in ("creating package pod", "package pod not created")]
+    assert [event for event, _ in creates] == ["creating package pod", "package pod not created"]
+    (_, intent), (_, failed) = creates
+    assert failed == {**intent, "error": failed["error"]} and refusal in failed["error"], failed
+    assert "package pod created" not in recorder.events()

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -25,7 +26,9 @@ from nodewright.api.models import (
 from nodewright.controller import notify
 from nodewright.controller.notify import Notice, Notifier, RolloutNotifications, Sink
 from nodewright.kube.resources import NotFound
+from nodewright.observability.metrics import OperatorMetrics
 from nodewright.plan.rollout import Admission, RolloutNode, plan_rollout, spec_fingerprint
+from tests.test_obs_metrics import value
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -86,6 +89,7 @@ class Receiver:
     bodies: list[Any] = field(default_factory=list)
     accepted: list[Any] = field(default_factory=list)
     answers: list[int] = field(default_factory=list)  # statuses to answer first, then 200
+    changed: asyncio.Event = field(default_factory=asyncio.Event)  # set on every request
 
 
 @pytest.fixture
@@ -97,6 +101,7 @@ async def receiver() -> AsyncIterator[Receiver]:
         status = got.answers.pop(0) if got.answers else 200
         if status == 200:
             got.accepted.append(got.bodies[-1])
+        got.changed.set()
         return web.Response(status=status, text="nope" if status >= 300 else "ok")
 
     app = web.Application()
@@ -126,9 +131,41 @@ class Secrets:
         return {"data": {k: base64.b64encode(v.encode()).decode() for k, v in self.values[name].items()}}
 
 
-def counting() -> tuple[list[tuple[str, str, str]], Any]:
-    seen: list[tuple[str, str, str]] = []
-    return seen, lambda sink, event, result: seen.append((sink, event, result))
+class Metrics:
+    """The notifier's metrics, recorded (`notify.NotifyMetrics`)."""
+
+    def __init__(self) -> None:
+        self.counts: list[tuple[str, str, str]] = []
+        self.dropped: Counter[tuple[str, str]] = Counter()
+        self.circuits: list[tuple[str, str]] = []
+        self.queued: dict[str, int] = {}
+        self.sinks: set[str] = set()
+
+    def count_notification(self, sink: str, event: str, result: str) -> None:
+        self.counts.append((sink, event, result))
+
+    def init_notification_sink(self, sink: str, reasons: Iterable[str]) -> None:
+        assert set(reasons) == {r.value for r in notify.DropReason}
+        self.sinks.add(sink)
+        self.queued[sink] = 0
+
+    def count_notification_dropped(self, sink: str, reason: str) -> None:
+        self.dropped[(sink, reason)] += 1
+
+    def set_notification_queue(self, sink: str, depth: int) -> None:
+        self.queued[sink] = depth
+
+    def set_notification_circuit(self, sink: str, state: str) -> None:
+        self.circuits.append((sink, state))
+
+    def forget_notification_sink(self, sink: str) -> None:
+        self.sinks.discard(sink)
+        self.queued.pop(sink, None)
+
+
+def counting() -> tuple[list[tuple[str, str, str]], Metrics]:
+    metrics = Metrics()
+    return metrics.counts, metrics
 
 
 async def no_sleep(_seconds: float) -> None:
@@ -136,9 +173,9 @@ async def no_sleep(_seconds: float) -> None:
 
 
 async def test_delivers_json_and_slack_retries_5xx_and_deduplicates(receiver: Receiver) -> None:
-    counts, count = counting()
+    counts, metrics = counting()
     secrets = Secrets({"hooks": {"team": receiver.url, "chat": receiver.url}})
-    notifier = Notifier(secrets, "nodewright-system", count=count, sleep=no_sleep)
+    notifier = Notifier(secrets, "nodewright-system", metrics=metrics, sleep=no_sleep)
     sinks = [Sink("nw/team", "hooks", "team"), Sink("nw/chat", "hooks", "chat", NotificationFormat.SLACK)]
     receiver.answers = [503, 500]  # the first two POSTs fail: retried
     notifier.notify(notice(), sinks)
@@ -157,9 +194,9 @@ async def test_delivers_json_and_slack_retries_5xx_and_deduplicates(receiver: Re
 
 
 async def test_permanent_failures_are_not_retried_and_are_counted(receiver: Receiver) -> None:
-    counts, count = counting()
+    counts, metrics = counting()
     secrets = Secrets({"hooks": {"url": receiver.url, "bad": "ftp://example.com/x"}})
-    notifier = Notifier(secrets, "nodewright-system", count=count, sleep=no_sleep)
+    notifier = Notifier(secrets, "nodewright-system", metrics=metrics, sleep=no_sleep)
     receiver.answers = [404]
     notifier.notify(notice("a"), [Sink("s1", "hooks", "url")])
     notifier.notify(notice("b"), [Sink("s2", "missing", "url")])
@@ -172,14 +209,14 @@ async def test_permanent_failures_are_not_retried_and_are_counted(receiver: Rece
 
 
 async def test_unreachable_sink_is_retried_with_backoff_then_given_up() -> None:
-    counts, count = counting()
+    counts, metrics = counting()
     delays: list[float] = []
 
     async def sleep(seconds: float) -> None:
         delays.append(seconds)
 
     secrets = Secrets({"hooks": {"url": "http://127.0.0.1:9/never"}})
-    notifier = Notifier(secrets, "nodewright-system", count=count, sleep=sleep, attempts=4, backoff=1.0)
+    notifier = Notifier(secrets, "nodewright-system", metrics=metrics, sleep=sleep, attempts=4, backoff=1.0)
     notifier.notify(notice(), [Sink("s", "hooks", "url")])
     await asyncio.wait_for(notifier.join(), 30)
     assert counts == [("s", "RolloutCompleted", "failed")]
@@ -188,8 +225,8 @@ async def test_unreachable_sink_is_retried_with_backoff_then_given_up() -> None:
 
 
 async def test_a_full_queue_drops_without_waiting_and_filters_unwanted_events() -> None:
-    counts, count = counting()
-    notifier = Notifier(Secrets({}), "nodewright-system", count=count, queue_size=1, sleep=no_sleep)
+    counts, metrics = counting()
+    notifier = Notifier(Secrets({}), "nodewright-system", metrics=metrics, queue_size=1, sleep=no_sleep)
     only_halts = Sink("h", "x", "y", events=frozenset({NotificationEvent.COMPARTMENT_HALTED}))
     notifier.notify(notice("k1"), [only_halts])
     assert counts == [], "a sink that does not want the event is not told"
@@ -202,15 +239,343 @@ async def test_a_full_queue_drops_without_waiting_and_filters_unwanted_events() 
 
 
 # ----------------------------------------------------------------------------------------------------
+# Isolation: a sink that hangs costs only itself (issue 29, item 3)
+
+NS = "nodewright-system"
+LIVENESS = 60.0
+"""Bound on waiting for a condition: reached only when the code is broken (not a speed assertion)."""
+
+
+@dataclass
+class Hanging:
+    """A webhook that accepts connections and never answers (until the test ends)."""
+
+    url: str
+    release: asyncio.Event
+    started: list[str] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@pytest.fixture
+async def hanging() -> AsyncIterator[Hanging]:
+    got = Hanging("", asyncio.Event())
+
+    async def hook(request: web.Request) -> web.Response:
+        got.started.append(request.match_info["sink"])
+        got.changed.set()
+        await got.release.wait()
+        return web.Response(text="late")
+
+    app = web.Application()
+    app.router.add_post("/hang/{sink}", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    got.url = f"http://127.0.0.1:{port}/hang"
+    yield got
+    got.release.set()
+    await runner.cleanup()
+
+
+async def until(changed: asyncio.Event, condition: Any, what: Any = str) -> None:
+    """Wait (event-driven, no polling) until `condition()` holds; `changed` is set on every change;
+    `what()` says what was reached instead, should the liveness bound pass."""
+
+    async def wait() -> None:
+        while not condition():
+            changed.clear()
+            await changed.wait()
+
+    try:
+        await asyncio.wait_for(wait(), LIVENESS)
+    except TimeoutError:
+        raise AssertionError(f"not reached within {LIVENESS:g} s: {what()}") from None
+
+
+@pytest.mark.parametrize("stuck", [1, 30])
+async def test_hanging_sinks_do_not_delay_a_good_sink(
+    receiver: Receiver, hanging: Hanging, stuck: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The good sink gets all ten notices while every hanging sink's first POST still hangs: with the
+    deadline out of the picture, only isolation between sinks can deliver them (on the shared queue and
+    two workers of before, it got one notice with one hanging sink, none with 30)."""
+    monkeypatch.setattr(notify, "REQUEST_TIMEOUT", 3600.0)
+    urls = {f"s{i}": f"{hanging.url}/s{i}" for i in range(stuck)}
+    secrets = Secrets({"hooks": {"good": receiver.url, **urls}})
+    notifier = Notifier(secrets, NS, sleep=no_sleep)
+    sinks = [Sink(f"nw/{key}", "hooks", key) for key in urls] + [Sink("nw/good", "hooks", "good")]
+    for i in range(10):
+        notifier.notify(notice(f"nw/fp/k{i}"), sinks)
+    await until(
+        receiver.changed,
+        lambda: len(receiver.accepted) == 10,
+        lambda: f"the good sink got {len(receiver.accepted)} of 10 notices",
+    )
+    await until(hanging.changed, lambda: len(hanging.started) == stuck)
+    assert sorted(hanging.started) == sorted(urls), "one attempt per hanging sink, each still hanging"
+    assert [b["key"] for b in receiver.accepted] == [f"nw/fp/k{i}" for i in range(10)], "in order"
+    await notifier.close(grace=0)
+
+
+class Clock:
+    """The notifier's monotonic clock and sleep: backoff sleeps (0 with backoff=0) pass at once; a
+    circuit-breaker wait parks until the test lets that time pass (`release`)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.parked_for: float | None = None
+        self.parking = asyncio.Event()
+        self.go = asyncio.Event()
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            self.parked_for = seconds
+            self.parking.set()
+            await self.go.wait()
+            self.go.clear()
+        self.now += seconds
+
+    async def parked(self) -> float:
+        await asyncio.wait_for(self.parking.wait(), LIVENESS)
+        self.parking.clear()
+        assert self.parked_for is not None
+        return self.parked_for
+
+    def release(self) -> None:
+        self.go.set()
+
+
+@dataclass
+class Warnings:
+    got: list[tuple[str, str, str]] = field(default_factory=list)  # (nodewright, reason, message)
+
+    async def __call__(self, nodewright: str, spec: Any) -> None:
+        assert spec.type.value == "Warning"
+        self.got.append((nodewright, spec.reason.value, spec.message))
+
+
+async def test_the_circuit_opens_holds_then_drops_probes_and_closes(receiver: Receiver) -> None:
+    """Five unavailable attempts open the circuit; while it is open nothing is sent, the sink's queue
+    holds what comes and drops the rest (circuit_open, one Warning Event); after the open period one
+    probe goes out: failed, the circuit opens for twice as long; answered, it closes and the queue
+    is delivered in order."""
+    metrics, warnings, clock = Metrics(), Warnings(), Clock()
+    receiver.answers = [503] * 6  # the five attempts of k1, then the first probe
+    notifier = Notifier(
+        Secrets({"hooks": {"url": receiver.url}}),
+        NS,
+        metrics=metrics,
+        warn=warnings,
+        sleep=clock.sleep,
+        clock=clock.monotonic,
+        backoff=0,
+        queue_size=2,
+    )
+    sink = Sink("nw/team", "hooks", "url")
+    for key in ("k1", "k2"):
+        notifier.notify(notice(key), [sink])
+    assert await clock.parked() == notify.BREAKER_OPEN, "k2 waits for the open circuit"
+    assert notifier.circuit("nw/team") is notify.Circuit.OPEN
+    assert ("nw/team", "RolloutCompleted", "failed") in metrics.counts, "k1 used its five attempts"
+    assert len(receiver.bodies) == 5
+    for key in ("k3", "k4", "k5", "k6"):
+        notifier.notify(notice(key), [sink])
+    assert metrics.dropped == {("nw/team", "circuit_open"): 2}, "the queue (2) holds k3 and k4"
+    await asyncio.gather(*notifier._background)
+    assert [(nw, reason) for nw, reason, _ in warnings.got] == [("nw", "NotificationsDropped")]
+    assert "[nw/team] dropped (circuit_open)" in warnings.got[0][2]
+
+    clock.release()  # the open period passes: one probe (k2), answered 503
+    assert await clock.parked() == 2 * notify.BREAKER_OPEN
+    assert len(receiver.bodies) == 6 and notifier.circuit("nw/team") is notify.Circuit.OPEN
+    clock.release()  # the second probe is answered: closed, the queue goes out
+    await asyncio.wait_for(notifier.join(), LIVENESS)
+    assert [b["key"] for b in receiver.accepted] == ["k2", "k3", "k4"]
+    assert [state for _, state in metrics.circuits] == ["open", "half_open", "open", "half_open", "closed"]
+    assert notifier.circuit("nw/team") is notify.Circuit.CLOSED
+    await notifier.close(grace=0)
+
+
+def state(breaker: notify.CircuitBreaker) -> notify.Circuit:
+    return breaker.state  # a call: mypy would otherwise keep `state` narrowed across wait() and record()
+
+
+def test_circuit_breaker_periods_double_up_to_the_cap_and_an_answer_resets_it() -> None:
+    breaker = notify.CircuitBreaker(threshold=3, open_for=10, max_open_for=35)
+    for _ in range(2):
+        breaker.record(available=False, now=0)
+    assert state(breaker) is notify.Circuit.CLOSED and breaker.wait(0) == 0
+    breaker.record(available=True, now=0)
+    assert breaker.failures == 0, "an answer ends the run of failures"
+    for _ in range(3):
+        breaker.record(available=False, now=0)
+    assert state(breaker) is notify.Circuit.OPEN and breaker.wait(4) == 6
+    periods = []
+    now = 0.0
+    for _ in range(4):
+        now = breaker.reopen_at
+        assert breaker.wait(now) == 0 and state(breaker) is notify.Circuit.HALF_OPEN
+        breaker.record(available=False, now=now)  # the probe fails: open again, longer
+        periods.append(breaker.reopen_at - now)
+    assert periods == [20, 35, 35, 35]
+    breaker.wait(breaker.reopen_at)
+    breaker.record(available=True, now=breaker.reopen_at)
+    assert state(breaker) is notify.Circuit.CLOSED
+    for _ in range(3):
+        breaker.record(available=False, now=100)
+    assert breaker.reopen_at == 110, "closed and opened again: the first period"
+
+
+async def test_drops_are_counted_by_sink_and_reason_and_reported_at_most_once_per_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A full queue drops: the metric counts every drop by sink and reason, a Warning Event goes to
+    the NodeWright each dropped notice is about (the cluster sink serves several), at most once per
+    DROP_REPORT_INTERVAL with the same message (the recorder counts it up in one Event)."""
+    monkeypatch.setattr(notify, "REQUEST_TIMEOUT", 3600.0)
+    metrics = OperatorMetrics()
+    warnings, clock = Warnings(), Clock()
+
+    async def stall(_url: str, _body: dict[str, Any]) -> None:
+        await asyncio.Event().wait()
+
+    notifier = Notifier(
+        Secrets({"hooks": {"url": "http://127.0.0.1:9/x"}}),
+        NS,
+        metrics=metrics,
+        warn=warnings,
+        post=stall,
+        queue_size=1,
+        clock=clock.monotonic,
+    )
+    cluster = notify.parse_cluster_sink("hooks/url", "json")
+    assert cluster is not None
+
+    def node_failed(nodewright: str, key: str) -> Notice:
+        return Notice(NotificationEvent.NODE_FAILED, nodewright, "m", key, "t")
+
+    for i in range(4):  # the worker has not run yet: k0 waits, the other three are dropped
+        notifier.notify(node_failed(f"nw{i % 2}", f"k{i}"), [cluster])
+    assert value(metrics, "nodewright_notification_queue_depth", sink="cluster") == 1
+    await asyncio.gather(*notifier._background)  # the worker takes k0 (its POST never ends)
+    assert value(metrics, "nodewright_notifications_dropped_total", sink="cluster", reason="queue_full") == 3
+    assert value(metrics, "nodewright_notifications_dropped_total", sink="cluster", reason="shutdown") == 0
+    assert (
+        value(metrics, "nodewright_notifications_total", sink="cluster", event="NodeFailed", result="dropped")
+        == 3
+    )
+    assert sorted(nw for nw, _, _ in warnings.got) == ["nw0", "nw1"]
+    first = {nw: message for nw, _, message in warnings.got}["nw0"]
+    assert "[cluster] dropped (queue_full)" in first and "nodewright_notifications_dropped_total" in first
+    notifier.notify(node_failed("nw0", "k4"), [cluster])  # fills the queue again
+    clock.now += notify.DROP_REPORT_INTERVAL - 1
+    notifier.notify(node_failed("nw0", "k5"), [cluster])
+    await asyncio.gather(*notifier._background)
+    assert len(warnings.got) == 2, "nw0 within the interval: counted, not reported"
+    clock.now += 1
+    notifier.notify(node_failed("nw0", "k6"), [cluster])
+    await asyncio.gather(*notifier._background)
+    assert warnings.got[2:] == [("nw0", "NotificationsDropped", first)], "the same message: one series"
+    assert value(metrics, "nodewright_notifications_dropped_total", sink="cluster", reason="queue_full") == 5
+    await notifier.close(grace=0)
+    assert value(metrics, "nodewright_notifications_dropped_total", sink="cluster", reason="shutdown") == 2
+
+
+async def test_shutdown_delivers_what_is_queued_within_the_grace(receiver: Receiver) -> None:
+    metrics = Metrics()
+    notifier = Notifier(Secrets({"hooks": {"url": receiver.url}}), NS, metrics=metrics, sleep=no_sleep)
+    for key in ("k1", "k2", "k3"):
+        notifier.notify(notice(key), [Sink("nw/team", "hooks", "url")])
+    await notifier.close(grace=LIVENESS)  # returns as soon as the queue is delivered
+    assert [b["key"] for b in receiver.accepted] == ["k1", "k2", "k3"]
+    assert not metrics.dropped
+    notifier.notify(notice("k4"), [Sink("nw/team", "hooks", "url")])
+    assert metrics.dropped == {("nw/team", "shutdown"): 1}, "closed: nothing is queued any more"
+
+
+async def test_shutdown_drops_what_is_left_after_the_grace(
+    hanging: Hanging, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(notify, "REQUEST_TIMEOUT", 3600.0)
+    metrics, warnings = Metrics(), Warnings()
+    notifier = Notifier(
+        Secrets({"hooks": {"url": f"{hanging.url}/s"}}), NS, metrics=metrics, warn=warnings, sleep=no_sleep
+    )
+    for key in ("k1", "k2", "k3"):
+        notifier.notify(notice(key), [Sink("nw/team", "hooks", "url")])
+    await until(hanging.changed, lambda: len(hanging.started) == 1)
+    await notifier.close(grace=0)
+    assert metrics.dropped == {("nw/team", "shutdown"): 3}, "the one in flight and the two queued"
+    assert [(nw, reason) for nw, reason, _ in warnings.got] == [("nw", "NotificationsDropped")]
+    assert "(shutdown)" in warnings.got[0][2]
+
+
+async def test_a_sink_removed_from_the_spec_stops_its_worker(
+    receiver: Receiver, hanging: Hanging, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`keep` retires the sinks of a NodeWright it does not name; the cluster sink and other
+    NodeWrights' sinks are untouched; a retired worker drops what it could not deliver (removed)."""
+    monkeypatch.setattr(notify, "REQUEST_TIMEOUT", 3600.0)
+    metrics = Metrics()
+    secrets = Secrets({"hooks": {"url": receiver.url, "stuck": f"{hanging.url}/s"}})
+    notifier = Notifier(secrets, NS, metrics=metrics, sleep=no_sleep, grace=0)
+    stuck, team = Sink("nw/stuck", "hooks", "stuck"), Sink("nw/team", "hooks", "url")
+    other, cluster = Sink("nw2/team", "hooks", "url"), Sink("cluster", "hooks", "url")
+    for key in ("k1", "k2"):
+        notifier.notify(notice(key), [stuck, team, other, cluster])
+    await until(hanging.changed, lambda: len(hanging.started) == 1)
+    await until(receiver.changed, lambda: len(receiver.accepted) == 6)
+    notifier.keep("nw", ["nw/team"])
+    await asyncio.gather(*notifier._retiring.values())
+    assert notifier.circuit("nw/stuck") is None and metrics.dropped == {("nw/stuck", "removed"): 2}
+    assert metrics.sinks == {"nw/team", "nw2/team", "cluster"}, "its gauges are gone"
+    notifier.keep("nw", [])  # the NodeWright is gone
+    await asyncio.gather(*notifier._retiring.values())
+    assert notifier.circuit("nw/team") is None and notifier.circuit("nw2/team") is not None
+    assert metrics.sinks == {"nw2/team", "cluster"}
+    assert sum(1 for c in metrics.counts if c[2] == "dropped") == 2, "the rest were delivered"
+    await notifier.close(grace=0)
+
+
+async def test_an_attempt_has_one_deadline_for_the_secret_and_the_post(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A webhook (or Secret read) that never answers fails the attempt at the deadline: retried, then
+    given up; the worker is free again."""
+    monkeypatch.setattr(notify, "REQUEST_TIMEOUT", 0.01)
+    metrics = Metrics()
+
+    async def never(_url: str, _body: dict[str, Any]) -> None:
+        await asyncio.Event().wait()
+
+    secrets = Secrets({"hooks": {"url": "http://127.0.0.1:9/never"}})
+    notifier = Notifier(secrets, NS, metrics=metrics, post=never, sleep=no_sleep, attempts=2)
+    notifier.notify(notice(), [Sink("s", "hooks", "url")])
+    await asyncio.wait_for(notifier.join(), LIVENESS)
+    assert metrics.counts == [("s", "RolloutCompleted", "failed")]
+    assert secrets.reads == 2
+    await notifier.close(grace=0)
+
+
+# ----------------------------------------------------------------------------------------------------
 # What a rollout pass tells
 
 
 class Captured:
     def __init__(self) -> None:
         self.notices: list[tuple[Notice, list[str]]] = []
+        self.kept: dict[str, list[str]] = {}
 
     def notify(self, n: Notice, sinks: Any) -> None:
         self.notices.append((n, [s.name for s in sinks]))
+
+    def keep(self, nodewright: str, sinks: Iterable[str]) -> None:
+        self.kept[nodewright] = list(sinks)
 
 
 def nodewright(**status: Any) -> NodeWright:
@@ -270,6 +635,7 @@ def test_a_pass_reports_start_failure_drain_blocked_and_completion_once_per_tran
     rollout.after_pass(model, plan, Status.IN_PROGRESS, fresh, now=NOW, **kwargs)
     assert events_of(captured) == ["RolloutStarted"]
     assert captured.notices[0][1] == ["nw/team", "cluster"]
+    assert captured.kept == {"nw": ["nw/team", "cluster"]}, "sinks no longer named are retired"
 
     # n1 failed, n2 is draining and blocked: the drain notice waits for drainBlockedAfter (5m).
     running = [
@@ -336,3 +702,20 @@ def test_a_halt_is_reported_only_when_the_persisted_status_was_not_halted_yet() 
     before = NodeWrightStatus(compartment_statuses={"__default__": CompartmentStatus(halted=True)})
     rollout.after_pass(model.model_copy(update={"status": before}), plan, Status.BLOCKED, nodes, **kwargs)
     assert "CompartmentHalted" not in events_of(captured)
+
+
+def test_a_nodewright_without_sinks_or_gone_retires_its_sink_workers() -> None:
+    model = nodewright()
+    fp = spec_fingerprint(model)
+    bare = model.model_copy(update={"spec": model.spec.model_copy(update={"notifications": None})})
+    captured = Captured()
+    rollout = RolloutNotifications(captured)  # type: ignore[arg-type]
+    plan = plan_rollout(
+        bare, policy=None, nodes=[], compartment_statuses={}, fingerprint=fp, now="2026-03-01T12:00:00Z"
+    )
+    kwargs: dict[str, Any] = {"fingerprint": fp, "conditions": {}, "drain_blocked": (), "now": NOW}
+    rollout.after_pass(bare, plan, Status.COMPLETE, [], **kwargs)
+    assert captured.kept == {"nw": []} and not captured.notices
+    captured.kept.clear()
+    rollout.forget("nw2")  # deleted
+    assert captured.kept == {"nw2": []}

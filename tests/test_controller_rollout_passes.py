@@ -403,3 +403,61 @@ async def test_a_batch_bigger_than_the_pass_limit_is_admitted_over_several_passe
     assert (state["plannedSize"], state["admittedSize"], state["currentBatch"]) == (5, 5, 1)
     assert await env.reconciler.reconcile("nw") is not None
     assert admitted() == ["n0", "n1", "n2", "n3", "n4"], "the whole batch is in flight: nothing more"
+
+
+async def test_the_first_status_of_a_new_generation_is_not_ready_before_its_nodes_work(env: _Env) -> None:
+    """Issue 29 item 1 (kstatus): after a spec edit, the status labels still say `complete` until the
+    node controller has planned the nodes again. The first status written for generation N must not say
+    Ready=True with observedGeneration N: Argo CD, Flux and `kubectl wait --for=condition=Ready` would
+    return before the change has even started."""
+    env.put_nodewright(nw_obj(nodeSelectors={"matchLabels": {"pool": "a"}}))
+    done = PackageEntry(
+        name="tool",
+        version="1.0.0",
+        stage=PackageStage.CONFIG,
+        state=PackageState.COMPLETE,
+        started="2026-01-01T00:00:00Z",
+    )
+    for name in ("n0", "n1", "n2"):
+        env.put_node(_state_node(name, done, status="complete"))
+    await env.reconciler.reconcile("nw")
+    first = (env.kube.get(NW_C, "nw") or {})["status"]
+    ready = {c["type"]: c for c in first["conditions"]}["Ready"]
+    assert (first["observedGeneration"], ready["status"], first["status"]) == (1, "True", "complete")
+
+    obj = env.kube.get(NW_C, "nw") or {}
+    obj["metadata"]["generation"] = 2
+    obj["spec"]["packages"]["tool"]["version"] = "1.1.0"
+    env.put_nodewright(obj)
+    await env.reconciler.reconcile("nw")
+    status = (env.kube.get(NW_C, "nw") or {})["status"]
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert status["observedGeneration"] == 2
+    assert conditions["Ready"]["status"] == "False", conditions["Ready"]
+    assert conditions["Ready"]["observedGeneration"] == 2
+    assert conditions["Reconciling"]["status"] == "True", conditions["Reconciling"]
+    assert status["status"] != "complete", status["status"]
+    assert status["completeNodes"] == "0/3", "no node has completed generation 2 yet"
+
+
+async def test_runtime_taint_held_names_the_nodes_it_holds(env: _Env) -> None:
+    """Issue 29 item 7: `RuntimeTaintHeld` said "7 node(s) keep the runtime-required taint" without saying
+    which; like the other aggregate conditions it names the first few (sorted) and how many more."""
+    obj = nw_obj(nodeSelectors={"matchLabels": {"pool": "a"}}, runtimeRequired=True)
+    obj["metadata"]["annotations"] = {constants.ANNOTATION_PAUSE: "true"}
+    env.put_nodewright(obj)
+    taint = {"key": constants.DEFAULT_RUNTIME_REQUIRED_TAINT_KEY, "value": "true", "effect": "NoSchedule"}
+    for i in range(7):
+        node = _node(f"n{i}")
+        node["spec"]["taints"] = [taint]
+        env.put_node(node)
+    env.put_node(_node("free"))  # not tainted: not held
+    await env.reconciler.reconcile("nw")
+    status = (env.kube.get(NW_C, "nw") or {})["status"]
+    held = {c["type"]: c for c in status["conditions"]}["RuntimeTaintHeld"]
+    assert (held["status"], held["reason"]) == ("True", "HeldWhileInactive"), held
+    message = held["message"]
+    assert message.startswith("7 node(s) keep the runtime-required taint"), message
+    assert "n0, n1, n2, n3, n4 and 2 more" in message, message
+    assert "free" not in message and "n5" not in message, message
+    assert "resume or enable it" in message, message

@@ -342,6 +342,30 @@ def test_reconcile_metrics(metrics: OperatorMetrics) -> None:
     assert len(buckets) == len(m.RECONCILE_BUCKETS) + 1
 
 
+def test_notification_sink_series_start_at_zero_and_disappear_with_the_sink(metrics: OperatorMetrics) -> None:
+    reasons = ("queue_full", "circuit_open", "shutdown", "removed")
+    metrics.init_notification_sink("nw/team", reasons)
+    metrics.init_notification_sink("cluster", reasons)
+    assert series(metrics, "nodewright_notifications_dropped_total") == {
+        frozenset({("sink", sink), ("reason", r)}): 0 for sink in ("nw/team", "cluster") for r in reasons
+    }
+    metrics.count_notification_dropped("nw/team", "circuit_open")
+    metrics.set_notification_queue("nw/team", 256)
+    metrics.set_notification_circuit("nw/team", "open")
+    assert (
+        value(metrics, "nodewright_notifications_dropped_total", sink="nw/team", reason="circuit_open") == 1
+    )
+    assert value(metrics, "nodewright_notification_queue_depth", sink="nw/team") == 256
+    assert {
+        labels["state"]: v
+        for n, labels, v in samples(metrics)
+        if n == "nodewright_notification_circuit_state" and labels["sink"] == "nw/team"
+    } == {"closed": 0, "open": 1, "half_open": 0}
+    metrics.forget_notification_sink("nw/team")
+    for gauge in ("nodewright_notification_queue_depth", "nodewright_notification_circuit_state"):
+        assert {dict(k)["sink"] for k in series(metrics, gauge)} == {"cluster"}, gauge
+
+
 def test_exported_names_match_scrape(metrics: OperatorMetrics) -> None:
     """Exercise every instrument; the scrape's families are exactly EXPORTED_METRICS."""
     d = metrics.domain
@@ -366,6 +390,7 @@ def test_exported_names_match_scrape(metrics: OperatorMetrics) -> None:
     metrics.count_untrusted_pod("replayed")
     d.count_drift_check(nodewright="nw", result="clean")
     metrics.count_notification("nw/team", "RolloutCompleted", "sent")
+    metrics.init_notification_sink("nw/team", ["queue_full"])
 
     names: set[str] = set()
     for name, _, _ in samples(metrics):

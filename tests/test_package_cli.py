@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import inspect
 import io
 import json
 import os
@@ -23,6 +24,7 @@ import pytest
 
 from nodewright.cli.main import main
 from nodewright.packaging import layout, localrun, oci
+from tests.agent_fixtures.hostroot import limit_resources
 from tests.packages_node import REPO
 
 JSON = dict[str, Any]
@@ -181,10 +183,16 @@ def test_validate_of_a_directory_without_a_package(
     assert code == 1 and "not a directory" in err
 
 
-@pytest.mark.parametrize("name", ["shell", "tuning", "kdump", "bind-mount"])
+@pytest.mark.parametrize("name", ["shell", "tuning", "kdump", "bind-mount", "eks-node-init"])
 def test_the_reference_packages_validate_cleanly(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    version = json.loads((REPO / "packages" / name / "config.json").read_text())["package_version"]
     code, out, err = _cli(capsys, "validate", str(REPO / "packages" / name))
-    assert (code, err) == (0, "") and out.endswith(f"{name} 1.0.0 is valid (0 warnings)\n")
+    assert (code, err) == (0, "") and out.endswith(f"{name} {version} is valid (0 warnings)\n")
+
+
+def test_every_package_of_the_catalogue_is_validated() -> None:
+    listed = {p.parent.name for p in (REPO / "packages").glob("*/config.json")}
+    assert listed == {"shell", "tuning", "kdump", "bind-mount", "eks-node-init"}
 
 
 def test_run_refuses_bad_requests_with_every_reason(
@@ -522,3 +530,219 @@ def test_build_refusals(package: Path, tmp_path: Path, capsys: pytest.CaptureFix
     (package / "config.json").write_text("{}")
     code, _, err = _cli(capsys, "build", str(package), "--base", "scratch", "-o", str(tmp_path / "y"))
     assert code == 1 and "schema_version: required field missing" in err
+
+
+# ----------------------------------------------------------------------------------------------------
+# Hostile input: one line on stderr, the documented exit code, never a hang or a memory blow-up
+
+
+def _package_command(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`nodewright package ...` as its own process. The timeout and the memory and file-size limits only
+    end a run that blocks or eats memory (as these inputs once made it); the tests assert on the output."""
+    return subprocess.run(
+        [sys.executable, "-m", "nodewright", "package", *argv],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+        preexec_fn=limit_resources,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def _make_hostile(package: Path, kind: str, outside: Path) -> str:
+    """Turn the package hostile; returns the reason every command must give (after `config.json: `)."""
+    config = package / "config.json"
+    if kind == "fifo":
+        config.unlink()
+        os.mkfifo(config)
+        return "a FIFO, not a regular file; only regular files are read"
+    if kind == "zero":
+        config.unlink()
+        config.symlink_to("/dev/zero")
+        return "a symlink to '/dev/zero', a character device, not a regular file; only regular files are read"
+    if kind == "deep":
+        config.write_text("[" * 100_000 + "]" * 100_000)
+        return "nested deeper than the 32-level limit of arrays and objects (schema v1 needs 5); not decoded"
+    script = package / "skyhook_dir" / "apply.sh"
+    script.unlink()
+    target = str(outside) if kind == "absolute-step" else "../../outside.sh"
+    script.symlink_to(target)
+    return (
+        f"modes.apply[0].path: step 'apply': skyhook_dir/apply.sh leads out of the package through the "
+        f"symlink skyhook_dir/apply.sh -> '{target}'; ship the script in the package (a relative symlink "
+        "that stays inside the package is fine)"
+    )
+
+
+HOSTILE = ["fifo", "zero", "deep", "absolute-step", "relative-step"]
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    script = tmp_path / "outside.sh"
+    script.write_text('#!/bin/sh\necho escaped > "$NODEWRIGHT_HOST_ROOT/escaped"\n')
+    script.chmod(0o644)
+    return script
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_validate_refuses_hostile_input_in_one_error(package: Path, outside: Path, kind: str) -> None:
+    reason = _make_hostile(package, kind, outside)
+    result = _package_command("validate", str(package))
+    assert result.returncode == 1 and result.stdout == "" and "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        f"error: config.json: {reason}",
+        f"{package}: 1 error; package is not usable",
+    ]
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_build_refuses_hostile_input_in_one_line(
+    package: Path, outside: Path, tmp_path: Path, kind: str
+) -> None:
+    reason = _make_hostile(package, kind, outside)
+    result = _package_command("build", str(package), "--base", "scratch", "-o", str(tmp_path / "image"))
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"nodewright package build: {package}/config.json: {reason} (`nodewright package validate {package}` "
+        "runs every check)"
+    ]
+    assert not (tmp_path / "image").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "deep"])
+def test_run_refuses_an_unusable_config_json_in_one_line(
+    package: Path, outside: Path, tmp_path: Path, kind: str
+) -> None:
+    reason = _make_hostile(package, kind, outside)
+    result = _package_command("run", "apply", str(package), "--root", str(tmp_path / "node"))
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [f"nodewright package run: {package}/config.json: {reason}"]
+
+
+@pytest.mark.parametrize("kind", ["absolute-step", "relative-step"])
+def test_run_refuses_a_step_leaving_the_package_and_runs_nothing(
+    package: Path, outside: Path, tmp_path: Path, kind: str
+) -> None:
+    reason = _make_hostile(package, kind, outside)
+    root = tmp_path / "node"
+    result = _package_command("run", "apply", str(package), "--root", str(root))
+    assert result.returncode == 1 and "FAILED (agent exit 1)" in result.stdout
+    [line] = result.stderr.splitlines()
+    copy = root / "var/lib/skyhook/local/gpu-probe-0.1.0-local-1"
+    assert line.split(" [agent] ", 1)[1] == f"ERROR: {copy}/config.json: {reason}"
+    assert not (root / "escaped").exists() and outside.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_relative_step_symlink_inside_the_package_is_fine(package: Path, tmp_path: Path) -> None:
+    steps = package / "skyhook_dir"
+    (steps / "lib").mkdir()
+    (steps / "apply.sh").rename(steps / "lib" / "apply.sh")
+    (steps / "apply.sh").symlink_to("lib/apply.sh")
+    result = _package_command("validate", str(package))
+    assert result.returncode == 0 and result.stdout.endswith("gpu-probe 0.1.0 is valid (0 warnings)\n"), (
+        result
+    )
+    assert (
+        _package_command("build", str(package), "--base", "scratch", "-o", str(tmp_path / "image")).returncode
+        == 0
+    )
+    run = _package_command("run", "apply", str(package), "--root", str(tmp_path / "node"))
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_run_names_a_setting_too_large_to_mean_anything_and_exits_2(package: Path, tmp_path: Path) -> None:
+    result = _package_command(
+        "run", "apply", str(package), "--root", str(tmp_path / "node"),
+        "--env", "NODEWRIGHT_AGENT_BUFFER_LIMIT=99999999999999999999",
+    )  # fmt: skip
+    assert result.returncode == 2 and "FAILED (agent exit 2)" in result.stdout
+    [line] = result.stderr.splitlines()
+    assert line.split(" [agent] ", 1)[1] == (
+        "ERROR: NODEWRIGHT_AGENT_BUFFER_LIMIT='99999999999999999999': expected a whole number of bytes "
+        "from 1 to 1048576"
+    )
+
+
+def test_a_fifo_in_the_payload_is_one_line_for_build_and_run(package: Path, tmp_path: Path) -> None:
+    fifo = package / "skyhook_dir" / "pipe"
+    os.mkfifo(fifo)
+    expected = (
+        f"{fifo}: not a regular file, directory or symlink (a device, FIFO or socket cannot be part of a "
+        "package image); remove it from the package directory"
+    )
+    build = _package_command("build", str(package), "--base", "scratch", "-o", str(tmp_path / "image"))
+    assert (build.returncode, build.stderr.splitlines()) == (1, [f"nodewright package build: {expected}"])
+    run = _package_command("run", "apply", str(package), "--root", str(tmp_path / "node"))
+    assert (run.returncode, run.stderr.splitlines()) == (1, [f"nodewright package run: {expected}"])
+
+
+def test_run_refuses_a_config_file_that_is_a_fifo_or_too_large(package: Path, tmp_path: Path) -> None:
+    fifo, big = tmp_path / "pipe", tmp_path / "big.conf"
+    os.mkfifo(fifo)
+    big.write_bytes(b"x" * (1024 * 1024 + 1))
+    result = _package_command(
+        "run", "config", str(package), "--root", str(tmp_path / "node"),
+        "--config", f"a.conf={fifo}", "--config", f"b.conf={big}",
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"nodewright package run: --config a.conf={fifo}: a FIFO, not a regular file; "
+        "only regular files are read",
+        f"nodewright package run: --config b.conf={big}: 1048577 bytes, more than a ConfigMap holds "
+        "(1 MiB in all), so no NodeWright could give it to the package",
+    ]
+
+
+@pytest.mark.parametrize("name", ["index.json", "oci-layout"])
+def test_build_refuses_base_metadata_that_is_not_a_regular_file(
+    package: Path, tmp_path: Path, name: str
+) -> None:
+    base = _base_layout(tmp_path / "base")
+    (tmp_path / "base" / name).unlink()
+    (tmp_path / "base" / name).symlink_to("/dev/zero")
+    result = _package_command("build", str(package), "--base", base, "-o", str(tmp_path / "image"))
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"nodewright package build: --base {base}: {tmp_path / 'base' / name}: a symlink to '/dev/zero', a "
+        "character device, not a regular file; only regular files are read"
+    ]
+
+
+def test_build_refuses_a_base_layer_that_is_not_a_regular_file(package: Path, tmp_path: Path) -> None:
+    base = _base_layout(tmp_path / "base")
+    index = json.loads((tmp_path / "base" / "index.json").read_text())
+    manifest = json.loads(_blob(tmp_path / "base", index["manifests"][0]))
+    digest = manifest["layers"][0]["digest"]
+    blob = tmp_path / "base" / "blobs" / "sha256" / digest.removeprefix("sha256:")
+    blob.unlink()
+    blob.symlink_to("/dev/zero")
+    result = _package_command("build", str(package), "--base", base, "-o", str(tmp_path / "image"))
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"nodewright package build: {tmp_path / 'base'}: the layer blob {digest} is a character device, not "
+        f"a regular file ({blob}); copy the base image again"
+    ]
+    assert not (tmp_path / "image").exists()
+
+
+def test_payload_depth_costs_no_recursion(tmp_path: Path) -> None:
+    """A package tree nested deeper than the recursion limit is listed (build and run copy it), where a
+    recursive walk was a RecursionError traceback."""
+    depth = 300
+    target = str(tmp_path / "pkg")
+    os.mkdir(target)
+    for _ in range(depth):
+        target += "/d"
+        os.mkdir(target)
+    Path(target, "leaf").write_text("x")
+    previous = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack()) + depth // 2)  # room for the call, not for one frame a level
+    try:
+        entries = layout.payload_entries(tmp_path / "pkg")
+    finally:
+        sys.setrecursionlimit(previous)
+    assert [e.relative for e in entries][-2:] == ["/".join(["d"] * depth), "/".join(["d"] * depth) + "/leaf"]
+    assert len(entries) == depth + 1

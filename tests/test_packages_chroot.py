@@ -17,9 +17,25 @@ from pathlib import Path
 import pytest
 
 from nodewright.packaging import scaffold
-from tests.packages_node import REPO, Node, node
+from nodewright.sim import kubelet_host
+from tests.packages_node import REPO, Node, efa_devices, efa_installer_tarball, node
 
-APPLETS = ("sh", "cat", "cmp", "cp", "mv", "rm", "mkdir", "ln", "readlink", "chmod", "tr", "grep")
+APPLETS = (
+    "sh",
+    "cat",
+    "cmp",
+    "cp",
+    "mv",
+    "rm",
+    "mkdir",
+    "ln",
+    "readlink",
+    "chmod",
+    "tr",
+    "grep",
+    "tar",
+    "sha256sum",
+)
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +120,76 @@ def test_the_scaffold(host: Node, tmp_path: Path) -> None:
     for mode in ("post-interrupt", "post-interrupt-check"):
         host.ok(mode, package, {"example.conf": "level=3\n"}, chroot=True)
     _lifecycle(host, package, {"example.conf": "level=3\n"}, boot=False)
+
+
+# The node's own commands, as shell scripts inside the busybox root: on a node the agent chroots into the
+# host's root and eks-node-init finds dnf, grubby and modprobe on the node's PATH.
+NODE_COMMANDS = {
+    "dnf": """#!/bin/sh
+echo "dnf $*" >>/var/log/dnf.log
+verb=$1
+shift
+for p in "$@"; do
+	case $verb:$p in
+	install:kernel-[0-9]*)
+		r=${p#kernel-}
+		mkdir -p /boot /lib/modules/$r /boot/grub2
+		echo image >/boot/vmlinuz-$r
+		echo "saved_entry=$r" >/boot/grub2/grubenv
+		;;
+	remove:kernel-[0-9]*) rm -rf /boot/vmlinuz-${p#kernel-} /lib/modules/${p#kernel-} ;;
+	esac
+done
+""",
+    "grubby": """#!/bin/sh
+case $1 in
+--default-kernel)
+	saved=
+	if [ -f /boot/grub2/grubenv ]; then saved=$(grep saved_entry= /boot/grub2/grubenv); fi
+	if [ -n "$saved" ]; then echo "/boot/vmlinuz-${saved#saved_entry=}"; else echo /boot/vmlinuz-IMAGE; fi
+	;;
+--set-default) echo "saved_entry=${2#/boot/vmlinuz-}" >/boot/grub2/grubenv ;;
+esac
+""",
+    "modprobe": """#!/bin/sh
+if [ "$1" = -r ]; then
+	grep -v "^$2 " /proc/modules >/proc/modules.new || true
+	mv /proc/modules.new /proc/modules
+else
+	echo "$1 16384 0 - Live 0x0" >>/proc/modules
+fi
+""",
+}
+
+
+def test_eks_node_init(host: Node) -> None:
+    image, pinned = "6.1.112-122.189.amzn2023.x86_64", "6.1.132-147.221.amzn2023.x86_64"
+    host.write("/etc/os-release", 'ID="amzn"\nVERSION_ID="2023"\n')
+    for name, text in NODE_COMMANDS.items():
+        host.write(f"/bin/{name}", text.replace("IMAGE", image))
+        host.path(f"/bin/{name}").chmod(0o755)
+    efa_installer_tarball(host.path("/opt/efa/aws-efa-installer-1.47.0.tar.gz"), "1.47.0")
+    efa_devices(host, 2)
+
+    def boot(boot_id: str) -> str:
+        info = {"bootID": boot_id, "kernelVersion": image}
+        return kubelet_host.boot_node(host.root, {"metadata": {"name": "n"}, "status": {"nodeInfo": info}})
+
+    assert boot("b-1") == image
+    config = {
+        "accelerator": "hopper",
+        "kernel": pinned,
+        "efa-installer": "file:///opt/efa/aws-efa-installer-{version}.tar.gz",
+    }
+    text = host.ok("apply", "eks-node-init", config, chroot=True)
+    assert "chroot per step" in text and "running efa_installer.sh -y" in text
+    assert host.read("/var/log/dnf.log") == f"dnf install -y kernel-{pinned}\n", "the node's dnf, on PATH"
+    host.ok("apply-check", "eks-node-init", config, chroot=True)
+    assert boot("b-2") == pinned
+    assert "ok: the running kernel is" in host.ok(
+        "post-interrupt-check", "eks-node-init", config, chroot=True
+    )
+    text = host.ok("uninstall", "eks-node-init", config, chroot=True)
+    assert f"the boot loader's default is /boot/vmlinuz-{image} again" in text
+    host.ok("uninstall-check", "eks-node-init", config, chroot=True)
+    assert boot("b-3") == image

@@ -181,14 +181,18 @@ def test_uninstall_removes_the_files_and_its_check_sees_leftovers(host: Node) ->
 def test_the_readme_documents_every_row_of_the_table() -> None:
     readme = (PACKAGES / "tuning" / "README.md").read_text()
     rows = [
-        line.split(None, 4)
+        line.split(None, 5)
         for line in (PACKAGES / "tuning" / "skyhook_dir" / "tuning.table").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    assert len(rows) > 20
-    for accelerator, workload, kind, key, value in rows:
-        cells = [f"`{re.escape(accelerator)}`", f"`{re.escape(workload)}`", kind, f"`{re.escape(key)}`"]
-        pattern = r"\|\s*" + r"\s*\|\s*".join([*cells, f"`{re.escape(value)}`"]) + r"\s*\|"
+    assert len(rows) > 25
+    assert {row[0] for row in rows} == {"*", "aws", "gcp", "azure", "oci"}, "every cloud has its rows"
+    for cloud, accelerator, workload, kind, key, value in rows:
+        cells = [f"`{re.escape(cell)}`" for cell in (cloud, accelerator, workload)] + [
+            kind,
+            f"`{re.escape(key)}`",
+        ]
+        pattern = r"\|\s*" + r"\s*\|\s*".join([*cells, f"`{re.escape(value)}`"]) + r"\s*\|\s*\S"
         assert re.search(pattern, readme), (
-            f"README.md has no table row for {accelerator} {workload} {kind} {key}"
+            f"README.md has no table row (with a reason) for {cloud} {accelerator} {workload} {kind} {key}"
         )

@@ -8,18 +8,26 @@ Regressions of the black-box safety issue:
 - a node whose state was wiped after it completed used to start again at once under its (old, used)
   admission; settling now consumes the admission;
 - `nodewright plan` taken mid-rollout could pair admissions with an older batch state and predict the
-  open batch's successors from stale counters; the status is now written before the admissions and the
-  plan reads nodes before the NodeWright.
+  open batch's successors from stale counters; the status is now written before the admissions;
+- (issue 29 item 4) a batch settling and the next opening between the plan's node list and its read of
+  the NodeWright made the preview open the batch under way again; the plan now reads until the status
+  and the nodes show one moment (`plan_cmd.read_snapshot`), tested with the operator writing between
+  and during the reads.
 """
 
 from __future__ import annotations
 
+import asyncio
+import random
 from collections import defaultdict
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
+from nodewright.api import constants
 from nodewright.api.models import (
     DeploymentPolicy,
     DeploymentPolicySpec,
@@ -38,8 +46,10 @@ from nodewright.api.models import (
     Status,
     Strategy,
 )
+from nodewright.cli import plan_cmd
+from nodewright.controller.context import encode_admission
 from nodewright.plan.node import CreatePod
-from nodewright.plan.preview import preview_rollout
+from nodewright.plan.preview import SnapshotCheck, preview_rollout
 from nodewright.plan.stages import ts
 from tests.fleetsim import Fleet
 
@@ -270,3 +280,145 @@ def test_plan_taken_at_any_moment_predicts_the_rest_of_the_rollout(
         c.name: [(b.number, sorted(b.nodes)) for b in c.batches] for c in predicted.compartments if c.batches
     }
     assert got == expected
+
+
+# ----------------------------------------------------------------------------------------------------
+# `nodewright plan` reading a rollout that moves while it is read (issue 29 item 4)
+
+
+class MovingReads:
+    """`nodewright plan`'s two lists over a fleet whose operator keeps working between them.
+
+    Each list is one moment (an API list is). Before each, a few of these happen: a node pass, a
+    rollout pass's status write (its releases and admissions are then written one per step, in the
+    controller's order; no new pass starts before they are all written), or the next of those writes.
+    Waiting (`sleep`) lets time pass and at least one pending write land, as the controller's writes
+    follow each other within milliseconds.
+    """
+
+    def __init__(self, fleet: Fleet, rng: random.Random, *, steps: int) -> None:
+        self.fleet, self.rng, self.steps = fleet, rng, steps
+        self.pending: list[Callable[[], None]] = []
+        self.clock = 0.0
+
+    def pass_status(self) -> None:
+        plan = self.fleet.rollout_plan()
+        self.fleet.plans.append(plan)
+        self.fleet.write_status(plan)
+        self.fleet.check()
+        for name in plan.releases:
+            self.pending.append(partial(self.release, name))
+        for new in plan.admissions:
+            self.pending.append(partial(self.admit, new.node, encode_admission(new.admission)))
+
+    def release(self, node: str) -> None:
+        self.fleet.admissions.pop(node, None)
+
+    def admit(self, node: str, text: str) -> None:
+        self.fleet.admissions[node] = text
+
+    def write_next(self) -> None:
+        self.pending.pop(0)()
+        self.fleet.check()
+
+    def step(self) -> None:
+        choice = self.rng.random()
+        if self.pending and choice < 0.5:
+            self.write_next()
+        elif not self.pending and choice < 0.3:
+            self.pass_status()
+        else:
+            self.fleet.node_pass(self.rng.choice(self.fleet.names))
+
+    def move(self) -> None:
+        for _ in range(self.rng.randint(0, self.steps)):
+            self.step()
+
+    async def nodewrights(self) -> list[dict[str, Any]]:
+        self.move()
+        return [self.fleet.nodewright_object()]
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        self.move()
+        return [self.fleet.node_object(n) for n in self.fleet.names]
+
+    async def sleep(self, seconds: float) -> None:
+        self.clock += seconds
+        if self.pending:
+            self.write_next()
+        self.move()
+
+    def finish(self) -> None:
+        while self.pending:
+            self.write_next()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    count=st.integers(3, 14),
+    kind=st.sampled_from(["fixed", "linear", "exponential"]),
+    initial=st.integers(1, 3),
+    ceiling=st.integers(1, 6),
+    limit=st.sampled_from([None, 1, 2]),
+    moment=st.integers(0, 40),
+    steps=st.integers(1, 6),
+    rng=st.randoms(use_true_random=False),
+)
+def test_plan_read_while_the_rollout_moves_predicts_the_rest_of_it(
+    count: int,
+    kind: str,
+    initial: int,
+    ceiling: int,
+    limit: int | None,
+    moment: int,
+    steps: int,
+    rng: random.Random,
+) -> None:
+    """Issue 29 item 4: the NodeWright and the nodes are read in separate requests while the operator
+    writes (a batch settles and the next opens between them; a pass is half-way through writing its
+    admissions). `nodewright plan` reads until the two show one moment (`read_snapshot`), and then
+    predicts exactly what the controller does from there."""
+    strategy = {
+        "fixed": Strategy(fixed=FixedStrategy(initial_batch=initial)),
+        "linear": Strategy(linear=LinearStrategy(initial_batch=initial, delta=1)),
+        "exponential": Strategy(exponential=ExponentialStrategy(initial_batch=initial, growth_factor=2)),
+    }[kind]
+    fleet = Fleet(nodewright(), policy(strategy, PolicyBudget(count=ceiling)), fleet_of(count))
+    fleet.admission_limit = limit
+    reads = MovingReads(fleet, rng, steps=steps)
+    for _ in range(moment):
+        reads.step()
+    snap = asyncio.run(
+        plan_cmd.read_snapshot(reads, "nw", clock=lambda: reads.clock, sleep=reads.sleep, deadline=60.0)
+    )
+    note(f"read after {snap.attempts} attempt(s): {snap.check}")
+    assert snap.check is SnapshotCheck.CONSISTENT and not snap.moving
+    models = [NodeWright.model_validate(o) for o in snap.nodewrights]
+    report = plan_cmd.build_report(
+        fleet.nodewright,
+        policy=fleet.policy,
+        nodes=snap.nodes,
+        all_nodewrights=models,
+        compartment_statuses=models[0].status.compartment_statuses if models[0].status else None,
+        exists=True,
+        now=fleet.now,
+    )
+    predicted = {
+        c.name: {b.number: sorted(b.nodes) for b in c.batches}
+        for c in report.preview.compartments
+        if c.batches
+    }
+    seen = {
+        str(n["metadata"]["name"])
+        for n in snap.nodes
+        if f"{constants.PREFIX}batch.nw" in n["metadata"]["annotations"]
+    }
+    reads.finish()
+    run(fleet)
+    future: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for name in fleet.names:
+        adm = fleet.admission(name)
+        if adm is not None and name not in seen:
+            future[adm.compartment][adm.batch].append(name)
+    expected = {c: {b: sorted(n) for b, n in bs.items()} for c, bs in future.items()}
+    assert predicted == expected

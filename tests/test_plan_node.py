@@ -33,6 +33,7 @@ from nodewright.api.nodestate import (
 )
 from nodewright.plan.configdiff import config_hashes
 from nodewright.plan.node import (
+    AttemptFailed,
     Cordon,
     CreatePod,
     DeletePod,
@@ -46,7 +47,14 @@ from nodewright.plan.node import (
     WaitForProtectedPods,
     plan_node,
 )
-from nodewright.plan.stages import PodOutcome, PodSummary, RetryPolicy, StageProgress, pod_stages
+from nodewright.plan.stages import (
+    FailureCause,
+    PodOutcome,
+    PodSummary,
+    RetryPolicy,
+    StageProgress,
+    pod_stages,
+)
 from tests.planfake import T0, FakeNode
 
 REBOOT = Interrupt(type=InterruptType.REBOOT)
@@ -878,6 +886,94 @@ def test_a_failure_in_config_keeps_apply_done_and_retries_from_config() -> None:
         and gave_up.stage == PackageStage.CONFIG
     )
     assert final.status == Status.ERRORING
+
+
+def test_each_failed_attempt_is_reported_with_where_it_failed_and_what_was_recorded() -> None:
+    """The plan says which attempt of which pod it failed, why, and the error it wrote: the controller
+    keeps that as the stage's log when no container's exit says why (pull errors, timeouts)."""
+    nw = make_nw(packages={"pa": Package(version="1.0.0", image="x", max_attempts=1, stage_timeout="1m")})
+    opts = PlanOptions(retry=RetryPolicy(pull_error_grace=30))
+    state, pod = running_state(nw)
+    stuck = summary(pod, PodOutcome.PULL_ERROR, message="ErrImagePull for container pa-init: not found")
+    waiting = plan_node(inp(nw, state, pods=(stuck,), now=T0 + timedelta(seconds=5), options=opts))
+    assert waiting.failed == ()
+    expired = plan_node(inp(nw, waiting.state, pods=(stuck,), now=T0 + timedelta(seconds=36), options=opts))
+    [failed] = expired.failed
+    entry = expired.state.entry("pa", "1.0.0")
+    assert entry is not None and entry.state == PackageState.ERRORING
+    assert failed == AttemptFailed(
+        pod=pod.name,
+        package="pa",
+        version="1.0.0",
+        stage=PackageStage.APPLY,
+        attempt=1,
+        cause=FailureCause.PULL_ERROR,
+        message=entry.error,
+        gave_up=True,
+    )
+    assert entry.error.startswith(
+        "apply failed 1 time(s), giving up: image pull failing for 30s: ErrImagePull"
+    )
+    # A pod still running at the stage timeout (two stages: 2m) fails in the stage it was in.
+    running = summary(pod, progress=_progress(pod, 1))
+    late = plan_node(inp(nw, state, pods=(running,), now=T0 + timedelta(seconds=121), options=opts))
+    [timeout] = late.failed
+    assert (timeout.cause, timeout.stage, timeout.attempt) == (FailureCause.TIMEOUT, PackageStage.CONFIG, 1)
+    assert "did not finish within 2m" in timeout.message
+    # A container that exited non-zero says why itself.
+    exited = summary(
+        pod, PodOutcome.FAILED, message="container pa-apply exited 2", progress=_progress(pod, 0)
+    )
+    [own] = plan_node(inp(nw, state, pods=(exited,), now=T0 + timedelta(seconds=3))).failed
+    assert (own.cause, own.stage, own.gave_up) == (FailureCause.POD_FAILED, PackageStage.APPLY, True)
+
+
+def test_a_package_completed_by_its_third_pod_keeps_three_attempts() -> None:
+    """Issue 29 item 5: fail, fail, succeed -> `attempts: 3` on the complete entry, not the 1 of the config
+    stage its install pod went on into."""
+    nw = make_nw()  # maxAttempts 3
+    state, pod = running_state(nw)
+    now = T0
+    for attempt in (1, 2):
+        assert pod.attempt == attempt and pod.stage == PackageStage.APPLY
+        failed = summary(pod, PodOutcome.FAILED, message="exit 1", progress=_progress(pod, 0))
+        now += timedelta(seconds=1)
+        state = plan_node(inp(nw, state, pods=(failed,), now=now)).state
+        now += timedelta(minutes=5)
+        retry = plan_node(inp(nw, state, now=now))
+        state, [pod] = retry.state, creates(retry)
+    assert pod.attempt == 3
+    done = plan_node(
+        inp(nw, state, pods=(summary(pod, PodOutcome.SUCCEEDED, progress=_progress(pod, 2)),), now=now)
+    )
+    entry = done.state.entry("pa", "1.0.0")
+    assert entry is not None and entry.state == PackageState.COMPLETE and entry.attempts == 3
+    assert decode(encode(done.state)).entry("pa", "1.0.0") == entry, "kept in the annotation"
+    assert done.status == Status.COMPLETE
+
+
+def test_a_chained_run_completed_in_a_retried_pod_keeps_its_own_first_attempt() -> None:
+    """The attempts kept on completion are those of the entry's own run: a package chained into the
+    third pod of another ran there once."""
+    packages = {
+        "pa": Package(version="1.0.0", image="x"),
+        "pb": Package(version="1.0.0", image="x", depends_on={"pa": "1.0.0"}),
+    }
+    fates = iter(["fail", "fail", "succeed"])
+    node = FakeNode(
+        make_nw(packages=packages),
+        outcomes=lambda _pod: next(fates, "succeed"),
+        options=PlanOptions(chain_packages=True),
+    )
+    node.run()
+    assert [(c.package, c.attempt, c.chain) for c in node.created] == [
+        ("pa", n, (("pb", "1.0.0", PackageStage.APPLY),)) for n in (1, 2, 3)
+    ]
+    state = node.state
+    assert state is not None and {e.name: (e.state, e.attempts) for e in state.packages} == {
+        "pa": (PackageState.COMPLETE, 3),
+        "pb": (PackageState.COMPLETE, 1),
+    }
 
 
 def test_a_single_stage_pod_of_an_older_operator_advances_only_as_far_as_it_ran() -> None:

@@ -9,6 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodewright.api.models import (
+    BatchState,
+    CompartmentStatus,
     DeploymentPolicy,
     DeploymentPolicySpec,
     ExponentialStrategy,
@@ -22,13 +24,16 @@ from nodewright.api.models import (
     Strategy,
 )
 from nodewright.plan.preview import (
+    SnapshotCheck,
     batch_sequences,
+    check_snapshot,
     ideal_makespan,
     preview_rollout,
     render_table,
     simulate_rollout,
+    unwritten_admissions,
 )
-from nodewright.plan.rollout import RolloutNode
+from nodewright.plan.rollout import Admission, RolloutNode
 
 NOW = "2025-01-01T00:00:00Z"
 
@@ -104,3 +109,39 @@ def test_prediction_equals_stepwise_planner(count: int, initial: int, delta: int
     assert sum(len(b) for b in observed) == count
     assert all(len(b) <= budget for b in observed)
     assert all(n.status is Status.COMPLETE for n in sim.nodes)
+
+
+# ----------------------------------------------------------------------------------------------------
+# One moment of a rollout (issue 29 item 4)
+
+
+def _open(batch: int, planned: int, admitted: int) -> dict[str, CompartmentStatus]:
+    state = BatchState(current_batch=batch, planned_size=planned, admitted_size=admitted)
+    return {"zone": CompartmentStatus(batch_state=state)}
+
+
+def _adm(batch: int, order: int, fingerprint: str = "f") -> Admission:
+    return Admission("zone", batch, order, fingerprint, NOW)
+
+
+def test_a_status_that_changed_around_the_node_list_is_no_moment() -> None:
+    assert check_snapshot(_open(1, 2, 2), _open(2, 3, 3), [], fingerprint="f") is SnapshotCheck.STATUS_MOVED
+    # Counters the planner does not read (in progress, completed) may change: same moment for it.
+    moved = {"zone": _open(1, 2, 2)["zone"].model_copy(update={"in_progress": 1})}
+    both = [_adm(1, 0), _adm(1, 1)]
+    assert check_snapshot(_open(1, 2, 2), moved, both, fingerprint="f") is SnapshotCheck.CONSISTENT
+
+
+def test_admissions_the_batch_state_counts_must_be_on_the_nodes() -> None:
+    one = [_adm(2, 5)]
+    assert unwritten_admissions(_open(2, 3, 3), one, fingerprint="f") == {"zone": 2}
+    assert check_snapshot(_open(2, 3, 3), _open(2, 3, 3), one, fingerprint="f") is (
+        SnapshotCheck.ADMISSIONS_UNWRITTEN
+    )
+    # Only the open batch's admissions of this rollout count; consumed ones still do (settled members).
+    others = [_adm(1, 0), _adm(2, 1, fingerprint="old"), replace(_adm(2, 6), consumed=True), _adm(2, 7)]
+    assert unwritten_admissions(_open(2, 3, 3), [*one, *others], fingerprint="f") == {}
+    # A batch that settled (plannedSize 0) or a status without a rollout fingerprint asks nothing.
+    assert unwritten_admissions(_open(3, 0, 0), [], fingerprint="f") == {}
+    assert check_snapshot(_open(2, 3, 3), _open(2, 3, 3), [], fingerprint=None) is SnapshotCheck.CONSISTENT
+    assert check_snapshot(None, None, [], fingerprint=None) is SnapshotCheck.CONSISTENT

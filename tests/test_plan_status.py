@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nodewright.api import constants
 from nodewright.api.models import (
     Condition,
     NodeWright,
@@ -13,6 +14,8 @@ from nodewright.api.models import (
     ObjectMeta,
     Status,
 )
+from nodewright.api.nodestate import NodeState, PackageEntry, PackageStage, PackageState, encode
+from nodewright.controller.rollout import rollout_node
 from nodewright.plan.rollout import RolloutNode, plan_rollout
 from nodewright.plan.status import (
     MAX_EXAMPLES,
@@ -21,6 +24,7 @@ from nodewright.plan.status import (
     PackageReport,
     aggregate_status,
     merge_conditions,
+    report_for,
     roll_up,
 )
 
@@ -159,3 +163,51 @@ def test_size_bounded_and_counts_sum(statuses: list[Status]) -> None:
     assert sum(out.package_counts.get("kmod:1.0.0", {}).values()) == len(nodes)
     # Size does not grow with the number of nodes: every message names at most MAX_EXAMPLES per bucket.
     assert len(str(out.to_json_dict())) < 6000
+
+
+# A node's status label lags a spec change (issue 29 item 1): Ready never reflects an older generation.
+
+_LABELS = st.sampled_from([None, *(s.value for s in Status)])
+
+
+@settings(deadline=None)
+@given(
+    nodes=st.lists(st.tuples(_LABELS, st.sampled_from(["1.0.0", "2.0.0", None])), min_size=1, max_size=6),
+    spec_version=st.sampled_from(["1.0.0", "2.0.0"]),
+)
+def test_ready_only_when_every_node_completed_this_spec(
+    nodes: list[tuple[str | None, str | None]], spec_version: str
+) -> None:
+    """Whatever the status labels say (the node controller may not have looked at a node since the spec
+    changed), the roll-up is complete and Ready=True only when every node's state has completed the spec's
+    packages; and a node that completed them is never counted in progress."""
+    model = nw(packages={"tool": {"version": spec_version, "image": "i"}})
+    reports_: list[NodeReport] = []
+    converged: list[bool] = []
+    for i, (label, done_version) in enumerate(nodes):
+        state = None
+        if done_version is not None:
+            entry = PackageEntry(name="tool", version=done_version, stage=PackageStage.CONFIG,
+                                 state=PackageState.COMPLETE, started=T0)  # fmt: skip
+            state = NodeState(packages=(entry,), generation=1)
+        obj = {
+            "metadata": {
+                "name": f"n{i}",
+                "labels": {constants.status_label("nw"): label} if label is not None else {},
+                "annotations": {constants.state_annotation("nw"): encode(state)} if state else {},
+            },
+            "spec": {},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        }
+        rnode = rollout_node(model, obj, state=state, runtime_taint_key="k", all_nodewrights=["nw"])
+        reports_.append(report_for(rnode.name, rnode.status, needs_work=rnode.needs_work))
+        converged.append(done_version == spec_version)
+        if done_version == spec_version:
+            assert reports_[-1].status is not Status.IN_PROGRESS
+        else:
+            assert reports_[-1].status is not Status.COMPLETE
+    out = aggregate_status(model, nodes=reports_, plan=None, now=T0).status
+    ready = conds(out)["Ready"]
+    if ready.status == "True" or out.status is Status.COMPLETE:
+        assert all(converged), (nodes, spec_version, out.status, ready.message)
+    assert out.complete_nodes == f"{sum(r.status is Status.COMPLETE for r in reports_)}/{len(nodes)}"

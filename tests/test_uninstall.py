@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -241,3 +243,23 @@ async def test_without_our_crds_the_nodes_and_namespace_are_still_cleaned(fake: 
     assert report.problems == []
     assert "unschedulable" not in fake.objects[NODES_C]["n1"]["spec"]
     assert sorted(fake.objects[SECRETS_C]) == ["unrelated"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The API server cannot be reached (the chart's pre-delete hook during an outage)
+
+
+async def test_an_unreachable_api_server_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    from tests.test_cli_operator import assert_clean, free_port, run_to_exit, write_kubeconfig
+
+    server = f"http://127.0.0.1:{free_port()}"  # nothing listens there: connection refused
+    kubeconfig = write_kubeconfig(tmp_path / "kc", server)
+    exited = await run_to_exit(
+        [sys.executable, "-m", "nodewright", "uninstall", f"--kubeconfig={kubeconfig}"], within=120
+    )
+    assert exited.code == 1, exited.stderr
+    assert len(exited.lines) == 1, exited.stderr
+    line = exited.lines[0]
+    assert line.startswith(f"nodewright uninstall: cannot reach the API server {server} ("), line
+    assert "nothing was changed; check --kubeconfig" in line
+    assert_clean(exited.stderr)

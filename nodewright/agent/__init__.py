@@ -22,7 +22,8 @@ Public API (stable; other parts of NodeWright call it):
 
 Modules: `cli` (arguments), `settings` (environment), `config` (config.json), `engine` (one run),
 `runner` and `chroot_exec` (running a step), `state` (flags, history), `logs` (output), `hostfs`
-(writing into the host root), `interrupts`, `modes`.
+(writing into the host root), `safefile` (reading files handed over: regular files, bounded size
+and nesting), `interrupts`, `modes`.
 """
 
 from __future__ import annotations

@@ -17,8 +17,15 @@ Every problem is collected before anything is reported, so a package author fixe
 each message starts with the field path (`modes.apply[0].returncodes`). Rules, besides the field
 types: `package_version` is a full semantic version; a mode that changes the node and has steps needs
 its check mode with steps; `upgrade_step` steps only in upgrade modes and without arguments; every
-step script exists under `skyhook_dir/`; paths stay inside their directory. A work step without a
-`<stem>_check<.ext>` check step, unknown fields and steps under `interrupt` are warnings, not errors.
+step script is a regular file under `skyhook_dir/`; paths stay inside their directory, and so do the
+symlinks a step script is reached through (an absolute one, or one climbing out of the package, is an
+error naming the step and the target: the agent would make its target executable and run it as root).
+A work step without a `<stem>_check<.ext>` check step, unknown fields and steps under `interrupt` are
+warnings, not errors.
+
+The file itself must be a regular file (symlinks followed) of at most 1 MiB, nested at most 32 levels:
+a FIFO, a device (a symlink to `/dev/zero`), a larger file or deeper JSON is refused with one problem
+naming the limit, before it is read or decoded (`safefile`).
 
 `load_config` is also what `nodewright package validate` calls, so the CLI and the agent agree.
 """
@@ -29,11 +36,12 @@ import difflib
 import json
 import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from nodewright.agent import modes
+from nodewright.agent import modes, safefile
 
 SCHEMA_VERSIONS: Final = ("v1",)
 ENV_ARGUMENT_PREFIX: Final = "env:"
@@ -46,6 +54,10 @@ SEMVER: Final = re.compile(
     rf"(?:-{_PRERELEASE_ID}(?:\.{_PRERELEASE_ID})*)?"
     rf"(?:\+{_BUILD_ID}(?:\.{_BUILD_ID})*)?\Z"
 )
+#: config.json is a few KiB; a larger one is not a package's (it is read into memory whole).
+MAX_CONFIG_BYTES: Final = 1024 * 1024
+#: schema v1 is 5 levels deep (the file, modes, a mode's list, a step, its arguments or env).
+MAX_CONFIG_DEPTH: Final = 32
 STEP_NAME: Final = re.compile(r"^[A-Za-z0-9_.-]+\Z")
 _TOP_LEVEL_FIELDS: Final = frozenset(
     {"schema_version", "package_name", "package_version", "expected_config_files", "modes", "root_dir"}
@@ -65,6 +77,8 @@ class ConfigError(Exception):
 
     def __str__(self) -> str:
         count = len(self.errors)
+        if count == 1:
+            return f"{self.source}: {self.errors[0]}"
         lines = [f"{self.source}: {count} problem{'s' if count != 1 else ''}:"]
         lines.extend(f"  - {error}" for error in self.errors)
         return "\n".join(lines)
@@ -101,18 +115,29 @@ def load_config(path: str | os.PathLike[str], *, check_files: bool = True) -> Pa
     """Read and validate `<package>/config.json`; step scripts are looked up in `<package>/skyhook_dir`.
 
     Raises `ConfigError` with every problem found. `check_files=False` skips the script lookup (for a
-    config.json checked on its own).
+    config.json checked on its own). The file must be a regular file (symlinks followed) of at most
+    `MAX_CONFIG_BYTES`, nested at most `MAX_CONFIG_DEPTH` levels: anything else is refused with one
+    problem saying so, before it is read or decoded.
     """
     source = os.fspath(path)
     try:
-        with open(source, encoding="utf-8") as handle:
-            text = handle.read()
+        text = safefile.read_text(source, limit=MAX_CONFIG_BYTES)
     except FileNotFoundError:
         raise ConfigError(
             source, ["file not found: a package needs config.json at its top, next to skyhook_dir/"]
         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(source, [f"cannot be read: {exc}"]) from None
+    except safefile.Refused as exc:
+        raise ConfigError(source, [exc.reason]) from None
+    except OSError as exc:
+        raise ConfigError(source, [f"cannot be read: {exc.strerror or exc}"]) from None
+    if safefile.json_too_deep(text, MAX_CONFIG_DEPTH):
+        raise ConfigError(
+            source,
+            [
+                f"nested deeper than the {MAX_CONFIG_DEPTH}-level limit of arrays and objects "
+                "(schema v1 needs 5); not decoded"
+            ],
+        )
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -272,13 +297,40 @@ def _has_steps(raw_modes: dict[str, object], mode: str) -> bool:
 
 
 def _check_files(parsed: dict[str, tuple[Step, ...]], step_root: str, checker: _Checker) -> None:
+    package_dir = os.path.dirname(step_root)
     for mode_name, steps in parsed.items():
         for index, step in enumerate(steps):
-            if not os.path.isfile(os.path.join(step_root, step.path)):
-                checker.error(
-                    f"modes.{mode_name}[{index}].path",
-                    f"{step.path!r} not found in {step_root}; add the script or fix the path",
-                )
+            problem = step_file_problem(package_dir, step)
+            if problem is not None:
+                checker.error(f"modes.{mode_name}[{index}].path", problem)
+
+
+def step_file_problem(package_dir: str, step: Step) -> str | None:
+    """What keeps `step`'s script from running: missing, not a regular file, or outside the package.
+
+    A script reached through a symlink that is absolute or climbs out of the package is refused: the
+    agent sets the execute bits of what the path resolves to and runs it as root, and an absolute
+    target names another file in the build directory, in the container and on the node.
+    """
+    relative = f"{STEP_DIR}/{step.path}"
+    try:
+        resolved = safefile.inside(package_dir, relative)
+    except OSError as exc:
+        return f"step {step.name!r}: {relative} cannot be resolved: {exc.strerror}"
+    if isinstance(resolved, safefile.Escape):
+        return (
+            f"step {step.name!r}: {relative} leads out of the package through the symlink "
+            f"{resolved.link} -> {resolved.target!r}; ship the script in the package (a relative "
+            "symlink that stays inside the package is fine)"
+        )
+    try:
+        mode = os.stat(os.path.join(package_dir, resolved)).st_mode
+    except OSError:
+        where = os.path.join(package_dir, STEP_DIR)
+        return f"{step.path!r} not found in {where}; add the script or fix the path"
+    if not stat.S_ISREG(mode):
+        return f"step {step.name!r}: {relative} is {safefile.file_kind(mode)}, not a script file"
+    return None
 
 
 def _warn_missing_checks(parsed: dict[str, tuple[Step, ...]], checker: _Checker) -> None:

@@ -34,9 +34,9 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final, TextIO
+from typing import Final
 
-from nodewright.agent import hostfs, interrupts, modes
+from nodewright.agent import hostfs, interrupts, modes, safefile
 from nodewright.agent.config import (
     ENV_ARGUMENT_PREFIX,
     STEP_DIR,
@@ -45,7 +45,7 @@ from nodewright.agent.config import (
     Step,
     load_config,
 )
-from nodewright.agent.logs import LogFiles, Reporter, utc_now
+from nodewright.agent.logs import CappedEcho, CappedFile, LogFiles, Reporter, Sink, utc_now
 from nodewright.agent.runner import Command, Outcome, Runner, StopRequest
 from nodewright.agent.settings import Settings, mirrored_names, parse_resource_id
 from nodewright.agent.state import UNINSTALLED, CheckResult, HostState
@@ -343,7 +343,7 @@ class Agent:
 
     def _step_env(self, step: Step | None, versions: tuple[str, str] | None) -> dict[str, str]:
         env = dict(self.environ)
-        env.update(hostfs.read_environment_file(hostfs.in_root(self.root, HOST_ENVIRONMENT_FILE)))
+        env.update(self._host_environment())
         if step is not None:
             env.update(step.env)
             env.update(
@@ -359,8 +359,15 @@ class Agent:
         env.update(mirrored_names(env))
         return env
 
+    def _host_environment(self) -> dict[str, str]:
+        try:
+            return hostfs.read_environment_file(hostfs.in_root(self.root, HOST_ENVIRONMENT_FILE))
+        except safefile.Refused as exc:
+            self.reporter.warn(f"the host's {HOST_ENVIRONMENT_FILE} is not used: {exc}")
+            return {}
+
     def _run_logged(
-        self, command: Command, logs: LogFiles, log_name: str, *, tail: TextIO | None = None
+        self, command: Command, logs: LogFiles, log_name: str, *, tail: Sink | None = None
     ) -> Outcome:
         with self._log_sinks(logs, log_name) as (out, err):
             if tail is not None:
@@ -371,15 +378,30 @@ class Agent:
         return outcome
 
     @contextmanager
-    def _log_sinks(self, logs: LogFiles, log_name: str) -> Iterator[tuple[list[TextIO], list[TextIO]]]:
-        out: list[TextIO] = [self.reporter.out]
-        err: list[TextIO] = [self.reporter.err]
-        with ExitStack() as files:
+    def _log_sinks(self, logs: LogFiles, log_name: str) -> Iterator[tuple[list[Sink], list[Sink]]]:
+        """The step's output sinks, each keeping at most the log limit (see `logs`): the container's
+        streams and, unless log files are off, the step's `.log` and `.err` files on the node."""
+        limit = self.settings.log_limit
+        with ExitStack() as sinks:
+            out: list[Sink] = [
+                sinks.enter_context(
+                    CappedEcho(self.reporter.out, limit=limit, stream="stdout", clock=self.clock)
+                )
+            ]
+            err: list[Sink] = [
+                sinks.enter_context(
+                    CappedEcho(self.reporter.err, limit=limit, stream="stderr", clock=self.clock)
+                )
+            ]
             if self.settings.write_logs:
                 out_path, err_path = logs.paths(log_name, self.clock())
                 os.makedirs(os.path.dirname(out_path), exist_ok=True)
-                out.append(files.enter_context(open(out_path, "w", encoding="utf-8")))
-                err.append(files.enter_context(open(err_path, "w", encoding="utf-8")))
+                out.append(
+                    sinks.enter_context(CappedFile(out_path, limit=limit, stream="stdout", clock=self.clock))
+                )
+                err.append(
+                    sinks.enter_context(CappedFile(err_path, limit=limit, stream="stderr", clock=self.clock))
+                )
             yield out, err
 
     def _stopped(self) -> int:

@@ -24,7 +24,10 @@ import stat
 import tempfile
 from typing import Final
 
+from nodewright.agent import safefile
+
 MAX_SYMLINKS: Final = 40  # the kernel's limit for one path lookup
+MAX_ENVIRONMENT_BYTES: Final = 1024 * 1024
 
 
 def host_path(root: str, path: str) -> str:
@@ -87,24 +90,32 @@ def write_atomic(path: str, text: str) -> None:
 
 
 def overlay(source: str, root: str) -> list[str]:
-    """Copy the tree `source` over the host root `root`; returns the files and symlinks written, sorted."""
+    """Copy the tree `source` over the host root `root`; returns the files and symlinks written, sorted.
+
+    Walked with an explicit stack (os.walk recurses before Python 3.12), so however deep the package's
+    tree is, it is copied, not a RecursionError.
+    """
     written: list[str] = []
-    for directory, subdirs, files in os.walk(source):
-        relative = os.path.relpath(directory, source)
-        host_dir = "/" if relative == "." else "/" + relative
+    pending = ["/"]
+    while pending:
+        host_dir = pending.pop()
+        directory = source if host_dir == "/" else source + host_dir
         real_dir = makedirs_in_root(root, host_dir)
-        for name in sorted(subdirs + files):
+        for name in sorted(os.listdir(directory)):
             item = os.path.join(directory, name)
             target = host_dir.rstrip("/") + "/" + name
-            if os.path.islink(item):
+            mode = os.lstat(item).st_mode
+            if stat.S_ISLNK(mode):
                 _replace_with_symlink(os.readlink(item), os.path.join(real_dir, name), target)
                 written.append(target)
-            elif stat.S_ISREG(os.lstat(item).st_mode):
+            elif stat.S_ISREG(mode):
                 real = in_root(root, target)
                 os.makedirs(os.path.dirname(real), exist_ok=True)
                 shutil.copy2(item, real)
                 written.append(target)
-            elif not os.path.isdir(item):
+            elif stat.S_ISDIR(mode):
+                pending.append(target)
+            else:
                 raise OSError(errno.EINVAL, f"root_dir may hold files, directories and symlinks only: {item}")
     return sorted(written)
 
@@ -122,12 +133,17 @@ def copy_file_into_root(source: str, root: str, target: str) -> bool:
 
 
 def read_environment_file(path: str) -> dict[str, str]:
-    """`KEY=value` lines of an /etc/environment-style file (quotes stripped, comments and junk skipped)."""
+    """`KEY=value` lines of an /etc/environment-style file (quotes stripped, comments and junk skipped).
+
+    A missing or unreadable file gives no variables; one that is not a regular file or is larger than
+    `MAX_ENVIRONMENT_BYTES` (a package's root_dir/ may have put anything there) raises
+    `safefile.Refused` without blocking on it or reading it whole.
+    """
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            lines = handle.read().splitlines()
-    except OSError:
+        data = safefile.read_bytes(path, limit=MAX_ENVIRONMENT_BYTES)
+    except OSError:  # safefile.Refused is not an OSError: it propagates
         return {}
+    lines = data.decode("utf-8", errors="replace").splitlines()
     values: dict[str, str] = {}
     for raw in lines:
         line = raw.strip()

@@ -24,6 +24,8 @@ import json
 from dataclasses import dataclass
 from typing import Final
 
+from nodewright.agent import safefile
+
 NODE_RESTART: Final = "node_restart"
 SERVICE_RESTART: Final = "service_restart"
 RESTART_ALL_SERVICES: Final = "restart_all_services"
@@ -59,7 +61,7 @@ def decode(payload: str) -> Interrupt:
     """Decode the operator's base64 JSON interrupt; raises InterruptError saying what is wrong."""
     expected = 'base64 of JSON {"type": "<interrupt>", ...}'
     try:
-        data = json.loads(base64.b64decode(payload.encode("ascii"), validate=True))
+        data = safefile.loads_json(base64.b64decode(payload.encode("ascii"), validate=True).decode("utf-8"))
     except (binascii.Error, UnicodeError, ValueError):
         raise InterruptError(f"the interrupt argument is not {expected}") from None
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):

@@ -33,10 +33,10 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Final, TextIO
+from typing import Final
 
 from nodewright.agent import chroot_exec
-from nodewright.agent.logs import LineWriter
+from nodewright.agent.logs import LineWriter, Sink
 
 HELPER: Final = os.path.abspath(chroot_exec.__file__)
 POLL_SECONDS: Final = 0.1
@@ -102,7 +102,7 @@ class Runner:
     stop: StopRequest
     stop_timeout: float
 
-    def run(self, command: Command, *, out: Sequence[TextIO], err: Sequence[TextIO]) -> Outcome:
+    def run(self, command: Command, *, out: Sequence[Sink], err: Sequence[Sink]) -> Outcome:
         stdout = LineWriter("out", out, limit=self.buffer_limit)
         stderr = LineWriter("err", err, limit=self.buffer_limit)
         try:

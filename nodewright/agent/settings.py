@@ -11,17 +11,23 @@ by either operator work (ours sets both to the same value):
 | payload in the image (legacy copy) | `NODEWRIGHT_DATA_DIR`, `SKYHOOK_DATA_DIR` | `/skyhook-package` |
 | resource id `<nw>-<uid>-<gen>_<pkg>_<ver>` | `NODEWRIGHT_RESOURCE_ID`, `SKYHOOK_RESOURCE_ID` | (none) |
 | write step log files | `NODEWRIGHT_AGENT_WRITE_LOGS`, `SKYHOOK_AGENT_WRITE_LOGS` | `true` |
-| output read size | `NODEWRIGHT_AGENT_BUFFER_LIMIT`, `SKYHOOK_AGENT_BUFFER_LIMIT` | 8192 bytes |
+| output read size (1 B to 1 MiB) | `NODEWRIGHT_AGENT_BUFFER_LIMIT`, `SKYHOOK_AGENT_BUFFER_LIMIT` | 8 KiB |
+| output kept per step and stream (64 KiB to 1 GiB) | `NODEWRIGHT_AGENT_LOG_LIMIT` | 2 MiB |
 | run steps whose flag exists | `OVERLAY_ALWAYS_RUN_STEP` | `false` |
 | copy the container's resolv.conf to the host | `COPY_RESOLV` | `true` |
 | chroot into the host root per step | `NODEWRIGHT_AGENT_CHROOT` | `true` when root, else `false` |
-| wait for a step after SIGTERM before SIGKILL | `NODEWRIGHT_AGENT_STOP_TIMEOUT` (seconds) | 10 |
+| wait for a step after SIGTERM before SIGKILL | `NODEWRIGHT_AGENT_STOP_TIMEOUT` (seconds, up to 3600) | 10 |
 
-Booleans accept true/false, 1/0, yes/no (any case). A bad value is reported with the variable's name.
+Booleans accept true/false, 1/0, yes/no (any case). Sizes are whole numbers of bytes in decimal digits,
+seconds decimal numbers (`2.5`); each has the range above, outside which it means nothing (a pipe
+never holds more than 1 MiB to read at once, and `os.read` allocates the whole size asked for; the
+kubelet kills a pod once its grace period, 30 s for package pods, is over). A bad value is reported
+with the variable's name and the range.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -30,7 +36,11 @@ DEFAULT_ROOT_DIR: Final = "/etc/skyhook"
 DEFAULT_LOG_DIR: Final = "/var/log/skyhook"
 DEFAULT_DATA_DIR: Final = "/skyhook-package"
 DEFAULT_BUFFER_LIMIT: Final = 8 * 1024
+BUFFER_LIMIT_RANGE: Final = (1, 1024 * 1024)
+DEFAULT_LOG_LIMIT: Final = 2 * 1024 * 1024
+LOG_LIMIT_RANGE: Final = (64 * 1024, 1024 * 1024 * 1024)
 DEFAULT_STOP_TIMEOUT: Final = 10.0
+STOP_TIMEOUT_RANGE: Final = (0.0, 3600.0)  # exclusive, inclusive
 
 ROOT_DIR_VARS: Final = ("NODEWRIGHT_ROOT_DIR", "SKYHOOK_ROOT_DIR")
 LOG_DIR_VARS: Final = ("NODEWRIGHT_LOG_DIR", "SKYHOOK_LOG_DIR")
@@ -42,6 +52,7 @@ ALWAYS_RUN_VAR: Final = "OVERLAY_ALWAYS_RUN_STEP"
 COPY_RESOLV_VAR: Final = "COPY_RESOLV"
 CHROOT_VAR: Final = "NODEWRIGHT_AGENT_CHROOT"
 STOP_TIMEOUT_VAR: Final = "NODEWRIGHT_AGENT_STOP_TIMEOUT"
+LOG_LIMIT_VAR: Final = "NODEWRIGHT_AGENT_LOG_LIMIT"
 
 #: Suffixes shared by a SKYHOOK_<x> and a NODEWRIGHT_<x> variable; steps see both spellings.
 MIRRORED_SUFFIXES: Final = (
@@ -54,6 +65,8 @@ MIRRORED_SUFFIXES: Final = (
     "AGENT_WRITE_LOGS",
     "AGENT_BUFFER_LIMIT",
 )
+_DIGITS: Final = re.compile(r"[0-9]+\Z")
+_DECIMAL: Final = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)\Z")
 _TRUE: Final = frozenset({"true", "1", "yes"})
 _FALSE: Final = frozenset({"false", "0", "no"})
 
@@ -74,6 +87,7 @@ class Settings:
     resource_id: str | None
     write_logs: bool
     buffer_limit: int
+    log_limit: int
     always_run_steps: bool
     copy_resolv: bool
     chroot: bool
@@ -105,8 +119,9 @@ def read_settings(environ: Mapping[str, str], *, is_root: bool) -> Settings:
             f"{CHROOT_VAR}=true needs root (chroot is a privileged call): run the agent as root "
             f"or set {CHROOT_VAR}=false to run steps without chroot"
         )
-    buffer_limit = _number(environ, BUFFER_LIMIT_VARS, DEFAULT_BUFFER_LIMIT, errors, integer=True)
-    stop_timeout = _number(environ, (STOP_TIMEOUT_VAR,), DEFAULT_STOP_TIMEOUT, errors, integer=False)
+    buffer_limit = _bytes(environ, BUFFER_LIMIT_VARS, DEFAULT_BUFFER_LIMIT, BUFFER_LIMIT_RANGE, errors)
+    log_limit = _bytes(environ, (LOG_LIMIT_VAR,), DEFAULT_LOG_LIMIT, LOG_LIMIT_RANGE, errors)
+    stop_timeout = _seconds(environ, (STOP_TIMEOUT_VAR,), DEFAULT_STOP_TIMEOUT, STOP_TIMEOUT_RANGE, errors)
     if errors:
         raise SettingsError(errors)
     return Settings(
@@ -115,7 +130,8 @@ def read_settings(environ: Mapping[str, str], *, is_root: bool) -> Settings:
         data_dir=data_dir,
         resource_id=resource_id or None,
         write_logs=write_logs,
-        buffer_limit=int(buffer_limit),
+        buffer_limit=buffer_limit,
+        log_limit=log_limit,
         always_run_steps=always_run,
         copy_resolv=copy_resolv,
         chroot=chroot,
@@ -178,21 +194,45 @@ def _boolean(environ: Mapping[str, str], names: tuple[str, ...], default: bool, 
     return value
 
 
-def _number(
-    environ: Mapping[str, str], names: tuple[str, ...], default: float, errors: list[str], *, integer: bool
+def _bytes(
+    environ: Mapping[str, str],
+    names: tuple[str, ...],
+    default: int,
+    limits: tuple[int, int],
+    errors: list[str],
+) -> int:
+    raw = _first(environ, names)
+    if raw is None or raw == "":
+        return default
+    text = raw.strip()
+    lowest, highest = limits
+    if _DIGITS.match(text) and len(text) <= 12 and lowest <= int(text) <= highest:
+        return int(text)
+    errors.append(
+        f"{_which(environ, names)}={raw!r}: expected a whole number of bytes from {lowest} to {highest}"
+    )
+    return default
+
+
+def _seconds(
+    environ: Mapping[str, str],
+    names: tuple[str, ...],
+    default: float,
+    limits: tuple[float, float],
+    errors: list[str],
 ) -> float:
     raw = _first(environ, names)
     if raw is None or raw == "":
         return default
-    try:
-        value = float(int(raw)) if integer else float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value != value or value == float("inf"):
-        kind = "a whole number of bytes" if integer else "a number of seconds"
-        errors.append(f"{_which(environ, names)}={raw!r}: expected {kind} greater than 0")
-        return default
-    return value
+    text = raw.strip()
+    above, highest = limits
+    if _DECIMAL.match(text) and len(text) <= 20 and above < float(text) <= highest:
+        return float(text)
+    errors.append(
+        f"{_which(environ, names)}={raw!r}: expected a number of seconds greater than {above:g} "
+        f"and at most {highest:g}"
+    )
+    return default
 
 
 def _absolute_dir(environ: Mapping[str, str], names: tuple[str, ...], default: str, errors: list[str]) -> str:

@@ -15,7 +15,8 @@ layout, so a node moved from the reference agent to ours keeps its state:
   that mode's checks fail.
 - `history/<pkg>.json`: `{"current-version": "1.2.0", "history": [{"version": ..., "time": ...}]}`,
   newest first, written after a successful apply-check, upgrade-check (the new version) or
-  uninstall-check (`"uninstalled"`). An unreadable file is moved to `<file>.backup`.
+  uninstall-check (`"uninstalled"`). An unreadable file (not JSON, not a regular file, over 16 MiB or
+  nested too deeply) is moved to `<file>.backup`.
 - `interrupts/flags/<resource id>/<interrupt>_<n>.complete`: interrupt command n already ran for this
   NodeWright generation (`no_op.complete` for a no-op).
 """
@@ -32,12 +33,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
-from nodewright.agent import hostfs
+from nodewright.agent import hostfs, safefile
 from nodewright.agent.config import PackageConfig, Step
 
 UNKNOWN_VERSION: Final = "unknown"
 UNINSTALLED: Final = "uninstalled"
 _NAME_MAX: Final = 255
+#: A history entry is ~70 bytes; a file larger than this is not one the agent wrote.
+MAX_HISTORY_BYTES: Final = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -124,11 +127,10 @@ class HostState:
     def _read_history(self, package: str) -> dict[str, object]:
         path = self.history_file(package)
         try:
-            with open(path, encoding="utf-8") as handle:
-                data = json.load(handle)
+            data = safefile.loads_json(safefile.read_text(path, limit=MAX_HISTORY_BYTES))
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError):
+        except (OSError, ValueError, safefile.Refused):
             data = None
         if isinstance(data, dict) and isinstance(data.get("history", []), list):
             return data

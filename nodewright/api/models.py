@@ -44,6 +44,7 @@ from pydantic.fields import FieldInfo
 
 from nodewright.api import constants
 from nodewright.api import k8svalidation as k8s
+from nodewright.api.dates import CALENDAR_DATE_MESSAGE, CALENDAR_DATE_PATTERN, is_calendar_date
 from nodewright.api.images import (
     IMAGE_ID_PATTERN,
     IMAGE_NAME_FIND,
@@ -1185,7 +1186,14 @@ class PolicyBudget(_Model):
     count: Annotated[int, Field(ge=1, le=INT_MAX)] | None = _text("Absolute number of nodes.")
 
 
-DATE_PATTERN = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"
+# A day that exists (nodewright.api.dates): the schema says so in CEL, so the API server refuses
+# 2026-02-30 even without the webhook, with a message that says what to write.
+_CALENDAR_DATE_RULE = CelRule(
+    rule=f"self.matches(r'{CALENDAR_DATE_PATTERN}')",
+    message=CALENDAR_DATE_MESSAGE,
+    check=is_calendar_date,
+)
+CalendarDate = Annotated[str, Field(max_length=10), _CALENDAR_DATE_RULE]
 MAX_WINDOWS = 16
 # Five cron fields separated by single spaces (cronsim checks the values; the shape keeps stray
 # whitespace and control characters out, which a cron evaluator would silently accept).
@@ -1224,8 +1232,8 @@ class Blackout(_Model):
         ),
     )
 
-    start: Annotated[str, Field(pattern=DATE_PATTERN, max_length=10)] = _req("First day (YYYY-MM-DD).")
-    end: Annotated[str, Field(pattern=DATE_PATTERN, max_length=10)] = _req("Last day (YYYY-MM-DD), included.")
+    start: CalendarDate = _req("First day (YYYY-MM-DD).")
+    end: CalendarDate = _req("Last day (YYYY-MM-DD), included.")
     reason: Annotated[str, Field(max_length=256)] | None = _text("Why (shown in the waiting reason).")
 
 
@@ -1358,6 +1366,9 @@ class DeploymentPolicy(_Model):
 
 
 MAX_BUDGET_SLOTS = 10_000
+# A moment written by the operator (RFC 3339) and parsed back by it: `format: date-time` makes the API
+# server refuse one that does not exist (an edit of the status by hand), which would fail every pass.
+Moment = Annotated[str, SchemaExtra.of(format="date-time")]
 MAX_BUDGET_HOLDERS = 1024
 
 
@@ -1386,13 +1397,13 @@ class DisruptionBudgetStatus(_Model):
         "Disrupted nodes without a slot: cordoned by someone else, NotReady, or in progress outside a slot.",
         default=0,
     )
-    slots: dict[str, Annotated[dict[str, str], Field(max_length=MAX_BUDGET_HOLDERS)]] | None = _text(
+    slots: dict[str, Annotated[dict[str, Moment], Field(max_length=MAX_BUDGET_HOLDERS)]] | None = _text(
         "Per node of the pool, the NodeWrights holding a slot on it and since when (RFC 3339). A NodeWright"
         " records its slot here before it admits the node, with the resourceVersion it planned from.",
         max_length=MAX_BUDGET_SLOTS,
     )
     holders: dict[str, int] | None = _text("Slots held per NodeWright.", max_length=MAX_BUDGET_HOLDERS)
-    waiting: dict[str, str] | None = _text(
+    waiting: dict[str, Moment] | None = _text(
         "NodeWrights refused a slot and since when: a free slot goes to the longest waiting first.",
         max_length=MAX_BUDGET_HOLDERS,
     )

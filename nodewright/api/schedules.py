@@ -1,9 +1,11 @@
 """Checks of maintenance schedules that the CRD schema cannot express: cron syntax and IANA time zones.
 
-The API server validates the shape of `maintenance` (patterns, lengths); whether `0 2 * * TUE#2` is a
-cron expression and `Europe/Berlin` a time zone needs a cron evaluator (cronsim, the one the rollout
-planner uses, `nodewright.plan.windows`) and the zone database (zoneinfo, with the `tzdata` package
-where the system has none). The webhook reports these problems with their field paths.
+The API server validates the shape of `maintenance` (patterns, lengths) and that blackout days exist
+(a CEL rule, `nodewright.api.dates`); whether `0 2 * * TUE#2` is a cron expression and `Europe/Berlin` a
+time zone needs a cron evaluator (cronsim, the one the rollout planner uses, `nodewright.plan.windows`)
+and the zone database (zoneinfo, with the `tzdata` package where the system has none). The webhook
+reports these problems with their field paths, and says why a blackout day does not exist ("February
+2026 has 28 days") where the schema's message can only state the rule.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from nodewright.api.dates import date_problem
 from nodewright.api.models import DURATION_PATTERN
 
 _ZERO = ("0", "0s", "0m", "0h")
@@ -46,7 +49,8 @@ def cron_problem(expression: object) -> str | None:
 
 
 def maintenance_problems(maintenance: Mapping[str, Any], path: str) -> list[tuple[str, str]]:
-    """(field path, problem) for every schedule, duration or time zone of `maintenance` that fails."""
+    """(field path, problem) for every schedule, duration, time zone or blackout day of `maintenance` that
+    fails."""
     import re
 
     out: list[tuple[str, str]] = []
@@ -64,6 +68,12 @@ def maintenance_problems(maintenance: Mapping[str, Any], path: str) -> list[tupl
         duration = window.get("duration")
         if isinstance(duration, str) and re.fullmatch(DURATION_PATTERN, duration) and _is_zero(duration):
             out.append((f"{wpath}.duration", "a window must stay open for a positive duration, e.g. 4h"))
+    blackouts = maintenance.get("blackouts")
+    for index, blackout in enumerate(blackouts if isinstance(blackouts, list) else ()):
+        for key in ("start", "end") if isinstance(blackout, Mapping) else ():
+            day = blackout.get(key)
+            if isinstance(day, str) and (problem := date_problem(day)):
+                out.append((f"{path}.blackouts[{index}].{key}", problem))
     return out
 
 

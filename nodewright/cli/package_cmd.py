@@ -157,6 +157,7 @@ def run_validate(args: argparse.Namespace) -> int:
 def run_run(args: argparse.Namespace) -> int:
     from nodewright.agent.config import ConfigError
     from nodewright.agent.interrupts import Interrupt
+    from nodewright.agent.safefile import Refused
     from nodewright.packaging import layout, localrun
 
     prog = f"{PROG} run"
@@ -185,7 +186,7 @@ def run_run(args: argparse.Namespace) -> int:
         for problem in exc.problems[:-1]:
             print(f"{prog}: {problem}", file=sys.stderr)
         return flags.fail(prog, exc.problems[-1])
-    except ConfigError as exc:
+    except (ConfigError, layout.PayloadError, Refused) as exc:  # the package (or a --config file) is unusable
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:

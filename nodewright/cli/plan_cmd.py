@@ -20,6 +20,14 @@ a `RolloutNode` the way the rollout controller sees it:
 Shared DisruptionBudgets are read too: nodes of a pool with no free slot wait with reason
 `DisruptionBudget`, which names who holds the slots (`controller.budgets.shared_for`).
 
+The NodeWright status and the nodes are read in separate requests while the operator keeps writing, so
+they are read as one moment (`read_snapshot`): the NodeWrights, the nodes, the NodeWrights again, until
+the batch states did not change around the node list and every admission they count is on the nodes
+(`plan.preview.check_snapshot`; a pass writes its status before its admissions). Unwritten admissions
+that stay unwritten for a second belong to members released or deleted since, and are taken as they
+are. After `READ_DEADLINE` seconds of a rollout that never stands still the last read is used, with a
+note.
+
 Then `preview_rollout` (the planner itself, replayed until every node has finished) gives matched nodes
 and ceilings per compartment, the batch sequence if every node succeeds, and what blocks right now.
 Protected pods and PodDisruptionBudgets are not evaluated here (they only delay a drain; they do not
@@ -32,21 +40,27 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from pydantic import ValidationError
 
 from nodewright.api import constants
-from nodewright.api.models import CompartmentStatus, DeploymentPolicy, NodeWright, Status
+from nodewright.api.models import CompartmentStatus, DeploymentPolicy, NodeWright, NodeWrightStatus, Status
 from nodewright.api.nodestate import MalformedNodeState, NodeState, decode
+from nodewright.api.validation import model_errors
 from nodewright.cli import flags
 from nodewright.plan import preview as preview_mod
 from nodewright.plan import selectors, sequencing
 from nodewright.plan.node import is_disabled, is_paused
-from nodewright.plan.rollout import RolloutNode, spec_fingerprint
+from nodewright.plan.policy import PolicyInvalid
+from nodewright.plan.preview import SnapshotCheck, check_snapshot
+from nodewright.plan.rollout import Admission, RolloutNode, spec_fingerprint
 
 JSON = dict[str, Any]
 PROG = "nodewright plan"
@@ -149,7 +163,7 @@ class PlanReport:
 def build_report(
     nw: NodeWright,
     *,
-    policy: DeploymentPolicy | None,
+    policy: DeploymentPolicy | PolicyInvalid | None,
     nodes: Sequence[Mapping[str, Any]],
     all_nodewrights: Sequence[NodeWright] = (),
     compartment_statuses: Mapping[str, CompartmentStatus] | None = None,
@@ -284,8 +298,111 @@ def parse_nodewright(obj: JSON) -> NodeWright:
 def parse_policy(obj: JSON) -> DeploymentPolicy:
     try:
         return DeploymentPolicy.model_validate(obj)
-    except ValueError as exc:
-        raise PlanInputError(f"invalid DeploymentPolicy: {exc}") from exc
+    except ValidationError as exc:
+        problems = "; ".join(str(e) for e in model_errors(exc)[:10])
+        raise PlanInputError(f"invalid DeploymentPolicy: {problems}") from exc
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reading one moment of the rollout
+
+READ_DEADLINE = 30.0
+"""Seconds `read_snapshot` reads again while the rollout keeps moving; then the last read is used."""
+SETTLE = 1.0
+"""Seconds admissions counted by a batch state may stay missing before they are taken as released or
+deleted members (a pass writes its admissions within milliseconds of each other)."""
+RETRY = 0.1
+
+
+class ClusterReads(Protocol):
+    """The two lists a plan is made from (`nodewright plan` lists them through the API)."""
+
+    async def nodewrights(self) -> list[JSON]: ...
+
+    async def nodes(self) -> list[JSON]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """NodeWrights and nodes as read together; `check` says whether they show one moment."""
+
+    nodewrights: list[JSON]
+    nodes: list[JSON]
+    check: SnapshotCheck
+    attempts: int
+    moving: bool = False  # READ_DEADLINE passed without a consistent read
+
+
+def _status_of(objects: Sequence[JSON], name: str) -> NodeWrightStatus | None:
+    for obj in objects:
+        if (obj.get("metadata") or {}).get("name") == name:
+            try:
+                return NodeWrightStatus.model_validate(obj.get("status") or {})
+            except ValueError:
+                return None  # the controller writes no such status; nothing to pair with the nodes
+    return None
+
+
+def _admissions(nodes: Sequence[JSON], name: str) -> list[Admission]:
+    from nodewright.controller.context import node_admission  # lazy: see `rollout_node`
+
+    return [a for a in (node_admission(n, name) for n in nodes) if a is not None]
+
+
+def snapshot_check(
+    before: Sequence[JSON], nodes: Sequence[JSON], after: Sequence[JSON], name: str
+) -> SnapshotCheck:
+    """`plan.preview.check_snapshot` for the NodeWright `name` as read before and after the nodes."""
+    old, new = _status_of(before, name), _status_of(after, name)
+    return check_snapshot(
+        old.compartment_statuses if old is not None else None,
+        new.compartment_statuses if new is not None else None,
+        _admissions(nodes, name),
+        fingerprint=new.rollout_fingerprint if new is not None else None,
+    )
+
+
+async def read_snapshot(
+    reads: ClusterReads,
+    name: str,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    deadline: float = READ_DEADLINE,
+) -> Snapshot:
+    """The NodeWrights and the nodes as one moment of the rollout of `name` (module docstring).
+
+    Each attempt lists the NodeWrights, the nodes, and the NodeWrights again. It ends at the first
+    consistent attempt; one whose only flaw is unwritten admissions ends once the same read has come
+    back for `SETTLE` seconds (members released or deleted: the controller plans with them as they are);
+    and at `deadline` the last attempt is used (`moving`).
+    """
+    started = clock()
+    last: tuple[Any, ...] | None = None
+    since = started
+    attempts = 0
+    while True:
+        attempts += 1
+        before = await reads.nodewrights()
+        nodes = await reads.nodes()
+        after = await reads.nodewrights()
+        check = snapshot_check(before, nodes, after, name)
+        if check is SnapshotCheck.CONSISTENT:
+            return Snapshot(after, nodes, check, attempts)
+        now = clock()
+        status = _status_of(after, name)
+        seen = (
+            check,
+            status.compartment_statuses if status else None,
+            sorted(map(repr, _admissions(nodes, name))),
+        )
+        if seen != last:
+            last, since = seen, now
+        elif check is SnapshotCheck.ADMISSIONS_UNWRITTEN and now - since >= SETTLE:
+            return Snapshot(after, nodes, check, attempts)
+        if now - started >= deadline:
+            return Snapshot(after, nodes, check, attempts, moving=True)
+        await sleep(RETRY)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -295,18 +412,44 @@ def parse_policy(obj: JSON) -> DeploymentPolicy:
 @dataclass
 class Inputs:
     nodewright: NodeWright
-    policy: DeploymentPolicy | None
+    policy: DeploymentPolicy | PolicyInvalid | None
     nodes: list[JSON]
     all_nodewrights: list[NodeWright]
     compartment_statuses: dict[str, CompartmentStatus]
     exists: bool
     budget_objects: list[JSON] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class _ApiReads:
+    """`ClusterReads` through the API (list requests, each with the client's deadline)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    async def nodewrights(self) -> list[JSON]:
+        from nodewright.kube.resources import NODEWRIGHTS
+
+        return list((await self.client.list(NODEWRIGHTS)).items)
+
+    async def nodes(self) -> list[JSON]:
+        from nodewright.kube.resources import NODES
+
+        return list((await self.client.list(NODES)).items)
+
+
+def _moving_note(snapshot: Snapshot) -> str:
+    return (
+        f"the rollout kept changing while it was read ({snapshot.attempts} reads in {READ_DEADLINE:.0f} s):"
+        " the prediction is from the last read and may be off around the batch under way"
+    )
 
 
 async def gather(args: argparse.Namespace) -> Inputs:
+    from nodewright.controller.context import ModelCache
     from nodewright.kube.client import KubeClient
     from nodewright.kube.config import load_config, load_kubeconfig
-    from nodewright.kube.resources import DEPLOYMENTPOLICIES, DISRUPTIONBUDGETS, NODES, NODEWRIGHTS, NotFound
+    from nodewright.kube.resources import DEPLOYMENTPOLICIES, DISRUPTIONBUDGETS, NotFound
 
     file_nw: NodeWright | None = None
     file_policies: list[DeploymentPolicy] = []
@@ -322,12 +465,10 @@ async def gather(args: argparse.Namespace) -> Inputs:
 
     context = getattr(args, "context", None)
     config = load_kubeconfig(args.kubeconfig, context=context) if context else load_config(args.kubeconfig)
+    name = file_nw.metadata.name if file_nw is not None else args.name
     async with KubeClient(config, timeout=float(getattr(args, "request_timeout", 30.0))) as client:
-        # Nodes before NodeWrights: the operator writes a NodeWright's batch state before the admissions
-        # it opens on nodes, so reading in the opposite order never pairs admissions with an older batch
-        # state (which would predict the open batch's successors from stale counters).
-        nodes = (await client.list(NODES)).items
-        listed_nws = (await client.list(NODEWRIGHTS)).items
+        snapshot = await read_snapshot(_ApiReads(client), name)
+        nodes, listed_nws = snapshot.nodes, snapshot.nodewrights
         try:
             budget_objects = (await client.list(DISRUPTIONBUDGETS)).items
         except NotFound:
@@ -339,23 +480,25 @@ async def gather(args: argparse.Namespace) -> Inputs:
             except ValueError:
                 continue  # an invalid object cannot block anyone: the controller skips it too
         by_name = {n.metadata.name: n for n in all_nws}
-        name = file_nw.metadata.name if file_nw is not None else args.name
         existing = by_name.get(name)
         nw = file_nw or existing
         if nw is None:
             raise PlanInputError(f"NodeWright {name!r} not found (give -f to plan one that is not applied)")
-        policy: DeploymentPolicy | None = None
+        policy: DeploymentPolicy | PolicyInvalid | None = None
         if nw.spec.deployment_policy:
             policy = next((p for p in file_policies if p.metadata.name == nw.spec.deployment_policy), None)
             if policy is None:
                 try:
-                    policy = parse_policy(await client.get(DEPLOYMENTPOLICIES, nw.spec.deployment_policy))
+                    stored = await client.get(DEPLOYMENTPOLICIES, nw.spec.deployment_policy)
                 except NotFound:
-                    policy = None  # the preview reports PolicyNotFound, like the controller
+                    stored = None  # the preview reports PolicyNotFound, like the controller
+                # A stored policy the operator refuses blocks the rollout (PolicyInvalid): predicted so.
+                policy = ModelCache().policy_or_problems(stored) if stored is not None else None
     statuses = dict((existing.status.compartment_statuses or {}) if existing and existing.status else {})
     # Applying a file to an existing NodeWright keeps its persisted status (a separate subresource).
     all_nws = [n for n in all_nws if n.metadata.name != nw.metadata.name] + [nw]
-    return Inputs(nw, policy, nodes, all_nws, statuses, existing is not None, budget_objects)
+    notes = [_moving_note(snapshot)] if snapshot.moving else []
+    return Inputs(nw, policy, nodes, all_nws, statuses, existing is not None, budget_objects, notes)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -412,6 +555,7 @@ def run(args: argparse.Namespace) -> int:
         exists=inputs.exists,
         budget_objects=inputs.budget_objects,
     )
+    report = replace(report, notes=(*report.notes, *inputs.notes))
     if args.output == "json":
         print(json.dumps(report.to_json(), indent=2))
     else:

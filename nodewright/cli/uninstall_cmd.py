@@ -28,7 +28,9 @@ What NodeWright leaves on a cluster, and how each piece goes:
 Events are left to expire (the API server deletes them after an hour). Package files stay on the hosts
 unless the operator uninstalled them in step 1. Every request has a deadline (the client's); the whole
 run has `--timeout`. The exit status is 0 when nothing of ours is left (a kept cordon is reported, not an
-error), 1 when something could not be removed, 2 for bad flags or a kubeconfig that does not load.
+error), 1 when something could not be removed -- also when the API server cannot be reached (refused,
+reset, a request past its deadline, after the client's retries): one line on stderr then, naming the
+server and how far the run got -- and 2 for bad flags or a kubeconfig that does not load.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -111,10 +114,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    from nodewright.cli.plugin.common import _configure_quiet_logging
+
+    _configure_quiet_logging()  # the hook's log is its report: the client's debug lines would bury it
     return flags.run_against_cluster(PROG, args, _main)
 
 
 async def _main(args: argparse.Namespace, config: Any) -> int:
+    import aiohttp
+
     from nodewright.kube.client import KubeClient
     from nodewright.kube.resources import ApiError
 
@@ -130,9 +138,11 @@ async def _main(args: argparse.Namespace, config: Any) -> int:
     async with KubeClient(config, qps=20.0, burst=40, timeout=20.0) as client:
         report = Report()
         try:
-            async with asyncio.timeout(args.timeout):
+            async with asyncio.timeout(args.timeout) as deadline:
                 await Uninstaller(client, options, report).run()
-        except TimeoutError:
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            if not isinstance(exc, TimeoutError) or not deadline.expired():
+                return unreachable(config.server, exc, changed=len(report.lines), dry_run=args.dry_run)
             report.problem(f"not finished within --timeout ({args.timeout:g}s)")
         except ApiError as exc:
             if exc.status in (401, 403):
@@ -143,6 +153,23 @@ async def _main(args: argparse.Namespace, config: Any) -> int:
             report.problem(f"API error: {exc}")
     print(report.summary(dry_run=args.dry_run), flush=True)
     return 1 if report.problems else 0
+
+
+def unreachable(server: str, exc: BaseException, *, changed: int, dry_run: bool) -> int:
+    """One line on stderr for an API server that cannot be reached (after the client's retries); exit 1."""
+    done = (
+        "nothing was changed"
+        if changed == 0 or dry_run
+        else f"{changed} object(s) were changed before; run it again to finish (every step is idempotent)"
+    )
+    why = flags.one_line(exc) or type(exc).__name__
+    print(
+        f"{PROG}: cannot reach the API server {server} ({why}): {done}; check --kubeconfig and that the API"
+        " server is up",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 1
 
 
 def flags_taint_key(taint: str) -> str:

@@ -76,12 +76,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    from nodewright.kube.config import NoTempDir
     from nodewright.observability.logging import configure_logging
 
     configure_logging("info")  # JSON on stderr unless stderr is a terminal, like the operator
     try:
         return asyncio.run(_serve(args))
-    except UsageError as exc:
+    except (UsageError, NoTempDir) as exc:
         return flags.fail(PROG, exc)
 
 
@@ -113,7 +114,13 @@ async def _load_kube_config(kubeconfig: Path | None) -> str:
     kubernetes_asyncio's default configuration; returns the server URL."""
     from kubernetes_asyncio import config
 
-    from nodewright.kube.config import ConfigError, load_incluster, load_kubeconfig
+    from nodewright.kube.config import (
+        ConfigError,
+        load_incluster,
+        load_kubeconfig,
+        no_temp_dir_message,
+        temp_dir_missing,
+    )
 
     try:
         checked = load_kubeconfig(kubeconfig) if kubeconfig else load_incluster()
@@ -126,7 +133,10 @@ async def _load_kube_config(kubeconfig: Path | None) -> str:
         else:
             config.load_incluster_config()  # type: ignore[no-untyped-call]
     except (config.ConfigException, OSError, ValueError) as exc:
-        raise UsageError(f"{checked.source}: {flags.one_line(exc)}") from None
+        # kubernetes_asyncio writes embedded certificates and keys to temporary files.
+        missing = temp_dir_missing()
+        problem = no_temp_dir_message(missing) if missing is not None else flags.one_line(exc)
+        raise UsageError(f"{checked.source}: {problem}") from None
     return checked.server
 
 
@@ -287,11 +297,6 @@ def _explain(exc: Any, args: argparse.Namespace) -> str:
 
 
 def _reload_chain(ctx: Any, cert: bytes, key: bytes) -> None:
-    import tempfile
+    from nodewright.kube.config import load_pem_chain
 
-    with tempfile.TemporaryDirectory() as tmp:
-        c, k = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
-        c.write_bytes(cert)
-        k.touch(mode=0o600)
-        k.write_bytes(key)
-        ctx.load_cert_chain(c, k)
+    load_pem_chain(ctx, cert, key)

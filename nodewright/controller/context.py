@@ -41,7 +41,7 @@ from typing import Any, Final
 import pydantic
 import structlog
 
-from nodewright.api import constants
+from nodewright.api import constants, validation
 from nodewright.api.models import DeploymentPolicy, NodeWright
 from nodewright.api.nodestate import MalformedNodeState, NodeState, decode
 from nodewright.kube.client import KubeClient
@@ -51,6 +51,7 @@ from nodewright.observability.metrics import OperatorMetrics
 from nodewright.observability.recorder import EventRecorder as SeriesRecorder
 from nodewright.observability.tracing import RolloutTracer
 from nodewright.plan import podspec, selectors
+from nodewright.plan.policy import PolicyInvalid
 from nodewright.plan.rollout import Admission
 
 log = structlog.get_logger("nodewright.context")
@@ -191,14 +192,24 @@ def parse_taint(text: str) -> tuple[str, str | None, str]:
 class _Parsed:
     resource_version: str
     model: NodeWright | DeploymentPolicy | None
-    error: str | None
+    problems: tuple[str, ...] = ()
+
+    @property
+    def error(self) -> str | None:
+        return "; ".join(self.problems) if self.model is None else None
+
+
+MAX_PROBLEMS = 10
 
 
 class ModelCache:
-    """Parse cached objects into models once per resourceVersion; keep the validation error if any.
+    """Parse cached objects into models once per resourceVersion; keep the validation problems if any.
 
     A NodeWright that fails validation (the webhook was bypassed, or an older CRD) must not crash a
-    reconcile: the controller reports the error in the object's status and leaves its nodes alone.
+    reconcile: the controller reports the error in the object's status and leaves its nodes alone. A
+    DeploymentPolicy that fails validation (stored before a rule existed, e.g. a blackout on 2026-02-30)
+    is reported on every NodeWright that uses it (`plan.policy.PolicyInvalid`), with the webhook's own
+    words: each problem is `field path: what is wrong and what to do`.
     """
 
     def __init__(self) -> None:
@@ -215,12 +226,9 @@ class ModelCache:
             NodeWright if kind == constants.KIND_NODEWRIGHT else DeploymentPolicy
         )
         try:
-            parsed = _Parsed(rv, model_cls.model_validate(obj), None)
+            parsed = _Parsed(rv, model_cls.model_validate(obj))
         except pydantic.ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()[:10]
-            )
-            parsed = _Parsed(rv, None, problems)
+            parsed = _Parsed(rv, None, _problems(kind, obj, exc))
         self._entries[key] = parsed
         return parsed
 
@@ -234,8 +242,27 @@ class ModelCache:
         model = parsed.model if isinstance(parsed.model, DeploymentPolicy) else None
         return model, parsed.error
 
+    def policy_or_problems(self, obj: JSON) -> DeploymentPolicy | PolicyInvalid:
+        """The policy's model, or what is wrong with it (for the NodeWrights that use it)."""
+        parsed = self._parse(constants.KIND_POLICY, obj)
+        if isinstance(parsed.model, DeploymentPolicy):
+            return parsed.model
+        return PolicyInvalid(str((obj.get("metadata") or {}).get("name")), parsed.problems)
+
     def forget(self, kind: str, name: str) -> None:
         self._entries.pop((kind, name), None)
+
+
+def _problems(kind: str, obj: JSON, exc: pydantic.ValidationError) -> tuple[str, ...]:
+    """`field path: message` lines for an object the models refuse, at most `MAX_PROBLEMS`.
+
+    For a policy these are the webhook's messages (they say why, e.g. "February 2026 has 28 days"); the
+    problems the model itself raises are the fallback, and what a NodeWright gets (its webhook rules
+    need cluster facts this cache does not have).
+    """
+    found = validation.validate_deploymentpolicy(obj).errors if kind == constants.KIND_POLICY else []
+    found = found or validation.model_errors(exc)
+    return tuple(str(e) for e in found[:MAX_PROBLEMS])
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -734,12 +761,12 @@ class Runtime:
         model, error = self.models.nodewright(obj)
         return obj, model, error
 
-    def policy(self, name: str) -> DeploymentPolicy | None:
+    def policy(self, name: str) -> DeploymentPolicy | PolicyInvalid | None:
+        """The cached DeploymentPolicy `name`; PolicyInvalid when it fails validation; None when absent."""
         obj = self.policies.get(name)
         if obj is None:
             return None
-        model, _ = self.models.policy(obj)
-        return model
+        return self.models.policy_or_problems(obj)
 
     def node(self, name: str) -> JSON | None:
         """The newest known node object (our own writes included)."""

@@ -15,6 +15,11 @@ The node controller therefore keeps, per (NodeWright, node), one ConfigMap in th
   failing container's log (at most `MAX_LOG_CHARS`, the tail: the end of a step's output says why it
   failed). A newer attempt of the same stage replaces the older one: the store holds the *last*
   failed attempt of each stage;
+- attempts the operator failed although no container did (`record_stopped`, from the plan's
+  `AttemptFailed`) are kept too: image pull errors past their grace (no container ran, so there is
+  no log: the entry names the container, the `image` that could not be pulled, the kubelet's reason,
+  and the planner's message -- which attempt out of how many, or that it gave up, and why), and pods
+  deleted at the stage timeout (the log tail of their stage containers so far);
 - bounded: at most `MAX_STORE_CHARS` of data per ConfigMap (well under the 1 MiB object limit);
   when a write would exceed it, the oldest entries go first, succeeded before failed.
 
@@ -45,10 +50,12 @@ import structlog
 from nodewright.api import constants
 from nodewright.api.models import NodeWright
 from nodewright.controller.configmaps import CONFIGMAPS
+from nodewright.controller.pods import container_image, pull_error
 from nodewright.kube.client import KubeClient
 from nodewright.kube.resources import JSON, ApiError, Conflict, NotFound
 from nodewright.plan import podspec
-from nodewright.plan.stages import ts
+from nodewright.plan.node import AttemptFailed
+from nodewright.plan.stages import FailureCause, ts
 
 log = structlog.get_logger("nodewright.controller.logstore")
 
@@ -58,6 +65,8 @@ LOG_TAIL_LINES: Final = 200
 MAX_LOG_CHARS: Final = 16 * 1024
 MAX_STORE_CHARS: Final = 256 * 1024
 LOG_DEADLINE: Final = 5.0
+MAX_MESSAGE_CHARS: Final = 2000
+STAGE_TIMEOUT: Final = "StageTimeout"  # the reason of an attempt deleted at the stage timeout
 FAILED: Final = "failed"
 SUCCEEDED: Final = "succeeded"
 _SEEN_LIMIT: Final = 4096
@@ -90,6 +99,7 @@ class KeptLog:
     at: str
     log: str
     message: str = ""
+    image: str = ""  # the image of `container` when it matters: the one that could not be pulled
 
     def encode(self) -> str:
         doc = {
@@ -106,6 +116,8 @@ class KeptLog:
             "message": self.message,
             "log": self.log,
         }
+        if self.image:
+            doc["image"] = self.image
         return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
     @staticmethod
@@ -127,6 +139,7 @@ class KeptLog:
                 at=str(doc.get("at") or ""),
                 log=str(doc.get("log") or ""),
                 message=str(doc.get("message") or ""),
+                image=str(doc.get("image") or ""),
             )
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
@@ -250,22 +263,9 @@ class LogStore:
         now: datetime,
     ) -> bool:
         """Keep this attempt's log tail (once per pod); True when written. Never raises."""
-        meta = pod.get("metadata") or {}
-        uid = str(meta.get("uid") or meta.get("name") or "")
-        if not self.wants(outcome) or uid in self._seen:
+        if not self.wants(outcome) or not self._first_time(pod):
             return False
-        self._seen[uid] = None
-        while len(self._seen) > _SEEN_LIMIT:
-            self._seen.popitem(last=False)
-        node = podspec.pod_node(pod)
         names = [container] if container else stage_containers(pod, package)
-        texts: list[str] = []
-        for name in names:
-            text = await self._fetch(
-                str(meta.get("namespace") or self._namespace), str(meta.get("name")), name
-            )
-            if text:
-                texts.append(text if len(names) == 1 else f"==> {name} <==\n{text}")
         terminated = (
             (_init_status(pod, container).get("state") or {}).get("terminated") or {} if container else {}
         )
@@ -275,15 +275,82 @@ class LogStore:
             version=version,
             stage=stage,
             outcome=outcome,
-            pod=str(meta.get("name") or ""),
+            pod=str((pod.get("metadata") or {}).get("name") or ""),
             attempt=attempt,
             container=container or ",".join(names),
             exit_code=int(code) if isinstance(code, int) else None,
             reason=str(terminated.get("reason") or ""),
             at=ts(now),
-            log=tail("\n".join(texts)),
-            message=message[:2000],
+            log=await self._logs(pod, names),
+            message=message[:MAX_MESSAGE_CHARS],
         )
+        return await self._keep(nw, pod, entry)
+
+    async def record_stopped(
+        self, nw: NodeWright, pod: JSON, failed: AttemptFailed, *, now: datetime
+    ) -> bool:
+        """Keep an attempt the planner failed while its pod had not failed by itself (once per pod);
+        True when written. Never raises.
+
+        An image pull error: nothing ran, so there is no log to fetch; the entry names the container
+        stuck pulling, its image and the kubelet's reason, with the planner's message (the attempt out
+        of how many, or that it gave up, and the kubelet's words). A stage timeout: the log tail of the
+        stage containers so far, fetched before the pod is deleted.
+        """
+        if failed.cause is FailureCause.POD_FAILED or not self._first_time(pod):
+            return False  # (a pod that failed by itself is kept from its own record: `record`)
+        container, reason, image, text = "", "", "", ""
+        if failed.cause is FailureCause.PULL_ERROR:
+            stuck = pull_error(pod)
+            if stuck is not None:
+                container, reason = stuck[0], stuck[1]
+                image = container_image(pod, container)
+        else:  # TIMEOUT
+            own = str(((pod.get("metadata") or {}).get("labels") or {}).get(constants.POD_LABEL_PACKAGE))
+            names = stage_containers(pod, own)
+            container, reason, text = ",".join(names), STAGE_TIMEOUT, await self._logs(pod, names)
+        entry = KeptLog(
+            package=failed.package,
+            version=failed.version,
+            stage=failed.stage.value,
+            outcome=FAILED,
+            pod=str((pod.get("metadata") or {}).get("name") or ""),
+            attempt=failed.attempt,
+            container=container,
+            exit_code=None,
+            reason=reason,
+            at=ts(now),
+            log=text,
+            message=failed.message[:MAX_MESSAGE_CHARS],
+            image=image,
+        )
+        return await self._keep(nw, pod, entry)
+
+    def _first_time(self, pod: JSON) -> bool:
+        """True the first time a pod (by uid) is to be kept: each pod is recorded once."""
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or meta.get("name") or "")
+        if uid in self._seen:
+            return False
+        self._seen[uid] = None
+        while len(self._seen) > _SEEN_LIMIT:
+            self._seen.popitem(last=False)
+        return True
+
+    async def _logs(self, pod: JSON, names: list[str]) -> str:
+        """The tail of the logs of the pod's containers `names` (each headed by its name if several)."""
+        meta = pod.get("metadata") or {}
+        texts: list[str] = []
+        for name in names:
+            text = await self._fetch(
+                str(meta.get("namespace") or self._namespace), str(meta.get("name")), name
+            )
+            if text:
+                texts.append(text if len(names) == 1 else f"==> {name} <==\n{text}")
+        return tail("\n".join(texts))
+
+    async def _keep(self, nw: NodeWright, pod: JSON, entry: KeptLog) -> bool:
+        node = podspec.pod_node(pod)
         try:
             await self._write(nw, node, entry)
         except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:

@@ -59,6 +59,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final
 
+import aiohttp
 import structlog
 
 from nodewright.api import constants
@@ -130,6 +131,7 @@ from nodewright.plan.rollout import Admission, spec_fingerprint
 from nodewright.plan.stages import (
     ACTIVE_STATES,
     INTERRUPT_STAGES,
+    FailureCause,
     PodOutcome,
     PodSummary,
     StageProgress,
@@ -169,6 +171,7 @@ class _PassContext:
     node: JSON
     stored: NodeState | None
     summaries: tuple[PodSummary, ...]
+    pods: Mapping[str, JSON]  # the package pods summarised, by name
     admission: Admission | None
     deleting: bool
     timing: Timing
@@ -276,6 +279,7 @@ class NodeReconciler:
             return None
         if plan.drift_result is not None:
             self.rt.metrics.domain.count_drift_check(nodewright=nw_name, result=plan.drift_result)
+        await self._keep_stopped(ctx, plan)
         self._observe(
             ctx.model,
             node_name,
@@ -414,6 +418,7 @@ class NodeReconciler:
             node=node,
             stored=stored,
             summaries=tuple(summaries),
+            pods={str((p.get("metadata") or {}).get("name")): p for p in pods_raw},
             admission=admission if usable is not None else None,
             deleting=deleting,
             timing=timing,
@@ -542,6 +547,17 @@ class NodeReconciler:
             now=self.rt.clock(),
         )
 
+    async def _keep_stopped(self, ctx: _PassContext, plan: NodePlan) -> None:
+        """Attempts the plan failed whose pods did not fail by themselves (image pull errors past their
+        grace, stage timeouts) are kept as their stage's kept log, before the plan's actions delete the
+        pods. A pod that failed by itself was kept when it was read (`_keep_log`)."""
+        for failed in plan.failed:
+            if failed.cause is FailureCause.POD_FAILED:
+                continue
+            pod = ctx.pods.get(failed.pod)
+            if pod is not None:
+                await self.logstore.record_stopped(ctx.inp.nodewright, pod, failed, now=ctx.now)
+
     @staticmethod
     def _usable_admission(admission: Admission | None, effective: NodeWright) -> StateAdmission | None:
         """The admission in the planner's form, when it lets the node start work: for the current spec
@@ -609,6 +625,8 @@ class NodeReconciler:
         )
         self.rt.signer.sign(manifest)
         self.drift.checked(key, action.slot)
+        # Logged before the request leaves, like package pods (`_send_create`): an audit trail.
+        log.info("creating drift check pod", pod=manifest["metadata"]["name"], node=node_name, key=key)
         try:
             created = await self.rt.client.create_pod(self.rt.options.namespace, manifest)
         except Conflict as exc:
@@ -893,27 +911,49 @@ class NodeReconciler:
                 f"plan {action.name}, built {manifest['metadata']['name']}"
             )
         self.rt.signer.sign(manifest)
-        try:
-            created = await self.rt.client.create_pod(self.rt.options.namespace, manifest)
-        except Conflict as exc:
-            if not exc.already_exists:
-                raise
-            # Created by an earlier attempt of this same plan step -- or squatted by someone else's pod,
-            # which the pod scan deletes as untrusted; the planner then creates it again.
+        created = await self._send_create(nw, node_name, action, manifest)
+        if created is None:
             return
         # Checked against the manifest (a mutated pod is deleted and fails like a refused create),
         # remembered by uid and sealed: see `controller.trust`.
         await self.trust.adopt(created, manifest, nw=nw)
-        log.info(
-            "package pod created",
-            pod=action.name,
-            node=node_name,
-            package=action.package,
-            version=action.version,
-            stage=action.stage.value,
-            attempt=action.attempt,
-            chain=[name for name, _, _ in action.chain] or None,
-        )
+
+    async def _send_create(
+        self, nw: NodeWright, node_name: str, action: CreatePod, manifest: JSON
+    ) -> JSON | None:
+        """POST the package pod; the created pod, or None when it exists already.
+
+        The log is an audit trail of the pods the operator made: "creating package pod" is written
+        before the request leaves (an operator killed while it is in flight still leaves the record
+        of a pod that may exist), and the outcome after it: "package pod created" with its uid,
+        "package pod exists", or "package pod not created" with the error (raised on to the caller).
+        """
+        fields: dict[str, Any] = {
+            "pod": action.name,
+            "node": node_name,
+            "nodewright": nw.metadata.name,
+            "package": action.package,
+            "version": action.version,
+            "stage": action.stage.value,
+            "attempt": action.attempt,
+            "chain": [name for name, _, _ in action.chain] or None,
+        }
+        log.info("creating package pod", **fields)
+        try:
+            created = await self.rt.client.create_pod(self.rt.options.namespace, manifest)
+        except Conflict as exc:
+            if not exc.already_exists:
+                log.warning("package pod not created", **fields, error=str(exc))
+                raise
+            # Created by an earlier attempt of this same plan step -- or squatted by someone else's pod,
+            # which the pod scan deletes as untrusted; the planner then creates it again.
+            log.info("package pod exists", **fields)
+            return None
+        except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.warning("package pod not created", **fields, error=str(exc) or type(exc).__name__)
+            raise
+        log.info("package pod created", **fields, uid=(created.get("metadata") or {}).get("uid"))
+        return created
 
     def _create_refused(
         self, key: str, node_name: str, action: CreatePod, exc: ApiError, now: datetime

@@ -67,6 +67,7 @@ from nodewright.kube.resources import (
 )
 from nodewright.kube.trim import node_ready, trim_node, trim_pod
 from nodewright.kube.workqueue import Result
+from nodewright.observability import events
 from nodewright.observability.metrics import OperatorMetrics
 from nodewright.observability.tracing import RolloutTracer
 from nodewright.plan import podspec
@@ -184,7 +185,8 @@ class Operator:
             pod_expectations=PodExpectations(trim_pod),
         )
         self.budgets = SharedBudgets(self.rt, manager.informer(DISRUPTIONBUDGETS))
-        self.notifier = Notifier(client, options.namespace, count=metrics.count_notification)
+        # Per-sink queues and workers: one hanging webhook costs only its own notices (controller.notify).
+        self.notifier = Notifier(client, options.namespace, metrics=metrics, warn=self._notification_warning)
         self.rollouts = RolloutReconciler(
             self.rt, budgets=self.budgets, notifications=RolloutNotifications(self.notifier, cluster_sink)
         )
@@ -346,6 +348,18 @@ class Operator:
             self.node.queue.add(node_key(name, str(meta.get("name"))))
 
     # -- DeploymentPolicy status -------------------------------------------------------------------
+
+    async def _notification_warning(self, nodewright: str, spec: events.EventSpec) -> None:
+        """A Warning Event from the notifier (dropped notices) on the NodeWright they are about."""
+        obj = self.rt.nodewrights.get(nodewright) or {}
+        await self.rt.events.record(
+            kind=constants.KIND_NODEWRIGHT,
+            name=nodewright,
+            uid=(obj.get("metadata") or {}).get("uid"),
+            reason=spec.reason.value,
+            message=spec.message,
+            event_type=spec.type.value,
+        )
 
     async def _reconcile_policy(self, name: str) -> Result | None:
         obj = self.rt.policies.get(name)

@@ -115,6 +115,24 @@ def failed_container(pod: Mapping[str, Any]) -> tuple[str, int, str, str] | None
     return None
 
 
+def pull_error(pod: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(name, reason, message) of the first init container waiting on an image pull error."""
+    for status in _init_statuses(pod):
+        phase, detail = _state(status)
+        if phase == "waiting" and detail.get("reason") in PULL_ERROR_REASONS:
+            return str(status.get("name")), str(detail["reason"]), str(detail.get("message") or "")
+    return None
+
+
+def container_image(pod: Mapping[str, Any], name: str) -> str:
+    """The image the pod's (init) container `name` runs ("" when it has no such container)."""
+    spec = pod.get("spec") or {}
+    for container in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
+        if container.get("name") == name:
+            return str(container.get("image") or "")
+    return ""
+
+
 def _exited_zero(status: Mapping[str, Any] | None) -> bool:
     if status is None:
         return False
@@ -176,13 +194,11 @@ def classify(pod: Mapping[str, Any]) -> tuple[PodOutcome, str]:
         return PodOutcome.FAILED, ("pod failed" + (f" ({reason})" if reason else "")) + (
             f": {message}" if message else ""
         )
+    stuck = pull_error(pod)
+    if stuck is not None:
+        name, reason, message = stuck
+        return PodOutcome.PULL_ERROR, f"{reason} for container {name}" + (f": {message}" if message else "")
     statuses = _init_statuses(pod)
-    for st in statuses:
-        state_phase, detail = _state(st)
-        if state_phase == "waiting" and detail.get("reason") in PULL_ERROR_REASONS:
-            message = str(detail.get("message") or "")
-            text = f"{detail['reason']} for container {st.get('name')}"
-            return PodOutcome.PULL_ERROR, text + (f": {message}" if message else "")
     names = _init_names(pod)
     done = {
         str(st.get("name"))

@@ -68,6 +68,7 @@ from nodewright.plan.configdiff import config_digest
 from nodewright.plan.node import NodeFacts, Taint, is_disabled, is_paused, node_complete, untolerated_taints
 from nodewright.plan.podspec import package_configmap_name as podspec_configmap_name
 from nodewright.plan.podspec import parse_duration_seconds
+from nodewright.plan.policy import PolicyInvalid
 from nodewright.plan.rollout import (
     APPROVE_ANNOTATION,
     Phase,
@@ -79,13 +80,21 @@ from nodewright.plan.rollout import (
     phase_of,
     plan_rollout,
     spec_fingerprint,
+    status_for_spec,
 )
 from nodewright.plan.stages import ts
-from nodewright.plan.status import NodeReport, PackageReport, StatusSummary, aggregate_status
+from nodewright.plan.status import (
+    RUNTIME_TAINT_HELD,
+    NodeReport,
+    PackageReport,
+    StatusSummary,
+    aggregate_status,
+    report_for,
+    runtime_taint_condition,
+)
 
 log = structlog.get_logger("nodewright.rollout")
 
-RUNTIME_TAINT_HELD = "RuntimeTaintHeld"
 SKIP_RETRY_MIN = 10.0
 CORDONED_BY_SOMEONE_ELSE = "cordoned by someone else"
 RESYNC_ACTIVE = 60.0
@@ -191,7 +200,7 @@ class _Snapshot:
     reports: list[NodeReport]
     rollout_nodes: list[RolloutNode]
     malformed: list[str]
-    policy: DeploymentPolicy | None
+    policy: DeploymentPolicy | PolicyInvalid | None
     policy_name: str
     facts: list[sequencing.NodeWrightFacts]
     reset: bool
@@ -328,15 +337,14 @@ def rollout_node(
 
     `needs_work` comes from the state annotation (the node controller's record), not from the status
     label, because right after a spec change the label still says `complete` until the node controller
-    has looked again; the status label is used for what the node is doing.
+    has looked again; the status label is used for what the node is doing, corrected by `needs_work`
+    (`status_for_spec`: a node with pending work is never counted complete).
     """
     name = nodewright.metadata.name
     needs_work = state is None or not node_complete(nodewright, state)
     if state is None and not nodewright.spec.packages:
         needs_work = False
-    status = _status_of(node, name) or (Status.WAITING if needs_work else Status.COMPLETE)
-    if not needs_work and status is Status.IN_PROGRESS:
-        status = Status.COMPLETE
+    status = status_for_spec(_status_of(node, name), needs_work=needs_work)
     unavailable = unavailable_reason(
         node, own=state, all_nodewrights=list(all_nodewrights) or [name], inactive=inactive
     )
@@ -432,10 +440,10 @@ class RolloutReconciler:
         started = time.monotonic()
         summary, status = self._status(snap, model, plan, taint_report)
         self._compute[name] = compute + time.monotonic() - started
-        # The status (batch state) is written before the admissions it opens: a reader (`nodewright
-        # plan`, which lists nodes before it reads the NodeWright) then never sees admissions newer than
-        # the batch state, and a crash between the two writes only delays the opened batch (re-planning
-        # opens it again, with the same nodes).
+        # The status (batch state) is written before the admissions it opens: a reader then never sees
+        # admissions newer than the batch state that counts them (`nodewright plan` reads until both show
+        # one moment: `plan.preview.check_snapshot`), and a crash between the two writes only delays the
+        # opened batch (re-planning opens it again, with the same nodes).
         await self._write_status(obj, status)
         await self._apply_admissions(name, plan, snap.views)
         if self.budgets is not None:
@@ -719,7 +727,7 @@ class RolloutReconciler:
             return entry.rollout
         return replace(entry.rollout, waiting_for_priority=blocker.name)
 
-    def _policy(self, nodewright: NodeWright) -> tuple[DeploymentPolicy | None, str]:
+    def _policy(self, nodewright: NodeWright) -> tuple[DeploymentPolicy | PolicyInvalid | None, str]:
         policy_name = nodewright.spec.deployment_policy
         if not policy_name:
             return None, "legacy"
@@ -757,11 +765,7 @@ class RolloutReconciler:
             )
             for e in (state.packages if state is not None else ())
         )
-        if node.status is Status.DRIFTED:
-            # Drift only reported: the node is complete (kstatus Current); to be repaired: it waits.
-            counted = Status.WAITING if node.needs_work else Status.COMPLETE
-            return NodeReport(name=node.name, status=counted, packages=packages, drifted=True)
-        return NodeReport(name=node.name, status=node.status, packages=packages)
+        return report_for(node.name, node.status, needs_work=node.needs_work, packages=packages)
 
     def _predecessor_condition(self, model: NodeWright, plan: RolloutPlan, snap: _Snapshot) -> Condition:
         """`WaitingForNodeWright`: nodes (or the whole NodeWright, `sequencing: all`) wait for an earlier
@@ -791,24 +795,11 @@ class RolloutReconciler:
         )
 
     def _taint_condition(self, model: NodeWright, report: taints.TaintReport, now: datetime) -> Condition:
-        held = report.held_while_inactive
+        held = runtime_taint_condition(report.held_while_inactive, generation=model.metadata.generation)
         previous = {c.type: c for c in (model.status.conditions or [])} if model.status else {}
-        status: Literal["True", "False"] = "True" if held else "False"
         old = previous.get(RUNTIME_TAINT_HELD)
-        message = (
-            f"{held} node(s) keep the runtime-required taint while this NodeWright is paused or disabled;"
-            " resume or enable it (or remove it) to release them"
-            if held
-            else "no node is held by an inactive NodeWright"
-        )
-        return Condition(
-            type=RUNTIME_TAINT_HELD,
-            status=status,
-            reason="HeldWhileInactive" if held else "NotHeld",
-            message=message,
-            last_transition_time=old.last_transition_time if old and old.status == status else ts(now),
-            observed_generation=model.metadata.generation,
-        )
+        since = old.last_transition_time if old and old.status == held.status else ts(now)
+        return held.model_copy(update={"last_transition_time": since})
 
     # -- writes -----------------------------------------------------------------------------------
 
@@ -1044,6 +1035,8 @@ class RolloutReconciler:
             self._last_status[name] = new
         if plan.policy_not_found is not None and model.spec.deployment_policy:
             await self._event(name, events.policy_not_found(model.spec.deployment_policy))
+        if plan.policy_invalid is not None:
+            await self._event(name, events.policy_invalid(plan.policy_invalid.message))
         if malformed:
             await self._event(name, events.state_malformed(malformed))
 
@@ -1051,8 +1044,10 @@ class RolloutReconciler:
         views, policy_name = snap.views, snap.policy_name
         by_status: dict[str, int] = {}
         oldest: datetime | None = None
-        for view in views:
-            key = (view.status or Status.WAITING).value
+        for view, node in zip(views, snap.rollout_nodes, strict=True):
+            # The status for the current spec, as the NodeWright status counts it (the label lags a
+            # spec change: see `status_for_spec`).
+            key = node.status.value
             by_status[key] = by_status.get(key, 0) + 1
             started = view.oldest_started
             if started is not None and (oldest is None or started < oldest):

@@ -9,7 +9,8 @@ before it is configured (taint at kubelet registration is still the race-free wa
 
 The reference's trap: a paused or disabled runtime-required NodeWright that is incomplete keeps its
 nodes tainted forever, silently. Here the taint stays (removing it would let workloads land on
-unconfigured nodes), but the NodeWright reports `RuntimeTaintHeld` with the number of nodes it holds.
+unconfigured nodes), but the NodeWright reports `RuntimeTaintHeld` with the number of nodes it holds
+and the first few of their names (`plan.status.runtime_taint_condition`).
 
 Taints are a list in `spec.taints`; a JSON merge patch replaces the whole list, so every write carries
 the resourceVersion it was computed from and a concurrent change makes it fail with 409 (retried by
@@ -43,7 +44,7 @@ log = structlog.get_logger("nodewright.taints")
 class TaintReport:
     removed: int = 0
     added: int = 0
-    held_while_inactive: int = 0  # nodes kept tainted by this NodeWright while it is paused/disabled
+    held_while_inactive: tuple[str, ...] = ()  # nodes kept tainted while this NodeWright is paused/disabled
 
 
 def _has_taint(node: JSON, key: str, effect: str) -> bool:
@@ -89,7 +90,8 @@ async def reconcile_runtime_taints(
         if model is not None and model.spec.runtime_required:
             required.append(model)
     inactive = is_paused(nodewright) or is_disabled(nodewright)
-    removed = added = held = 0
+    removed = added = 0
+    held: list[str] = []
     for node in matched:
         node_name = str(node["metadata"]["name"])
         tainted = _has_taint(node, key, effect)
@@ -105,7 +107,7 @@ async def reconcile_runtime_taints(
             log.info("runtime-required taint removed", node=node_name)
             continue
         if tainted and inactive and not _complete_on(nodewright.metadata.name, node):
-            held += 1
+            held.append(node_name)
         if (
             not tainted
             and nodewright.spec.auto_taint_new_nodes
@@ -119,4 +121,4 @@ async def reconcile_runtime_taints(
             await _set_taints(rt, node, [*current, taint], {constants.AUTO_TAINT_ANNOTATION: "true"})
             added += 1
             log.info("new node auto-tainted", node=node_name, taint=rt.options.runtime_required_taint)
-    return TaintReport(removed=removed, added=added, held_while_inactive=held)
+    return TaintReport(removed=removed, added=added, held_while_inactive=tuple(held))

@@ -7,9 +7,10 @@ needs is small: a base URL, an `ssl.SSLContext` and an `Authorization` header.
 Kubeconfig (`load_kubeconfig`): the `current-context` (or a named one) selects a cluster and a user.
 Cluster: `server`, `certificate-authority` / `certificate-authority-data`, `insecure-skip-tls-verify`,
 `tls-server-name`. User: `client-certificate(-data)` + `client-key(-data)` (mutual TLS, loaded into the
-SSL context), `token`, `tokenFile`, or an `exec` credential plugin (client.authentication.k8s.io
-ExecCredential; the token is cached until its `expirationTimestamp`, certificates returned by the plugin
-are loaded once). Relative file paths resolve against the kubeconfig's directory, as kubectl does.
+SSL context from memory by `load_pem_chain`: no temporary directory needed), `token`, `tokenFile`, or an
+`exec` credential plugin (client.authentication.k8s.io ExecCredential; the token is cached until its
+`expirationTimestamp`, certificates returned by the plugin are loaded once). Relative file paths resolve
+against the kubeconfig's directory, as kubectl does.
 
 In-cluster (`load_incluster`): `KUBERNETES_SERVICE_HOST`/`KUBERNETES_SERVICE_PORT`, the CA and token
 mounted at `/var/run/secrets/kubernetes.io/serviceaccount`. Bound service-account tokens are projected
@@ -197,6 +198,76 @@ def _pem(section: dict[str, Any], key: str, base: Path, where: str) -> bytes | N
     return None
 
 
+class NoTempDir(OSError):
+    """Neither an in-memory file nor a writable temporary directory is available for a PEM pair."""
+
+
+TEMP_DIR_REMEDY = (
+    "mount a writable directory at /tmp (the Helm chart mounts an emptyDir there) or point $TMPDIR at one"
+)
+
+
+def no_temp_dir_message(exc: BaseException) -> str:
+    """One line for a process that found no usable temporary directory (`tempfile`'s error)."""
+    return f"no writable temporary directory ({_one_line(exc)}): {TEMP_DIR_REMEDY}"
+
+
+def temp_dir_missing() -> OSError | None:
+    """tempfile's error when no temporary directory is usable ($TMPDIR, /tmp, /var/tmp, ...), else None."""
+    try:
+        tempfile.gettempdir()
+    except OSError as exc:
+        return exc
+    return None
+
+
+def load_pem_chain(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    """Load a PEM certificate (chain) and its private key from memory into `context`.
+
+    `ssl` loads them only from files. On Linux they go into anonymous in-memory files (`memfd_create`,
+    opened by OpenSSL through /proc/self/fd), so the key never touches a disk and a read-only root file
+    system without /tmp is fine; elsewhere into a private temporary directory, removed at once, and
+    `NoTempDir` says so when there is none. `ssl.SSLError`/`ValueError` mean the pair is not PEM or the
+    key does not match.
+    """
+    fds = _memory_files(cert, key)
+    if fds:
+        try:
+            context.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}")
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return
+    try:
+        tmp = tempfile.TemporaryDirectory(prefix="nodewright-tls-")
+    except OSError as exc:
+        raise NoTempDir(no_temp_dir_message(exc)) from None
+    with tmp:
+        cert_path, key_path = Path(tmp.name) / "tls.crt", Path(tmp.name) / "tls.key"
+        cert_path.write_bytes(cert)
+        key_path.touch(mode=0o600)
+        key_path.write_bytes(key)
+        context.load_cert_chain(cert_path, key_path)
+
+
+def _memory_files(*contents: bytes) -> list[int]:
+    """File descriptors of in-memory files holding `contents` (empty where the system has none)."""
+    memfd = getattr(os, "memfd_create", None)
+    if memfd is None or not Path("/proc/self/fd").is_dir():
+        return []
+    fds: list[int] = []
+    try:
+        for data in contents:
+            fds.append(memfd("nodewright-tls", os.MFD_CLOEXEC))
+            with open(fds[-1], "wb", closefd=False) as file:
+                file.write(data)
+    except OSError:  # e.g. a seccomp profile that refuses memfd_create
+        for fd in fds:
+            os.close(fd)
+        return []
+    return fds
+
+
 def _ssl_context(
     *,
     ca: bytes | None,
@@ -217,18 +288,14 @@ def _ssl_context(
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     if cert and key:
-        # ssl only loads certificate chains from files: write them to a private temp dir, then delete.
-        with tempfile.TemporaryDirectory(prefix="nodewright-tls-") as tmp:
-            cert_path, key_path = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
-            cert_path.write_bytes(cert)
-            key_path.touch(mode=0o600)
-            key_path.write_bytes(key)
-            try:
-                context.load_cert_chain(cert_path, key_path)
-            except (ssl.SSLError, ValueError) as exc:
-                raise ConfigError(
-                    f"{cert_field}: not a PEM certificate and its matching private key ({_one_line(exc)})"
-                ) from None
+        try:
+            load_pem_chain(context, cert, key)
+        except (ssl.SSLError, ValueError) as exc:
+            raise ConfigError(
+                f"{cert_field}: not a PEM certificate and its matching private key ({_one_line(exc)})"
+            ) from None
+        except NoTempDir as exc:
+            raise ConfigError(f"{cert_field}: {exc}") from None
     elif cert or key:
         missing = "client-key" if cert else "client-certificate"
         raise ConfigError(f"{cert_field}: {missing} is missing (mutual TLS needs both)")

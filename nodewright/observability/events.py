@@ -53,9 +53,11 @@ class Reason(StrEnum):
     ROLLOUT_PAUSED = "RolloutPaused"
     ROLLOUT_DISABLED = "RolloutDisabled"
     POLICY_NOT_FOUND = "PolicyNotFound"
+    POLICY_INVALID = "PolicyInvalid"
     STATE_MALFORMED = "StateMalformed"
     DELETION_BLOCKED = "DeletionBlocked"
     INVALID_SPEC = "InvalidSpec"
+    NOTIFICATIONS_DROPPED = "NotificationsDropped"
     # Node events (involvedObject: the Node)
     PACKAGE_STARTED = "PackageStarted"
     PACKAGE_COMPLETED = "PackageCompleted"
@@ -110,10 +112,22 @@ CATALOGUE: Final[tuple[ReasonInfo, ...]] = (
     ReasonInfo(Reason.ROLLOUT_PAUSED, EventType.NORMAL, _NW, "The pause annotation stopped admissions"),
     ReasonInfo(Reason.ROLLOUT_DISABLED, EventType.NORMAL, _NW, "The disable annotation stopped the rollout"),
     ReasonInfo(Reason.POLICY_NOT_FOUND, EventType.WARNING, _NW, "The referenced DeploymentPolicy is missing"),
+    ReasonInfo(
+        Reason.POLICY_INVALID,
+        EventType.WARNING,
+        _NW,
+        "The referenced DeploymentPolicy fails validation (each field and what to do); nothing starts",
+    ),
     ReasonInfo(Reason.STATE_MALFORMED, EventType.WARNING, _NW, "Node state annotations cannot be parsed"),
     ReasonInfo(Reason.DELETION_BLOCKED, EventType.WARNING, _NW, "The finalizer cannot complete"),
     ReasonInfo(
         Reason.INVALID_SPEC, EventType.WARNING, _NW, "The spec fails validation; nodes are left alone"
+    ),
+    ReasonInfo(
+        Reason.NOTIFICATIONS_DROPPED,
+        EventType.WARNING,
+        _NW,
+        "Notices about the NodeWright were dropped for a notification sink",
     ),
     ReasonInfo(Reason.PACKAGE_STARTED, EventType.NORMAL, "Node", "A package stage pod was created", True),
     ReasonInfo(Reason.PACKAGE_COMPLETED, EventType.NORMAL, "Node", "A package is complete on the node", True),
@@ -328,6 +342,11 @@ def policy_not_found(policy: str) -> EventSpec:
     return EventSpec(Reason.POLICY_NOT_FOUND, f"DeploymentPolicy [{policy}] not found; rollout blocked")
 
 
+def policy_invalid(message: str) -> EventSpec:
+    """`message`: `plan.policy.PolicyInvalid.message` (the policy, each field and what to do)."""
+    return EventSpec(Reason.POLICY_INVALID, f"{message}; rollout blocked")
+
+
 def state_malformed(nodes: Sequence[str]) -> EventSpec:
     return EventSpec(
         Reason.STATE_MALFORMED,
@@ -337,6 +356,16 @@ def state_malformed(nodes: Sequence[str]) -> EventSpec:
 
 def deletion_blocked(why: str) -> EventSpec:
     return EventSpec(Reason.DELETION_BLOCKED, f"Deletion blocked: {why}")
+
+
+def notifications_dropped(sink: str, reason: str, why: str) -> EventSpec:
+    """Notices for `sink` dropped (`reason`: the metric's label value, `why`: what it means). The
+    message stays the same for repeats so they count up one Event."""
+    return EventSpec(
+        Reason.NOTIFICATIONS_DROPPED,
+        f"Notifications to sink [{sink}] dropped ({reason}): {why}; counted in"
+        " nodewright_notifications_dropped_total",
+    )
 
 
 def package_started(

@@ -33,7 +33,8 @@ nodewright x package x stage combinations ever seen); a NodeWright re-created un
 resumes its predecessor's cumulative histogram, which Prometheus' rate() handles like any counter.
 
 Cardinality. No series is per node: labels are NodeWright, package, version, stage, state, status,
-compartment, policy, strategy, reason, controller/queue name, verb, resource and code only.
+compartment, policy, strategy, reason, controller/queue name, verb, resource, code and notification
+sink (at most 8 per NodeWright, plus `cluster`; a removed sink's gauges are forgotten) only.
 
 Threading. Prometheus scrapes run callbacks on the event loop thread; the OTLP periodic reader runs them
 on its own thread (the SDK serialises collections). Snapshot maps are replaced copy-on-write (reference
@@ -116,6 +117,10 @@ UNTRUSTED_PODS: Final = "nodewright_untrusted_pods_total"
 DRIFTED_NODES: Final = "nodewright_drifted_nodes"
 DRIFT_CHECKS: Final = "nodewright_drift_checks_total"
 NOTIFICATIONS: Final = "nodewright_notifications_total"
+NOTIFICATIONS_DROPPED: Final = "nodewright_notifications_dropped_total"
+NOTIFICATION_QUEUE: Final = "nodewright_notification_queue_depth"
+NOTIFICATION_CIRCUIT: Final = "nodewright_notification_circuit_state"
+NOTIFICATION_CIRCUIT_STATES: Final = ("closed", "open", "half_open")
 
 HISTOGRAM_METRICS: Final[frozenset[str]] = frozenset(
     {
@@ -171,6 +176,9 @@ EXPORTED_METRICS: Final[tuple[str, ...]] = (
     DRIFTED_NODES,
     DRIFT_CHECKS,
     NOTIFICATIONS,
+    NOTIFICATIONS_DROPPED,
+    NOTIFICATION_QUEUE,
+    NOTIFICATION_CIRCUIT,
 )
 
 # Histograms dropped at export for removed NodeWrights / packages (see module docstring).
@@ -542,6 +550,11 @@ class _Gauges:
             items = list(self._values.items())
         return [Observation(value, dict(key)) for key, value in items]
 
+    def remove(self, label: str, value: str) -> None:
+        """Forget every series whose `label` is `value` (it disappears from the next collection)."""
+        with self._lock:
+            self._values = {k: v for k, v in self._values.items() if (label, value) not in k}
+
 
 class QueueMetrics:
     """`WorkqueueMetrics` of one queue (client-go's workqueue metrics, label `name`)."""
@@ -874,7 +887,26 @@ class OperatorMetrics:
         self._notifications = meter.create_counter(
             NOTIFICATIONS,
             description="Notifications by sink, event and result: sent, failed (after retries), dropped"
-            " (queue full) or duplicate (key already sent).",
+            " (see nodewright_notifications_dropped_total) or duplicate (key already sent).",
+        )
+        self._notifications_dropped = meter.create_counter(
+            NOTIFICATIONS_DROPPED,
+            description="Notifications dropped, by sink and reason: queue_full, circuit_open (the sink's"
+            " queue full while its circuit is open), shutdown (still queued after the grace), removed (the"
+            " sink left the spec).",
+        )
+        self._notification_queue = _Gauges()
+        meter.create_observable_gauge(
+            NOTIFICATION_QUEUE,
+            callbacks=[self._notification_queue.observe],
+            description="Notices waiting in a notification sink's queue.",
+        )
+        self._notification_circuit = _Gauges()
+        meter.create_observable_gauge(
+            NOTIFICATION_CIRCUIT,
+            callbacks=[self._notification_circuit.observe],
+            description="1 for the current circuit state of a notification sink (closed, open, half_open),"
+            " 0 for the others.",
         )
         self._closed = False
 
@@ -907,6 +939,30 @@ class OperatorMetrics:
     def count_notification(self, sink: str, event: str, result: str) -> None:
         """One notification outcome (controller.notify)."""
         self._notifications.add(1, {"sink": sink, "event": event, "result": result})
+
+    def init_notification_sink(self, sink: str, reasons: Iterable[str]) -> None:
+        """A sink's series from its start: zero drops per reason (so `increase()` and alerts see the
+        first one), an empty queue, a closed circuit."""
+        for reason in reasons:
+            self._notifications_dropped.add(0, {"sink": sink, "reason": reason})
+        self.set_notification_queue(sink, 0)
+        self.set_notification_circuit(sink, "closed")
+
+    def count_notification_dropped(self, sink: str, reason: str) -> None:
+        """One notice a sink will never get (controller.notify)."""
+        self._notifications_dropped.add(1, {"sink": sink, "reason": reason})
+
+    def set_notification_queue(self, sink: str, depth: int) -> None:
+        self._notification_queue.set({"sink": sink}, depth)
+
+    def set_notification_circuit(self, sink: str, state: str) -> None:
+        for each in NOTIFICATION_CIRCUIT_STATES:
+            self._notification_circuit.set({"sink": sink, "state": each}, 1 if each == state else 0)
+
+    def forget_notification_sink(self, sink: str) -> None:
+        """A sink removed from the spec: its gauges disappear (counters cannot forget a label set)."""
+        self._notification_queue.remove("sink", sink)
+        self._notification_circuit.remove("sink", sink)
 
     def record_loop_lag(self, seconds: float) -> None:
         self._loop_lag.record(max(0.0, seconds))

@@ -50,7 +50,11 @@ EntryKind = Literal["dir", "file", "symlink"]
 
 
 class PayloadError(Exception):
-    """The package directory holds something an image layer or a copy cannot carry."""
+    """The package directory holds something an image layer or a copy cannot carry (at `path`)."""
+
+    def __init__(self, message: str, *, path: Path) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,33 +72,45 @@ def excluded(name: str) -> bool:
 
 
 def payload_entries(package_dir: Path) -> list[PayloadEntry]:
-    """Every payload entry below `package_dir`, parents before children, in a stable order."""
+    """Every payload entry below `package_dir`, parents before children, in a stable order.
+
+    Walked with an explicit stack (a directory per level), so a hostile tree thousands of levels deep
+    is listed, not a RecursionError.
+    """
     entries: list[PayloadEntry] = []
-    _walk(package_dir, "", entries)
+    levels = [iter(_children(package_dir, ""))]
+    while levels:
+        entry = next(levels[-1], None)
+        if entry is None:
+            levels.pop()
+            continue
+        entries.append(entry)
+        if entry.kind == "dir":
+            levels.append(iter(_children(entry.path, f"{entry.relative}/")))
     return entries
 
 
-def _walk(directory: Path, prefix: str, entries: list[PayloadEntry]) -> None:
+def _children(directory: Path, prefix: str) -> list[PayloadEntry]:
     with os.scandir(directory) as scan:
         children = sorted(scan, key=lambda entry: entry.name)
-    for child in children:
-        if excluded(child.name):
-            continue
-        relative = f"{prefix}{child.name}"
-        path = Path(child.path)
-        info = path.lstat()
-        if stat.S_ISLNK(info.st_mode):
-            entries.append(PayloadEntry(relative, path, "symlink", link_target=os.readlink(path)))
-        elif stat.S_ISDIR(info.st_mode):
-            entries.append(PayloadEntry(relative, path, "dir"))
-            _walk(path, f"{relative}/", entries)
-        elif stat.S_ISREG(info.st_mode):
-            entries.append(PayloadEntry(relative, path, "file", executable=bool(info.st_mode & stat.S_IXUSR)))
-        else:
-            raise PayloadError(
-                f"{path}: not a regular file, directory or symlink (a device, FIFO or socket cannot be "
-                "part of a package image); remove it from the package directory"
-            )
+    return [
+        _entry(Path(child.path), f"{prefix}{child.name}") for child in children if not excluded(child.name)
+    ]
+
+
+def _entry(path: Path, relative: str) -> PayloadEntry:
+    info = path.lstat()
+    if stat.S_ISLNK(info.st_mode):
+        return PayloadEntry(relative, path, "symlink", link_target=os.readlink(path))
+    if stat.S_ISDIR(info.st_mode):
+        return PayloadEntry(relative, path, "dir")
+    if stat.S_ISREG(info.st_mode):
+        return PayloadEntry(relative, path, "file", executable=bool(info.st_mode & stat.S_IXUSR))
+    raise PayloadError(
+        f"{path}: not a regular file, directory or symlink (a device, FIFO or socket cannot be "
+        "part of a package image); remove it from the package directory",
+        path=path,
+    )
 
 
 @dataclass(frozen=True, slots=True)

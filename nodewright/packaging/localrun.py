@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, TextIO
 
 from nodewright.agent import main as agent_main
-from nodewright.agent import modes
+from nodewright.agent import modes, safefile
 from nodewright.agent.config import ConfigError, load_config
 from nodewright.agent.interrupts import Interrupt, encode
 from nodewright.api.k8svalidation import config_map_key, env_var_name
@@ -54,6 +55,8 @@ OPERATOR_ENV: Final = frozenset(
         "NODEWRIGHT_AGENT_CHROOT",
     }
 )
+#: The API server's limit on a ConfigMap's data, which is what fills configmaps/ on a node.
+MAX_CONFIGMAP_BYTES: Final = 1024 * 1024
 #: Variables of this machine passed on, as a container image would set them.
 INHERITED_ENV: Final = ("PATH", "LANG", "LC_ALL", "TZ")
 
@@ -103,7 +106,7 @@ def check_request(request: RunRequest, *, is_root: bool) -> list[str]:
         problems.append(
             "the interrupt mode needs --interrupt TYPE (reboot, service, restartAllServices, noop)"
         )
-    if not (request.package_dir / layout.CONFIG_FILE).is_file():
+    if not os.path.lexists(request.package_dir / layout.CONFIG_FILE):  # one that cannot be used: load_config
         problems.append(f"{request.package_dir}: no {layout.CONFIG_FILE}; give a package directory")
     if _is_this_machines_root(request.root):
         problems.append(
@@ -114,8 +117,9 @@ def check_request(request: RunRequest, *, is_root: bool) -> list[str]:
         problems.append(f"--root {request.root} exists and is not a directory")
     for key, path in (request.configs or {}).items():
         problems.extend(f"--config {key}={path}: {problem}" for problem in config_map_key(key))
-        if not path.is_file():
-            problems.append(f"--config {key}={path}: no such file")
+        problem = _config_file_problem(path)
+        if problem is not None:
+            problems.append(f"--config {key}={path}: {problem}")
     for name in request.env:
         problems.extend(f"--env {name}: {problem}" for problem in env_var_name(name))
         if name in OPERATOR_ENV:
@@ -125,6 +129,23 @@ def check_request(request: RunRequest, *, is_root: bool) -> list[str]:
     if request.chroot and not is_root:
         problems.append("--chroot needs root (chroot is a privileged call); leave it out to run unprivileged")
     return problems
+
+
+def _config_file_problem(path: Path) -> str | None:
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror}"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{safefile.file_kind(info.st_mode)}, not a regular file; only regular files are read"
+    if info.st_size > MAX_CONFIGMAP_BYTES:
+        return (
+            f"{info.st_size} bytes, more than a ConfigMap holds ({safefile.size_text(MAX_CONFIGMAP_BYTES)} "
+            "in all), so no NodeWright could give it to the package"
+        )
+    return None
 
 
 def _is_this_machines_root(root: Path) -> bool:
@@ -157,7 +178,7 @@ def stage(package_dir: Path, root: Path, copy_dir: str, configs: Mapping[str, Pa
             shutil.rmtree(configmaps)
         configmaps.mkdir()
         for key, source in sorted(configs.items()):
-            shutil.copyfile(source, configmaps / key)
+            (configmaps / key).write_bytes(safefile.read_bytes(str(source), limit=MAX_CONFIGMAP_BYTES))
     return target
 
 

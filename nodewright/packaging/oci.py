@@ -36,11 +36,13 @@ import json
 import os
 import re
 import shutil
+import stat
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+from nodewright.agent import safefile
 from nodewright.agent.config import ConfigError, load_config
 from nodewright.packaging import layout
 
@@ -74,6 +76,8 @@ DEFAULT_PLATFORM: Final = "linux/amd64"
 TAG: Final = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 _SHA256: Final = re.compile(r"^sha256:[a-f0-9]{64}\Z")
 _CHUNK: Final = 1 << 20
+#: oci-layout, index.json, manifests and image configs (registries refuse manifests over 4 MiB).
+MAX_METADATA_BYTES: Final = 4 << 20
 
 
 class BuildError(Exception):
@@ -194,9 +198,13 @@ def _read_blob(layout_dir: Path, descriptor: JSON, what: str) -> bytes:
     digest = str(descriptor.get("digest", ""))
     path = _blob_path(layout_dir, digest)
     try:
-        data = path.read_bytes()
+        data = safefile.read_bytes(str(path), limit=MAX_METADATA_BYTES)
     except FileNotFoundError:
         raise BuildError(f"{layout_dir}: the {what} blob {digest} is missing ({path})") from None
+    except safefile.Refused as exc:
+        raise BuildError(f"{layout_dir}: the {what} blob {digest}: {exc}") from None
+    except OSError as exc:
+        raise BuildError(f"{layout_dir}: the {what} blob {digest} cannot be read: {exc.strerror}") from None
     _verify(layout_dir, descriptor, what, f"sha256:{hashlib.sha256(data).hexdigest()}", len(data))
     return data
 
@@ -222,18 +230,34 @@ def _copy_blob(source_layout: Path, descriptor: JSON, blobs: Path, what: str) ->
         return
     hashing = _Hashing(None)
     try:
+        mode = source.stat().st_mode
+        if not stat.S_ISREG(mode):
+            raise BuildError(
+                f"{source_layout}: the {what} blob {digest} is {safefile.file_kind(mode)}, not a regular "
+                f"file ({source}); copy the base image again"
+            )
+        size = _descriptor_size(descriptor, source)
         with source.open("rb") as reader, target.open("wb") as writer:
             while chunk := reader.read(_CHUNK):
                 hashing.write(chunk)
                 writer.write(chunk)
+                if hashing.size > size:  # a blob growing past its descriptor: stop, _verify says so
+                    break
     except FileNotFoundError:
         raise BuildError(f"{source_layout}: the {what} blob {digest} is missing ({source})") from None
     _verify(source_layout, descriptor, what, hashing.digest, hashing.size)
 
 
+def _descriptor_size(descriptor: JSON, source: Path) -> int:
+    size = descriptor.get("size")
+    return (
+        size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else source.stat().st_size
+    )
+
+
 def _load_json(data: bytes, where: str) -> JSON:
     try:
-        value = json.loads(data)
+        value = safefile.loads_json(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise BuildError(f"{where}: not valid JSON ({exc})") from None
     if not isinstance(value, dict):
@@ -250,12 +274,12 @@ def open_base(spec: str, platform: Platform | None) -> BaseImage:
     if spec == SCRATCH:
         return BaseImage(description=SCRATCH)
     directory, ref = _split_layout_spec(spec)
-    if not (directory / OCI_LAYOUT_FILE).is_file():
+    if not os.path.lexists(directory / OCI_LAYOUT_FILE):
         raise BuildError(
             f"--base {spec}: {directory} is not an OCI image layout (no {OCI_LAYOUT_FILE} file); make one "
             f"with e.g. `skopeo copy docker://busybox:1.36.1 oci:{directory}:1.36.1`, or use --base scratch"
         )
-    marker = _load_json((directory / OCI_LAYOUT_FILE).read_bytes(), str(directory / OCI_LAYOUT_FILE))
+    marker = _load_json(_read_file(directory / OCI_LAYOUT_FILE, spec), str(directory / OCI_LAYOUT_FILE))
     if marker.get("imageLayoutVersion") != OCI_LAYOUT_VERSION:
         raise BuildError(
             f"--base {spec}: imageLayoutVersion {marker.get('imageLayoutVersion')!r} is not supported "
@@ -307,7 +331,9 @@ def _split_layout_spec(spec: str) -> tuple[Path, str | None]:
 
 def _read_file(path: Path, spec: str) -> bytes:
     try:
-        return path.read_bytes()
+        return safefile.read_bytes(str(path), limit=MAX_METADATA_BYTES)
+    except safefile.Refused as exc:
+        raise BuildError(f"--base {spec}: {exc}") from None
     except OSError as exc:
         raise BuildError(f"--base {spec}: cannot read {path}: {exc.strerror}") from None
 
@@ -433,7 +459,12 @@ def build(
     try:
         config = load_config(package_dir / layout.CONFIG_FILE)
     except ConfigError as exc:
-        raise BuildError(f"{exc}\n(`nodewright package validate {package_dir}` runs every check)") from None
+        hint = f"`nodewright package validate {package_dir}` runs every check"
+        raise BuildError(f"{exc} ({hint})" if len(exc.errors) == 1 else f"{exc}\n({hint})") from None
+    try:
+        layout.payload_entries(package_dir)  # refuse devices, FIFOs, sockets before writing anything
+    except layout.PayloadError as exc:
+        raise BuildError(str(exc)) from None
     tag = tag or config.package_version
     if not TAG.match(tag):
         raise BuildError(

@@ -17,12 +17,16 @@ every problem at once, and adds what the agent cannot see until it is too late:
   the NodeWright gives the package a ConfigMap);
 - payload entries an image cannot carry (devices, FIFOs, sockets).
 
+Every file is read as `nodewright.agent.safefile` reads it: regular files only (a FIFO or a symlink to
+`/dev/zero` is refused, never opened for a blocking or endless read), at most 1 MiB for config.json and
+the Dockerfile, config.json nested at most 32 levels; a step script reached through a symlink that is
+absolute or leaves the package is an error naming the step and the target (load_config's rule).
+
 Errors make the package unusable; warnings are printed and do not fail the check.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -30,11 +34,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from nodewright.agent.config import ConfigError, PackageConfig, load_config
+from nodewright.agent import safefile
+from nodewright.agent.config import (
+    MAX_CONFIG_BYTES,
+    MAX_CONFIG_DEPTH,
+    ConfigError,
+    PackageConfig,
+    load_config,
+)
 from nodewright.api.k8svalidation import config_map_key
 from nodewright.packaging import layout
 
 SYNTAX_CHECK_TIMEOUT_S: Final = 10.0
+SCRIPT_HEAD_BYTES: Final = 4096  # the shebang and the first lines: enough for the format checks
+MAX_DOCKERFILE_BYTES: Final = 1024 * 1024
 _SHELLS: Final = {"sh": "sh", "dash": "sh", "ash": "sh", "busybox": "sh", "bash": "bash"}
 _FROM: Final = re.compile(r"^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)", re.IGNORECASE | re.MULTILINE)
 
@@ -97,9 +110,11 @@ def _structure_only(config_path: Path) -> PackageConfig | None:
 
 
 def _raw_config(config_path: Path) -> dict[str, Any]:
+    """config.json as plain data, or {} when load_config has refused it already (and said why)."""
     try:
-        data = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        text = safefile.read_text(str(config_path), limit=MAX_CONFIG_BYTES)
+        data = safefile.loads_json(text, max_depth=MAX_CONFIG_DEPTH)
+    except (OSError, ValueError, safefile.Refused):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -140,16 +155,22 @@ def _raw_steps(raw: dict[str, Any]) -> list[tuple[str, int, str]]:
 def _check_scripts(package_dir: Path, raw: dict[str, Any], report: Report) -> None:
     seen: set[str] = set()
     for mode, index, path in _raw_steps(raw):
-        script = package_dir / layout.STEP_DIR / path
-        if path in seen or not script.is_file():  # a missing one is reported by load_config
+        if path in seen:
             continue
         seen.add(path)
-        _check_script(script, f"{layout.STEP_DIR}/{path} (modes.{mode}[{index}])", report)
+        try:
+            resolved = safefile.inside(str(package_dir), f"{layout.STEP_DIR}/{path}")
+        except OSError:
+            continue
+        # A missing script, one that is not a regular file or one outside the package: load_config said so.
+        if isinstance(resolved, str) and (package_dir / resolved).is_file():
+            _check_script(package_dir / resolved, f"{layout.STEP_DIR}/{path} (modes.{mode}[{index}])", report)
 
 
 def _check_script(script: Path, where: str, report: Report) -> None:
     try:
-        head = script.read_bytes()[:4096]
+        with script.open("rb") as handle:
+            head = handle.read(SCRIPT_HEAD_BYTES)
     except OSError as exc:
         report.errors.append(f"{where}: cannot be read: {exc.strerror}")
         return
@@ -206,13 +227,20 @@ def _syntax_check(script: Path, shell: str, where: str, report: Report) -> None:
 
 def _check_dockerfile(package_dir: Path, report: Report) -> None:
     path = package_dir / layout.DOCKERFILE
-    if not path.is_file():
+    if not path.exists():
         report.errors.append(
             f"{layout.DOCKERFILE}: missing; the package image needs one (FROM a base with /bin/sh, "
             f"COPY . {layout.PAYLOAD_DIR}/), or build it with `nodewright package build`"
         )
         return
-    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        text = safefile.read_bytes(str(path), limit=MAX_DOCKERFILE_BYTES).decode("utf-8", errors="replace")
+    except safefile.Refused as exc:
+        report.errors.append(f"{layout.DOCKERFILE}: {exc.reason}")
+        return
+    except OSError as exc:
+        report.errors.append(f"{layout.DOCKERFILE}: cannot be read: {exc.strerror}")
+        return
     bases = _FROM.findall(text)
     if not bases:
         report.errors.append(f"{layout.DOCKERFILE}: no FROM line")
@@ -242,4 +270,7 @@ def _check_extras(package_dir: Path, report: Report) -> None:
     try:
         layout.payload_entries(package_dir)
     except layout.PayloadError as exc:
-        report.errors.append(str(exc))
+        if not (exc.path == package_dir / layout.CONFIG_FILE and report.config is None):  # said already
+            report.errors.append(str(exc))
+    except OSError as exc:
+        report.errors.append(f"{exc.filename or package_dir}: cannot be read: {exc.strerror or exc}")

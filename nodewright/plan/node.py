@@ -12,6 +12,9 @@ back a `NodePlan`:
 - `status`, `condition`: the node's status for this NodeWright and its node condition.
 - `actions`: ordered, typed decisions (Cordon, Uncordon, WaitForProtectedPods, Drain, DeletePod,
   CreatePod, Event, RequeueAfter).
+- `failed`: the attempts it recorded as failed, from their pods (`AttemptFailed`: which pod, stage and
+  attempt, why, and the error written): the controller keeps the ones no container's exit explains
+  (image pull errors, stage timeouts) as the stage's kept log.
 - `needs_drain_facts`: the plan wants to start interrupt-bearing work but was given no drain facts; the
   controller lists the node's pods (field selector spec.nodeName), runs `drain.select`, and plans again.
   Pod listings are thus only made for nodes about to be interrupted.
@@ -76,6 +79,7 @@ from nodewright.plan.stages import (
     PRE_INTERRUPT_STAGES,
     UNINSTALL_STAGES,
     ChainedRun,
+    FailureCause,
     Observation,
     PodOutcome,
     PodSummary,
@@ -282,6 +286,27 @@ Action = (
 
 
 @dataclass(frozen=True, slots=True)
+class AttemptFailed:
+    """An attempt this plan recorded as failed, from its pod: where, why, and what was recorded.
+
+    `stage` and `attempt` are those of the entry that took the failure (a pod running several stages
+    fails in the one it was in: its first attempt there, if the pod went on into it). `message` is the
+    entry's error as written to the node state: the attempt out of how many, or "giving up", and the
+    reason. The controller keeps it as the stage's kept log when the pod did not fail by itself
+    (`cause` PULL_ERROR or TIMEOUT: no container's exit says why, `controller.logstore`).
+    """
+
+    pod: str
+    package: str
+    version: str
+    stage: PackageStage
+    attempt: int
+    cause: FailureCause
+    message: str
+    gave_up: bool
+
+
+@dataclass(frozen=True, slots=True)
 class NodeCondition:
     type: str
     status: Literal["True", "False", "Unknown"]
@@ -301,6 +326,7 @@ class NodePlan:
     drain_skipped: bool = False  # this plan skipped the drain (the controller resets its drain timer)
     consume_admission: bool = False  # the node settled under its admission: the controller marks it used
     drift_result: str | None = None  # a drift check finished in this plan: clean, drifted or error
+    failed: tuple[AttemptFailed, ...] = ()  # attempts this plan recorded as failed, from their pods
 
 
 CONDITION_TEXT = 1000  # characters of a node condition message the planner composes
@@ -423,6 +449,15 @@ def _condition(nw: NodeWright, status: Status, reason: str, message: str) -> Nod
 # The planner
 
 
+@dataclass(frozen=True, slots=True)
+class _PodFailure:
+    """The failure of the pod `pod` as observed (`observe_pod`), on its way to the entry it fails."""
+
+    pod: str
+    reason: str
+    cause: FailureCause
+
+
 class _Planner:
     def __init__(self, inp: NodeInput) -> None:
         self.inp = inp
@@ -436,6 +471,7 @@ class _Planner:
         self.deletes: dict[str, DeletePod] = {}
         self.creates: list[CreatePod] = []
         self.binds: list[BindPod] = []
+        self.failed: list[AttemptFailed] = []  # attempts recorded as failed, from their pods
         self.requeues: list[RequeueAfter] = []
         self.waiting: list[str] = []  # why the node is not progressing (first is the headline)
         self.blocked: list[str] = []  # package-level blocks
@@ -643,10 +679,12 @@ class _Planner:
                     self.finish_interrupt(entry, skipped)
                 else:
                     self.finish_pod(entry, current, failure=None)
-            elif entry.stage in INTERRUPT_STAGES:
-                self.record_failure(entry, view.reason)
+                continue
+            failure = _PodFailure(current.name, view.reason, view.cause or FailureCause.POD_FAILED)
+            if entry.stage in INTERRUPT_STAGES:
+                self.record_failure(entry, failure)
             else:
-                self.finish_pod(entry, current, failure=view.reason)
+                self.finish_pod(entry, current, failure=failure)
         for pod in self.inp.pods:
             if pod.name not in expected:
                 self.delete(pod, "no package stage expects this pod")
@@ -714,7 +752,7 @@ class _Planner:
         self.requeue(seconds_until(deadline, self.now), "reboot deadline")
         return False
 
-    def finish_pod(self, entry: PackageEntry, pod: PodSummary, *, failure: str | None) -> None:
+    def finish_pod(self, entry: PackageEntry, pod: PodSummary, *, failure: _PodFailure | None) -> None:
         """A stage pod ended: advance the entry through every stage it completed, in order (one state
         write for all of them), then record the failure, if any, at the stage it failed in; then the
         same for each chained run the pod carried, in order, as long as the runs before it completed.
@@ -734,14 +772,19 @@ class _Planner:
     def advance_run(
         self, entry: PackageEntry, progress: tuple[StageProgress, ...], done: tuple[PackageStage, ...]
     ) -> PackageEntry | None:
-        """`entry` advanced through the stages `done` (in order, stopping at the first mismatch)."""
+        """`entry` advanced through the stages `done` (in order, stopping at the first mismatch).
+
+        The stages after the first count their own attempts from 1 (a failure there is that stage's
+        first), but a run that completes in this pod keeps the attempts of the stage it entered the pod
+        at: an install that failed twice in apply and then completed apply and config in its third pod
+        is complete after 3 attempts, not after config's 1."""
         current: PackageEntry | None = entry
         for stage in done:
             if current is None or current.stage != stage or current.state is PackageState.COMPLETE:
                 break
             if current is not entry:
                 current = self.continued_in(progress, current)
-            current = self.complete_stage(current)
+            current = self.complete_stage(current, run_attempts=entry.attempts)
         return current
 
     def fail_run(
@@ -750,7 +793,7 @@ class _Planner:
         current: PackageEntry,
         progress: tuple[StageProgress, ...],
         stages: tuple[PackageStage, ...],
-        failure: str,
+        failure: _PodFailure,
     ) -> None:
         """Record `failure` at the stage `current` of a run that started at `entry` stopped in."""
         if current.state not in (PackageState.PENDING, PackageState.IN_PROGRESS):
@@ -761,7 +804,7 @@ class _Planner:
             current = self.continued_in(progress, current)
         self.record_failure(current, failure)
 
-    def finish_chain(self, pod: PodSummary, *, failure: str | None) -> None:
+    def finish_chain(self, pod: PodSummary, *, failure: _PodFailure | None) -> None:
         """The chained runs of a pod whose own run completed: each one's entry starts (its first
         attempt ran in this pod) and advances as far as its containers got; the first that did not
         complete takes the failure, and the runs after it were never started (they start as new runs)."""
@@ -839,10 +882,19 @@ class _Planner:
         began = part.started if part is not None and part.started is not None else self.now
         return replace(entry, state=PackageState.IN_PROGRESS, attempts=1, started=ts(began))
 
-    def complete_stage(self, entry: PackageEntry) -> PackageEntry | None:
-        """Record `entry`'s current stage as succeeded; returns the entry after it (None: removed)."""
+    def complete_stage(self, entry: PackageEntry, *, run_attempts: int = 0) -> PackageEntry | None:
+        """Record `entry`'s current stage as succeeded; returns the entry after it (None: removed).
+
+        `run_attempts`: the attempts of the stage the pod that ran this one started at (see
+        `advance_run`), kept on the entry if this completes the package."""
         pkg = _package(self.nw, entry.name)
-        new = advance(entry, pkg, now=self.now, applied_config=config_hashes(pkg.config_map))
+        new = advance(
+            entry,
+            pkg,
+            now=self.now,
+            applied_config=config_hashes(pkg.config_map),
+            run_attempts=run_attempts,
+        )
         if entry.stage == PackageStage.UPGRADE:
             # The upgrade replaced older versions on the host: their entries go (newer ones stay, D2).
             mine = _version_key(entry.version)
@@ -880,9 +932,21 @@ class _Planner:
             )
         )
 
-    def record_failure(self, entry: PackageEntry, reason: str) -> None:
-        result = fail_attempt(entry, reason=reason, now=self.now, policy=self.policy(entry.name))
+    def record_failure(self, entry: PackageEntry, failure: _PodFailure) -> None:
+        result = fail_attempt(entry, reason=failure.reason, now=self.now, policy=self.policy(entry.name))
         self.put(result.entry)
+        self.failed.append(
+            AttemptFailed(
+                pod=failure.pod,
+                package=entry.name,
+                version=entry.version,
+                stage=entry.stage,
+                attempt=max(entry.attempts, 1),
+                cause=failure.cause,
+                message=result.entry.error,
+                gave_up=result.gave_up,
+            )
+        )
         if result.gave_up:
             self.events.append(
                 Event("PackageFailed", f"{entry.name}:{entry.version}: {result.entry.error}", "Warning")
@@ -1557,6 +1621,7 @@ class _Planner:
             drain_skipped=self.skipped_now,
             consume_admission=consume,
             drift_result=self.drift_result,
+            failed=tuple(self.failed),
         )
 
     def drift_checks(self, *, was_complete: bool) -> None:
@@ -1671,6 +1736,7 @@ class _Planner:
             actions=tuple(actions),
             state_changed=self.state != (self.inp.state or NodeState()),
             drain_skip=self.skip,
+            failed=tuple(self.failed),
         )
 
     def idle(self) -> bool:

@@ -14,7 +14,10 @@ Sources of compartments, in order:
    deterministic and errs towards the slower rollout; the reference docs' "most labels" rule is not what
    its code does.
 2. The named policy does not exist (deleted behind the webhook's back): `PolicyNotFound`. The caller
-   selects no node, sets the `PolicyNotFound` condition and reports the NodeWright as blocked.
+   selects no node, sets the `PolicyNotFound` condition and reports the NodeWright as blocked. A policy
+   that exists but fails validation (stored before a rule existed, e.g. a blackout on 2026-02-30, or
+   written while admission was bypassed) is `PolicyInvalid`, handled the same way with the
+   `PolicyInvalid` condition naming the field and what to do; the rest of the fleet is unaffected.
 3. No policy: the legacy `interruptionBudget` becomes one synthetic `__default__` compartment with a
    fixed strategy (reference §3.3): no budget means 100%; `count` gives `initialBatch = max(1, min(n,
    count))` (count 0 counts as 1); `percent` gives `initialBatch = max(1, floor(n * percent / 100))`;
@@ -218,16 +221,40 @@ class PolicyNotFound:
         return f"DeploymentPolicy {self.policy_name!r} not found; no node is started until it exists"
 
 
+@dataclass(frozen=True, slots=True)
+class PolicyInvalid:
+    """The named DeploymentPolicy exists but fails validation (stored before a rule existed, or written
+    while admission was bypassed). `problems` are `field path: what to do` lines, e.g.
+    `spec.maintenance.blackouts[0].start: '2026-02-30' does not exist: ...`."""
+
+    policy_name: str
+    problems: tuple[str, ...]
+
+    @property
+    def message(self) -> str:
+        listed = "; ".join(self.problems) or "it fails validation"
+        return (
+            f"DeploymentPolicy {self.policy_name!r} is invalid: {listed}; no node is started until it is"
+            f" fixed (kubectl edit deploymentpolicy {self.policy_name})"
+        )
+
+
+PolicyUnusable = PolicyNotFound | PolicyInvalid
+"""Why a NodeWright that names a DeploymentPolicy has no compartments: nothing starts until it changes."""
+
+
 def resolve_compartments(
     nodewright: NodeWright,
     *,
-    policy: DeploymentPolicy | None,
+    policy: DeploymentPolicy | PolicyInvalid | None,
     nodes: Sequence[NodeRef],
-) -> Compartments | PolicyNotFound:
+) -> Compartments | PolicyUnusable:
     """Assign every node to one compartment (see the module docstring for the rules)."""
     spec = nodewright.spec
     if spec.deployment_policy:
-        if policy is None or policy.metadata.name != spec.deployment_policy:
+        if isinstance(policy, PolicyInvalid) and policy.policy_name == spec.deployment_policy:
+            return policy
+        if not isinstance(policy, DeploymentPolicy) or policy.metadata.name != spec.deployment_policy:
             return PolicyNotFound(spec.deployment_policy)
         return _from_policy(nodewright, policy=policy, nodes=nodes)
     return _legacy(nodewright, nodes=nodes)

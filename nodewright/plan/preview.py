@@ -13,6 +13,16 @@ DisruptionBudgets (`shared_budgets`) count as they are now for the whole replay:
 and other causes hold stays held (the preview cannot know when they let go), while this NodeWright's own
 nodes free their slots as they finish.
 
+A prediction is exact only from one moment of the rollout. A reader sees the NodeWright status and the
+nodes in separate requests while the controller keeps writing (a pass writes the status, with the batch
+state it opens, then the admissions on the nodes, one by one). `check_snapshot` says whether what was
+read is one moment: the batch states the planner reads did not change while the nodes were listed
+(`STATUS_MOVED` otherwise: a batch settled and the next opened between the reads, and the old nodes
+paired with the new batch state made the preview open that batch again), and every admission the open
+batches count is on the nodes (`ADMISSIONS_UNWRITTEN` otherwise: the pass is still writing them, or a
+member was released or deleted since). `nodewright plan` reads again until the snapshot is consistent
+(or, for unwritten admissions, until nothing has changed for a moment: a released or deleted member).
+
 `ideal_makespan` turns a batch sequence into a lower bound on rollout time (used by the scale
 benchmark): a batch lasts as long as its slowest node, a compartment's batches run one after another,
 and compartments run in parallel.
@@ -22,14 +32,24 @@ Everything returned is JSON-serialisable (`to_json`) and `render_table` builds t
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
-from nodewright.api.models import CompartmentStatus, DeploymentPolicy, NodeWright, Status
+from nodewright.api.models import BatchState, CompartmentStatus, DeploymentPolicy, NodeWright, Status
 from nodewright.plan.budgets import SharedBudget
-from nodewright.plan.rollout import Phase, RolloutNode, RolloutPlan, WaitReason, phase_of, plan_rollout
+from nodewright.plan.policy import PolicyInvalid
+from nodewright.plan.rollout import (
+    Admission,
+    Phase,
+    RolloutNode,
+    RolloutPlan,
+    WaitReason,
+    phase_of,
+    plan_rollout,
+)
 from nodewright.plan.stages import ts
 
 MAX_EXAMPLES = 5
@@ -77,12 +97,15 @@ class RolloutPreview:
     compartments: tuple[CompartmentPreview, ...]
     blockers: tuple[Blocker, ...]
     steps: int
+    policy_invalid: str | None = None
+    """The policy exists but fails validation: what is wrong with it (no node will start)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "nodewright": self.nodewright,
             "policy": self.policy,
             "policyNotFound": self.policy_not_found,
+            "policyInvalid": self.policy_invalid,
             "steps": self.steps,
             "compartments": [
                 {
@@ -117,7 +140,7 @@ class Simulation:
 def simulate_rollout(
     nodewright: NodeWright,
     *,
-    policy: DeploymentPolicy | None,
+    policy: DeploymentPolicy | PolicyInvalid | None,
     nodes: Sequence[RolloutNode],
     fingerprint: str,
     now: str,
@@ -167,7 +190,7 @@ def simulate_rollout(
 def preview_rollout(
     nodewright: NodeWright,
     *,
-    policy: DeploymentPolicy | None,
+    policy: DeploymentPolicy | PolicyInvalid | None,
     nodes: Sequence[RolloutNode],
     fingerprint: str,
     now: str,
@@ -213,10 +236,60 @@ def preview_rollout(
         nodewright=nodewright.metadata.name,
         policy=first.policy_name,
         policy_not_found=first.policy_not_found is not None,
+        policy_invalid=first.policy_invalid.message if first.policy_invalid is not None else None,
         compartments=compartments,
         blockers=_blockers(first),
         steps=len(sim.plans),
     )
+
+
+class SnapshotCheck(StrEnum):
+    """Whether a NodeWright status and a node list read one after the other show one moment."""
+
+    CONSISTENT = "Consistent"
+    STATUS_MOVED = "StatusMoved"
+    ADMISSIONS_UNWRITTEN = "AdmissionsUnwritten"
+
+
+def batch_states(statuses: Mapping[str, CompartmentStatus] | None) -> dict[str, BatchState | None]:
+    """The part of the persisted compartment statuses the planner reads (`plan_rollout`)."""
+    return {name: status.batch_state for name, status in sorted((statuses or {}).items())}
+
+
+def unwritten_admissions(
+    statuses: Mapping[str, CompartmentStatus] | None, admissions: Iterable[Admission], *, fingerprint: str
+) -> dict[str, int]:
+    """Per compartment, admissions the open batch's state counts (`admittedSize`) that no node carries.
+
+    The controller writes the batch state before the admissions it issues, so right after a status
+    write the nodes lack them until the pass has written them all. A member released (blocked before
+    it was disrupted) or deleted since also leaves its count behind.
+    """
+    found = Counter((a.compartment, a.batch) for a in admissions if a.fingerprint == fingerprint)
+    missing: dict[str, int] = {}
+    for name, state in batch_states(statuses).items():
+        if state is None or state.planned_size <= 0:
+            continue  # no batch took admissions since the last one settled
+        lacking = state.admitted_size - found[(name, state.current_batch)]
+        if lacking > 0:
+            missing[name] = lacking
+    return missing
+
+
+def check_snapshot(
+    before: Mapping[str, CompartmentStatus] | None,
+    after: Mapping[str, CompartmentStatus] | None,
+    admissions: Iterable[Admission],
+    *,
+    fingerprint: str | None,
+) -> SnapshotCheck:
+    """Are the nodes (their `admissions`) and the status read around them (`before` the node list,
+    `after` it) one moment of the rollout of `fingerprint` (the status's `rolloutFingerprint`)?"""
+    if batch_states(before) != batch_states(after):
+        return SnapshotCheck.STATUS_MOVED
+    if fingerprint and unwritten_admissions(after, admissions, fingerprint=fingerprint):
+        return SnapshotCheck.ADMISSIONS_UNWRITTEN
+    return SnapshotCheck.CONSISTENT
 
 
 def ideal_makespan(
@@ -263,6 +336,8 @@ def render_table(preview: RolloutPreview) -> str:
     lines = [f"NodeWright {preview.nodewright} (policy: {preview.policy or '-'})"]
     if preview.policy_not_found:
         lines.append(f"DeploymentPolicy {preview.policy!r} not found: no node will start")
+    if preview.policy_invalid:
+        lines.append(preview.policy_invalid)
     lines.extend(_columns([header, *rows]))
     if preview.blockers:
         lines.append("")

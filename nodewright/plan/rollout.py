@@ -105,7 +105,9 @@ from nodewright.plan.policy import (
     Compartments,
     CompartmentSpec,
     NodeRef,
+    PolicyInvalid,
     PolicyNotFound,
+    PolicyUnusable,
     resolve_compartments,
 )
 
@@ -126,6 +128,7 @@ class WaitReason(StrEnum):
     BLOCKED = "Blocked"
     NODE_UNAVAILABLE = "NodeUnavailable"
     POLICY_NOT_FOUND = "PolicyNotFound"
+    POLICY_INVALID = "PolicyInvalid"
     WINDOW = "Window"
     SOAKING = "Soaking"
     AWAITING_APPROVAL = "AwaitingApproval"
@@ -186,8 +189,9 @@ class Admission:
 class RolloutNode:
     """One matched node as the rollout sees it.
 
-    `status` is the node's status for this NodeWright. `needs_work` is true while the node is not
-    complete for the current spec. Contract with the node stage machine: a node reports `erroring` from
+    `status` is the node's status for this NodeWright and the current spec (`status_for_spec`: a
+    node with pending work is never `complete`). `needs_work` is true while the node is not complete
+    for the current spec. Contract with the node stage machine: a node reports `erroring` from
     its first failure until it succeeds (retries do not flip it back to `in_progress`), and reports
     `blocked` only while it holds no disruption (a node blocked mid-drain stays `in_progress`).
     `unavailable_reason` marks a node made unavailable by someone else (cordoned by another actor,
@@ -206,6 +210,28 @@ class RolloutNode:
     blocked_reason: str | None = None
     waiting_for_priority: str | None = None
     may_start_while_unavailable: bool = False
+
+
+def status_for_spec(label: Status | None, *, needs_work: bool) -> Status:
+    """What a matched node counts as for the current spec: its status label, corrected by its state.
+
+    The status label is the node controller's record of what the node is doing, and it lags a spec
+    change: until the node controller has planned the node for the new spec, a node that completed the
+    previous one still reads `complete`. Whether the node has converged to *this* spec is known from its
+    state annotation (`needs_work`: the spec's package versions, configs, uninstalls and drift repairs
+    against what the node completed). So a node with pending work never counts as complete -- it waits
+    until it is admitted and started -- and one without pending work is not in progress (the label is
+    left from work the spec no longer asks for). Every consumer (status roll-up and its `Ready`
+    condition, `nodewright plan`, `kubectl nodewright why`) reads this, so a new generation's first
+    status never says `Ready` before its nodes have done the work.
+    """
+    if label is None:
+        return Status.WAITING if needs_work else Status.COMPLETE
+    if needs_work and label is Status.COMPLETE:
+        return Status.WAITING
+    if not needs_work and label is Status.IN_PROGRESS:
+        return Status.COMPLETE
+    return label
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +303,8 @@ class RolloutPlan:
     """Compartments whose gate this plan approved (from the `approvals` input)."""
     budget_refusals: tuple[str, ...] = ()
     """Shared DisruptionBudgets that had no free slot for a node this plan wanted to admit."""
+    policy_invalid: PolicyInvalid | None = None
+    """The named DeploymentPolicy exists but fails validation: like a missing one, nothing is admitted."""
 
     @property
     def wake_at(self) -> datetime | None:
@@ -354,7 +382,7 @@ def phase_of(node: RolloutNode, *, fingerprint: str) -> Phase:
 def plan_rollout(
     nodewright: NodeWright,
     *,
-    policy: DeploymentPolicy | None,
+    policy: DeploymentPolicy | PolicyInvalid | None,
     nodes: Sequence[RolloutNode],
     compartment_statuses: Mapping[str, CompartmentStatus],
     fingerprint: str,
@@ -389,8 +417,8 @@ def plan_rollout(
         [next_order_hint]
         + [n.admission.order + 1 for n in nodes if n.admission and n.admission.fingerprint == fingerprint]
     )
-    if isinstance(resolved, PolicyNotFound):
-        return _policy_not_found(
+    if isinstance(resolved, PolicyNotFound | PolicyInvalid):
+        return _policy_unusable(
             resolved,
             nodes=nodes,
             phases=phases,
@@ -936,8 +964,8 @@ def _slots_message(used: int, ceiling: int, by_others: int) -> str:
     return text
 
 
-def _policy_not_found(
-    missing: PolicyNotFound,
+def _policy_unusable(
+    missing: PolicyUnusable,
     *,
     nodes: Sequence[RolloutNode],
     phases: Mapping[str, Phase],
@@ -948,7 +976,8 @@ def _policy_not_found(
 ) -> RolloutPlan:
     # Keep the persisted batch state untouched: a halted compartment must stay halted when the policy
     # comes back, so the compartment statuses are echoed, not dropped.
-    reason, message = WaitReason.POLICY_NOT_FOUND, missing.message
+    reason = WaitReason.POLICY_INVALID if isinstance(missing, PolicyInvalid) else WaitReason.POLICY_NOT_FOUND
+    message = missing.message
     if disabled:
         reason, message = WaitReason.DISABLED, "the NodeWright is disabled"
     elif paused:
@@ -964,7 +993,7 @@ def _policy_not_found(
     }
     return RolloutPlan(
         policy_name=missing.policy_name,
-        policy_not_found=missing,
+        policy_not_found=missing if isinstance(missing, PolicyNotFound) else None,
         compartments=kept,
         admissions=(),
         releases=tuple(sorted(n for n, p in phases.items() if p is Phase.RELEASED)),
@@ -973,6 +1002,7 @@ def _policy_not_found(
         halts=(),
         reset_applied=False,
         next_order=next_order,
+        policy_invalid=missing if isinstance(missing, PolicyInvalid) else None,
     )
 
 

@@ -253,11 +253,18 @@ def next_stage(stage: PackageStage, *, has_interrupt: bool) -> PackageStage | Do
 
 
 def advance(
-    entry: PackageEntry, package: Package, *, now: datetime, applied_config: tuple[tuple[str, str], ...]
+    entry: PackageEntry,
+    package: Package,
+    *,
+    now: datetime,
+    applied_config: tuple[tuple[str, str], ...],
+    run_attempts: int = 0,
 ) -> PackageEntry | None:
     """The entry after its current stage succeeded; None when the entry is to be removed.
 
     `applied_config` are the per-key hashes the succeeded pod mounted (recorded after `config`).
+    `run_attempts` are the attempts of the stage the succeeded pod started at, when it went on into
+    this one (an install pod runs apply and config): a complete entry keeps the larger count.
     """
     nxt = next_stage(entry.stage, has_interrupt=run_interrupt(package, entry) is not None)
     base = replace(
@@ -274,9 +281,12 @@ def advance(
     if nxt == Done.REMOVE:
         return None
     if nxt == Done.COMPLETE:
-        # The attempts of the last stage stay on the complete entry: "complete after 3 attempts" is
-        # worth seeing (node status, `kubectl nodewright node list`); the next run starts from 0 anyway.
-        return replace(base, state=PackageState.COMPLETE, changed=(), attempts=entry.attempts)
+        # The attempts of the pod that completed the package stay on the complete entry: "complete
+        # after 3 attempts" is worth seeing (node status, `kubectl nodewright node list`); the last
+        # stage of an install pod is config, whose own count (1) would hide the apply retries before it.
+        # The next run starts from 0 anyway.
+        attempts = max(entry.attempts, run_attempts)
+        return replace(base, state=PackageState.COMPLETE, changed=(), attempts=attempts)
     return replace(base, stage=nxt, state=PackageState.PENDING, started=None)
 
 
@@ -339,12 +349,21 @@ class Observation(StrEnum):
     FAILED = "failed"
 
 
+class FailureCause(StrEnum):
+    """What failed an attempt: the pod itself, or the operator's limits on it."""
+
+    POD_FAILED = "pod-failed"  # a container exited non-zero, or the pod failed: its status says why
+    PULL_ERROR = "pull-error"  # its images could not be pulled for `pull_error_grace`: nothing ran
+    TIMEOUT = "timeout"  # still running at the stage timeout: the operator deletes it
+
+
 @dataclass(frozen=True, slots=True)
 class AttemptView:
     observation: Observation
     reason: str = ""
     recheck_after: float | None = None  # seconds until a deadline/grace expires
     pull_error_since: str | None = None
+    cause: FailureCause | None = None  # FAILED: what failed it
 
 
 def observe_pod(pod: PodSummary, entry: PackageEntry, *, now: datetime, policy: RetryPolicy) -> AttemptView:
@@ -352,16 +371,22 @@ def observe_pod(pod: PodSummary, entry: PackageEntry, *, now: datetime, policy: 
     if pod.outcome == PodOutcome.SUCCEEDED:
         return AttemptView(Observation.SUCCEEDED)
     if pod.outcome == PodOutcome.FAILED:
-        return AttemptView(Observation.FAILED, pod.message or "pod failed")
+        return AttemptView(Observation.FAILED, pod.message or "pod failed", cause=FailureCause.POD_FAILED)
     if pod.outcome == PodOutcome.DEADLINE:
-        return AttemptView(Observation.FAILED, pod.message or "pod exceeded its deadline")
+        return AttemptView(
+            Observation.FAILED, pod.message or "pod exceeded its deadline", cause=FailureCause.POD_FAILED
+        )
     # The stage timeout is per stage: a pod running apply and config gets twice as long (a chained pod,
     # the timeout of its own package for each stage of every run it carries).
     limit = policy.stage_timeout * pod.stage_count
     deadline = pod.created + timedelta(seconds=limit)
     if now >= deadline:
         what = "stage" if pod.stage_count == 1 else f"{pod.stage_count} stages"
-        return AttemptView(Observation.FAILED, f"{what} did not finish within {_human(limit)}; pod deleted")
+        return AttemptView(
+            Observation.FAILED,
+            f"{what} did not finish within {_human(limit)}; pod deleted",
+            cause=FailureCause.TIMEOUT,
+        )
     recheck = seconds_until(deadline, now)
     if pod.outcome == PodOutcome.PULL_ERROR:
         since_text = entry.pull_error_since or ts(now)
@@ -371,6 +396,7 @@ def observe_pod(pod: PodSummary, entry: PackageEntry, *, now: datetime, policy: 
             return AttemptView(
                 Observation.FAILED,
                 f"image pull failing for {_human(policy.pull_error_grace)}: {pod.message or 'pull error'}",
+                cause=FailureCause.PULL_ERROR,
             )
         return AttemptView(
             Observation.WAIT,

@@ -8,8 +8,9 @@ Roll-up (reference §4.1): every node complete (or no node) → `complete`; othe
 `in_progress` → `in_progress`; otherwise when all remaining nodes share one status, that status; a mixed
 set → `unknown`. One addition: a halted compartment with nothing in progress turns `unknown`/`waiting`
 into `blocked` (the reference shows a stopped rollout as waiting and nothing else). Overrides, in this
-order, when the result is not `complete`: disabled → `disabled`; paused → `paused`; policy not found →
-`blocked` (this one also when complete); waiting for a `sequencing: all` predecessor → `waiting`.
+order, when the result is not `complete`: disabled → `disabled`; paused → `paused`; policy not found or
+invalid → `blocked` (this one also when complete); waiting for a `sequencing: all` predecessor →
+`waiting`.
 
 Conditions are metav1.Condition with kstatus semantics, all present on every write, each stamped with
 the NodeWright's generation (`observedGeneration`):
@@ -17,10 +18,11 @@ the NodeWright's generation (`observedGeneration`):
 - `Ready`: True/`NodesConverged` when complete; else False with `Progressing`, `Blocked`, `Erroring`,
   `Paused`, `Waiting`, `Disabled` or `Unknown`. The message summarises counts with a few names.
 - `Reconciling`: True while nodes are in progress or admitted (kstatus: InProgress).
-- `Stalled`: True when a compartment halted, the policy is missing, or every remaining node is erroring
-  or blocked (kstatus: Failed).
+- `Stalled`: True when a compartment halted, the policy is missing or invalid, or every remaining node
+  is erroring or blocked (kstatus: Failed).
 - `Halted` (one condition naming every halted compartment and its failing nodes), `Paused`,
-  `Disabled`, `PolicyNotFound`, `NodeStateMalformed`, `Blocked`.
+  `Disabled`, `PolicyNotFound`, `PolicyInvalid` (the policy exists but fails validation: its message
+  names the policy, each field and what to do), `NodeStateMalformed`, `Blocked`.
 
 `lastTransitionTime` is carried over from the previous condition of the same type whenever its status
 is unchanged (apimachinery `SetStatusCondition`), so recomputing an unchanged status yields an identical
@@ -43,7 +45,7 @@ from nodewright.api.models import (
     NodeWrightStatus,
     Status,
 )
-from nodewright.plan.rollout import RolloutPlan, WaitReason
+from nodewright.plan.rollout import RolloutPlan, WaitReason, status_for_spec
 
 MAX_EXAMPLES = 5
 
@@ -54,9 +56,11 @@ HALTED = "Halted"
 PAUSED = "Paused"
 DISABLED = "Disabled"
 POLICY_NOT_FOUND = "PolicyNotFound"
+POLICY_INVALID = "PolicyInvalid"
 NODE_STATE_MALFORMED = "NodeStateMalformed"
 BLOCKED = "Blocked"
 DRIFTED = "Drifted"
+RUNTIME_TAINT_HELD = "RuntimeTaintHeld"
 OWNED_CONDITIONS = (
     READY,
     RECONCILING,
@@ -65,6 +69,7 @@ OWNED_CONDITIONS = (
     PAUSED,
     DISABLED,
     POLICY_NOT_FOUND,
+    POLICY_INVALID,
     NODE_STATE_MALFORMED,
     BLOCKED,
     DRIFTED,
@@ -97,13 +102,32 @@ class PackageReport:
 
 @dataclass(frozen=True, slots=True)
 class NodeReport:
-    """`status` is what the node counts as in the roll-up: a drifted node that only reports drift is
-    complete; one waiting for its repair (action reapply) waits. `drifted` marks both."""
+    """`status` is what the node counts as in the roll-up (`report_for`). `drifted` marks a node whose
+    label says drifted."""
 
     name: str
     status: Status
     packages: tuple[PackageReport, ...] = ()
     drifted: bool = False
+
+
+def report_for(
+    name: str, status: Status, *, needs_work: bool, packages: tuple[PackageReport, ...] = ()
+) -> NodeReport:
+    """What one node counts as in the roll-up, from its status for the current spec
+    (`plan.rollout.status_for_spec`) and whether its state says work for that spec is pending.
+
+    A node with pending work is never counted complete: after a spec change the status labels still
+    say `complete` until the node controller has planned each node again, and counting those made the
+    first status of every new generation `Ready=True` with that generation as `observedGeneration`
+    before any node had started. A drifted node whose drift is only reported counts as complete
+    (drift is information); one waiting for its repair (action reapply) waits.
+    """
+    counted = status_for_spec(status, needs_work=needs_work)
+    if counted is Status.DRIFTED:
+        counted = Status.WAITING if needs_work else Status.COMPLETE
+        return NodeReport(name=name, status=counted, packages=packages, drifted=True)
+    return NodeReport(name=name, status=counted, packages=packages)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +186,7 @@ def aggregate_status(
     previous = nodewright.status or NodeWrightStatus()
     halts = plan.halts if plan is not None else ()
     policy_missing = plan is not None and plan.policy_not_found is not None
+    policy_invalid = plan.policy_invalid if plan is not None else None
     by_status: dict[Status, list[str]] = defaultdict(list)
     for node in nodes:
         by_status[node.status].append(node.name)
@@ -170,7 +195,7 @@ def aggregate_status(
         rolled,
         paused=paused,
         disabled=disabled,
-        policy_missing=policy_missing,
+        policy_unusable=policy_missing or policy_invalid is not None,
         sequencing=waiting_for_sequencing,
     )
     waiting_names: dict[str, list[str]] = defaultdict(list)
@@ -191,6 +216,7 @@ def aggregate_status(
         policy_missing=policy_missing,
         sequencing=waiting_for_sequencing,
         malformed=sorted(malformed_nodes),
+        policy_invalid=policy_invalid.message if policy_invalid is not None else None,
         waiting_counts={k: len(v) for k, v in sorted(waiting_names.items())},
         blocked_details=blocked_details,
         drifted=sorted(n.name for n in nodes if n.drifted),
@@ -223,6 +249,31 @@ def aggregate_status(
         package_counts=_package_counts(nodes),
         waiting_reasons=facts.waiting_counts,
         waiting_examples={k: _examples(v) for k, v in sorted(waiting_names.items())},
+    )
+
+
+def runtime_taint_condition(held: Sequence[str], *, generation: int | None) -> Condition:
+    """`RuntimeTaintHeld`: the nodes that keep the runtime-required taint only because this NodeWright is
+    paused or disabled (`controller.taints`), counted and named (at most `MAX_EXAMPLES`, like every
+    aggregate condition), so an SRE knows which nodes stay unschedulable. `lastTransitionTime` is left
+    empty for `merge_conditions` to set."""
+    message = (
+        _names_message(
+            f"{len(held)} node(s) keep the runtime-required taint while this NodeWright is paused or"
+            " disabled:",
+            held,
+        )
+        + "; resume or enable it (or remove it) to release them"
+        if held
+        else "no node is held by an inactive NodeWright"
+    )
+    return Condition(
+        type=RUNTIME_TAINT_HELD,
+        status="True" if held else "False",
+        reason="HeldWhileInactive" if held else "NotHeld",
+        message=message,
+        last_transition_time="",
+        observed_generation=generation,
     )
 
 
@@ -284,18 +335,20 @@ class _Facts:
     waiting_counts: Mapping[str, int]
     blocked_details: Counter[str]
     drifted: Sequence[str] = ()
+    policy_invalid: str | None = None
 
 
 def _override(
-    rolled: Status, *, paused: bool, disabled: bool, policy_missing: bool, sequencing: str | None
+    rolled: Status, *, paused: bool, disabled: bool, policy_unusable: bool, sequencing: str | None
 ) -> Status:
-    if rolled is Status.COMPLETE and not policy_missing:
+    """`policy_unusable`: the named DeploymentPolicy is missing or invalid."""
+    if rolled is Status.COMPLETE and not policy_unusable:
         return rolled
     if disabled:
         return Status.DISABLED
     if paused:
         return Status.PAUSED
-    if policy_missing:
+    if policy_unusable:
         return Status.BLOCKED
     if sequencing:
         return Status.WAITING
@@ -336,6 +389,12 @@ def _owned_conditions(f: _Facts) -> list[Condition]:
             f"DeploymentPolicy {policy!r} not found" if f.policy_missing else "",
         ),
         cond(
+            POLICY_INVALID,
+            f.policy_invalid is not None,
+            "DeploymentPolicyInvalid" if f.policy_invalid is not None else "PolicyValid",
+            f.policy_invalid or "",
+        ),
+        cond(
             NODE_STATE_MALFORMED,
             bool(f.malformed),
             "ParseError" if f.malformed else "AsExpected",
@@ -366,6 +425,8 @@ def _stalled(f: _Facts, *, halted: bool) -> tuple[bool, str, str]:
         return True, "Halted", "a compartment halted after repeated failed batches; reset to resume"
     if f.policy_missing:
         return True, "DeploymentPolicyNotFound", "the referenced DeploymentPolicy does not exist"
+    if f.policy_invalid is not None:
+        return True, "DeploymentPolicyInvalid", f.policy_invalid
     remaining = {s for s, names in f.by_status.items() if names and s is not Status.COMPLETE}
     active = f.plan is not None and bool(f.plan.active)
     if remaining and remaining <= {Status.ERRORING, Status.BLOCKED} and not active:

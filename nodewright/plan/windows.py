@@ -12,10 +12,14 @@ half-done node is worse than a late one).
   and Debian cron's DST rules: a start time skipped by a spring-forward change fires at the first
   minute after the gap, one repeated by a fall-back change fires once). `MON#5` fires only in months
   with five Mondays.
-- A blackout covers whole days, `start` 00:00 to the end of `end`, in the maintenance time zone.
+- A blackout covers whole days, `start` 00:00 to the end of `end`, in the maintenance time zone; one
+  that reaches the end of the calendar (`end: 9999-12-31`, "until further notice") never ends.
 - No windows means "always open" (blackouts still apply); no maintenance at all means always open.
 - A schedule or time zone that cannot be read makes that window never open (fail closed) and is
   reported in `error`; the webhook refuses such policies, so this only meets objects that bypassed it.
+  A blackout day that does not exist (`2026-02-30`) is refused by the models already (the controller
+  reports such a policy as invalid, `plan.policy.PolicyInvalid`); should one reach this module anyway,
+  that blackout covers every moment (fail closed) and is reported the same way.
 
 Everything takes the moment as a parameter (no clock reads) and is deterministic.
 """
@@ -29,6 +33,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim
 
+from nodewright.api.dates import parse_date
 from nodewright.api.models import Maintenance
 from nodewright.api.schedules import cron_problem
 
@@ -36,6 +41,8 @@ HORIZON = timedelta(days=400)
 """How far ahead the next opening is searched (a yearly schedule plus a long blackout)."""
 MAX_FIRES = 20_000
 """Fire times examined per window and query: bounds the cost of a schedule like `* * * * *`."""
+EARLIEST = datetime.min.replace(tzinfo=UTC)
+LATEST = datetime.max.replace(tzinfo=UTC)
 
 
 class WindowError(ValueError):
@@ -152,15 +159,29 @@ def compile_schedule(maintenance: Maintenance | None) -> Schedule:
         except WindowError as exc:
             errors.append(f"windows[{index}]: {exc}")
     blackouts: list[BlackoutDays] = []
-    for spec_b in maintenance.blackouts or ():
-        tz = default_zone or ZoneInfo("UTC")
-        first, last = date.fromisoformat(spec_b.start), date.fromisoformat(spec_b.end)
-        start = datetime.combine(first, time(0), tzinfo=tz).astimezone(UTC)
-        end = datetime.combine(last + timedelta(days=1), time(0), tzinfo=tz).astimezone(UTC)
+    for index, spec_b in enumerate(maintenance.blackouts or ()):
         label = f"{spec_b.start}..{spec_b.end}" + (f" ({spec_b.reason})" if spec_b.reason else "")
-        blackouts.append(BlackoutDays(start, end, label))
+        try:
+            first, last = parse_date(spec_b.start), parse_date(spec_b.end)
+        except ValueError as exc:
+            errors.append(f"blackouts[{index}]: {exc}")
+            blackouts.append(BlackoutDays(EARLIEST, LATEST, label))  # fail closed: it may cover any day
+            continue
+        tz = default_zone or ZoneInfo("UTC")
+        blackouts.append(BlackoutDays(_midnight(first, tz), _midnight(last, tz, after=True), label))
     declared = bool(maintenance.windows)
     return Schedule(tuple(windows), tuple(blackouts), always=not declared, errors=tuple(errors))
+
+
+def _midnight(day: date, tz: ZoneInfo, *, after: bool = False) -> datetime:
+    """The start of `day` (of the day after it, with `after`) in `tz`, in UTC; the ends of the calendar
+    are clamped (a blackout to 9999-12-31 lasts for ever, one from 0001-01-01 east of UTC began then)."""
+    if after and day == date.max:
+        return LATEST
+    try:
+        return datetime.combine(day + timedelta(days=int(after)), time(0), tzinfo=tz).astimezone(UTC)
+    except OverflowError:
+        return EARLIEST if day.year == date.min.year else LATEST
 
 
 def _fires_after(window: Window, moment: datetime) -> Iterator[datetime]:

@@ -19,6 +19,16 @@ services as files:
 - `modprobe`, `rmmod` and `lsmod` keep the list of loaded modules in `<root>/proc/modules`.
 - `update-grub`, `grub-mkconfig` and `grub2-mkconfig` are recorded only: the simulated boot reads
   `/etc/default/grub` directly.
+- **Test stand-ins for a package manager and a boot loader** (they model what node-init packages rely
+  on, nothing more): `dnf`, `yum` and `apt-get` keep the installed package names in
+  `<root>/var/lib/nodewright-sim/packages`; installing a kernel package (`kernel-<release>`,
+  `kernel<N.M>-<release>`, `linux-image-<release>`) writes `/boot/vmlinuz-<release>` and
+  `/lib/modules/<release>/`, and with `dnf`/`yum` also makes it the boot default (as Amazon Linux's
+  kernel-install does); removing the running kernel is refused, as the real ones refuse it. `update`,
+  `makecache` and `clean` do nothing; nothing is downloaded. `grubby --set-default /boot/vmlinuz-<release>`
+  writes `saved_entry=<release>` to `<root>/boot/grub2/grubenv`, `grubby --default-kernel` prints the
+  default (see `default_kernel`). `uname` answers from the node: `-r` is
+  `<root>/proc/sys/kernel/osrelease`, which the simulated boot writes.
 
 Every invocation is appended to `<root>/var/log/nodewright-sim/commands.log` (time, command, args).
 The kubelet runs the interrupt commands our unprivileged agent records (instead of running them) through
@@ -33,6 +43,9 @@ Standard library only: each stand-in is a tiny script that imports this module.
 from __future__ import annotations
 
 import os
+import platform
+import re
+import shutil
 import signal
 import sys
 import time
@@ -61,7 +74,20 @@ PROGRAMS: Final = (
     "update-grub",
     "grub-mkconfig",
     "grub2-mkconfig",
+    "dnf",
+    "yum",
+    "apt-get",
+    "grubby",
+    "uname",
 )
+SIM_STATE_DIR: Final = "var/lib/nodewright-sim"
+IMAGE_KERNEL_FILE: Final = f"{SIM_STATE_DIR}/image-kernel"
+PACKAGES_FILE: Final = f"{SIM_STATE_DIR}/packages"
+OSRELEASE_FILE: Final = "proc/sys/kernel/osrelease"
+GRUBENV_FILES: Final = ("boot/grub2/grubenv", "boot/grub/grubenv")
+_RPM_KERNEL: Final = re.compile(r"^kernel(?:\d+\.\d+)?(?:-core)?-(\d[\w.+~-]*)$")
+_DEB_KERNEL: Final = re.compile(r"^linux-image-(?:unsigned-)?(\d[\w.+~-]*)$")
+_APT_OPTIONS_WITH_VALUE: Final = ("-o", "-c", "-t", "--option", "--config-file", "--target-release")
 
 
 class Node:
@@ -311,6 +337,197 @@ def modprobe(node: Node, args: Sequence[str], *, remove: bool) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------------------------------
+# kernels, the package manager, the boot loader and uname (test stand-ins)
+
+
+def image_kernel(root: Path) -> str:
+    """The kernel the node's image boots (recorded by the first simulated boot), or ""."""
+    try:
+        return (root / IMAGE_KERNEL_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+
+
+def running_kernel(root: Path) -> str:
+    try:
+        return (root / OSRELEASE_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return image_kernel(root)
+
+
+def installed_kernels(root: Path) -> set[str]:
+    """Releases with an image in /boot, and the image's own kernel."""
+    boot = root / "boot"
+    found = {p.name[len("vmlinuz-") :] for p in boot.glob("vmlinuz-*")} if boot.is_dir() else set()
+    image = image_kernel(root)
+    return found | ({image} if image else set())
+
+
+def kernel_of_entry(entry: str, installed: set[str]) -> str | None:
+    """The installed release a boot entry names: itself, `<machine-id>-<release>` (BLS), or a GRUB menu
+    path ending in `with Linux <release>`."""
+    entry = entry.strip().strip("\"'")
+    for release in sorted(installed, key=len, reverse=True):
+        if entry in (release, f"/boot/vmlinuz-{release}") or entry.endswith(f"-{release}"):
+            return release
+        if entry.endswith(f"with Linux {release}"):
+            return release
+    return None
+
+
+def grubenv_kernel(root: Path) -> str | None:
+    """The installed release `saved_entry` of the node's grubenv names (grubby, grub-set-default)."""
+    installed = installed_kernels(root)
+    for name in GRUBENV_FILES:
+        try:
+            text = (root / name).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("saved_entry="):
+                return kernel_of_entry(line.partition("=")[2], installed)
+    return None
+
+
+def default_kernel(root: Path) -> str:
+    """What `grubby --default-kernel` names: grubenv's saved entry, else the image's kernel."""
+    return grubenv_kernel(root) or image_kernel(root)
+
+
+def set_default_kernel(root: Path, release: str) -> None:
+    env = root / GRUBENV_FILES[0]
+    env.parent.mkdir(parents=True, exist_ok=True)
+    env.write_text(f"# GRUB Environment Block (simulated)\nsaved_entry={release}\n", encoding="utf-8")
+
+
+def kernel_release(package: str) -> str | None:
+    """The kernel release a package holds (`kernel-6.1.1-1.amzn2023.x86_64`, `linux-image-6.8.0-1-aws`)."""
+    match = _RPM_KERNEL.match(package) or _DEB_KERNEL.match(package)
+    return match.group(1) if match else None
+
+
+def installed_packages(node: Node) -> list[str]:
+    try:
+        text = (node.root / PACKAGES_FILE).read_text(encoding="utf-8")
+    except OSError:
+        return []
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def _write_packages(node: Node, names: Sequence[str]) -> None:
+    path = node.root / PACKAGES_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{n}\n" for n in names), encoding="utf-8")
+
+
+def package_manager(
+    node: Node, program: str, args: Sequence[str], out: Callable[[str], None], err: Callable[[str], None]
+) -> int:
+    """`dnf`/`yum`/`apt-get` install, remove and a few no-op verbs, acting on the node's root."""
+    words: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif program == "apt-get" and arg in _APT_OPTIONS_WITH_VALUE:
+            skip = True
+        elif not arg.startswith("-"):
+            words.append(arg)
+    verb, names = (words[0], words[1:]) if words else ("", [])
+    if verb in ("update", "makecache", "clean", "check-update"):
+        out(f"{program} (simulated): nothing to fetch")
+        return 0
+    if verb == "install":
+        return _install(node, program, names, out)
+    if verb in ("remove", "erase", "purge"):
+        return _remove(node, program, names, out, err)
+    err(f"{program} (simulated node): '{verb}' is not simulated (install, remove, update are)")
+    return 1
+
+
+def _install(node: Node, program: str, names: Sequence[str], out: Callable[[str], None]) -> int:
+    installed = installed_packages(node)
+    for name in names:
+        if name not in installed:
+            installed.append(name)
+        release = kernel_release(name)
+        if release is not None:
+            image = node.root / "boot" / f"vmlinuz-{release}"
+            image.parent.mkdir(parents=True, exist_ok=True)
+            image.write_text(f"simulated kernel image {release}\n", encoding="utf-8")
+            (node.root / "lib" / "modules" / release).mkdir(parents=True, exist_ok=True)
+            if program != "apt-get":  # Amazon Linux's kernel-install makes a new kernel the default
+                set_default_kernel(node.root, release)
+        out(f"Installed: {name}")
+    _write_packages(node, installed)
+    return 0
+
+
+def _remove(
+    node: Node, program: str, names: Sequence[str], out: Callable[[str], None], err: Callable[[str], None]
+) -> int:
+    running = running_kernel(node.root)
+    protected = [n for n in names if kernel_release(n) == running]
+    if protected:
+        err(f"{program}: the operation would remove the running kernel ({' '.join(protected)}): refused")
+        return 1
+    installed = [n for n in installed_packages(node) if n not in names]
+    for name in names:
+        release = kernel_release(name)
+        if release is not None:
+            (node.root / "boot" / f"vmlinuz-{release}").unlink(missing_ok=True)
+            shutil.rmtree(node.root / "lib" / "modules" / release, ignore_errors=True)
+        out(f"Removed: {name}")
+    _write_packages(node, installed)
+    return 0
+
+
+def grubby(node: Node, args: Sequence[str], out: Callable[[str], None], err: Callable[[str], None]) -> int:
+    """`grubby --default-kernel`, `--set-default[=]/boot/vmlinuz-<release>`, `--default-index`."""
+    if "--default-kernel" in args:
+        out(f"/boot/vmlinuz-{default_kernel(node.root)}")
+        return 0
+    if "--default-index" in args:
+        out("0")
+        return 0
+    for index, arg in enumerate(args):
+        if arg == "--set-default" or arg.startswith("--set-default="):
+            path = arg.partition("=")[2] or (args[index + 1] if index + 1 < len(args) else "")
+            release = kernel_of_entry(path, installed_kernels(node.root))
+            if release is None or not path.startswith("/boot/vmlinuz-"):
+                err(f"The param {path} is incorrect")
+                return 1
+            set_default_kernel(node.root, release)
+            out(f"The default is /boot/loader/entries/{release}.conf with kernel {path}")
+            return 0
+    err(f"grubby (simulated node): {' '.join(args) or 'no arguments'} is not simulated")
+    return 1
+
+
+def uname(node: Node, args: Sequence[str], out: Callable[[str], None]) -> int:
+    fields = {
+        "s": "Linux",
+        "n": _hostname(node),
+        "r": running_kernel(node.root) or "unknown",
+        "v": "#1 SMP (simulated node)",
+        "m": platform.machine(),
+    }
+    wanted: list[str] = []
+    for arg in args:
+        letters = "snrvm" if arg in ("-a", "--all") else arg.lstrip("-")
+        wanted.extend(letter for letter in letters if letter in fields and letter not in wanted)
+    out(" ".join(fields[letter] for letter in sorted(wanted or ["s"], key="snrvm".index)))
+    return 0
+
+
+def _hostname(node: Node) -> str:
+    try:
+        return (node.root / "etc" / "hostname").read_text(encoding="utf-8").strip() or "node"
+    except OSError:
+        return "node"
+
+
 def main(program: str, args: Sequence[str], *, root: str, state: str) -> int:
     """Entry point of a stand-in script (`program` is the command it replaces)."""
     node = Node(Path(root), Path(state))
@@ -340,6 +557,12 @@ def main(program: str, args: Sequence[str], *, root: str, state: str) -> int:
         for module in loaded_modules(node):
             out(f"{module:<24}16384  0")
         return 0
+    if program in ("dnf", "yum", "apt-get"):
+        return package_manager(node, program, args, out, err)
+    if program == "grubby":
+        return grubby(node, args, out, err)
+    if program == "uname":
+        return uname(node, args, out)
     return 0  # update-grub and friends: recorded only
 
 

@@ -36,8 +36,12 @@ this process does what a kubelet does instead, so package pods execute their rea
   either path) by an interrupt-stage package pod is handed to the simulator's rebooter as kwok's stages
   do: the pod's processes are stopped, the pod gets the condition `sim.nodewright.io/RebootPending=True`,
   and the rebooter takes the node NotReady, gives it a new bootID and finishes the pod. This kubelet then
-  leaves that pod's status alone and boots the host root with the new bootID. A reboot asked for by any
-  other pod is refused: the requesting processes are killed (reported as failures).
+  leaves that pod's status alone and boots the host root with the new bootID, and reports the kernel the
+  boot started (the boot loader's default, `nodewright.sim.kubelet_host`) as the node's
+  `status.nodeInfo.kernelVersion`, as a kubelet reports the kernel it runs on. A reboot asked for by any
+  other pod is refused: the requesting processes are killed (reported as failures). Every container also
+  gets `NODEWRIGHT_HOST_TOOLS`, the directory of the node's stand-ins, for package steps that run a
+  node's package manager against the directory standing for it.
 - **Restarts of this process.** Everything is rebuilt from the API: a terminal pod is not run again, a
   pod handed to the rebooter stays with it, a pod in progress continues with its next container, and a
   container reported running whose process is gone (it died with the old kubelet, which shares its
@@ -100,6 +104,7 @@ EXIT_POLL_S: Final = 0.1
 DEFAULT_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 API_RETRY_DELAYS_S: Final = (0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0)
 KUBELET_MARKER: Final = "NODEWRIGHT_SIM_KUBELET"
+HOST_TOOLS_ENV: Final = "NODEWRIGHT_HOST_TOOLS"
 CONTAINER_MARKER: Final = "NODEWRIGHT_SIM_CONTAINER"
 LOST_MESSAGE: Final = (
     "the simulated kubelet restarted while this container ran; its process is gone (as after a kubelet "
@@ -648,6 +653,9 @@ class PodWorker:
         home.mkdir(parents=True, exist_ok=True)
         base = {
             "PATH": f"{self.node.bin_dir}:{os.environ.get('PATH', DEFAULT_PATH)}",
+            # The node's commands for package steps that run a host's tools against the directory
+            # standing for it (docs/packages.md, "Commands that change this machine").
+            HOST_TOOLS_ENV: str(self.node.bin_dir),
             "HOSTNAME": self.node.name if self.spec.get("hostNetwork") else self.name,
             "HOME": str(home),
         }
@@ -1076,7 +1084,21 @@ class NodeAgent:
         self.boot_id = boot_id
         if kubelet_host.recorded_boot_id(self.root) != boot_id:
             log.info("node %s: booting its host root (bootID %s)", self.name, boot_id)
-            await asyncio.to_thread(kubelet_host.boot_node, self.root, self.node)
+            kernel = await asyncio.to_thread(kubelet_host.boot_node, self.root, self.node)
+            await self._report_kernel(kernel)
+
+    async def _report_kernel(self, kernel: str) -> None:
+        """status.nodeInfo.kernelVersion is the kernel the node booted, as a kubelet reports uname -r."""
+        info = (self.node.get("status") or {}).get("nodeInfo") or {}
+        if not kernel or info.get("kernelVersion") == kernel:
+            return
+        try:
+            self.node = await self.client.strategic_patch(
+                f"/api/v1/nodes/{self.name}/status", {"status": {"nodeInfo": {"kernelVersion": kernel}}}
+            )
+            log.info("node %s: booted kernel %s (was %s)", self.name, kernel, info.get("kernelVersion"))
+        except ApiError as err:
+            log.warning("node %s: reporting kernel %s failed: %s", self.name, kernel, err)
 
     async def _register(self) -> None:
         status = self.node.get("status") or {}

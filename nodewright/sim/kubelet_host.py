@@ -12,6 +12,17 @@
   `/bin/sh`, as update-grub does), `/proc/modules` is emptied except for modules listed in
   `/etc/modules` and `/etc/modules-load.d/*.conf`, and `/etc/hostname` and `/etc/os-release` are written
   if missing. So a change a package makes persistent survives a reboot and a runtime-only change does not.
+- **The booted kernel.** The first boot records the node's `status.nodeInfo.kernelVersion` as the
+  image's kernel (`<root>/var/lib/nodewright-sim/image-kernel`) and installs it (`/boot/vmlinuz-<release>`,
+  `/lib/modules/<release>/`). Every boot starts the boot loader's
+  default, if that kernel is installed (`/boot/vmlinuz-<release>` in the root, or the image's): a
+  `GRUB_DEFAULT` (from `/etc/default/grub` and `grub.d/*.cfg`) naming a menu entry `... with Linux
+  <release>`; otherwise, unless `GRUB_DEFAULT` is another value than `saved`, the `saved_entry` of
+  `/boot/grub2/grubenv` or `/boot/grub/grubenv` (what `grubby --set-default` writes); else the image's
+  kernel. (A real GRUB whose `GRUB_DEFAULT` is an index boots that entry, usually the newest kernel; the
+  simulation boots the image's.) The release is written to `/proc/sys/kernel/osrelease` (what `uname -r`
+  prints, and the node's `uname` stand-in reads) and to `BOOT_IMAGE=` of `/proc/cmdline`, and the
+  simulated kubelet reports it as the node's `status.nodeInfo.kernelVersion`.
 - **Logs.** A container's output is written as the kubelet writes it, in the CRI log format
   (`<RFC3339Nano> <stdout|stderr> <F|P> <text>`, a `P` piece for each 16 KiB of a longer line), one file
   per run: `<pod dir>/logs/<container>/<restartCount>.log`. kwok's kubelet server reads these files for
@@ -214,6 +225,18 @@ def _os_release(os_image: str) -> str:
 
 def grub_cmdline(root: Path) -> str:
     """GRUB_CMDLINE_LINUX and _DEFAULT after sourcing the node's /etc/default/grub(.d) with /bin/sh."""
+    return " ".join(
+        _grub_sourced(root, 'printf "%s %s" "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT"').split()
+    )
+
+
+def grub_default(root: Path) -> str:
+    """GRUB_DEFAULT after sourcing the node's /etc/default/grub(.d) with /bin/sh ("" if unset)."""
+    return _grub_sourced(root, 'printf "%s" "$GRUB_DEFAULT"').strip()
+
+
+def _grub_sourced(root: Path, printer: str) -> str:
+    """What `printer` prints after /bin/sh sourced /etc/default/grub and grub.d/*.cfg, as update-grub does."""
     files = [root / "etc" / "default" / "grub"]
     grub_d = root / "etc" / "default" / "grub.d"
     if grub_d.is_dir():
@@ -222,7 +245,7 @@ def grub_cmdline(root: Path) -> str:
     if not present:
         return ""
     script = "".join(f'. "${i + 1}"\n' for i in range(len(present)))
-    script += 'printf "%s %s" "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT"\n'
+    script += printer + "\n"
     try:
         result = subprocess.run(
             ["/bin/sh", "-c", script, "grub", *present],
@@ -234,7 +257,17 @@ def grub_cmdline(root: Path) -> str:
         )
     except (OSError, subprocess.TimeoutExpired):
         return ""
-    return " ".join(result.stdout.split()) if result.returncode == 0 else ""
+    return result.stdout if result.returncode == 0 else ""
+
+
+def booted_kernel(root: Path) -> str:
+    """The release the boot loader starts (see the module docstring), "" when the node names none."""
+    installed = hostshims.installed_kernels(root)
+    default = grub_default(root)
+    chosen = hostshims.kernel_of_entry(default, installed) if default else None
+    if chosen is None and default in ("", "saved"):
+        chosen = hostshims.grubenv_kernel(root)
+    return chosen or hostshims.image_kernel(root)
 
 
 def boot_modules(root: Path) -> list[str]:
@@ -262,8 +295,21 @@ def recorded_boot_id(root: Path) -> str | None:
         return None
 
 
-def boot_node(root: Path, node: JSON) -> None:
-    """Bring the node's root to the state right after a boot with the node's current bootID."""
+def install_image_kernel(root: Path, release: str) -> None:
+    """The image's own kernel, as a node's disk has it: /boot/vmlinuz-<release>, /lib/modules/<release>/."""
+    image = root / hostshims.IMAGE_KERNEL_FILE
+    image.parent.mkdir(parents=True, exist_ok=True)
+    image.write_text(release + "\n", encoding="utf-8")
+    vmlinuz = root / "boot" / f"vmlinuz-{release}"
+    vmlinuz.parent.mkdir(parents=True, exist_ok=True)
+    if not vmlinuz.exists():
+        vmlinuz.write_text(f"simulated kernel image {release} (the node image's)\n", encoding="utf-8")
+    (root / "lib" / "modules" / release).mkdir(parents=True, exist_ok=True)
+
+
+def boot_node(root: Path, node: JSON) -> str:
+    """Bring the node's root to the state right after a boot with the node's current bootID; returns the
+    release of the kernel it booted ("" if the node names none)."""
     name = node.get("metadata", {}).get("name", "node")
     info = node.get("status", {}).get("nodeInfo") or {}
     for sub in ("etc", "var/log", "tmp", "run", "proc"):
@@ -280,10 +326,15 @@ def boot_node(root: Path, node: JSON) -> None:
     boot_id = root / BOOT_ID_PATH
     boot_id.parent.mkdir(parents=True, exist_ok=True)
     boot_id.write_text(str(info.get("bootID") or "") + "\n", encoding="utf-8")
-    kernel = str(info.get("kernelVersion") or "")
+    if not (root / hostshims.IMAGE_KERNEL_FILE).exists() and info.get("kernelVersion"):
+        install_image_kernel(root, str(info["kernelVersion"]))
+    kernel = booted_kernel(root)
+    if kernel:
+        (root / hostshims.OSRELEASE_FILE).write_text(kernel + "\n", encoding="utf-8")
     cmdline = f"BOOT_IMAGE=/boot/vmlinuz-{kernel} root=/dev/sda1 ro {grub_cmdline(root)}".strip()
     (root / "proc" / "cmdline").write_text(cmdline + "\n", encoding="utf-8")
     modules = root / "proc" / "modules"
     modules.write_text(
         "".join(f"{m} 16384 0 - Live 0x0000000000000000\n" for m in boot_modules(root)), encoding="utf-8"
     )
+    return kernel

@@ -40,6 +40,7 @@ import structlog
 from aiohttp import web
 
 from nodewright.api import constants, validation
+from nodewright.kube.config import load_pem_chain
 
 log = structlog.get_logger(__name__)
 
@@ -312,18 +313,10 @@ async def start_webhook_server(
 
 
 def server_ssl_context(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
-    """TLS context from PEM bytes (written to a private temp dir: `ssl` only loads from files)."""
-    import tempfile
-    from pathlib import Path
-
+    """TLS context from PEM bytes (`load_pem_chain`: in memory, no temporary directory needed on Linux)."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    with tempfile.TemporaryDirectory() as tmp:
-        cert, key = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
-        cert.write_bytes(cert_pem)
-        key.touch(mode=0o600)
-        key.write_bytes(key_pem)
-        ctx.load_cert_chain(cert, key)
+    load_pem_chain(ctx, cert_pem, key_pem)
     return ctx
 
 

@@ -3,7 +3,8 @@
 `HostRoot` lays out what a package pod leaves on a node before the agent runs: the package payload
 (config.json, skyhook_dir/ scripts, optional root_dir/ and configmaps/) under `<root><copy_dir>`.
 `run` calls `nodewright.agent.main` in-process with a small environment, unprivileged (no chroot)
-unless the test asks otherwise, and returns the exit code with what the agent printed.
+unless the test asks otherwise, and returns the exit code with what the agent printed; `run_process`
+runs it as its own process, for inputs that could block or exhaust it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import resource
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +23,16 @@ from typing import Any
 from nodewright.agent import main
 
 COPY_DIR = "/var/lib/skyhook/nw/demo-1.0.0-uid-1"
+MEMORY_LIMIT = 1 << 30
+FILE_SIZE_LIMIT = 256 << 20
 RESOURCE_ID = "nw-uid-1_demo_1.0.0"
+
+
+def limit_resources() -> None:
+    """In a child process before exec, as a safety net: at most `MEMORY_LIMIT` of address space and
+    files of at most `FILE_SIZE_LIMIT` (an endless read or copy ends the process, not the machine)."""
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
 
 
 @dataclass(frozen=True)
@@ -126,6 +139,25 @@ class HostRoot:
             stderr=err,
         )
         return AgentRun(code=code, out=out.getvalue(), err=err.getvalue())
+
+    def run_process(
+        self, mode: str, *extra_args: str, env: Mapping[str, str] | None = None, timeout: float = 60
+    ) -> AgentRun:
+        """The agent as a package pod runs it: `python -m nodewright.agent`, a process of its own.
+
+        For hostile inputs that once made the agent block or eat memory: `timeout` and the limits of
+        `limit_resources` are safety nets that end such a run, never what a test asserts."""
+        result = subprocess.run(
+            [sys.executable, "-m", "nodewright.agent", mode, str(self.root), self.copy_dir, *extra_args],
+            env=dict(self.env() if env is None else env),
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=timeout,
+            preexec_fn=limit_resources,
+            check=False,
+        )
+        return AgentRun(code=result.returncode, out=result.stdout, err=result.stderr)
 
     def flags(self) -> list[str]:
         directory = self.state_dir / "flags" / self.package / self.version

@@ -24,6 +24,7 @@ from nodewright.cli.plugin.common import NotFoundError
 if TYPE_CHECKING:
     from nodewright.api.models import DeploymentPolicy, NodeWright
     from nodewright.kube.client import KubeClient
+    from nodewright.plan.policy import PolicyInvalid
 
 JSON = dict[str, Any]
 
@@ -41,6 +42,12 @@ class ClusterState:
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
     budget_objects: list[JSON] = field(default_factory=list)
     """DisruptionBudgets (none when their CRD is not installed)."""
+    invalid_policies: dict[str, PolicyInvalid] = field(default_factory=dict)
+    """Policies the operator refuses, with what is wrong with each (it starts nothing for their users)."""
+
+    def policy(self, name: str) -> DeploymentPolicy | PolicyInvalid | None:
+        """The policy `name` as the operator sees it: its model, what is wrong with it, or None (absent)."""
+        return self.policies.get(name) or self.invalid_policies.get(name)
 
     def nodewright(self, name: str) -> NodeWright:
         model = self.nodewrights.get(name)
@@ -86,11 +93,16 @@ async def read_state(client: KubeClient, *, label_selector: str | None = None) -
             models[name] = model
         else:
             invalid[name] = error or "invalid"
+    from nodewright.api.models import DeploymentPolicy
+
     policies: dict[str, DeploymentPolicy] = {}
+    invalid_policies: dict[str, PolicyInvalid] = {}
     for obj in policy_objects:
-        policy, _ = cache.policy(obj)
-        if policy is not None:
+        policy = cache.policy_or_problems(obj)
+        if isinstance(policy, DeploymentPolicy):
             policies[policy.metadata.name] = policy
+        else:
+            invalid_policies[policy.policy_name] = policy
     return ClusterState(
         nodes=nodes,
         nodewright_objects=nw_objects,
@@ -99,6 +111,7 @@ async def read_state(client: KubeClient, *, label_selector: str | None = None) -
         policies=policies,
         policy_objects={str(o["metadata"]["name"]): o for o in policy_objects},
         budget_objects=budget_objects,
+        invalid_policies=invalid_policies,
     )
 
 

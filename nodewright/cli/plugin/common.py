@@ -15,7 +15,8 @@ Exit codes (stable; scripts may rely on them):
 | 0 | done (or nothing to do) |
 | 1 | the API server could not be reached or refused the request (network, 403, 5xx, timeout) |
 | 2 | usage: a bad flag, argument or kubeconfig |
-| 3 | not found: the named NodeWright, node, policy or package does not exist |
+| 3 | not found: the named NodeWright, node, policy or package does not exist, or is invalid (refused |
+|   | by the operator: the line names each field and what to do) |
 | 4 | refused: not safe or not possible now (not confirmed, the object changed meanwhile, work in flight) |
 
 Dry runs: `client` computes and prints the change without sending anything; `server` sends it with

@@ -39,7 +39,7 @@ from nodewright.cli.plugin.cluster import ClusterState
 from nodewright.plan import drain as drain_mod
 from nodewright.plan import podspec, selectors, sequencing
 from nodewright.plan.node import is_disabled, is_paused
-from nodewright.plan.policy import Compartments, NodeRef, resolve_compartments
+from nodewright.plan.policy import Compartments, NodeRef, PolicyInvalid, resolve_compartments
 from nodewright.plan.preview import RolloutPreview, preview_rollout
 from nodewright.plan.rollout import (
     Phase,
@@ -98,7 +98,7 @@ class Analysis:
 
     model: NodeWright
     nodewright: NodeWright  # the effective spec (deletion turns into uninstalls)
-    policy: DeploymentPolicy | None
+    policy: DeploymentPolicy | PolicyInvalid | None
     fingerprint: str
     plan: RolloutPlan
     entries: dict[str, Entry]
@@ -221,9 +221,7 @@ def analyse(
             if blocker is not None:
                 rnode = replace(rnode, waiting_for_priority=blocker.name)
         entries[node_name] = Entry(node, node_state, error, rnode, phase_of(rnode, fingerprint=fingerprint))
-    policy = (
-        state.policies.get(nodewright.spec.deployment_policy) if nodewright.spec.deployment_policy else None
-    )
+    policy = state.policy(nodewright.spec.deployment_policy) if nodewright.spec.deployment_policy else None
     previous = model.status
     reset = (model.metadata.annotations or {}).get(constants.ANNOTATION_RESET_BATCH, "").lower()
     paused, disabled = is_paused(model), is_disabled(model)
@@ -475,6 +473,13 @@ def _explain_waiting(analysis: Analysis, entry: Entry, waiting: Waiting, answer:
             reason.value,
             f"DeploymentPolicy {waiting.detail!r} does not exist: no node of {nw!r} starts until it does",
             "create the policy, or change spec.deploymentPolicy",
+        )
+    if reason is WaitReason.POLICY_INVALID:
+        invalid = analysis.plan.policy_invalid
+        return answer(
+            reason.value,
+            invalid.message if invalid is not None else f"DeploymentPolicy {waiting.detail!r} is invalid",
+            f"fix the fields named: kubectl edit deploymentpolicy {waiting.detail}",
         )
     if reason is WaitReason.BLOCKED:
         detail = waiting.detail or ""

@@ -246,6 +246,7 @@ async def _logs(session: common.Session) -> int:
                     "reason": kept.reason,
                     "at": kept.at,
                     "message": kept.message,
+                    "image": kept.image or None,
                     "log": kept.log,
                 }
             )
@@ -273,11 +274,15 @@ async def _logs(session: common.Session) -> int:
                 )
             else:
                 code = f", exit code {e['exitCode']}" if e.get("exitCode") is not None else ""
+                code += f", {e['reason']}" if e.get("reason") else ""
+                image = f", image {e['image']}" if e.get("image") else ""
                 head = (
                     f"==> kept log: {e['stage']} {e['outcome']} at {e['at']} (version {e['version']}, attempt"
-                    f" {e['attempt']}, pod {e['pod']}, container {e['container']}{code}; the pod is gone) <=="
+                    f" {e['attempt']}, pod {e['pod']}, container {e['container']}{image}{code}; the pod is"
+                    " gone) <=="
                 )
-            body = e["log"] or f"(no log lines; the pod said: {e.get('message') or 'nothing'})"
+            # No log: a pull error (no container ran) or a simulated pod; the message says why.
+            body = e["log"] or f"(no log lines) {e.get('message') or 'no message either'}"
             parts.append(head + "\n" + body.rstrip("\n"))
         return "\n".join(parts) + "\n"
 

@@ -72,10 +72,9 @@ async def _show(session: common.Session) -> int:
     state = await read_state(session.client)
     policy = state.policies.get(args.policy)
     if policy is None:
-        if args.policy in state.policy_objects:
-            raise common.NotFoundError(
-                f"DeploymentPolicy {args.policy!r} is invalid and the operator ignores it"
-            )
+        invalid = state.invalid_policies.get(args.policy)
+        if invalid is not None:
+            raise common.NotFoundError(invalid.message)
         raise common.NotFoundError(f"DeploymentPolicy {args.policy!r} not found")
     users = sorted(n for n, m in state.nodewrights.items() if m.spec.deployment_policy == args.policy)
     per_nw: dict[str, Compartments] = {}

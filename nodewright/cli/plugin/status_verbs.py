@@ -79,6 +79,7 @@ def status_doc(analysis: Analysis) -> JSON:
         "disabled": analysis.disabled,
         "policy": analysis.plan.policy_name,
         "policyNotFound": analysis.plan.policy_not_found is not None,
+        "policyInvalid": invalid.message if (invalid := analysis.plan.policy_invalid) is not None else None,
         "matched": len(analysis.entries),
         "nodes": dict(sorted(counts.items())),
         "waiting": dict(sorted(waiting.items())),
@@ -111,6 +112,8 @@ def render_one(doc: JSON, *, wide: bool) -> str:
         f"   policy {doc['policy'] or 'legacy'}{' (NOT FOUND)' if doc['policyNotFound'] else ''}",
         f"nodes: {doc['matched']} matched; {nodes}",
     ]
+    if doc.get("policyInvalid"):
+        lines.insert(1, doc["policyInvalid"])
     if doc["waiting"]:
         lines.append("waiting: " + ", ".join(f"{k} {v}" for k, v in doc["waiting"].items()))
     rows = [

@@ -1,8 +1,10 @@
 # tuning: shared by tuning.sh and tuning_check.sh (sourced). POSIX sh; runs under dash, bash and busybox.
 #
 # Intent (the package's configMap): `accelerator` (hopper | blackwell | generic), `workload` (training |
-# inference), optionally `overrides` (lines "KIND KEY VALUE", applied after the table; VALUE ! removes
-# the key). The table (tuning.table next to this file) turns the intent into three files on the node.
+# inference), optionally `cloud` (on-prem | aws | gcp | azure | oci; on-prem when unset) and `overrides`
+# (lines "KIND KEY VALUE", applied after the table; VALUE ! removes the key). The table (tuning.table
+# next to this file) turns the intent into three files on the node; on Container-Optimized OS (no GRUB,
+# /etc reset at every boot) into runtime values instead (cos.sh).
 
 # The node's root as the step sees it: "" for / (on a node the agent chroots into the host's /), else
 # the directory standing for the node (nodewright package run, the simulator).
@@ -15,6 +17,7 @@ GRUB_FILE=/etc/default/grub.d/90-nodewright-tuning.cfg
 POWER_FILE=/etc/tmpfiles.d/90-nodewright-tuning.conf
 ACCELERATORS="hopper blackwell generic"
 WORKLOADS="training inference"
+CLOUDS="on-prem aws gcp azure oci"
 POWER_SETTINGS="cpu_governor cpu_boost cpu_min_perf_pct"
 
 say() { printf 'tuning: %s\n' "$*"; }
@@ -24,11 +27,18 @@ fail() {
 	exit 1
 }
 
-# one_word KEY CHOICES: the configMap value of KEY, which must be one of CHOICES.
+# one_word KEY CHOICES [DEFAULT]: the configMap value of KEY, which must be one of CHOICES; DEFAULT when
+# the configMap has no KEY (without a DEFAULT the key is required).
 one_word() {
 	_key=$1
 	_choices=$2
-	[ -f "$CONFIGMAPS/$_key" ] || fail "the package's configMap has no '$_key' key; set it to one of: $_choices"
+	if [ ! -f "$CONFIGMAPS/$_key" ]; then
+		[ $# -lt 3 ] || {
+			printf '%s' "$3"
+			return 0
+		}
+		fail "the package's configMap has no '$_key' key; set it to one of: $_choices"
+	fi
 	set -f
 	# shellcheck disable=SC2046 # word splitting is the point: surrounding blanks and newlines go
 	set -- $(cat "$CONFIGMAPS/$_key")
@@ -42,9 +52,29 @@ one_word() {
 	fail "configMap key '$_key' is '$*'; use one of: $_choices"
 }
 
+# read_intent: ACCELERATOR, WORKLOAD, CLOUD and INTENT (the three as text for messages and headers: the
+# cloud only when it is not on-prem, so files written before `cloud` existed keep their content).
 read_intent() {
 	ACCELERATOR=$(one_word accelerator "$ACCELERATORS")
 	WORKLOAD=$(one_word workload "$WORKLOADS")
+	_default_cloud=on-prem
+	if on_cos; then _default_cloud=gcp; fi
+	CLOUD=$(one_word cloud "$CLOUDS" "$_default_cloud")
+	if on_cos && [ "$CLOUD" != gcp ]; then
+		fail "this node runs Container-Optimized OS, Google's node image, but the configMap says cloud=$CLOUD;" \
+			"set cloud to gcp or leave it out"
+	fi
+	INTENT="accelerator=$ACCELERATOR workload=$WORKLOAD"
+	if [ "$CLOUD" != on-prem ]; then INTENT="$INTENT cloud=$CLOUD"; fi
+}
+
+# on_cos: the node runs Container-Optimized OS (GKE's node image): /etc/os-release says ID=cos.
+on_cos() {
+	[ -f "$HOST/etc/os-release" ] || return 1
+	while IFS= read -r _line || [ -n "$_line" ]; do
+		case $_line in ID=cos | ID=\"cos\" | ID=\'cos\') return 0 ;; esac
+	done <"$HOST/etc/os-release"
+	return 1
 }
 
 # power_path SETTING: the sysfs file(s) a power setting writes, as a glob.
@@ -54,6 +84,31 @@ power_path() {
 	cpu_boost) printf '%s' '/sys/devices/system/cpu/cpufreq/boost' ;;
 	cpu_min_perf_pct) printf '%s' '/sys/devices/system/cpu/intel_pstate/min_perf_pct' ;;
 	esac
+}
+
+# sysfs_value FILE: the value a sysfs file holds; files that list every choice with the active one in
+# brackets (`[performance] powersave`) give the bracketed one.
+sysfs_value() {
+	_sysfs=$(cat "$1")
+	case $_sysfs in *'['*']'*)
+		_sysfs=${_sysfs#*[}
+		_sysfs=${_sysfs%%]*}
+		;;
+	esac
+	printf '%s' "$_sysfs"
+}
+
+# show: what the intent gives, one line per setting (what `nodewright package run` prints for an intent).
+show() {
+	while read -r _kind _key _value; do
+		case $_kind in
+		sysctl) say "  sysctl $_key = $_value" ;;
+		grub) if [ "$_value" = "-" ]; then say "  kernel parameter $_key"; else say "  kernel parameter $_key=$_value"; fi ;;
+		power) say "  power $_key = $_value ($(power_path "$_key"))" ;;
+		esac
+	done <<LIST
+$ENTRIES
+LIST
 }
 
 # check_entry KIND KEY VALUE WHERE: refuse what could not be written safely (the grub file is sourced by
@@ -104,16 +159,17 @@ $1 $2 $3"
 	fi
 }
 
-# assemble: ENTRIES for ACCELERATOR and WORKLOAD from the table, then the configMap's overrides.
+# assemble: ENTRIES for CLOUD, ACCELERATOR and WORKLOAD from the table, then the configMap's overrides.
 assemble() {
 	ENTRIES=
 	_line_number=0
-	while read -r _accelerator _workload _kind _key _value; do
+	while read -r _cloud _accelerator _workload _kind _key _value; do
 		_line_number=$((_line_number + 1))
-		case $_accelerator in '' | '#'*) continue ;; esac
+		case $_cloud in '' | '#'*) continue ;; esac
+		[ "$_cloud" = '*' ] || [ "$_cloud" = "$CLOUD" ] || continue
 		[ "$_accelerator" = '*' ] || [ "$_accelerator" = "$ACCELERATOR" ] || continue
 		[ "$_workload" = '*' ] || [ "$_workload" = "$WORKLOAD" ] || continue
-		check_entry "$_kind" "$_key" "$_value" "tuning.table line $_line_number"
+		[ "$_value" = "!" ] || check_entry "$_kind" "$_key" "$_value" "tuning.table line $_line_number"
 		set_entry "$_kind" "$_key" "$_value"
 	done <"$TABLE"
 	[ -f "$CONFIGMAPS/overrides" ] || return 0
@@ -138,8 +194,7 @@ EOF
 }
 
 header() {
-	printf '# Written by the NodeWright tuning package for accelerator=%s workload=%s; removed on uninstall.\n' \
-		"$ACCELERATOR" "$WORKLOAD"
+	printf '# Written by the NodeWright tuning package for %s; removed on uninstall.\n' "$INTENT"
 	printf "# Do not edit: the package's checks fail on any change. Change the package's configMap instead.\n"
 }
 

@@ -3,8 +3,10 @@
 # Idempotent: a file is replaced only when its content changes, and the boot loader configuration is
 # regenerated only when the kernel command line changed. Nothing here changes the running kernel; the
 # package's interrupt (a reboot) applies the files, and post-interrupt-check reads the values back.
+# On Container-Optimized OS (cos.sh) the settings are written to the running kernel instead.
 set -eu
 . "${0%/*}/lib.sh"
+. "${0%/*}/cos.sh"
 
 # install FILE: make FILE (a host path) hold `expected FILE`, or remove it when nothing is expected.
 # Sets CHANGED when it did anything.
@@ -14,7 +16,7 @@ install() {
 	if [ -z "$_content" ]; then
 		if [ -e "$_target" ]; then
 			rm -f "$_target"
-			say "removed $1 (nothing of this kind for accelerator=$ACCELERATOR workload=$WORKLOAD)"
+			say "removed $1 (nothing of this kind for $INTENT)"
 			CHANGED="$CHANGED $1"
 		fi
 		return 0
@@ -38,19 +40,37 @@ remove() {
 	fi
 }
 
+# announce: the intent and everything it gives, before anything is written.
+announce() {
+	say "intent: $INTENT: $(count sysctl) sysctl settings, $(count grub) kernel parameters," \
+		"$(count power) power settings"
+	show
+}
+
 mode=${1:?usage: tuning.sh apply|config|upgrade|uninstall}
 CHANGED=
 case $mode in
 apply | config | upgrade)
 	read_intent
 	assemble
-	say "intent: accelerator=$ACCELERATOR workload=$WORKLOAD: $(count sysctl) sysctl settings," \
-		"$(count grub) kernel parameters, $(count power) power settings"
+	if on_cos; then
+		cos_intent
+		announce
+		cos_targets
+		cos_apply
+		say "applied to the running node (Container-Optimized OS: nothing to reboot for)"
+		exit 0
+	fi
+	announce
 	install "$SYSCTL_FILE"
 	install "$GRUB_FILE"
 	install "$POWER_FILE"
 	;;
 uninstall)
+	if on_cos; then
+		cos_uninstall
+		exit 0
+	fi
 	remove "$SYSCTL_FILE"
 	remove "$GRUB_FILE"
 	remove "$POWER_FILE"

@@ -9,8 +9,12 @@
 # boot wrote from /etc/sysctl.d and /etc/default/grub.d. Power settings are compared in every sysfs file
 # of the setting that exists in the root; a node without them (a VM without cpufreq, a simulated root)
 # has nothing to compare, which is reported, not failed.
+#
+# On Container-Optimized OS (cos.sh) there are no files: every mode but uninstall compares the running
+# values with the intent, and uninstall checks that the package's records are gone.
 set -eu
 . "${0%/*}/lib.sh"
+. "${0%/*}/cos.sh"
 
 FAILED=0
 PROBLEMS=""
@@ -27,7 +31,7 @@ check_file() {
 	elif [ ! -f "$HOST$1" ]; then
 		problem "$1 is missing (config writes it)"
 	elif [ "$(cat "$HOST$1")" != "$_content" ]; then
-		problem "$1 differs from what accelerator=$ACCELERATOR workload=$WORKLOAD gives (changed by hand?)"
+		problem "$1 differs from what $INTENT gives (changed by hand?)"
 	else
 		say "ok: $1"
 	fi
@@ -78,13 +82,7 @@ check_power_values() {
 		for _file in "$HOST"$(power_path "$_key"); do
 			[ -f "$_file" ] || continue
 			_seen=$((_seen + 1))
-			_running=$(cat "$_file")
-			# Some sysfs files list every choice with the active one in brackets.
-			case $_running in *'['*']'*)
-				_running=${_running#*[}
-				_running=${_running%%]*}
-				;;
-			esac
+			_running=$(sysfs_value "$_file")
 			if [ "$_running" != "$_value" ]; then problem "power $_key is '$_running' in $_file, not '$_value'"; fi
 		done
 		if [ "$_seen" -eq 0 ]; then say "power $_key: this node exposes no $(power_path "$_key"); not compared"; fi
@@ -93,7 +91,38 @@ $ENTRIES
 LIST
 }
 
+# check_cos MODE: the Container-Optimized OS checks.
+check_cos() {
+	case $1 in
+	uninstall)
+		if [ -e "$HOST$COS_STATE" ]; then problem "$COS_STATE is still there (uninstall restores and removes it)"; fi
+		;;
+	*)
+		read_intent
+		assemble
+		cos_intent
+		check_sysctl_values
+		check_power_values
+		if [ ! -f "$HOST$COS_APPLIED" ]; then problem "$COS_APPLIED is missing: config has not run on this node"; fi
+		if [ "$FAILED" -ne 0 ]; then
+			warn "$COS_REAPPLY"
+		else
+			say "the running node has every value of $INTENT (Container-Optimized OS)"
+		fi
+		;;
+	esac
+}
+
 mode=${1:?usage: tuning_check.sh apply|config|upgrade|post-interrupt|uninstall}
+case $mode in
+apply | config | upgrade | post-interrupt | uninstall)
+	if on_cos; then
+		check_cos "$mode"
+		[ "$FAILED" -eq 0 ] || warn "check failed: $PROBLEMS"
+		exit "$FAILED"
+	fi
+	;;
+esac
 case $mode in
 apply | config | upgrade | post-interrupt)
 	read_intent
@@ -105,7 +134,7 @@ apply | config | upgrade | post-interrupt)
 		check_sysctl_values
 		check_cmdline
 		check_power_values
-		[ "$FAILED" -ne 0 ] || say "the running node has every value of accelerator=$ACCELERATOR workload=$WORKLOAD"
+		[ "$FAILED" -ne 0 ] || say "the running node has every value of $INTENT"
 	fi
 	;;
 uninstall)
