@@ -72,6 +72,10 @@ class RealLane:
     installed: bool = False
 
     @property
+    def chart_reference(self) -> str:
+        return f"oci://{self.plane.registry}/charts/nodewright"
+
+    @property
     def kubeconfig(self) -> Path:
         return self.plane.kubeconfig
 
@@ -187,7 +191,7 @@ class RealLane:
         system = {SYSTEM_LABEL: "true"}
         values.write_text(yaml.safe_dump({"nodeSelector": system, "webhook": {"nodeSelector": system}}))
         self.helm.run(
-            "install", "nodewright", f"oci://{registry}/charts/nodewright", "--version", VERSION,
+            "install", "nodewright", self.chart_reference, "--version", VERSION,
             "--plain-http", "-n", NAMESPACE, "--create-namespace", "-f", str(values),
             "--wait", "--timeout", "4m",
             timeout=300,

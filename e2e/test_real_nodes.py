@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import pytest_asyncio
 
 from e2e.invariants import InvariantMonitor
 from e2e.realnode_support import (
@@ -37,6 +39,7 @@ from e2e.realnode_support import (
     SLEEPER_IMAGE,
     SYSTEM_NODE,
     TARGET_LABEL,
+    VERSION,
     RealLane,
     package_image,
     package_version,
@@ -44,7 +47,8 @@ from e2e.realnode_support import (
 from nodewright.sim import fleet
 from nodewright.sim.kubeapi import JSON, ApiError, KubeClient
 
-pytestmark = [pytest.mark.timeout(900), pytest.mark.real_nodes]
+# One event loop for the module: the invariant monitor watches every test from the rollout to the uninstall.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.real_nodes, pytest.mark.asyncio(loop_scope="module")]
 
 NW = "real-rollout"
 POLICY = "real-batches"
@@ -56,6 +60,8 @@ NW_PATH = "/apis/nodewright.io/v1alpha1/nodewrights"
 
 @pytest.fixture(scope="module")
 def lane() -> Iterator[RealLane]:
+    if os.geteuid() != 0:
+        pytest.skip("real nodes need root (namespaces, mounts, cgroups): the lane runs as root in CI")
     started = RealLane.start()
     try:
         yield started
@@ -64,10 +70,22 @@ def lane() -> Iterator[RealLane]:
         assert not changed, "the real-node run changed the machine:\n" + "\n".join(changed[:60])
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def kube(lane: RealLane) -> AsyncIterator[KubeClient]:
     async with KubeClient(lane.kubeconfig) as client:
         yield client
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def monitor(lane: RealLane) -> AsyncIterator[InvariantMonitor]:
+    """The fleet-safety monitor (docs/invariants.md), from the rollout until the chart is uninstalled:
+    `test_helm_uninstall_leaves_every_node_clean` checks it before uninstalling."""
+    watching = InvariantMonitor(lane.kubeconfig, namespace=NAMESPACE)
+    await watching.start()
+    try:
+        yield watching
+    finally:
+        await watching.stop()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -108,18 +126,17 @@ async def test_operator_and_webhook_run_as_pods_of_the_project_images(
 # 2. The rollout
 
 
-async def test_reference_packages_roll_out_over_real_and_kwok_nodes(lane: RealLane, kube: KubeClient) -> None:
+async def test_reference_packages_roll_out_over_real_and_kwok_nodes(
+    lane: RealLane, kube: KubeClient, monitor: InvariantMonitor
+) -> None:
     boots = {node: await boot_id(kube, node) for node in lane.real_targets}
     guard_node = lane.real_targets[1]
     await create_workloads(kube, lane, guard_node)
     web_before = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in await app_pods(kube, "web")}
-    async with InvariantMonitor(lane.kubeconfig, namespace=NAMESPACE) as monitor:
-        await kube.create("/apis/nodewright.io/v1alpha1/deploymentpolicies", deployment_policy())
-        await kube.create(NW_PATH, nodewright(NW, reference_packages(), deploymentPolicy=POLICY))
-        await wait_complete(kube, lane.targets, within=600)
-        await monitor.final_check()
-        monitor.assert_clean()
-        assert monitor.max_disrupted is not None
+    await kube.create("/apis/nodewright.io/v1alpha1/deploymentpolicies", deployment_policy())
+    await kube.create(NW_PATH, nodewright(NW, reference_packages(), deploymentPolicy=POLICY))
+    await wait_complete(kube, lane.targets, within=600)
+    monitor.assert_clean()
     # Every real target rebooted for real: a new boot ID, the kubelet started again under it.
     for node in lane.real_targets:
         assert await boot_id(kube, node) != boots[node], node
@@ -157,7 +174,9 @@ async def check_package_results(lane: RealLane) -> None:
 # 3. Logs through the real kubelet
 
 
-async def test_package_logs_come_through_the_real_kubelet(lane: RealLane, kube: KubeClient) -> None:
+async def test_package_logs_come_through_the_real_kubelet(
+    lane: RealLane, kube: KubeClient, monitor: InvariantMonitor
+) -> None:
     """A config change whose step prints a marker, then takes a while: read while its pod runs."""
     node = lane.real_targets[0]
     marker = "config-step-marker-7f3a"
@@ -196,7 +215,9 @@ async def test_package_logs_come_through_the_real_kubelet(lane: RealLane, kube: 
 # 4. Drift
 
 
-async def test_drift_in_a_box_is_detected_and_repaired(lane: RealLane, kube: KubeClient) -> None:
+async def test_drift_in_a_box_is_detected_and_repaired(
+    lane: RealLane, kube: KubeClient, monitor: InvariantMonitor
+) -> None:
     node = lane.real_targets[2]
     lane.in_box(node, "sysctl", "-w", "vm.max_map_count=65530")
     await kube.merge_patch(
@@ -215,7 +236,37 @@ async def test_drift_in_a_box_is_detected_and_repaired(lane: RealLane, kube: Kub
 # 5. Uninstall
 
 
-async def test_helm_uninstall_leaves_every_node_clean(lane: RealLane, kube: KubeClient) -> None:
+async def test_helm_upgrade_rolls_the_operator_and_webhook(
+    lane: RealLane, kube: KubeClient, monitor: InvariantMonitor
+) -> None:
+    """A value changed with `helm upgrade --reuse-values`: the Deployments roll to pods with it."""
+    done = await asyncio.to_thread(
+        lane.helm.run, "upgrade", "nodewright", lane.chart_reference, "--version", VERSION, "--plain-http",
+        "-n", NAMESPACE, "--reuse-values", "--set", "logLevel=debug", "--wait", "--timeout", "4m",
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+    async def rolled() -> bool:
+        pods = (await kube.list_all(f"/api/v1/namespaces/{NAMESPACE}/pods"))["items"]
+        operators = [
+            p for p in pods
+            if p["spec"]["containers"][0]["args"][:1] == ["operator"] and not p["metadata"].get("deletionTimestamp")
+        ]  # fmt: skip
+        return len(operators) == 2 and all(
+            "--log-level=debug" in p["spec"]["containers"][0]["args"] for p in operators
+        )
+
+    await fleet.wait_for(rolled, within=180, interval=1.0, what="operator pods with the upgraded value")
+    monitor.assert_clean()
+
+
+async def test_helm_uninstall_leaves_every_node_clean(
+    lane: RealLane, kube: KubeClient, monitor: InvariantMonitor
+) -> None:
+    await monitor.final_check()
+    monitor.assert_clean()
+    await monitor.stop()
     done = await asyncio.to_thread(
         lane.helm.run,
         "uninstall",
