@@ -249,10 +249,8 @@ async def test_helm_upgrade_rolls_the_operator_and_webhook(
 
     async def rolled() -> bool:
         pods = (await kube.list_all(f"/api/v1/namespaces/{NAMESPACE}/pods"))["items"]
-        operators = [
-            p for p in pods
-            if p["spec"]["containers"][0]["args"][:1] == ["operator"] and not p["metadata"].get("deletionTimestamp")
-        ]  # fmt: skip
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        operators = [p for p in live if p["spec"]["containers"][0]["args"][:1] == ["operator"]]
         return len(operators) == 2 and all(
             "--log-level=debug" in p["spec"]["containers"][0]["args"] for p in operators
         )
