@@ -249,6 +249,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  {name:<24} {state:<8} pid={entry['pid']} log={entry['log']}")
         if "log_tail" in entry:
             print("    " + entry["log_tail"].replace("\n", "\n    "))
+    for node, record in plane.real_node_status().items():
+        last = record.get("last_end") or "-"
+        print(f"  {node:<24} {record.get('state', '?'):<8} boots={record.get('boots')} last={last}")
     return 0 if all(e["running"] for e in report.values()) else 1
 
 

@@ -669,6 +669,15 @@ class ControlPlane:
         )  # fmt: skip
         registry.push_layout(layout, registry=self.registry, reference=SANDBOX_IMAGE)
 
+    def real_node_status(self) -> dict[str, dict[str, Any]]:
+        """Per real node: its state, boots and how the last one ended (`realnodes`' status.json)."""
+        path = self.dir / REAL_NODES_DIR / "status.json"
+        try:
+            status: dict[str, dict[str, Any]] = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return status
+
     def push_image(self, layout: Path, reference: str) -> str:
         """Push an OCI image layout to this simulator's registry; real nodes pull it as `reference`."""
         if not self.real_nodes:
