@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -23,6 +23,11 @@ from nodewright.sim.controlplane import ControlPlane
 class Restarts:
     reasons: list[str] = field(default_factory=list)
     relists: int = 0
+
+    def init_resource(
+        self, *, resource: str, restart_reasons: Sequence[str], event_types: Sequence[str]
+    ) -> None:
+        return None
 
     def restart(self, *, resource: str, reason: str) -> None:
         self.reasons.append(reason)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
+import re
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from opentelemetry.proto.trace.v1.trace_pb2 import Status as SpanStatus
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e import operator_fixture
@@ -40,6 +43,7 @@ from e2e.operator_fixture import (
     nodes_of,
     nodewright_manifest,
     package,
+    patch_nodewright,
     started_operators,
     status_of,
     wait_statuses,
@@ -408,3 +412,145 @@ async def test_the_node_gate_has_spans_cordon_wait_drain_uncordon(
         invariants.allow_workload_deletion(guard)
         await fleet.delete_workloads(cluster.kubeconfig, work)
         await fleet.delete_workloads(cluster.kubeconfig, guard)
+
+
+async def test_a_failed_node_rollout_has_a_root_span_with_error(
+    cluster: ControlPlane,
+    tracing_operator: Callable[[], OperatorProcess],
+    collector: Collector,
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    """Issue 32: a node whose package gave up left its stage spans (one of them ERROR) without a
+    `node-rollout` root, the only root being emitted on completion ("root span not received" in Jaeger
+    or Tempo). Two of three nodes fail."""
+    prefix = nw = f"fail-{unique}"
+    tracing_operator()
+    async with fleet_of(cluster, prefix, 3) as names:
+        failing = names[:2]
+        broken = package(maxAttempts=1, env={"NODEWRIGHT_SIM_FAIL_NODES": ",".join(failing)})
+        await create_nodewright(
+            kube,
+            nodewright_manifest(
+                nw, fleet_prefix=prefix, packages={"tool": broken}, interruptionBudget={"count": 3}
+            ),
+        )
+
+        def ours() -> list[Span]:
+            return [s for s in collector.spans if Collector.attrs(s).get("nodewright.name") == nw]
+
+        def roots_of(nodes: Sequence[str]) -> list[Span]:
+            return [
+                s for s in ours() if s.name == "node-rollout" and Collector.attrs(s)["k8s.node.name"] in nodes
+            ]
+
+        await wait_statuses(kube, prefix, nw, "erroring", count=2, within=60)
+
+        async def failed_roots() -> bool:
+            return len(roots_of(failing)) >= 2
+
+        await fleet.wait_for(failed_roots, within=30, what="the failed nodes' root spans")
+        for root in roots_of(failing):
+            attrs = Collector.attrs(root)
+            assert root.status.code == SpanStatus.STATUS_CODE_ERROR, root.status
+            assert attrs["nodewright.outcome"] == "failed"
+            assert "tool 1.0.0" in root.status.message, root.status.message
+            children = [s for s in ours() if s.trace_id == root.trace_id and s is not root]
+            assert children, "the failed stage's span"
+            assert all(c.parent_span_id == root.span_id for c in children)
+            assert any(c.status.code == SpanStatus.STATUS_CODE_ERROR for c in children)
+        await wait_statuses(kube, prefix, nw, "complete", count=1, within=60)
+
+        async def all_roots() -> bool:
+            return len(roots_of(names)) >= 3
+
+        await fleet.wait_for(all_roots, within=30, what="the completed node's root span")
+        await asyncio.sleep(1.0)  # anything late (a duplicate) would show up within a few export rounds
+        outcomes = sorted(str(Collector.attrs(r)["nodewright.outcome"]) for r in roots_of(names))
+        assert outcomes == ["complete", "failed", "failed"], "one root per node rollout"
+        await delete_nodewright(kube, nw, within=60)
+
+
+async def test_a_rollout_superseded_by_a_newer_generation_ends_its_node_traces(
+    cluster: ControlPlane,
+    tracing_operator: Callable[[], OperatorProcess],
+    collector: Collector,
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    prefix = nw = f"supersede-{unique}"
+    tracing_operator()
+    async with fleet_of(cluster, prefix, 2) as names:
+        await create_nodewright(
+            kube,
+            nodewright_manifest(
+                nw,
+                fleet_prefix=prefix,
+                packages={"tool": package(duration="20s")},
+                interruptionBudget={"count": 2},
+            ),
+        )
+        await wait_statuses(kube, prefix, nw, "in_progress", within=60)
+        await patch_nodewright(kube, nw, {"spec": {"packages": {"tool": package("1.1.0", duration="1s")}}})
+
+        def roots() -> list[Span]:
+            return [
+                s
+                for s in collector.spans
+                if s.name == "node-rollout" and Collector.attrs(s).get("nodewright.name") == nw
+            ]
+
+        async def superseded() -> bool:
+            return sum(Collector.attrs(r)["nodewright.outcome"] == "superseded" for r in roots()) >= 2
+
+        await fleet.wait_for(superseded, within=30, what="the superseded rollouts' root spans")
+        for root in (r for r in roots() if Collector.attrs(r)["nodewright.outcome"] == "superseded"):
+            assert root.status.code == SpanStatus.STATUS_CODE_ERROR
+            assert root.status.message.startswith("superseded: the spec changed (generation 2)"), root.status
+        await wait_statuses(kube, prefix, nw, "complete", within=120, generation=2)
+
+        async def completed() -> bool:
+            return sum(Collector.attrs(r)["nodewright.outcome"] == "complete" for r in roots()) >= 2
+
+        try:
+            await fleet.wait_for(completed, within=30, what="the new rollouts' root spans")
+        except TimeoutError:
+            pytest.fail(f"roots: {[(Collector.attrs(r), r.status) for r in roots()]}")
+        outcomes = Counter(
+            (str(Collector.attrs(r)["k8s.node.name"]), str(Collector.attrs(r)["nodewright.outcome"]))
+            for r in roots()
+        )
+        assert outcomes == Counter({(n, o): 1 for n in names for o in ("superseded", "complete")}), outcomes
+        await delete_nodewright(kube, nw, within=60)
+
+
+async def test_every_family_the_dashboard_and_alerts_read_is_scraped_from_the_start(
+    operator: OperatorProcess,
+) -> None:
+    """Issue 32: `workqueue_retries_total`, the watch restart and relist counters (and, without leader
+    election, `leader_election_master_status`) appeared only once used, so panels said "No data" and
+    alerts could not see a first increase. Before any NodeWright exists, every family the shipped
+    dashboard and alert rules read is scraped, except the per-NodeWright ones."""
+    from nodewright.observability.metrics import HISTOGRAM_METRICS, PER_NODEWRIGHT_METRICS
+    from tests.test_obs_manifests import (
+        DASHBOARD,
+        dashboard_exprs,
+        label_values_metric,
+        metric_names,
+        rule_exprs,
+    )
+
+    exprs = [label_values_metric(e) for e in dashboard_exprs(json.loads(DASHBOARD.read_text()))]
+    used = {name for expr in exprs for name in metric_names(expr)}
+    used |= {name for _, expr in rule_exprs() for name in metric_names(expr)}
+
+    def family(name: str) -> str:
+        base = re.sub(r"_(bucket|count|sum)$", "", name)
+        return base if base in HISTOGRAM_METRICS else name
+
+    expected = {name for name in used if family(name) not in PER_NODEWRIGHT_METRICS}
+    assert len(expected) >= 15, expected
+    scraped = await scrape(operator)
+    assert expected - set(scraped) == set(), "families the dashboard or the alerts read are missing"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from nodewright.kube.clock import FakeClock
@@ -36,6 +36,11 @@ class WatchRecorder:
     restarts: list[str] = field(default_factory=list)
     relists: int = 0
     events: list[str] = field(default_factory=list)
+
+    def init_resource(
+        self, *, resource: str, restart_reasons: Sequence[str], event_types: Sequence[str]
+    ) -> None:
+        return None
 
     def restart(self, *, resource: str, reason: str) -> None:
         self.restarts.append(reason)

@@ -62,7 +62,7 @@ async def test_acquire_creates_lease_and_other_candidate_waits(
     a = elector(client, clock, "a", metrics=metrics)
     b = elector(client, clock, "b")
     await a.acquire()
-    assert a.is_leader and holder(kube) == "a" and metrics.changes == [True]
+    assert a.is_leader and holder(kube) == "a" and metrics.changes == [False, True]  # a standby first
     spec = kube.get(LEASES_C, "nodewright-operator")["spec"]  # type: ignore[index]
     assert spec["leaseDurationSeconds"] == 15 and spec["leaseTransitions"] == 0
     assert not await b.try_acquire_or_renew(deadline=5)
@@ -127,7 +127,7 @@ async def test_leader_steps_down_when_renewal_fails_past_deadline(
     kube.fail("GET", "/leases/", 500, times=1000)  # the API server is failing
     hold = asyncio.create_task(a.hold())
     await eventually(lambda: hold.done(), clock=clock, advance=0.5)
-    assert not a.is_leader and metrics.changes == [True, False]
+    assert not a.is_leader and metrics.changes == [False, True, False]
     # It gave up within retry period + renew deadline of its last success.
     assert clock.monotonic() - 1000.0 <= 2.0 + 10.0 + 0.5
     assert clock.monotonic() - 1000.0 >= 2.0 + 10.0

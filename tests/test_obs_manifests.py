@@ -63,7 +63,7 @@ def rule_exprs() -> list[tuple[str, str]]:
     return [(rule.get("alert") or rule.get("record"), rule["expr"]) for g in groups for rule in g["rules"]]
 
 
-def _label_values_metric(expr: str) -> str:
+def label_values_metric(expr: str) -> str:
     # label_values(metric{...}, label) -> the metric; a template query is also an expression here.
     match = re.fullmatch(r"label_values\((.*),\s*\w+\)", expr.strip())
     return match.group(1) if match else expr
@@ -137,7 +137,7 @@ def test_dashboard_structure() -> None:
 
 def test_dashboard_expressions_use_exported_metrics() -> None:
     dash = json.loads(DASHBOARD.read_text())
-    exprs = [_label_values_metric(e) for e in dashboard_exprs(dash)]
+    exprs = [label_values_metric(e) for e in dashboard_exprs(dash)]
     assert len(exprs) > 30
     used: set[str] = set()
     for expr in exprs:

@@ -278,6 +278,72 @@ def test_workqueue_gauges_exist_from_queue_creation(metrics: OperatorMetrics) ->
     assert value(metrics, "workqueue_longest_running_processor_seconds", name="idle") == 0
 
 
+def test_series_the_dashboard_and_alerts_read_exist_before_first_use(metrics: OperatorMetrics) -> None:
+    """Issue 32: `workqueue_retries_total` (and the watch restart/relist counters) appeared only with
+    the first retry, so dashboard panels said "No data" on a healthy operator and `increase()` missed
+    the first one. Counters start at 0, histograms of a fixed label set with every bucket at 0 (what
+    client-go's `WithLabelValues` does for a queue's latency histograms)."""
+    from nodewright.kube.reflector import EVENT_TYPES, RESTART_REASONS
+
+    metrics.workqueues.for_queue("node")
+    metrics.init_controller("node")
+    metrics.watches.init_resource(resource="nodes", restart_reasons=RESTART_REASONS, event_types=EVENT_TYPES)
+    metrics.domain.update_nodewright("nw", snapshot(package_versions={"driver": "1.2", "fresh": "0.1"}))
+    assert value(metrics, "workqueue_adds_total", name="node") == 0
+    assert value(metrics, "workqueue_retries_total", name="node") == 0
+    assert value(metrics, "nodewright_watch_relists_total", resource="nodes") == 0
+    for reason in ("gone", "inactive", "connection", "short-watch", "throttled", "error"):
+        assert value(metrics, "nodewright_watch_restarts_total", resource="nodes", reason=reason) == 0, reason
+    assert value(metrics, "nodewright_watch_events_total", resource="nodes", type="BOOKMARK") == 0
+    assert value(metrics, "nodewright_event_loop_lag_last_seconds") == 0
+    for reason in ("NotYetInBatch", "BudgetFull", "CompartmentHalted", "ProtectedPods", "DrainBlocked"):
+        assert value(metrics, "nodewright_waiting_nodes", nodewright="nw", reason=reason) == 0, reason
+    for package, version in (("driver", "1.2"), ("tools", "0.3"), ("fresh", "0.1")):
+        labels = {"nodewright": "nw", "package": package, "version": version}
+        assert value(metrics, "nodewright_package_retries_total", **labels) == 0, package
+    for histogram, labels in (
+        ("workqueue_queue_duration_seconds", {"name": "node"}),
+        ("workqueue_work_duration_seconds", {"name": "node"}),
+        ("controller_runtime_reconcile_time_seconds", {"controller": "node"}),
+        ("nodewright_event_loop_lag_seconds", {}),
+    ):
+        assert value(metrics, f"{histogram}_count", **labels) == 0, histogram
+        assert value(metrics, f"{histogram}_bucket", **labels, le="+Inf") == 0, histogram
+    # A first observation replaces the empty point (one series, not two).
+    metrics.workqueues.for_queue("node").queued_for(0.5)
+    metrics.workqueues.for_queue("node").retry()
+    assert value(metrics, "workqueue_queue_duration_seconds_count", name="node") == 1
+    assert len(series(metrics, "workqueue_queue_duration_seconds_count")) == 1
+    assert value(metrics, "workqueue_retries_total", name="node") == 1
+    metrics.domain.count_retry(nodewright="nw", package="fresh", version="0.1")
+    assert (
+        value(metrics, "nodewright_package_retries_total", nodewright="nw", package="fresh", version="0.1")
+        == 1
+    )
+
+
+def test_declared_empty_histograms_are_not_pushed_over_otlp() -> None:
+    """OTLP keeps OpenTelemetry's semantics (no point before a measurement): an empty point would carry
+    min=+inf and max=-inf, which the scrape never shows."""
+    exporter = _RecordingExporter()
+    metrics = OperatorMetrics(otlp_exporter=exporter, otlp_interval_seconds=3600)
+    try:
+        metrics.init_controller("rollout")
+        metrics.force_flush()
+        names = {
+            metric.name
+            for batch in exporter.batches
+            for rm in batch.resource_metrics
+            for sm in rm.scope_metrics
+            for metric in sm.metrics
+        }
+        assert "controller_runtime_reconcile_total" in names
+        assert "controller_runtime_reconcile_time_seconds" not in names
+        assert value(metrics, "controller_runtime_reconcile_time_seconds_count", controller="rollout") == 0
+    finally:
+        metrics.shutdown()
+
+
 def test_workqueue_hooks_move_series(metrics: OperatorMetrics) -> None:
     q = metrics.workqueues.for_queue("node")
     assert metrics.workqueues.for_queue("node") is q

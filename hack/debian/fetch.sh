@@ -6,8 +6,9 @@
 # and prints that root directory as the last line on stdout. A run with the cache present is a no-op.
 # Programs inside run with LD_LIBRARY_PATH=<root>/usr/lib/x86_64-linux-gnu (or the machine's multiarch
 # directory) when a package ships a library next to its program (lua5.1 and liblua5.1-0).
-# Used for the Lua interpreter of the Argo CD health tests (TOOL=lua) and the OCI registry of the chart
-# tests (TOOL=registry: Debian's docker-registry, i.e. distribution/distribution).
+# Used for the Lua interpreter of the Argo CD health tests (TOOL=lua), the OCI registry of the chart
+# tests (TOOL=registry: Debian's docker-registry, i.e. distribution/distribution) and Prometheus
+# (TOOL=prometheus: promtool for the alert-rule tests, prometheus for the dashboard-query test).
 set -euo pipefail
 
 TOOL=${1:?usage: hack/debian/fetch.sh TOOL PACKAGE...}

@@ -337,6 +337,7 @@ async def build_runtime(
         workqueue_metrics=metrics.workqueues,
         leader_metrics=metrics.leader,
         reconcile_metrics=metrics,
+        lease_name=args.lease_name,
     )
     bind = parse_bind_address(args.metrics_bind_address)
     if bind is not None:

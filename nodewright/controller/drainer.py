@@ -23,7 +23,9 @@ operator restart, or a restart would silently extend every timeout. They are per
 annotation `nodewright.io/timing.<nw>` (written by the node controller in the same patch as the state
 annotation, so there is no extra write), together with `cordoned_at` (the start of the maintenance
 window, for the `nodewright_maintenance_seconds` histogram) and the drain-skip memory (`s`, `m`:
-when and why `drain.policy: skip` released the node, see `plan.node.DrainSkip`). The state annotation
+when and why `drain.policy: skip` released the node, see `plan.node.DrainSkip`) and, with tracing on,
+the admission whose node-rollout trace is open (`t`, `observability.tracing.TracedAdmission`: so the
+trace's root is emitted once, also when the rollout is abandoned). The state annotation
 itself has a strict schema shared with the rollout controller; these are the node controller's
 private bookkeeping, so they live next to it rather than in it. Eviction refusal messages are kept
 in memory only: they are re-learnt by the next eviction attempt.
@@ -42,6 +44,7 @@ import structlog
 from nodewright.api import constants
 from nodewright.kube.client import EvictionOutcome, EvictionResult, KubeClient
 from nodewright.kube.resources import JSON, PODS, ApiError, NotFound, TooManyRequests
+from nodewright.observability.tracing import TracedAdmission
 from nodewright.plan.node import DrainSkip
 from nodewright.plan.stages import parse_ts, ts
 
@@ -68,6 +71,7 @@ class Timing:
     draining_since: datetime | None = None
     skipped_at: datetime | None = None  # drain.policy skip released the node then (plan.node.DrainSkip)
     skip_message: str = ""
+    trace: TracedAdmission | None = None  # the admission whose rollout trace is open (or ended last)
 
     @property
     def empty(self) -> bool:
@@ -84,7 +88,7 @@ class Timing:
 
     def encode(self) -> str | None:
         """Compact JSON; None when empty (the annotation is then removed)."""
-        doc: dict[str, str] = {
+        doc: dict[str, Any] = {
             k: ts(v)
             for k, v in (
                 ("c", self.cordoned_at),
@@ -96,6 +100,8 @@ class Timing:
         }
         if self.skipped_at is not None and self.skip_message:
             doc["m"] = self.skip_message
+        if self.trace is not None:
+            doc["t"] = self.trace.encode()
         return json.dumps(doc, sort_keys=True, separators=(",", ":")) if doc else None
 
     @staticmethod
@@ -119,6 +125,7 @@ class Timing:
             values.get("d"),
             values.get("s"),
             message if isinstance(message, str) and values.get("s") is not None else "",
+            TracedAdmission.decode(doc.get("t")),
         )
 
 
@@ -140,7 +147,7 @@ def update_timing(
 
     The drain-skip memory is not touched here: it follows the plan (`Timing.with_drain_skip`)."""
     if uncordoning:
-        return Timing(skipped_at=timing.skipped_at, skip_message=timing.skip_message)
+        return Timing(skipped_at=timing.skipped_at, skip_message=timing.skip_message, trace=timing.trace)
     t = timing
     if cordoning and t.cordoned_at is None:
         t = replace(t, cordoned_at=now)

@@ -41,8 +41,13 @@ Lifecycle of `run(setup=...)`:
    storm); wait for the first list of each. With a `sync_timeout`, `run()` returns 1 when it passes
    (a leader-elected replica restarts and relists); with None it keeps waiting and logs every 5 min
    (a single replica never exits over an outage).
-2. Acquire the Lease (unless leader election is off). Event handlers enqueue keys all along; the
-   queues are only *worked* while leading.
+2. Acquire the Lease (unless leader election is off). A standby keeps its caches warm but its queues
+   closed: it holds no keys, reports `workqueue_depth` 0 and `leader_election_master_status` 0 (so an
+   idle standby never looks like a leader that stopped reconciling). On taking over it opens the
+   queues and replays every cache into the event handlers (`Informer.replay`), which enqueues what a
+   process starting with those caches would: every key, without a relist. Without leader election
+   the queues take keys from the start and the process reports itself leading
+   (`leader_election_master_status{name="<lease name>"} 1`) once its caches are synced.
 3. While leading: N workers per controller, plus the Lease renewal.
 4. Lost the Lease (renewal failed past the renew deadline) → workers are cancelled at once and `run()`
    returns 1: the process must exit and start over as a candidate, as Go operators do. Nothing may
@@ -167,10 +172,13 @@ async def until_reachable(
         return result
 
 
+DEFAULT_LEASE_NAME = "nodewright-operator"
+
+
 @dataclass(frozen=True)
 class LeaderElectionConfig:
     namespace: str
-    name: str = "nodewright-operator"
+    name: str = DEFAULT_LEASE_NAME
     identity: str = field(default_factory=default_identity)
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
@@ -240,6 +248,7 @@ class Manager:
         workqueue_metrics: WorkqueueMetricsProvider | None = None,
         leader_metrics: LeaderMetrics | None = None,
         reconcile_metrics: ReconcileRecorder | None = None,
+        lease_name: str = DEFAULT_LEASE_NAME,
     ) -> None:
         self.client = client
         self._reconcile_metrics = reconcile_metrics
@@ -250,6 +259,8 @@ class Manager:
         self._rng = rng or random.Random()
         self._watch_metrics = watch_metrics or NoopWatchMetrics()
         self._queue_metrics = workqueue_metrics or NoopWorkqueueMetricsProvider()
+        self._leader_metrics = leader_metrics or NoopLeaderMetrics()
+        self._lease_name = leader_election.name if leader_election is not None else lease_name
         self._informers: dict[tuple[Any, ...], Informer] = {}
         self._controllers: list[Controller] = []
         self._stop = asyncio.Event()
@@ -263,11 +274,13 @@ class Manager:
                 renew_deadline=leader_election.renew_deadline,
                 retry_period=leader_election.retry_period,
                 clock=clock,
-                metrics=leader_metrics or NoopLeaderMetrics(),
+                metrics=self._leader_metrics,
             )
             if leader_election is not None
             else None
         )
+        if self.elector is None:
+            self._leader_metrics.set_leader(name=self._lease_name, leading=False)
         self._leading = False
         self._set_up = False
         self._waiting_for: str | None = "start-up"
@@ -302,7 +315,10 @@ class Manager:
     def controller(self, name: str, reconcile: Reconcile, *, workers: int = 1) -> Controller:
         if any(c.name == name for c in self._controllers):
             raise ValueError(f"controller {name!r} already registered")
-        queue: WorkQueue[str] = WorkQueue(name, clock=self.clock, metrics=self._queue_metrics.for_queue(name))
+        # A leader-elected replica keeps its queues closed until it leads (module docstring, step 2).
+        queue: WorkQueue[str] = WorkQueue(
+            name, clock=self.clock, metrics=self._queue_metrics.for_queue(name), intake=self.elector is None
+        )
         controller = Controller(
             name, reconcile, workers=workers, queue=queue, metrics=self._reconcile_metrics
         )
@@ -417,8 +433,23 @@ class Manager:
         if self.elector is not None and not await self._until_stopped(self.elector.acquire()):
             return 0
         self._leading = True
+        if self.elector is None:
+            self._leader_metrics.set_leader(name=self._lease_name, leading=True)
+        else:
+            self._take_over()
         log.info("leading: starting workers", controllers=[c.name for c in self._controllers])
         return await self._lead()
+
+    def _take_over(self) -> None:
+        """A standby became the leader: open its queues and fill them from the warm caches."""
+        for controller in self._controllers:
+            controller.queue.open_intake()
+        for informer in self._informers.values():
+            informer.replay()
+        log.info(
+            "took over: queues filled from the caches",
+            queued={c.name: len(c.queue) for c in self._controllers},
+        )
 
     async def _wait_for_sync(self) -> None:
         await asyncio.gather(*(i.wait_for_sync() for i in self._informers.values()))

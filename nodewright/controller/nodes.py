@@ -72,6 +72,7 @@ from nodewright.api.nodestate import (
     PackageStage,
     PackageState,
     encode,
+    truncate_error,
 )
 from nodewright.controller.configmaps import PackageConfigMaps
 from nodewright.controller.context import (
@@ -102,7 +103,16 @@ from nodewright.kube.resources import JSON, NODES, ApiError, Conflict, NotFound
 from nodewright.kube.trim import node_ready
 from nodewright.kube.workqueue import Result
 from nodewright.observability import events as catalogue
-from nodewright.observability.tracing import NodeRollout, gate_spans
+from nodewright.observability.tracing import (
+    IDLE,
+    NodeRollout,
+    RolloutEnd,
+    TracedAdmission,
+    TraceStep,
+    describe_end,
+    gate_spans,
+    trace_step,
+)
 from nodewright.plan import drain as drain_mod
 from nodewright.plan import drift, podspec, sequencing
 from nodewright.plan.node import (
@@ -258,11 +268,21 @@ class NodeReconciler:
         plan, selection = await self._plan(key, ctx)
         cordon = any(isinstance(a, Cordon) for a in plan.actions)
         uncordon = any(isinstance(a, Uncordon) for a in plan.actions) and ctx.cordoned_by_us
-        new_timing = self._next_timing(key, ctx, plan, selection, cordon=cordon, uncordon=uncordon)
+        trace = self._trace_step(ctx, plan)
+        new_timing = self._next_timing(
+            key, ctx, plan, selection, cordon=cordon, uncordon=uncordon, trace=trace
+        )
         if ctx.deleting and self._settled(plan, ctx.summaries):
             # Nothing left to do for a leaving NodeWright: release the node instead of writing status
             # (a status written now would hold the finalizer forever).
-            await self._cleanup(ctx.node, nw_name, plan.state, cordoned=ctx.cordoned_by_us, forget_state=True)
+            await self._cleanup(
+                ctx.node,
+                nw_name,
+                plan.state,
+                cordoned=ctx.cordoned_by_us,
+                forget_state=True,
+                trace_end=(ctx.model, RolloutEnd.DELETED),
+            )
             self.drainer.forget(key)
             return None
         previous_status = node_labels(ctx.node).get(constants.status_label(nw_name))
@@ -285,11 +305,10 @@ class NodeReconciler:
             node_name,
             ctx.stored,
             plan,
-            ctx.inp.state.admission if ctx.inp.state else None,
+            trace,
             ctx.timing,
             uncordon,
             ctx.now,
-            previous_status,
             new_timing=new_timing,
             cordoned=cordon,
             pods=ctx.summaries,
@@ -395,7 +414,7 @@ class NodeReconciler:
         pods_raw = [p for p in trusted if not is_drift_check(p)]
         checks = [p for p in trusted if is_drift_check(p)]
         if not deleting and not matches_nodewright(model, node):
-            return _Done(await self._unselected(key, nw_name, node, stored, trusted))
+            return _Done(await self._unselected(key, model, node, stored, trusted))
         plan_nw = _deletion_spec(effective, stored or NodeState(), pods_raw) if deleting else effective
         summaries = [*await self._summaries(pods_raw, plan_nw, stored), *self._refused_pods(node_name)]
         admission = node_admission(node, nw_name)
@@ -450,8 +469,10 @@ class NodeReconciler:
         *,
         cordon: bool,
         uncordon: bool,
+        trace: TraceStep,
     ) -> Timing:
-        """The maintenance-window timing annotation after this plan (see `controller.drainer`)."""
+        """The maintenance-window timing annotation after this plan (see `controller.drainer`), with
+        the admission whose rollout trace is open (`trace.persisted`)."""
         timing = update_timing(
             ctx.timing,
             now=ctx.now,
@@ -461,6 +482,7 @@ class NodeReconciler:
             evicting=any(isinstance(a, Drain) for a in plan.actions),
             drained=None if selection is None else selection.drained,
         ).with_drain_skip(plan.drain_skip)
+        timing = replace(timing, trace=trace.persisted)
         if plan.drain_skipped:
             # Released after a drain timeout (policy skip): the next admission starts a fresh drain timer.
             timing = replace(timing, draining_since=None)
@@ -557,6 +579,30 @@ class NodeReconciler:
             pod = ctx.pods.get(failed.pod)
             if pod is not None:
                 await self.logstore.record_stopped(ctx.inp.nodewright, pod, failed, now=ctx.now)
+
+    def _trace_step(self, ctx: _PassContext, plan: NodePlan) -> TraceStep:
+        """What this pass does to the node's rollout trace (`observability.tracing.trace_step`); nothing
+        is persisted without tracing."""
+        if not self.rt.tracer.enabled:
+            return IDLE
+        traced = ctx.timing.trace
+        current = _traced(ctx.admission)
+        settled: RolloutEnd | None = None
+        if plan.consume_admission and current is not None:
+            settled = RolloutEnd.COMPLETE if plan.status is Status.COMPLETE else RolloutEnd.FAILED
+        # The spec fingerprint only matters to a trace whose admission is no longer the current one.
+        abandoning = (
+            traced is not None and not traced.ended and (current is None or current.key != traced.key)
+        )
+        return trace_step(
+            traced,
+            current,
+            fingerprint=spec_fingerprint(effective_nodewright(ctx.model)) if abandoning else "",
+            generation=ctx.model.metadata.generation,
+            settled=settled,
+            settled_reason=_failure(plan) if settled is RolloutEnd.FAILED else "",
+            deleting=ctx.deleting,
+        )
 
     @staticmethod
     def _usable_admission(admission: Admission | None, effective: NodeWright) -> StateAdmission | None:
@@ -1023,11 +1069,10 @@ class NodeReconciler:
         node_name: str,
         stored: NodeState | None,
         plan: NodePlan,
-        admission: StateAdmission | None,
+        trace: TraceStep,
         timing: Timing,
         uncordon: bool,
         now: datetime,
-        previous_status: str | None,
         *,
         new_timing: Timing | None = None,
         cordoned: bool = False,
@@ -1037,7 +1082,7 @@ class NodeReconciler:
         nw_name = model.metadata.name
         domain = rt.metrics.domain
         old = stored or NodeState()
-        rollout = _rollout_ref(model, node_name, admission or old.admission)
+        rollout = _rollout_ref(model, node_name, trace.spans_into)
         if rollout is not None and new_timing is not None:
             # The node gate (cordon, protected pods, drain, uncordon) as spans, like the stages.
             for span in gate_spans(
@@ -1127,15 +1172,19 @@ class NodeReconciler:
             stage_ended(entry, entry.stage.value, started, now, None if finished and not failed else error)
         if uncordon and timing.cordoned_at is not None:
             domain.observe_maintenance(nodewright=nw_name, seconds=(now - timing.cordoned_at).total_seconds())
-        if (
-            plan.status == Status.COMPLETE
-            and previous_status != Status.COMPLETE.value
-            and rollout is not None
-        ):
+        for end in trace.ended:
+            # The root of every trace this pass ended (after its stage spans): settled under its
+            # admission, or abandoned; once, since the write that records it went through.
+            ref = _rollout_ref(model, node_name, end.admission)
+            if ref is None:
+                continue
+            settled = end.outcome in (RolloutEnd.COMPLETE, RolloutEnd.FAILED)
             rt.tracer.node_rollout_finished(
-                rollout,
+                ref,
                 finished_at=now,
-                packages={n: p.version for n, p in model.spec.packages.items()},
+                packages={n: p.version for n, p in model.spec.packages.items()} if settled else None,
+                error=end.reason or None,
+                outcome=end.outcome,
             )
 
     # ------------------------------------------------------------------------------------------------
@@ -1151,12 +1200,18 @@ class NodeReconciler:
         return not any(e.state in ACTIVE_STATES for e in plan.state.packages)
 
     async def _unselected(
-        self, key: str, nw_name: str, node: JSON, stored: NodeState | None, pods: Sequence[JSON]
+        self, key: str, model: NodeWright, node: JSON, stored: NodeState | None, pods: Sequence[JSON]
     ) -> tuple[bool, float | None] | None:
         if pods:
             # Work of ours is still running there: let it end (the pod's events bring us back).
             return False, self.plan_options.poll_interval
-        await self._cleanup(node, nw_name, stored, cordoned=bool(stored and stored.cordoned))
+        await self._cleanup(
+            node,
+            model.metadata.name,
+            stored,
+            cordoned=bool(stored and stored.cordoned),
+            trace_end=(model, RolloutEnd.UNSELECTED),
+        )
         self.drainer.forget(key)
         return None
 
@@ -1185,9 +1240,19 @@ class NodeReconciler:
         return None
 
     async def _cleanup(
-        self, node: JSON, nw_name: str, state: NodeState | None, *, cordoned: bool, forget_state: bool = False
+        self,
+        node: JSON,
+        nw_name: str,
+        state: NodeState | None,
+        *,
+        cordoned: bool,
+        forget_state: bool = False,
+        trace_end: tuple[NodeWright, RolloutEnd] | None = None,
     ) -> None:
         """Remove our condition, status label and timing; uncordon if we cordoned.
+
+        A rollout trace still open in the timing annotation gets its root (`trace_end`: how it ended)
+        once that annotation is gone.
 
         A node that is only no longer selected keeps its package entries (files of those versions remain
         on the host, D2): if it is selected again the machine continues from them. A NodeWright being
@@ -1253,6 +1318,19 @@ class NodeReconciler:
             if patch_labels:
                 self.rt.enqueue_rollout(nw_name)
             log.info("node released by nodewright", node=name, nodewright=nw_name, uncordoned=cordoned)
+            if trace_end is not None and timing_annotation(nw_name) in patch_annotations:
+                self._end_abandoned_trace(name, read_timing(annotations, nw_name), *trace_end)
+
+    def _end_abandoned_trace(self, node: str, timing: Timing, model: NodeWright, outcome: RolloutEnd) -> None:
+        traced = timing.trace
+        ref = _rollout_ref(model, node, traced) if traced is not None and not traced.ended else None
+        if ref is not None:
+            self.rt.tracer.node_rollout_finished(
+                ref,
+                finished_at=self.rt.clock(),
+                error=describe_end(outcome, generation=model.metadata.generation),
+                outcome=outcome,
+            )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1393,7 +1471,29 @@ def _parse(text: str | None) -> datetime | None:
         return None
 
 
-def _rollout_ref(model: NodeWright, node: str, admission: StateAdmission | None) -> NodeRollout | None:
+def _traced(admission: Admission | None) -> TracedAdmission | None:
+    if admission is None:
+        return None
+    return TracedAdmission(
+        compartment=admission.compartment,
+        batch=admission.batch,
+        order=admission.order,
+        at=admission.at,
+        fingerprint=admission.fingerprint,
+    )
+
+
+def _failure(plan: NodePlan) -> str:
+    """Why a node settled erroring: each package that gave up, with its error."""
+    gave_up = [
+        f"{e.name} {e.version} ({e.stage.value}): {e.error or 'failed'}"
+        for e in plan.state.packages
+        if e.state is PackageState.ERRORING
+    ]
+    return truncate_error("; ".join(gave_up)) if gave_up else "a package gave up"
+
+
+def _rollout_ref(model: NodeWright, node: str, admission: TracedAdmission | None) -> NodeRollout | None:
     if admission is None:
         return None
     picked = _parse(admission.at)
@@ -1406,4 +1506,5 @@ def _rollout_ref(model: NodeWright, node: str, admission: StateAdmission | None)
         picked_at=picked,
         batch=admission.batch,
         compartment=admission.compartment,
+        fingerprint=admission.fingerprint,
     )

@@ -57,6 +57,8 @@ from nodewright.kube.trim import node_ready
 from nodewright.kube.workqueue import Result
 from nodewright.observability import events
 from nodewright.observability.metrics import (
+    HELD_BY_DRAIN,
+    HELD_BY_PROTECTED_PODS,
     CompartmentSnapshot,
     NodeWrightSnapshot,
     count_package_nodes,
@@ -1086,6 +1088,7 @@ class RolloutReconciler:
                 nodes_by_status=by_status,
                 package_nodes=count_package_nodes(entries),
                 packages=frozenset(snap.nodewright.spec.packages),
+                package_versions={n: p.version for n, p in snap.nodewright.spec.packages.items()},
                 compartments=compartments,
                 drain_blocked=drain_blocked,
                 waiting_by_reason=waiting_counts(plan, views, name),
@@ -1178,8 +1181,6 @@ class RolloutReconciler:
 
 DELETION_BLOCKED = "DeletionBlocked"
 WAITING_FOR_NODEWRIGHT = "WaitingForNodeWright"
-HELD_BY_PROTECTED_PODS = "ProtectedPods"
-HELD_BY_DRAIN = "DrainBlocked"
 
 
 def parse_reset_annotation(text: str) -> tuple[bool, frozenset[str]]:

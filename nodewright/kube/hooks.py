@@ -9,6 +9,7 @@ library and lets unit tests record calls with a plain object.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 
@@ -34,6 +35,9 @@ class RequestMetrics(Protocol):
 
 
 class WatchMetrics(Protocol):
+    def init_resource(
+        self, *, resource: str, restart_reasons: Sequence[str], event_types: Sequence[str]
+    ) -> None: ...
     def restart(self, *, resource: str, reason: str) -> None: ...
     def relist(self, *, resource: str) -> None: ...
     def event(self, *, resource: str, event_type: str) -> None: ...
@@ -74,6 +78,11 @@ class NoopRequestMetrics:
 
 
 class NoopWatchMetrics:
+    def init_resource(
+        self, *, resource: str, restart_reasons: Sequence[str], event_types: Sequence[str]
+    ) -> None:
+        return None
+
     def restart(self, *, resource: str, reason: str) -> None:
         return None
 

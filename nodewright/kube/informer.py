@@ -99,6 +99,12 @@ class Informer:
                 on_add(obj)
         return handler
 
+    def replay(self) -> None:
+        """Every cached object as an add to every handler: what handlers registered on a process that
+        starts with this cache would see (a standby that takes over fills its queues this way)."""
+        for obj in self.store.values():
+            self._dispatch_add(obj)
+
     def get(self, key: str) -> JSON | None:
         return self.store.get(key)
 

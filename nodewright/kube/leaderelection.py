@@ -22,7 +22,8 @@ Timing (defaults as controller-runtime: lease 15 s, renew deadline 10 s, retry p
 - On clean shutdown the leader releases the lease (empty holder, `leaseDurationSeconds: 1`), so a
   standby takes over within a retry period instead of waiting out the lease.
 
-`LeaderMetrics.set_leader(name=..., leading=...)` reports `leader_election_master_status`.
+`LeaderMetrics.set_leader(name=..., leading=...)` reports `leader_election_master_status`: 0 from the
+elector's creation (a standby says it is one, instead of exporting nothing), 1 while leading.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class LeaderElector:
     def __post_init__(self) -> None:
         if not (self.lease_duration > self.renew_deadline > 1.2 * self.retry_period > 0):
             raise ValueError("need lease_duration > renew_deadline > 1.2 * retry_period > 0")
+        self.metrics.set_leader(name=self.name, leading=False)
 
     @property
     def is_leader(self) -> bool:

@@ -49,6 +49,17 @@ from nodewright.kube.hooks import NoopWatchMetrics, WatchMetrics
 from nodewright.kube.resources import JSON, ApiError, Gone, Resource, TooManyRequests
 
 LIST_PAGE_SIZE: Final = 100
+RESTART_REASONS: Final[tuple[str, ...]] = (
+    "short-watch",
+    "gone",
+    "throttled",
+    "inactive",
+    "connection",
+    "error",
+)
+"""Reasons of `nodewright_watch_restarts_total` (besides `http-<status>` for other API errors); their
+series start at 0 with the reflector."""
+EVENT_TYPES: Final[tuple[str, ...]] = ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")
 
 log = structlog.get_logger("nodewright.kube.reflector")
 
@@ -117,6 +128,9 @@ class Reflector:
         self.clock = clock
         self.rng = rng or random.Random()
         self.metrics = metrics or NoopWatchMetrics()
+        self.metrics.init_resource(
+            resource=resource.label, restart_reasons=RESTART_REASONS, event_types=EVENT_TYPES
+        )
         self.backoff = Backoff(clock=clock, rng=self.rng)
         self.resource_version = ""
         self.lists = 0

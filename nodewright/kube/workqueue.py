@@ -11,6 +11,10 @@ Properties (client-go `util/workqueue` package doc, which reviewers will recogni
 - **Rate-limited retries**: `add_rate_limited(key)` = `add_after(key, limiter.when(key))`; the default
   limiter is max(per-key exponential 5 ms → 1000 s, overall bucket 10 qps / burst 100). `forget(key)`
   clears the key's failure history; `num_requeues(key)` exposes it.
+- **Closed intake** (NodeWright's addition): a queue created with `intake=False` ignores adds until
+  `open_intake()`. A leader-elected standby keeps its queues closed, so it holds no keys and its
+  `workqueue_depth` says 0 (like controller-runtime, whose controllers start their event sources only
+  once elected); on taking over, the Manager opens them and replays its warm caches into them.
 - **Shutdown**: `shutdown()` stops intake (adds are ignored), drops keys not yet handed out, wakes all
   waiting `get()` callers with `QueueShutDown`, and (with `drain=True`) waits — with a deadline — for
   the keys being processed to be marked done.
@@ -74,8 +78,10 @@ class WorkQueue(Generic[K]):
         clock: Clock = SYSTEM_CLOCK,
         rate_limiter: RateLimiter | None = None,
         metrics: WorkqueueMetrics | None = None,
+        intake: bool = True,
     ) -> None:
         self.name = name
+        self._intake = intake
         self._clock = clock
         self._limiter = rate_limiter or default_controller_rate_limiter(clock=clock)
         self._metrics = metrics or NoopWorkqueueMetrics()
@@ -94,7 +100,7 @@ class WorkQueue(Generic[K]):
     # -- intake -------------------------------------------------------------------------------------
 
     def add(self, key: K) -> None:
-        if self._shutting_down or key in self._dirty:
+        if self._shutting_down or not self._intake or key in self._dirty:
             return
         self._metrics.add()
         self._dirty.add(key)
@@ -104,7 +110,7 @@ class WorkQueue(Generic[K]):
         self._push_ready(key)
 
     def add_after(self, key: K, delay: float) -> None:
-        if self._shutting_down:
+        if self._shutting_down or not self._intake:
             return
         if delay <= 0:
             self.add(key)
@@ -120,10 +126,18 @@ class WorkQueue(Generic[K]):
         self._notify()
 
     def add_rate_limited(self, key: K) -> None:
-        if self._shutting_down:
+        if self._shutting_down or not self._intake:
             return
         self._metrics.retry()
         self.add_after(key, self._limiter.when(key))
+
+    def open_intake(self) -> None:
+        """Take keys from now on (see "Closed intake" in the module docstring)."""
+        self._intake = True
+
+    @property
+    def intake_open(self) -> bool:
+        return self._intake and not self._shutting_down
 
     def forget(self, key: K) -> None:
         self._limiter.forget(key)

@@ -48,6 +48,7 @@ import dataclasses
 import math
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -60,6 +61,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Histogram,
+    HistogramDataPoint,
     Metric,
     MetricExporter,
     MetricExportResult,
@@ -71,6 +73,7 @@ from opentelemetry.sdk.resources import Resource
 
 from nodewright.api.models import Status
 from nodewright.observability import exposition
+from nodewright.plan.rollout import WaitReason
 
 # ----------------------------------------------------------------------------------------------------
 # Names (the Prometheus family names as scraped; histogram samples add _bucket/_sum/_count)
@@ -122,18 +125,6 @@ NOTIFICATION_QUEUE: Final = "nodewright_notification_queue_depth"
 NOTIFICATION_CIRCUIT: Final = "nodewright_notification_circuit_state"
 NOTIFICATION_CIRCUIT_STATES: Final = ("closed", "open", "half_open")
 
-HISTOGRAM_METRICS: Final[frozenset[str]] = frozenset(
-    {
-        STAGE_DURATION,
-        MAINTENANCE,
-        WQ_QUEUE_DURATION,
-        WQ_WORK_DURATION,
-        RECONCILE_TIME,
-        REST_DURATION,
-        LOOP_LAG,
-    }
-)
-
 EXPORTED_METRICS: Final[tuple[str, ...]] = (
     NODEWRIGHT_STATUS,
     NODEWRIGHT_NODES,
@@ -180,6 +171,34 @@ EXPORTED_METRICS: Final[tuple[str, ...]] = (
     NOTIFICATION_QUEUE,
     NOTIFICATION_CIRCUIT,
 )
+
+PER_NODEWRIGHT_METRICS: Final[frozenset[str]] = frozenset(
+    {
+        NODEWRIGHT_STATUS,
+        NODEWRIGHT_NODES,
+        NODEWRIGHT_MATCHED_NODES,
+        PACKAGE_NODES,
+        PACKAGE_RETRIES,
+        ROLLOUT_MATCHED,
+        ROLLOUT_CEILING,
+        ROLLOUT_IN_PROGRESS,
+        ROLLOUT_COMPLETED,
+        ROLLOUT_PROGRESS,
+        ROLLOUT_BATCH,
+        ROLLOUT_FAILURES,
+        ROLLOUT_HALTED,
+        WINDOW_ACTIVE,
+        DRAIN_BLOCKED,
+        WAITING_NODES,
+        OLDEST_STAGE_AGE,
+        STAGE_DURATION,
+        MAINTENANCE,
+        DRIFTED_NODES,
+        DRIFT_CHECKS,
+    }
+)
+"""Families whose series belong to a NodeWright (label `nodewright`): they exist once it does. Every
+other family of `EXPORTED_METRICS` that the dashboard or the alerts read is scraped from the start."""
 
 # Histograms dropped at export for removed NodeWrights / packages (see module docstring).
 _REMOVABLE_HISTOGRAMS: Final = frozenset({STAGE_DURATION, MAINTENANCE})
@@ -232,8 +251,50 @@ MAINTENANCE_BUCKETS: Final[tuple[float, ...]] = (
 )
 LOOP_LAG_BUCKETS: Final[tuple[float, ...]] = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
+
+class HistogramSpec(NamedTuple):
+    description: str
+    buckets: tuple[float, ...]
+
+
+HISTOGRAMS: Final[Mapping[str, HistogramSpec]] = {
+    STAGE_DURATION: HistogramSpec(
+        "Duration of finished package stages (cordon .. uncordon), per package and stage.", STAGE_BUCKETS
+    ),
+    MAINTENANCE: HistogramSpec("Node maintenance time, cordon to uncordon.", MAINTENANCE_BUCKETS),
+    WQ_QUEUE_DURATION: HistogramSpec(
+        "How long an item stays in the queue before being processed.", WORKQUEUE_BUCKETS
+    ),
+    WQ_WORK_DURATION: HistogramSpec("How long processing an item from the queue takes.", WORKQUEUE_BUCKETS),
+    RECONCILE_TIME: HistogramSpec("Time per reconcile.", RECONCILE_BUCKETS),
+    REST_DURATION: HistogramSpec("API server request latency, by verb and resource.", REST_BUCKETS),
+    LOOP_LAG: HistogramSpec("Event-loop scheduling lag (sleep overshoot).", LOOP_LAG_BUCKETS),
+}
+"""Every histogram: its HELP text and bucket boundaries in seconds (all of them have unit "s")."""
+
+HISTOGRAM_METRICS: Final[frozenset[str]] = frozenset(HISTOGRAMS)
+
+
+def _histogram(meter: Any, name: str) -> Any:
+    spec = HISTOGRAMS[name]
+    return meter.create_histogram(
+        name, unit="s", description=spec.description, explicit_bucket_boundaries_advisory=list(spec.buckets)
+    )
+
+
 ReconcileResult = Literal["success", "error", "requeue", "requeue_after"]
 RECONCILE_RESULTS: Final[tuple[ReconcileResult, ...]] = ("success", "error", "requeue", "requeue_after")
+
+HELD_BY_PROTECTED_PODS: Final = "ProtectedPods"
+"""`nodewright_waiting_nodes` reason of an admitted node held at its gate by protected pods."""
+HELD_BY_DRAIN: Final = "DrainBlocked"
+"""... by a drain that cannot progress (an eviction refused, or the drain timeout passed)."""
+WAITING_REASONS: Final[tuple[str, ...]] = (
+    *(r.value for r in WaitReason),
+    HELD_BY_PROTECTED_PODS,
+    HELD_BY_DRAIN,
+)
+"""The reasons of `nodewright_waiting_nodes`, each reported per NodeWright (0 when nobody waits)."""
 
 LEGACY_POLICY: Final = "legacy"
 """Policy label value of a NodeWright without a DeploymentPolicy (interruptionBudget translation)."""
@@ -291,8 +352,10 @@ class NodeWrightSnapshot:
     `package_nodes` holds node counts per (package, version, stage, state) -- build it with
     `count_package_nodes` so the counts are summed, not overwritten. `packages` names the packages in
     the spec; a package absent from it (e.g. after its uninstall) loses its histogram series too. When
-    None, the package names in `package_nodes` are used. `oldest_stage_started_at` is when the
-    longest-running in-progress stage of any node started (None when no stage is in progress).
+    None, the package names in `package_nodes` and `package_versions` are used. `package_versions`
+    (package -> version of the spec) starts the package's retry counter at 0, so `rate()` works before
+    its first retry. `oldest_stage_started_at` is when the longest-running in-progress stage of any
+    node started (None when no stage is in progress).
     """
 
     status: str
@@ -300,6 +363,7 @@ class NodeWrightSnapshot:
     nodes_by_status: Mapping[str, int] = dataclasses.field(default_factory=dict)
     package_nodes: Mapping[PackageKey, int] = dataclasses.field(default_factory=dict)
     packages: frozenset[str] | None = None
+    package_versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
     compartments: Sequence[CompartmentSnapshot] = ()
     drain_blocked: int = 0
     waiting_by_reason: Mapping[str, int] = dataclasses.field(default_factory=dict)
@@ -308,7 +372,7 @@ class NodeWrightSnapshot:
     def package_names(self) -> frozenset[str]:
         if self.packages is not None:
             return self.packages
-        return frozenset(key.package for key in self.package_nodes)
+        return frozenset(key.package for key in self.package_nodes) | frozenset(self.package_versions)
 
 
 def count_package_nodes(entries: Iterable[tuple[str, str, str, str]]) -> dict[PackageKey, int]:
@@ -380,26 +444,24 @@ class DomainMetrics:
             unit="",
             description="Package stage retries (failed attempts that were retried).",
         )
-        self._stage_duration = meter.create_histogram(
-            STAGE_DURATION,
-            unit="s",
-            description="Duration of finished package stages (cordon .. uncordon), per package and stage.",
-            explicit_bucket_boundaries_advisory=list(STAGE_BUCKETS),
-        )
-        self._maintenance = meter.create_histogram(
-            MAINTENANCE,
-            unit="s",
-            description="Node maintenance time, cordon to uncordon.",
-            explicit_bucket_boundaries_advisory=list(MAINTENANCE_BUCKETS),
-        )
+        self._stage_duration = _histogram(meter, STAGE_DURATION)
+        self._maintenance = _histogram(meter, MAINTENANCE)
 
     # -- controller API -----------------------------------------------------------------------------
 
     def update_nodewright(self, name: str, snapshot: NodeWrightSnapshot) -> None:
         """Replace the NodeWright's snapshot; series no longer present disappear on the next scrape."""
         keep = snapshot.package_names()
+        versions = {
+            *snapshot.package_versions.items(),
+            *((k.package, k.version) for k in snapshot.package_nodes),
+        }
         with self._lock:
-            self._retries = {k: v for k, v in self._retries.items() if k[0] != name or k[1] in keep}
+            retries = {k: v for k, v in self._retries.items() if k[0] != name or k[1] in keep}
+            for package, version in versions:
+                if package in keep:
+                    retries.setdefault((name, package, version), 0)
+            self._retries = retries
             self._snapshots = {**self._snapshots, name: snapshot}
             if name in self._removed:
                 self._removed = self._removed - {name}
@@ -488,8 +550,9 @@ class DomainMetrics:
 
     def _waiting(self) -> Iterable[Observation]:
         for nw, snap in self._snapshots.items():
-            for reason, count in snap.waiting_by_reason.items():
-                yield Observation(count, {"nodewright": nw, "reason": reason})
+            # Every reason is reported (0 when nobody waits for it), like the node statuses.
+            for reason in sorted(set(WAITING_REASONS) | set(snap.waiting_by_reason)):
+                yield Observation(snap.waiting_by_reason.get(reason, 0), {"nodewright": nw, "reason": reason})
 
     def _oldest_stage(self) -> Iterable[Observation]:
         now = self._now()
@@ -586,7 +649,8 @@ class QueueMetrics:
 class WorkqueueMetricsProvider:
     """`WorkqueueMetricsProvider`: one `QueueMetrics` per queue name."""
 
-    def __init__(self, meter: Any) -> None:
+    def __init__(self, meter: Any, zeros: ZeroHistograms | None = None) -> None:
+        self._zeros = zeros or ZeroHistograms()
         self.depths = _Gauges()
         self.unfinished_work = _Gauges()
         self.longest_running = _Gauges()
@@ -607,28 +671,24 @@ class WorkqueueMetricsProvider:
         )
         self.adds = meter.create_counter(WQ_ADDS, description="Adds handled by the work queue.")
         self.retries = meter.create_counter(WQ_RETRIES, description="Retries (rate-limited re-adds).")
-        self.queue_duration = meter.create_histogram(
-            WQ_QUEUE_DURATION,
-            unit="s",
-            description="How long an item stays in the queue before being processed.",
-            explicit_bucket_boundaries_advisory=list(WORKQUEUE_BUCKETS),
-        )
-        self.work_duration = meter.create_histogram(
-            WQ_WORK_DURATION,
-            unit="s",
-            description="How long processing an item from the queue takes.",
-            explicit_bucket_boundaries_advisory=list(WORKQUEUE_BUCKETS),
-        )
+        self.queue_duration = _histogram(meter, WQ_QUEUE_DURATION)
+        self.work_duration = _histogram(meter, WQ_WORK_DURATION)
         self._queues: dict[str, QueueMetrics] = {}
 
     def for_queue(self, name: str) -> QueueMetrics:
         queue = self._queues.get(name)
         if queue is None:
             queue = self._queues[name] = QueueMetrics(name, self)
-            # Like client-go: a queue's gauges exist (at 0) from its creation, not from its first add,
-            # so `workqueue_depth{name=...}` is scrapeable for an idle queue.
+            # Like client-go: a queue's series exist from its creation, not from its first add, so an
+            # idle queue (or a standby's) is scrapeable and rate() sees the first retry: gauges and
+            # counters at 0, the latency histograms with every bucket at 0.
             queue.depth(0)
             queue.unfinished(total_seconds=0.0, longest_seconds=0.0)
+            labels = {"name": name}
+            self.adds.add(0, labels)
+            self.retries.add(0, labels)
+            self._zeros.declare(WQ_QUEUE_DURATION, labels)
+            self._zeros.declare(WQ_WORK_DURATION, labels)
         return queue
 
 
@@ -639,12 +699,7 @@ class RequestMetricsRecorder:
         self._requests = meter.create_counter(
             REST_REQUESTS, description="HTTP requests to the API server, by verb, resource and status code."
         )
-        self._duration = meter.create_histogram(
-            REST_DURATION,
-            unit="s",
-            description="API server request latency, by verb and resource.",
-            explicit_bucket_boundaries_advisory=list(REST_BUCKETS),
-        )
+        self._duration = _histogram(meter, REST_DURATION)
 
     def observe(self, *, verb: str, resource: str, code: str, seconds: float) -> None:
         self._requests.add(1, {"verb": verb, "code": code, "resource": resource})
@@ -658,6 +713,17 @@ class WatchMetricsRecorder:
         self._restarts = meter.create_counter(WATCH_RESTARTS, description="Watch streams restarted.")
         self._relists = meter.create_counter(WATCH_RELISTS, description="Full relists (e.g. after 410 Gone).")
         self._events = meter.create_counter(WATCH_EVENTS, description="Watch events received, by type.")
+
+    def init_resource(
+        self, *, resource: str, restart_reasons: Iterable[str], event_types: Iterable[str]
+    ) -> None:
+        """A watched resource's series at 0 before its first relist, restart or event, so `increase()`
+        and alerts see the first one and the dashboard's panels are not empty on a healthy operator."""
+        self._relists.add(0, {"resource": resource})
+        for reason in restart_reasons:
+            self._restarts.add(0, {"resource": resource, "reason": reason})
+        for event_type in event_types:
+            self._events.add(0, {"resource": resource, "type": event_type})
 
     def restart(self, *, resource: str, reason: str) -> None:
         self._restarts.add(1, {"resource": resource, "reason": reason})
@@ -688,6 +754,85 @@ class LeaderMetricsRecorder:
 # Export plumbing
 
 
+class ZeroHistograms:
+    """Histogram series that exist from their declaration, every bucket at 0.
+
+    client-go creates a queue's latency histograms with the queue (`WithLabelValues`), so they are
+    scraped before the first item; the OTel SDK reports a histogram point (and the metric at all) only
+    after a first observation. Declared label sets without a point get an empty one in the scrape
+    (the Prometheus exposition; the OTLP push keeps OpenTelemetry's own semantics: no point before a
+    measurement). Declarations are few and fixed (queues, controllers, the loop lag); they are never
+    removed.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._declared: dict[str, set[tuple[tuple[str, str], ...]]] = {}
+
+    def declare(self, name: str, attributes: Mapping[str, str]) -> None:
+        if name not in HISTOGRAMS:
+            raise ValueError(f"{name} is not a histogram")
+        with self._lock:
+            self._declared.setdefault(name, set()).add(tuple(sorted(attributes.items())))
+
+    def complete(self, data: MetricsData) -> MetricsData:
+        """`data` with an empty point for each declared series it lacks (and the metric if absent)."""
+        with self._lock:
+            declared = {name: set(keys) for name, keys in self._declared.items()}
+        if not declared:
+            return data
+        now = time.time_ns()
+        missing = dict(declared)
+        resource_metrics = []
+        for rm in data.resource_metrics:
+            scope_metrics = []
+            for sm in rm.scope_metrics:
+                metrics = [self._fill(m, missing.pop(m.name, set()), now) for m in sm.metrics]
+                scope_metrics.append(dataclasses.replace(sm, metrics=metrics))
+            resource_metrics.append(dataclasses.replace(rm, scope_metrics=scope_metrics))
+        absent = [self._fill(self._metric(name), keys, now) for name, keys in missing.items() if keys]
+        if absent and resource_metrics and resource_metrics[0].scope_metrics:
+            first = resource_metrics[0]
+            scopes = list(first.scope_metrics)
+            scopes[0] = dataclasses.replace(scopes[0], metrics=[*scopes[0].metrics, *absent])
+            resource_metrics[0] = dataclasses.replace(first, scope_metrics=scopes)
+        # (A collection with no scope at all has nothing else either: the gauges always report.)
+        return dataclasses.replace(data, resource_metrics=resource_metrics)
+
+    @staticmethod
+    def _metric(name: str) -> Metric:
+        data = Histogram(data_points=[], aggregation_temporality=AggregationTemporality.CUMULATIVE)
+        return Metric(name=name, description=HISTOGRAMS[name].description, unit="s", data=data)
+
+    @staticmethod
+    def _fill(metric: Metric, keys: set[tuple[tuple[str, str], ...]], now: int) -> Metric:
+        if not keys or not isinstance(metric.data, Histogram):
+            return metric
+        present = {
+            tuple(sorted((k, str(v)) for k, v in (p.attributes or {}).items()))
+            for p in metric.data.data_points
+        }
+        bounds = HISTOGRAMS[metric.name].buckets
+        empty = [
+            HistogramDataPoint(
+                attributes=dict(key),
+                start_time_unix_nano=now,
+                time_unix_nano=now,
+                count=0,
+                sum=0.0,
+                bucket_counts=[0] * (len(bounds) + 1),
+                explicit_bounds=bounds,
+                min=math.inf,
+                max=-math.inf,
+            )
+            for key in sorted(keys - present)
+        ]
+        if not empty:
+            return metric
+        points = [*metric.data.data_points, *empty]
+        return dataclasses.replace(metric, data=dataclasses.replace(metric.data, data_points=points))
+
+
 def _filter_metrics(data: MetricsData, keep: Callable[[_Attrs], bool]) -> MetricsData:
     """Drop points of removable histograms that `keep` rejects (see module docstring)."""
 
@@ -716,7 +861,7 @@ class _FilteringPrometheusReader(MetricReader):
     """The scrape's pull reader: `render()` collects (running the observable callbacks on the caller's
     thread) and writes the filtered collection in the Prometheus text format."""
 
-    def __init__(self, keep: Callable[[_Attrs], bool]) -> None:
+    def __init__(self, prepare: Callable[[MetricsData], MetricsData]) -> None:
         # Cumulative for every instrument kind, as PrometheusMetricReader asks: a scrape shows totals.
         super().__init__(
             preferred_temporality=dict.fromkeys(
@@ -731,7 +876,7 @@ class _FilteringPrometheusReader(MetricReader):
                 AggregationTemporality.CUMULATIVE,
             ),
         )
-        self._keep = keep
+        self._prepare = prepare
         # `collect()` hands its result to `_receive_metrics`; the lock pairs each render with its own
         # collection when two threads render at once.
         self._render_lock = threading.Lock()
@@ -749,7 +894,7 @@ class _FilteringPrometheusReader(MetricReader):
     def _receive_metrics(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
     ) -> None:
-        self._collected = _filter_metrics(metrics_data, self._keep)
+        self._collected = self._prepare(metrics_data)
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         # Nothing is buffered between scrapes; the base class would run every callback for nothing.
@@ -763,15 +908,15 @@ class _FilteringPrometheusReader(MetricReader):
 class _FilteringExporter(MetricExporter):
     """Wraps the OTLP exporter so pushed data drops removed series like the scrape does."""
 
-    def __init__(self, inner: MetricExporter, keep: Callable[[_Attrs], bool]) -> None:
+    def __init__(self, inner: MetricExporter, prepare: Callable[[MetricsData], MetricsData]) -> None:
         super().__init__()
         self._inner = inner
-        self._keep = keep
+        self._prepare = prepare
 
     def export(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
     ) -> MetricExportResult:
-        return self._inner.export(_filter_metrics(metrics_data, self._keep), timeout_millis=timeout_millis)
+        return self._inner.export(self._prepare(metrics_data), timeout_millis=timeout_millis)
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return self._inner.force_flush(timeout_millis=timeout_millis)
@@ -825,7 +970,8 @@ class OperatorMetrics:
         service_instance: str | None = None,
         now: Callable[[], datetime] = _now_utc,
     ) -> None:
-        self._prometheus = _FilteringPrometheusReader(self._keeps)
+        self.zero_histograms = ZeroHistograms()
+        self._prometheus = _FilteringPrometheusReader(self._scraped)
         readers: list[MetricReader] = [self._prometheus]
         if otlp is None:
             otlp = bool(os.environ.get(OTLP_ENDPOINT_ENV))
@@ -837,7 +983,7 @@ class OperatorMetrics:
                 otlp_exporter = OTLPMetricExporter()
             readers.append(
                 PeriodicExportingMetricReader(
-                    _FilteringExporter(otlp_exporter, self._keeps),
+                    _FilteringExporter(otlp_exporter, self._pushed),
                     export_interval_millis=(
                         otlp_export_interval_millis(os.environ)
                         if otlp_interval_seconds is None
@@ -851,7 +997,7 @@ class OperatorMetrics:
         self.provider = MeterProvider(metric_readers=readers, resource=Resource.create(attributes))
         meter = self.provider.get_meter("nodewright")
         self.domain = DomainMetrics(meter, now=now)
-        self.workqueues = WorkqueueMetricsProvider(meter)
+        self.workqueues = WorkqueueMetricsProvider(meter, self.zero_histograms)
         self.requests = RequestMetricsRecorder(meter)
         self.watches = WatchMetricsRecorder(meter)
         self.leader = LeaderMetricsRecorder(meter)
@@ -861,18 +1007,8 @@ class OperatorMetrics:
         self._reconcile_errors = meter.create_counter(
             RECONCILE_ERRORS, description="Reconciles that returned an error."
         )
-        self._reconcile_time = meter.create_histogram(
-            RECONCILE_TIME,
-            unit="s",
-            description="Time per reconcile.",
-            explicit_bucket_boundaries_advisory=list(RECONCILE_BUCKETS),
-        )
-        self._loop_lag = meter.create_histogram(
-            LOOP_LAG,
-            unit="s",
-            description="Event-loop scheduling lag (sleep overshoot).",
-            explicit_bucket_boundaries_advisory=list(LOOP_LAG_BUCKETS),
-        )
+        self._reconcile_time = _histogram(meter, RECONCILE_TIME)
+        self._loop_lag = _histogram(meter, LOOP_LAG)
         self._loop_lag_last = _Gauges()
         meter.create_observable_gauge(
             LOOP_LAG_LAST,
@@ -880,6 +1016,10 @@ class OperatorMetrics:
             unit="s",
             description="Most recent event-loop lag measurement.",
         )
+        # Scrapeable before the first measurement: it also marks a target as a NodeWright operator
+        # (the alert rules and the dashboard's `job` variable join on it).
+        self._loop_lag_last.set({}, 0.0)
+        self.zero_histograms.declare(LOOP_LAG, {})
         self._untrusted_pods = meter.create_counter(
             UNTRUSTED_PODS,
             description="Pods with package-pod labels that failed verification and were deleted, by reason.",
@@ -910,9 +1050,14 @@ class OperatorMetrics:
         )
         self._closed = False
 
-    def _keeps(self, attributes: _Attrs) -> bool:
+    def _pushed(self, data: MetricsData) -> MetricsData:
+        """What the OTLP push exports: removed series dropped."""
         # Readers are built before `domain` exists, but nothing is collected before it does.
-        return self.domain.keeps(attributes)
+        return _filter_metrics(data, self.domain.keeps)
+
+    def _scraped(self, data: MetricsData) -> MetricsData:
+        """What the scrape shows: also the declared histograms without observations, empty."""
+        return self._pushed(self.zero_histograms.complete(data))
 
     def reconcile(self, *, controller: str, result: ReconcileResult, seconds: float) -> None:
         """Record one finished reconcile (controller-runtime semantics: errors also count in _total)."""
@@ -922,10 +1067,12 @@ class OperatorMetrics:
         self._reconcile_time.record(max(0.0, seconds), {"controller": controller})
 
     def init_controller(self, controller: str) -> None:
-        """Emit zero-valued reconcile series so rate() and absence alerts work from the start."""
+        """Emit zero-valued reconcile series so rate() and absence alerts work from the start (the time
+        histogram with every bucket at 0)."""
         for result in RECONCILE_RESULTS:
             self._reconcile_total.add(0, {"controller": controller, "result": result})
         self._reconcile_errors.add(0, {"controller": controller})
+        self.zero_histograms.declare(RECONCILE_TIME, {"controller": controller})
 
     def init_untrusted_pods(self, reasons: Iterable[str]) -> None:
         """Zero-valued series per reason, so `increase()` and alerts see the first untrusted pod."""

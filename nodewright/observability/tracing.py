@@ -11,9 +11,9 @@ Restart safety. A node rollout lasts minutes to hours and spans many reconciles 
 restarts, so nothing is held open in memory: each span is emitted when its stage finishes, with start
 and end timestamps taken from the node state the controller persists, and the ids are derived
 deterministically from the rollout's identity -- (NodeWright uid, node, time the node was picked,
-batch) -- which the controller can rebuild after a restart:
+batch, spec fingerprint of the admission) -- which the controller can rebuild after a restart:
 
-- trace id = first 16 bytes of sha256("nodewright-trace/<uid>/<node>/<picked_at>/<batch>"),
+- trace id = first 16 bytes of sha256("nodewright-trace/<uid>/<node>/<picked_at>/<batch>/<fingerprint>"),
 - root span id = 8 bytes of sha256 of the same key + "/root".
 
 Stage spans emitted before the root name it as their (remote) parent; the root span itself is emitted
@@ -21,6 +21,16 @@ last by `node_rollout_finished`, with the derived ids forced through an `IdGener
 context variable (the SDK's public extension point for ids). A backend therefore assembles one trace
 per node rollout whatever the number of restarts in between; a stage whose end was lost in a crash is
 simply missing.
+
+Every trace gets its root exactly once, however the node's rollout ends (`trace_step`, `RolloutEnd`):
+it settles under its admission (`complete`, or `failed`: a package gave up, status ERROR with the
+packages' errors), or it is abandoned -- `superseded` (the spec changed: a newer generation), `withdrawn`
+(the rollout took the admission back or replaced it), `unselected` (the node left the selector),
+`deleted` (the NodeWright is being deleted) -- all ERROR with the reason as status description and as
+`nodewright.outcome`. The node controller persists the admission whose trace is open
+(`TracedAdmission`, in its timing annotation), so an abandoned trace is ended by the first pass that
+sees its admission gone or stale, also after a restart, and never twice (without an OTLP endpoint
+nothing is persisted).
 
 Cost. Without `OTEL_EXPORTER_OTLP_ENDPOINT` (or an injected exporter) no TracerProvider is created and
 every method returns immediately. With one, spans go through a `BatchSpanProcessor` (export on a
@@ -34,9 +44,10 @@ import asyncio
 import contextvars
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Final, Protocol
+from enum import StrEnum
+from typing import Any, Final, Protocol
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -80,9 +91,13 @@ class NodeRollout:
     picked_at: datetime
     batch: int
     compartment: str
+    fingerprint: str = ""  # of the spec the node was admitted for ("" for ids of older releases)
 
     def _key(self) -> str:
-        return f"nodewright-trace/{self.nodewright_uid}/{self.node}/{self.picked_at.isoformat()}/{self.batch}"
+        key = f"nodewright-trace/{self.nodewright_uid}/{self.node}/{self.picked_at.isoformat()}/{self.batch}"
+        # A spec change restarts batch numbering and admission times have second precision: the
+        # fingerprint keeps a superseded rollout and its successor in two traces.
+        return f"{key}/{self.fingerprint}" if self.fingerprint else key
 
     @property
     def trace_id(self) -> int:
@@ -101,6 +116,150 @@ class NodeRollout:
             ATTR_COMPARTMENT: self.compartment,
             ATTR_BATCH: self.batch,
         }
+
+
+class RolloutEnd(StrEnum):
+    """How a node's rollout (one admission of the node) ended: the root span's `nodewright.outcome`."""
+
+    COMPLETE = "complete"  # every package complete: status OK
+    FAILED = "failed"  # a package gave up (the node is erroring)
+    SUPERSEDED = "superseded"  # the spec changed (a newer generation) before the node settled
+    WITHDRAWN = "withdrawn"  # the rollout took the node's admission back, or admitted it anew
+    UNSELECTED = "unselected"  # the node no longer matches the NodeWright's selector
+    DELETED = "deleted"  # the NodeWright is being deleted
+
+
+@dataclass(frozen=True, slots=True)
+class TracedAdmission:
+    """The admission whose node-rollout trace is open on a node (or was, with `ended`).
+
+    The node controller keeps it in its timing annotation: it names the trace (`at` is the trace's
+    `picked_at`) after the admission itself was replaced, and `ended` keeps an admission that comes
+    back (a spec change reverted) from getting a second root.
+    """
+
+    compartment: str
+    batch: int
+    order: int
+    at: str
+    fingerprint: str
+    ended: bool = False
+
+    @property
+    def key(self) -> str:
+        # The fingerprint too: a new spec's rollout numbers its batches and orders from the start
+        # again, and admission times have second precision.
+        return f"{self.fingerprint}/{self.batch}/{self.order}/{self.at}"
+
+    def encode(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "c": self.compartment,
+            "b": self.batch,
+            "o": self.order,
+            "at": self.at,
+            "f": self.fingerprint,
+        }
+        if self.ended:
+            doc["e"] = True
+        return doc
+
+    @staticmethod
+    def decode(doc: object) -> TracedAdmission | None:
+        """Lenient: anything unreadable is None (a trace then just misses its root)."""
+        if not isinstance(doc, dict):
+            return None
+        c, b, o, at, f, e = (doc.get(k) for k in ("c", "b", "o", "at", "f", "e"))
+        if not (isinstance(c, str) and isinstance(b, int) and isinstance(o, int)):
+            return None
+        if not (isinstance(at, str) and isinstance(f, str) and isinstance(e, bool | None)):
+            return None
+        return TracedAdmission(c, b, o, at, f, bool(e))
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEnd:
+    """The root span one pass emits: for which admission, how, and the status description."""
+
+    admission: TracedAdmission
+    outcome: RolloutEnd
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TraceStep:
+    """What one node-controller pass does to the node's rollout trace (see `trace_step`)."""
+
+    spans_into: TracedAdmission | None  # the trace this pass's stage and gate spans belong to
+    ended: tuple[TraceEnd, ...]  # the root spans to emit after the pass's write (oldest first)
+    persisted: TracedAdmission | None  # what the timing annotation keeps afterwards
+
+
+IDLE: Final = TraceStep(None, (), None)
+
+
+def trace_step(
+    traced: TracedAdmission | None,
+    current: TracedAdmission | None,
+    *,
+    fingerprint: str,
+    generation: int | None,
+    settled: RolloutEnd | None = None,
+    settled_reason: str = "",
+    deleting: bool = False,
+) -> TraceStep:
+    """The rule for when a node-rollout trace ends (pure).
+
+    `traced` is the persisted admission of the open (or last) trace, `current` the admission that lets
+    the node work now (current spec fingerprint, not consumed), `settled` how the node settled under
+    `current` in this pass (COMPLETE or FAILED, when the plan consumes the admission).
+
+    - A trace opens with the first pass under an admission, and ends when the node settles under it.
+    - A trace whose admission is no longer the current one ends at once: `deleted` while the NodeWright
+      is being deleted, `superseded` when its fingerprint is not the spec's any more, else `withdrawn`.
+    - A trace ends once: an admission whose trace was abandoned is never traced again (a settled one
+      is consumed, so it never comes back).
+    """
+    ended: tuple[TraceEnd, ...] = ()
+    if traced is not None and not traced.ended and (current is None or current.key != traced.key):
+        ended = (TraceEnd(traced, *_abandoned(traced, fingerprint, generation, deleting)),)
+        traced = replace(traced, ended=True)
+    if current is None:
+        return TraceStep(None, ended, traced)
+    if traced is not None and traced.key == current.key and traced.ended:
+        return TraceStep(None, ended, traced)  # its trace ended already (the spec came back)
+    if settled is not None:
+        # Settling consumes the admission, which therefore never lets the node work again: nothing
+        # to remember.
+        return TraceStep(current, (*ended, TraceEnd(current, settled, settled_reason)), None)
+    return TraceStep(current, ended, current)
+
+
+def _abandoned(
+    traced: TracedAdmission, fingerprint: str, generation: int | None, deleting: bool
+) -> tuple[RolloutEnd, str]:
+    if deleting:
+        outcome = RolloutEnd.DELETED
+    elif traced.fingerprint != fingerprint:
+        outcome = RolloutEnd.SUPERSEDED
+    else:
+        outcome = RolloutEnd.WITHDRAWN
+    return outcome, describe_end(outcome, generation=generation)
+
+
+def describe_end(outcome: RolloutEnd, *, generation: int | None = None) -> str:
+    """The root span's status description of an abandoned rollout."""
+    match outcome:
+        case RolloutEnd.SUPERSEDED:
+            at = f" (generation {generation})" if generation is not None else ""
+            return f"superseded: the spec changed{at} before the node finished"
+        case RolloutEnd.WITHDRAWN:
+            return "withdrawn: the rollout took the node's admission back or admitted it anew"
+        case RolloutEnd.UNSELECTED:
+            return "unselected: the node no longer matches the NodeWright's selector"
+        case RolloutEnd.DELETED:
+            return "deleted: the NodeWright is being deleted"
+        case _:
+            return outcome.value
 
 
 _forced_ids: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
@@ -201,8 +360,12 @@ class RolloutTracer:
         finished_at: datetime,
         packages: dict[str, str] | None = None,
         error: str | None = None,
+        outcome: RolloutEnd | None = None,
     ) -> None:
-        """Emit the root span, from the batch pick (`rollout.picked_at`) to the uncordon (or abandonment)."""
+        """Emit the root span, from the batch pick (`rollout.picked_at`) to the uncordon (or abandonment).
+
+        `outcome` defaults to FAILED with an `error`, else COMPLETE; any outcome but COMPLETE has status
+        ERROR (described by `error`, or the outcome's name)."""
         if self._tracer is None:
             return
         attributes: dict[str, str | int] = rollout.base_attributes()
@@ -220,9 +383,11 @@ class RolloutTracer:
             )
         finally:
             _forced_ids.reset(token)
-        attributes_outcome = "failed" if error else "complete"
-        span.set_attribute(ATTR_OUTCOME, attributes_outcome)
-        _finish(span, error=error, end=finished_at)
+        if outcome is None:
+            outcome = RolloutEnd.FAILED if error else RolloutEnd.COMPLETE
+        span.set_attribute(ATTR_OUTCOME, outcome.value)
+        failure = None if outcome is RolloutEnd.COMPLETE else (error or outcome.value)
+        _finish(span, error=failure, end=finished_at)
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Blocking: export everything pending. Call via `asyncio.to_thread` from the event loop."""
