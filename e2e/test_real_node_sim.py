@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from e2e import machine
-from nodewright.sim import box, fleet
+from nodewright.sim import box
 from nodewright.sim.kubeapi import JSON, KubeClient
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,11 +110,23 @@ async def nodes_ready_and_one_rebooted(kubeconfig: Path) -> None:
             ready = {c["type"]: c["status"] for c in nodes[name]["status"]["conditions"]}["Ready"]
             assert ready == "True", nodes[name]["status"]["conditions"]
         boot = nodes["real-node-1"]["status"]["nodeInfo"]["bootID"]
+        listed = await kube.get("/api/v1/nodes", params={"fieldSelector": "metadata.name=real-node-1"})
         await kube.create("/api/v1/namespaces/default/pods", reboot_pod("real-node-1"))
-
-        async def rebooted() -> bool:
-            node = await kube.get("/api/v1/nodes/real-node-1")
-            conditions = {c["type"]: c["status"] for c in node["status"]["conditions"]}
-            return bool(node["status"]["nodeInfo"]["bootID"] != boot and conditions["Ready"] == "True")
-
-        await fleet.wait_for(rebooted, within=120, interval=0.5, what="real-node-1 rebooted and Ready")
+        # Every status the node goes through, from a watch: Ready, then not (the box down), then Ready
+        # again with a new boot ID.
+        seen: list[tuple[str, str]] = []
+        stream = kube.watch(
+            "/api/v1/nodes",
+            resource_version=listed["metadata"]["resourceVersion"],
+            params={"fieldSelector": "metadata.name=real-node-1"},
+            timeout_s=120,
+        )
+        async for event in stream:
+            status = event["object"].get("status") or {}
+            ready = {c["type"]: c["status"] for c in status.get("conditions") or []}.get("Ready", "")
+            if not seen or seen[-1] != (ready, status["nodeInfo"]["bootID"]):
+                seen.append((ready, status["nodeInfo"]["bootID"]))
+            if seen[-1][0] == "True" and seen[-1][1] != boot:
+                break
+        assert seen[-1][0] == "True" and seen[-1][1] != boot, seen
+        assert any(ready != "True" for ready, _ in seen), f"never NotReady during the reboot: {seen}"

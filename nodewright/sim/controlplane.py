@@ -435,7 +435,7 @@ class ControlPlane:
     def _realnodes_argv(self) -> list[str]:
         return [
             sys.executable, "-m", "nodewright.sim.realnodes", f"--dir={self.dir / REAL_NODES_DIR}",
-            f"--ready-file={self.dir / 'realnodes.ready'}",
+            f"--ready-file={self.dir / 'realnodes.ready'}", f"--kubeconfig={self.kubeconfig}",
         ]  # fmt: skip
 
     # ------------------------------------------------------------------ lifecycle

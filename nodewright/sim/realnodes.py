@@ -18,6 +18,11 @@ one process:
    init that way, and busybox init's own reboot on SIGTERM ends in the same call): every process of the
    node is gone with its PID namespace, and the box boots again on the same disk with a new boot ID. A
    box powered off (SIGINT) stays off. A box that ended otherwise (a crash) boots again after a pause.
+   When a box goes down its Node's Ready condition turns Unknown (`NodeStatusUnknown`, "Kubelet stopped
+   posting node status"): what kube-controller-manager's node-lifecycle controller writes on a real
+   cluster once a kubelet is silent. That controller cannot run here (the kwok nodes post no heartbeats),
+   and a box reboots in seconds, well inside its grace period, so this process plays that one write; the
+   kubelet sets Ready again when it is back.
 
 SIGTERM (`sim down`) stops every box (its init is killed, the kernel kills the rest of its PID
 namespace), removes the boxes' cgroups and exits; the lab namespace goes with this process. Every
@@ -46,6 +51,7 @@ from pathlib import Path
 from typing import Final
 
 from nodewright.sim import box, boxnet
+from nodewright.sim.kubeapi import ApiError, KubeClient
 
 log = logging.getLogger("nodewright.sim.realnodes")
 
@@ -53,6 +59,7 @@ STATUS_FILE: Final = "status.json"
 EGRESS_SOCKET: Final = "egress.sock"
 _BOOT_TIMEOUT_S: Final = 30.0
 _CRASH_PAUSE_S: Final = 2.0
+_API_TIMEOUT_S: Final = 10.0
 _PR_SET_PDEATHSIG: Final = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -80,6 +87,7 @@ class Box:
     spec: box.BoxesSpec
     node: box.NodeSpec
     lab: boxnet.Lab
+    kubeconfig: Path
     record: NodeRecord = field(default_factory=NodeRecord)
     proc: asyncio.subprocess.Process | None = None
     stopping: bool = False
@@ -105,6 +113,7 @@ class Box:
                 break
             ended = _ending(code)
             log.info("%s: %s", self.node.name, ended)
+            await self.report_down(ended)
             if ended == "poweroff":
                 self._set(state="off", last_end=ended, changed=changed)
                 return
@@ -131,6 +140,28 @@ class Box:
         init_pid = await self._init_pid()
         await asyncio.to_thread(self.lab.attach, index=self.node.index, box_pid=init_pid)
         await asyncio.to_thread(_signal_fifo, fifo)
+
+    async def report_down(self, ended: str) -> None:
+        """The node-lifecycle controller's write for a silent kubelet (module docstring)."""
+        now = _now()
+        condition = {
+            "type": "Ready",
+            "status": "Unknown",
+            "reason": "NodeStatusUnknown",
+            "message": f"Kubelet stopped posting node status (the node's box ended: {ended}).",
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }
+        try:
+            async with KubeClient(self.kubeconfig) as kube:
+                await asyncio.wait_for(
+                    kube.strategic_patch(
+                        f"/api/v1/nodes/{self.node.name}/status", {"status": {"conditions": [condition]}}
+                    ),
+                    _API_TIMEOUT_S,
+                )
+        except (TimeoutError, ApiError, OSError) as err:
+            log.warning("%s: could not mark the node NotReady: %s", self.node.name, err)
 
     async def _init_pid(self) -> int:
         """The box's first process: the only child of `unshare --fork`."""
@@ -208,7 +239,7 @@ def _now() -> str:
 # The process
 
 
-async def run(spec: box.BoxesSpec, ready_file: Path) -> int:
+async def run(spec: box.BoxesSpec, ready_file: Path, kubeconfig: Path) -> int:
     box.snapshot_sysctl(spec.dir)
     lab = boxnet.Lab(spec.plan)
     plan = spec.plan
@@ -223,7 +254,7 @@ async def run(spec: box.BoxesSpec, ready_file: Path) -> int:
         lab, names=names, lab_networks=[plan.lab_cidr, f"{plan.pod_cidr_prefix}.0.0/16"]
     )
     servers.append(await proxy.serve(spec.dir / EGRESS_SOCKET))
-    boxes = [Box(spec, node, lab) for node in spec.nodes]
+    boxes = [Box(spec, node, lab, kubeconfig) for node in spec.nodes]
     changed = asyncio.Event()
     tasks = [asyncio.create_task(b.supervise(changed), name=f"box-{b.node.name}") for b in boxes]
     stop = asyncio.Event()
@@ -273,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--dir", type=Path, required=True, help="the real nodes' directory (spec.json)")
     parser.add_argument("--ready-file", type=Path, required=True)
+    parser.add_argument("--kubeconfig", type=Path, required=True, help="to mark a node whose box is down")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
@@ -285,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as err:
         print(f"nodewright.sim.realnodes: {args.dir / box.SPEC_FILE}: {err}", file=sys.stderr)
         return 2
-    return asyncio.run(run(spec, args.ready_file))
+    return asyncio.run(run(spec, args.ready_file, args.kubeconfig))
 
 
 if __name__ == "__main__":
