@@ -138,7 +138,10 @@ class Box:
         console.close()
         self.record.boots += 1
         init_pid = await self._init_pid()
-        await asyncio.to_thread(self.lab.attach, index=self.node.index, box_pid=init_pid)
+        try:
+            await asyncio.to_thread(self.lab.attach, index=self.node.index, box_pid=init_pid)
+        except OSError as err:
+            raise BootError(f"joining the box to the lab network failed: {err}") from None
         await asyncio.to_thread(_signal_fifo, fifo)
 
     async def report_down(self, ended: str) -> None:
@@ -262,19 +265,33 @@ async def run(spec: box.BoxesSpec, ready_file: Path, kubeconfig: Path) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     writer = asyncio.create_task(_write_status(spec.dir, boxes, changed, ready_file))
-    await stop.wait()
+    stopped = asyncio.create_task(stop.wait())
+    code = 0
+    # A supervisor ends by itself only for a box powered off; one that raised leaves its node unwatched:
+    # stop everything and exit non-zero, so `sim status` shows the component died, with this log.
+    pending: set[asyncio.Task[object]] = {stopped, *tasks}
+    while not stop.is_set():
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        failed = [t for t in done if t is not stopped and not t.cancelled() and t.exception() is not None]
+        for task in failed:
+            log.error("%s failed: %r", task.get_name(), task.exception())
+        if failed:
+            code = 1
+            break
+        if not pending - {stopped}:  # every box powered off: the lab stays until `sim down`
+            await stop.wait()
     log.info("stopping %d box(es)", len(boxes))
     await asyncio.gather(*(b.stop() for b in boxes))
-    for task in [*tasks, writer]:
+    for task in [*tasks, writer, stopped]:
         task.cancel()
-    await asyncio.gather(*tasks, writer, return_exceptions=True)
+    await asyncio.gather(*tasks, writer, stopped, return_exceptions=True)
     for server in servers:
         server.close()
     left = await asyncio.to_thread(box.remove_cgroups, spec.sim_id)
     if left:
         log.error("cgroups still in use after the boxes stopped: %s", ", ".join(left))
     lab.close()
-    return 1 if left else 0
+    return 1 if left or code else 0
 
 
 async def _write_status(directory: Path, boxes: list[Box], changed: asyncio.Event, ready_file: Path) -> None:
