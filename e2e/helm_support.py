@@ -141,9 +141,16 @@ class ChartCluster:
         return self.plane.kubeconfig
 
 
-def chart_cluster(root: Path) -> ChartCluster:
-    """Create and start a control plane of its own (module docstring); `stop_chart_cluster` ends it."""
+def chart_cluster(root: Path, *, controllers: Sequence[str] = ()) -> ChartCluster:
+    """Create and start a control plane of its own (module docstring); `stop_chart_cluster` ends it.
+
+    `controllers` are kube-controller-manager controllers to run besides the simulator's (e.g.
+    `clusterrole-aggregation-controller`, which fills the built-in `view` and `edit` roles)."""
     plane = ControlPlane.create(root / "cp", bins=locate())
+    if controllers:
+        manager = plane.components["kube-controller-manager"].argv
+        index = next(i for i, arg in enumerate(manager) if arg.startswith("--controllers="))
+        manager[index] += "," + ",".join(controllers)
     policy = root / "audit-policy.yaml"
     policy.write_text(AUDIT_POLICY)
     audit = root / "audit.log"

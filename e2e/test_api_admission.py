@@ -575,3 +575,72 @@ def test_explain_prints_descriptions(api: Any) -> None:
     assert "reboot" in result.stdout
     policy = api.kubectl("explain", "deploymentpolicy.spec.compartments", check=False)
     assert "selector" in policy.stdout
+
+
+def test_host_settings_two_packages_fight_over_are_admission_warnings(api: Any) -> None:
+    """Issue 32: a package of another NodeWright on the same nodes setting a sysctl to another value is
+    an admission warning naming both packages (kubectl prints it); the write is not refused. The webhook
+    asks the API server whether a node is selected by both (their selectors' intersection)."""
+
+    def nw(name: str, selector: dict[str, Any], packages: dict[str, Any]) -> dict[str, Any]:
+        for package in packages.values():
+            package.setdefault("version", "1.0.0")
+            package.setdefault("image", "registry.local:5000/pk")
+        spec = {"nodeSelectors": selector, "packages": packages}
+        return {
+            "apiVersion": "nodewright.io/v1alpha1",
+            "kind": "NodeWright",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+
+    tuning = {
+        "configMap": {
+            "accelerator": "hopper",
+            "workload": "training",
+            "overrides": "sysctl vm.swappiness 1\n",
+        }
+    }
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": "e2e-hs-node", "labels": {"e2e-hs": "gpu"}},
+    }
+    created = ["e2e-hs-kernel", "e2e-hs-tune", "e2e-hs-idle", "e2e-hs-both"]
+    try:
+        assert _apply(api, node, dry_run=False).returncode == 0
+        kernel = nw(
+            "e2e-hs-kernel",
+            {"matchLabels": {"e2e-hs": "gpu"}},
+            {"sysctls": {"configMap": {"sysctl.conf": "vm.swappiness = 10\n"}}},
+        )
+        first = _apply(api, kernel, dry_run=False)
+        assert first.returncode == 0 and "swappiness" not in first.stderr, first.stderr
+        selector = {"matchExpressions": [{"key": "e2e-hs", "operator": "In", "values": ["gpu", "cpu"]}]}
+        tune = _apply(api, nw("e2e-hs-tune", selector, {"tuning": dict(tuning)}), dry_run=False)
+        assert tune.returncode == 0, tune.stderr
+        (warning,) = [line for line in tune.stderr.splitlines() if "vm.swappiness" in line]
+        assert warning.startswith(
+            "Warning: spec.packages[tuning].configMap[overrides]: sysctl vm.swappiness:"
+        )
+        assert "package 'tuning' of NodeWright 'e2e-hs-tune' sets 1" in warning
+        assert "package 'sysctls' of NodeWright 'e2e-hs-kernel' sets 10" in warning
+        # Selectors that overlap on paper but select no common node: nothing to warn about.
+        idle = _apply(
+            api,
+            nw("e2e-hs-idle", {"matchLabels": {"e2e-hs": "cpu"}}, {"tuning": dict(tuning)}),
+            dry_run=False,
+        )
+        assert idle.returncode == 0 and "vm.swappiness" not in idle.stderr, idle.stderr
+        # Two packages of one NodeWright always meet.
+        both = nw(
+            "e2e-hs-both",
+            {"matchLabels": {"e2e-hs": "none"}},
+            {"sysctls": {"configMap": {"sysctl.conf": "vm.swappiness=60\n"}}, "tuning": dict(tuning)},
+        )
+        inside = _apply(api, both, dry_run=False)
+        assert inside.returncode == 0 and "NodeWright 'e2e-hs-both' sets 60" in inside.stderr, inside.stderr
+    finally:
+        for name in created:
+            api.kubectl("delete", "nw", name, "--ignore-not-found", "--wait=false", check=False)
+        api.kubectl("delete", "node", "e2e-hs-node", "--ignore-not-found", check=False)

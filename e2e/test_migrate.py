@@ -174,7 +174,7 @@ async def test_migrate_hands_over_without_rerunning_completed_packages(
             await kube.create(DEPLOYMENTS, _reference_operator_deployment(unique))
             refused = await asyncio.to_thread(migrate, cluster, "--apply")
             assert refused.returncode == 1, refused.stdout
-            assert "refusing --apply while the reference operator may still act" in refused.stdout
+            assert "refusing --apply while the reference operator may still act" in refused.stderr
             assert (await operator_fixture.get_nodewright(kube, name)) is None
             await kube.delete(f"{DEPLOYMENTS}/skyhook-operator-{unique}")
 

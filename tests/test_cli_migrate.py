@@ -144,7 +144,8 @@ async def test_dropped_fields_need_the_explicit_flag(
 ) -> None:
     _setup(kube, extra_spec={"futureKnob": True})
     assert await _run(kube) == 1
-    assert "--allow-dropped-fields" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "--allow-dropped-fields" in captured.err and "error" not in captured.out
     assert not [r for r in kube.requests if r.method != "GET"]
     assert await _run(kube, allow_dropped=True) == 0
     nw = kube.get(NODEWRIGHTS_C, "stack")
@@ -157,7 +158,9 @@ async def test_an_object_of_ours_that_migrate_did_not_create_is_never_touched(
     _setup(kube)
     kube.put(NODEWRIGHTS_C, {"metadata": {"name": "stack"}, "spec": {"packages": {}}})
     assert await _run(kube) == 1
-    assert "NodeWright stack already exists and was not created by migrate" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "NodeWright stack already exists and was not created by migrate" in captured.err
+    assert captured.err.startswith("nodewright migrate: error: ")
     assert not [r for r in kube.requests if r.method != "GET"]
 
 
@@ -204,6 +207,7 @@ def test_an_unreachable_api_server_is_one_line_not_a_traceback(
     assert main(["migrate", "--kubeconfig", str(config), "--timeout", "20"]) == 1
     captured = capsys.readouterr()
     assert "Traceback" not in captured.out + captured.err
-    assert "cannot reach the API server" in captured.out or "timed out" in captured.out, captured.out
+    assert captured.out == "", "errors go to stderr, never to stdout"
+    assert "cannot reach the API server" in captured.err or "timed out" in captured.err, captured.err
     assert main(["migrate", "--kubeconfig", str(tmp_path / "missing")]) == 2
     assert "cannot read kubeconfig" in capsys.readouterr().err

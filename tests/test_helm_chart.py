@@ -465,3 +465,48 @@ def test_notification_secrets_are_granted_by_name_and_the_cluster_sink_reaches_t
         None,
     )
     assert "/notifications/clusterSink/urlSecret" in refused("notifications.clusterSink.urlSecret=no-key")
+
+
+READS = {"get", "list", "watch"}
+
+
+def test_people_get_a_viewer_and_an_editor_aggregated_into_view_and_edit_and_nothing_wider(
+    tmp_path: Path,
+) -> None:
+    objs = render()
+    viewer = one(objs, "ClusterRole", "nw-nodewright-viewer")
+    editor = one(objs, "ClusterRole", "nw-nodewright-editor")
+    assert viewer["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert editor["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    # Aggregated into roles the whole cluster uses: our kinds only, reads only in view.
+    for rule in viewer["rules"] + editor["rules"]:
+        assert rule["apiGroups"] == ["nodewright.io"], rule
+    assert all(set(rule["verbs"]) <= READS for rule in viewer["rules"])
+    assert grants(editor["rules"], "nodewrights", "patch") and not grants(
+        editor["rules"], "nodewrights/status", "patch"
+    )
+    # The plugin's viewer reads, never writes, and reads logs, ConfigMaps and Deployments in the release
+    # namespace only.
+    plugin = one(objs, "ClusterRole", "nw-nodewright-plugin-viewer")
+    assert "aggregate-to-view" not in str(plugin["metadata"]["labels"])
+    local = one(objs, "Role", "nw-nodewright-plugin-viewer")
+    events = one(objs, "Role", "nw-nodewright-plugin-viewer-events")
+    assert local["metadata"]["namespace"] == NAMESPACE and events["metadata"]["namespace"] == "default"
+    for rule in plugin["rules"] + local["rules"] + events["rules"]:
+        assert set(rule["verbs"]) <= READS, rule
+    assert grants(plugin["rules"], "nodes", "list") and not grants(plugin["rules"], "configmaps", "get")
+    assert grants(local["rules"], "pods/log", "get") and grants(local["rules"], "deployments", "list")
+    # Bound only to the subjects the values name.
+    assert not [o for o in objs if o["kind"].endswith("Binding") and "plugin-viewer" in o["metadata"]["name"]]
+    subjects = [{"kind": "Group", "name": "sre-oncall", "apiGroup": "rbac.authorization.k8s.io"}]
+    bound = render(values={"rbac": {"userRoles": {"pluginViewers": subjects}}}, tmp=tmp_path)
+    for kind, name in (
+        ("ClusterRoleBinding", "nw-nodewright-plugin-viewer"),
+        ("RoleBinding", "nw-nodewright-plugin-viewer"),
+        ("RoleBinding", "nw-nodewright-plugin-viewer-events"),
+    ):
+        assert one(bound, kind, name)["subjects"] == subjects
+    assert "nw-nodewright-viewer" not in str(render("rbac.userRoles.create=false"))
+    assert "pluginViewers" in refused(
+        "rbac.userRoles.pluginViewers[0].kind=Robot", "rbac.userRoles.pluginViewers[0].name=x"
+    )

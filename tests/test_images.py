@@ -13,6 +13,7 @@ import importlib.util
 import json
 import marshal
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -110,6 +111,28 @@ def test_the_base_has_no_shell_and_no_package_manager(layouts: Path, tmp_path: P
         assert not (rootfs / absent).exists(), absent
     assert (rootfs / "usr" / "bin" / "python3.11").exists()
     assert "nodewright:x:10001:10001" in (rootfs / "etc" / "passwd").read_text()
+
+
+def test_the_sizes_docs_install_md_states_are_the_built_ones(layouts: Path) -> None:
+    """docs/install.md's compressed sizes, within 5% of what the build makes (the registry stores and
+    nodes pull the compressed layers: the sum of the manifest's layer sizes)."""
+    text = " ".join((ROOT / "docs" / "install.md").read_text().split())
+    stated = re.search(
+        r"compressed sizes (\d+(?:\.\d+)?) MiB \(operator, webhook[^)]*\) and (\d+(?:\.\d+)?) MiB \(agent\)",
+        text,
+    )
+    assert stated is not None, "docs/install.md no longer states the image sizes in the form this test reads"
+    for image, figure in (
+        ("operator", stated.group(1)),
+        ("webhook", stated.group(1)),
+        ("agent", stated.group(2)),
+    ):
+        manifest, _ = manifest_and_config(layouts / image)
+        built = sum(int(layer["size"]) for layer in manifest["layers"]) / 2**20
+        assert abs(float(figure) - built) <= 0.05 * built, (
+            f"docs/install.md says {figure} MiB for {image}, the build makes {built:.1f} MiB:"
+            " update the figure"
+        )
 
 
 def test_layers_are_reproducible(layouts: Path, tmp_path: Path) -> None:

@@ -109,7 +109,8 @@ async def test_exec_plugin_token_cached_until_expiry(tmp_path: Path) -> None:
         f"p = pathlib.Path({str(counter)!r})\n"
         "n = int(p.read_text()) + 1 if p.exists() else 1\n"
         "p.write_text(str(n))\n"
-        f"print(json.dumps({{'status': {{'token': 'tok' + str(n), 'expirationTimestamp': {expiry!r}}}}}))\n"
+        "print(json.dumps({'apiVersion': 'client.authentication.k8s.io/v1', 'kind': 'ExecCredential',"
+        f" 'status': {{'token': 'tok' + str(n), 'expirationTimestamp': {expiry!r}}}}}))\n"
     )
     cfg = load_kubeconfig(
         write(tmp_path / "kc", kubeconfig({"exec": {"command": sys.executable, "args": [str(script)]}},

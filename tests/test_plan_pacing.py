@@ -75,6 +75,11 @@ def test_gate_holds_until_that_batch_is_approved() -> None:
     plan = fleet.plans[-1]
     assert plan.compartments["__default__"].status.awaiting_approval == 1
     assert {w.reason for w in plan.waiting} == {WaitReason.AWAITING_APPROVAL}
+    # The hint is a command to copy: the NodeWright's name filled in, no placeholder.
+    name = fleet.nodewright.metadata.name
+    for waiting in plan.waiting:
+        assert f"(kubectl nodewright approve {name} --compartment __default__)" in waiting.message
+        assert "<" not in waiting.message, waiting.message
     # An approval of another batch opens nothing.
     fleet.approvals = {"__default__": 2}
     for _ in range(5):

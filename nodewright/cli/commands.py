@@ -23,11 +23,13 @@ class Command:
     module: str
     help: str
     plugin: bool = False
+    logs: bool = False
+    """A server that configures its own structured logs (others get `cli.output.quiet_logging`)."""
 
 
 COMMANDS: tuple[Command, ...] = (
-    Command("operator", "nodewright.cli.operator_cmd", "run the NodeWright operator (controller)"),
-    Command("webhook", "nodewright.cli.webhook_cmd", "run the admission webhook server"),
+    Command("operator", "nodewright.cli.operator_cmd", "run the NodeWright operator (controller)", logs=True),
+    Command("webhook", "nodewright.cli.webhook_cmd", "run the admission webhook server", logs=True),
     Command(
         "plan",
         "nodewright.cli.plan_cmd",
@@ -106,6 +108,12 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "watch", "nodewright.cli.plugin.watch_verbs", "live full-screen progress of NodeWrights", plugin=True
+    ),
+    Command(
+        "version",
+        "nodewright.cli.plugin.version_verbs",
+        "the plugin's version and the operator's and webhook's in the cluster",
+        plugin=True,
     ),
     Command(
         "completion",

@@ -18,7 +18,6 @@ the pure `consistency_report`, from the objects as listed.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from collections import Counter
@@ -188,19 +187,19 @@ def render(report: ConsistencyReport) -> str:
 # ----------------------------------------------------------------------------------------------------
 
 
-async def _gather(args: argparse.Namespace) -> tuple[list[JSON], list[JSON]]:
+async def _gather(session: common.Session) -> tuple[list[JSON], list[JSON]]:
     from nodewright.kube.resources import NODES, NODEWRIGHTS, NotFound
 
-    async with common.open_client(args) as client:
-        nodes = (await client.list(NODES)).items
-        if args.name:
-            try:
-                nodewrights = [await client.get(NODEWRIGHTS, args.name)]
-            except NotFound:
-                raise LookupError(f"NodeWright {args.name!r} not found") from None
-        else:
-            nodewrights = (await client.list(NODEWRIGHTS)).items
-    return nodewrights, nodes
+    client, name = session.client, session.args.name
+    nodes = (await client.list(NODES)).items
+    if not name:
+        return (await client.list(NODEWRIGHTS)).items, nodes
+    try:
+        return [await client.get(NODEWRIGHTS, name)], nodes
+    except NotFound:
+        raise common.NotFoundError(
+            f"NodeWright {name!r} not found (kubectl get nodewrights lists them)"
+        ) from None
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -209,26 +208,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="how uniform the fleet is: package versions, configs, drift, kernels, drivers (skew marked)",
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
-    parser.add_argument("name", nargs="?", help="one NodeWright (default: all, and their nodes)")
+    parser.add_argument(
+        "name", nargs="?", type=flags.nodewright_name, help="one NodeWright (default: all, and their nodes)"
+    )
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
     common.add_cluster_flags(parser)  # kubectl's flags: --kubeconfig, --context, --request-timeout
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, prog=parser.prog)
 
 
 def run(args: argparse.Namespace) -> int:
-    from nodewright.kube.config import ConfigError
-    from nodewright.kube.resources import ApiError
+    """Exit codes as every plugin verb's (docs/plugin.md): 2 bad kubeconfig, 3 unknown NodeWright."""
+    return common.run(args, _report)
 
-    try:
-        nodewrights, nodes = asyncio.run(_gather(args))
-    except LookupError as exc:
-        return flags.fail("nodewright consistency", str(exc))
-    except (ConfigError, ApiError, OSError) as exc:
-        print(f"nodewright consistency: cannot read the cluster: {exc}", file=sys.stderr)
-        return 1
+
+async def _report(session: common.Session) -> int:
+    nodewrights, nodes = await _gather(session)
     report = consistency_report(nodewrights, nodes)
-    if args.output == "json":
-        print(json.dumps(report.to_json(), indent=2))
+    if session.args.output == "json":
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
     else:
         sys.stdout.write(render(report))
-    return 0
+    sys.stdout.flush()
+    return common.OK

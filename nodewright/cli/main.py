@@ -6,6 +6,10 @@ command being run is imported (see `nodewright.cli.commands`): the others get a 
 their help line, which is all `nodewright --help` shows. Heavy modules are imported inside the command
 funcs as well, so `nodewright <verb> --help` stays fast too.
 
+Output conventions (`nodewright.cli.output`): library logs never reach stdout (servers excepted, they
+log structured lines of their own), and output cut short by a closed pipe ends with exit status 141 and
+no traceback.
+
 Global cluster flags may come before the verb, as with kubectl (`kubectl nodewright --context prod
 status`): they are moved behind it, where every cluster command defines them.
 """
@@ -13,12 +17,13 @@ status`): they are moved behind it, where every cluster command defines them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 from collections.abc import Callable, Sequence
 from typing import cast
 
-from nodewright.cli import commands
+from nodewright.cli import commands, output
 from nodewright.cli.flags import OneLineParser
 
 GLOBAL_VALUE_FLAGS = ("--kubeconfig", "--context", "-n", "--namespace", "--request-timeout")
@@ -98,7 +103,14 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "nodewright", plugin_
     if func is None:
         parser.print_help()
         return 2
-    return func(args)
+    entry = commands.by_name().get(command or "")
+    logs = contextlib.nullcontext() if entry is not None and entry.logs else output.command_logging()
+    try:
+        with logs:
+            return func(args)
+    except BrokenPipeError:
+        output.silence_stdout()
+        return output.BROKEN_PIPE_EXIT
 
 
 if __name__ == "__main__":

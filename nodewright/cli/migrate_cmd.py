@@ -25,7 +25,7 @@ A re-run is idempotent: objects it created (annotation `nodewright.io/migrated-f
 on), and an object of ours of the same name that migrate did not create is an error naming it.
 
 Exit status: 0 plan printed or applied, 1 refused, a write failed or the API server unreachable, 2 bad
-flags or kubeconfig.
+flags or kubeconfig. The plan goes to stdout, every error to stderr (`nodewright migrate: error: ...`).
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from nodewright.cli import flags
+from nodewright.cli import flags, output
 from nodewright.cli.flags import UsageError
 
 if TYPE_CHECKING:
@@ -194,11 +195,12 @@ class Migrator:
         self.problems: list[str] = []
 
     def say(self, line: str) -> None:
-        print(line, flush=True)
+        output.say(line)
 
     def error(self, line: str) -> None:
+        """A problem: on stderr (the plan stays on stdout), and the run's exit status becomes 1."""
         self.problems.append(line)
-        print(f"error: {line}", flush=True)
+        output.say(f"{PROG}: error: {line}", stream=sys.stderr)
 
     async def listed(self, resource: Any, **kwargs: Any) -> list[JSONDict]:
         from nodewright.kube.resources import NotFound

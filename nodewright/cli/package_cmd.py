@@ -1,7 +1,7 @@
 """`nodewright package`: write, check, try and build a package without a cluster.
 
     nodewright package init NAME [--dir D]
-    nodewright package validate DIR
+    nodewright package validate [DIR]... [-f NODEWRIGHT.yaml]...
     nodewright package run MODE DIR --root ROOT [--config KEY=FILE]... [--env K=V]... [--chroot]
                                              [--interrupt TYPE [--service UNIT]...] [--nodewright NAME]
     nodewright package build DIR --base scratch|LAYOUT[:REF] -o OUT [--tag T] [--platform OS/ARCH] [--force]
@@ -51,6 +51,7 @@ Write, check, try and build NodeWright packages, without a cluster:
 
   init NAME                 scaffold a package that passes its own checks
   validate DIR              everything the agent or a package pod would refuse, all at once
+  validate -f MANIFEST      packages of NodeWrights that set one sysctl or kernel parameter differently
   run MODE DIR --root ROOT  run one agent mode against a directory standing for a node's root
   build DIR --base B -o OUT write the package image as an OCI image layout (push it with skopeo,
                             crane or oras)
@@ -74,8 +75,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     init.add_argument("--dir", type=Path, default=None, help="directory to create (default: ./NAME)")
     init.set_defaults(func=run_init)
 
-    validate = commands.add_parser("validate", help="check a package as the agent and a package pod would")
-    validate.add_argument("directory", type=Path, help="the package directory (with config.json)")
+    validate = commands.add_parser(
+        "validate",
+        help="check a package as the agent and a package pod would (-f: conflicting host settings)",
+    )
+    validate.add_argument("directory", type=Path, nargs="*", help="package directories (with config.json)")
+    validate.add_argument(
+        "-f",
+        "--filename",
+        type=flags.existing_file,
+        action="append",
+        default=[],
+        metavar="MANIFEST",
+        help="NodeWright manifests: report packages that set one sysctl or kernel parameter to different"
+        " values (repeatable; docs/packages.md, 'Declaring host settings')",
+    )
     validate.set_defaults(func=run_validate)
 
     run = commands.add_parser(
@@ -147,11 +161,20 @@ def run_init(args: argparse.Namespace) -> int:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from nodewright.packaging.validate import validate_package
+    from nodewright.packaging.validate import validate_manifests, validate_package
 
-    report = validate_package(args.directory)
-    (sys.stdout if report.ok else sys.stderr).write(report.render())
-    return 0 if report.ok else 1
+    if not args.directory and not args.filename:
+        return flags.fail(f"{PROG} validate", "give a package directory, or -f with NodeWright manifests")
+    reports = [validate_package(directory) for directory in args.directory]
+    ok = True
+    for report in reports:
+        (sys.stdout if report.ok else sys.stderr).write(report.render())
+        ok = ok and report.ok
+    if args.filename:
+        manifests = validate_manifests(list(args.filename))
+        (sys.stdout if manifests.ok else sys.stderr).write(manifests.render())
+        ok = ok and manifests.ok
+    return 0 if ok else 1
 
 
 def run_run(args: argparse.Namespace) -> int:

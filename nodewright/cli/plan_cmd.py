@@ -46,7 +46,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
@@ -55,12 +55,16 @@ from nodewright.api.models import CompartmentStatus, DeploymentPolicy, NodeWrigh
 from nodewright.api.nodestate import MalformedNodeState, NodeState, decode
 from nodewright.api.validation import model_errors
 from nodewright.cli import flags
+from nodewright.cli.plugin import common
 from nodewright.plan import preview as preview_mod
 from nodewright.plan import selectors, sequencing
 from nodewright.plan.node import is_disabled, is_paused
 from nodewright.plan.policy import PolicyInvalid
 from nodewright.plan.preview import SnapshotCheck, check_snapshot
 from nodewright.plan.rollout import Admission, RolloutNode, spec_fingerprint
+
+if TYPE_CHECKING:
+    from nodewright.kube.client import KubeClient
 
 JSON = dict[str, Any]
 PROG = "nodewright plan"
@@ -445,12 +449,8 @@ def _moving_note(snapshot: Snapshot) -> str:
     )
 
 
-async def gather(args: argparse.Namespace) -> Inputs:
-    from nodewright.controller.context import ModelCache
-    from nodewright.kube.client import KubeClient
-    from nodewright.kube.config import load_config, load_kubeconfig
-    from nodewright.kube.resources import DEPLOYMENTPOLICIES, DISRUPTIONBUDGETS, NotFound
-
+def read_files(args: argparse.Namespace) -> tuple[NodeWright | None, list[DeploymentPolicy]]:
+    """The NodeWright of `-f` (if given) and the DeploymentPolicies of `-f` and `--policy`."""
     file_nw: NodeWright | None = None
     file_policies: list[DeploymentPolicy] = []
     if args.filename is not None:
@@ -462,43 +462,72 @@ async def gather(args: argparse.Namespace) -> Inputs:
         file_policies = [parse_policy(p) for p in pick(docs, constants.KIND_POLICY)]
     if args.policy is not None:
         file_policies += [parse_policy(p) for p in pick(load_documents(args.policy), constants.KIND_POLICY)]
+    return file_nw, file_policies
 
-    context = getattr(args, "context", None)
-    config = load_kubeconfig(args.kubeconfig, context=context) if context else load_config(args.kubeconfig)
+
+async def gather(args: argparse.Namespace) -> Inputs:
+    """`read_inputs` with the files of `args` and a client of its own, made from the cluster flags in
+    `args` as every verb makes it (`--request-timeout` bounds each call)."""
+    files = read_files(args)
+    async with common.open_client(args) as client:
+        return await read_inputs(client, args, files)
+
+
+async def read_inputs(
+    client: KubeClient,
+    args: argparse.Namespace,
+    files: tuple[NodeWright | None, list[DeploymentPolicy]],
+) -> Inputs:
+    """The cluster's side of the plan; `files` is what `read_files` read from -f and --policy."""
+    from nodewright.cli.plugin.common import NotFoundError
+    from nodewright.kube.resources import DISRUPTIONBUDGETS, NotFound
+
+    file_nw, file_policies = files
     name = file_nw.metadata.name if file_nw is not None else args.name
-    async with KubeClient(config, timeout=float(getattr(args, "request_timeout", 30.0))) as client:
-        snapshot = await read_snapshot(_ApiReads(client), name)
-        nodes, listed_nws = snapshot.nodes, snapshot.nodewrights
+    snapshot = await read_snapshot(_ApiReads(client), name)
+    nodes, listed_nws = snapshot.nodes, snapshot.nodewrights
+    try:
+        budget_objects = (await client.list(DISRUPTIONBUDGETS)).items
+    except NotFound:
+        budget_objects = []  # CRD not installed (an older release): no shared budget to respect
+    all_nws: list[NodeWright] = []
+    for obj in listed_nws:
         try:
-            budget_objects = (await client.list(DISRUPTIONBUDGETS)).items
-        except NotFound:
-            budget_objects = []  # CRD not installed (an older release): no shared budget to respect
-        all_nws: list[NodeWright] = []
-        for obj in listed_nws:
-            try:
-                all_nws.append(NodeWright.model_validate(obj))
-            except ValueError:
-                continue  # an invalid object cannot block anyone: the controller skips it too
-        by_name = {n.metadata.name: n for n in all_nws}
-        existing = by_name.get(name)
-        nw = file_nw or existing
-        if nw is None:
-            raise PlanInputError(f"NodeWright {name!r} not found (give -f to plan one that is not applied)")
-        policy: DeploymentPolicy | PolicyInvalid | None = None
-        if nw.spec.deployment_policy:
-            policy = next((p for p in file_policies if p.metadata.name == nw.spec.deployment_policy), None)
-            if policy is None:
-                try:
-                    stored = await client.get(DEPLOYMENTPOLICIES, nw.spec.deployment_policy)
-                except NotFound:
-                    stored = None  # the preview reports PolicyNotFound, like the controller
-                # A stored policy the operator refuses blocks the rollout (PolicyInvalid): predicted so.
-                policy = ModelCache().policy_or_problems(stored) if stored is not None else None
+            all_nws.append(NodeWright.model_validate(obj))
+        except ValueError:
+            continue  # an invalid object cannot block anyone: the controller skips it too
+    existing = next((n for n in all_nws if n.metadata.name == name), None)
+    nw = file_nw or existing
+    if nw is None:
+        raise NotFoundError(f"NodeWright {name!r} not found (give -f to plan one that is not applied)")
+    policy = await _policy(client, nw, file_policies)
     statuses = dict((existing.status.compartment_statuses or {}) if existing and existing.status else {})
     # Applying a file to an existing NodeWright keeps its persisted status (a separate subresource).
     all_nws = [n for n in all_nws if n.metadata.name != nw.metadata.name] + [nw]
     notes = [_moving_note(snapshot)] if snapshot.moving else []
     return Inputs(nw, policy, nodes, all_nws, statuses, existing is not None, budget_objects, notes)
+
+
+async def _policy(
+    client: KubeClient, nw: NodeWright, file_policies: Sequence[DeploymentPolicy]
+) -> DeploymentPolicy | PolicyInvalid | None:
+    """The NodeWright's DeploymentPolicy: from the files, else the cluster; None when it has none or it
+    does not exist (the preview reports PolicyNotFound, like the controller); a stored policy the
+    operator refuses blocks the rollout (PolicyInvalid), and is predicted so."""
+    from nodewright.controller.context import ModelCache
+    from nodewright.kube.resources import DEPLOYMENTPOLICIES, NotFound
+
+    wanted = nw.spec.deployment_policy
+    if not wanted:
+        return None
+    policy = next((p for p in file_policies if p.metadata.name == wanted), None)
+    if policy is not None:
+        return policy
+    try:
+        stored = await client.get(DEPLOYMENTPOLICIES, wanted)
+    except NotFound:
+        return None
+    return ModelCache().policy_or_problems(stored)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -516,36 +545,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=flags.existing_file,
         help="a DeploymentPolicy manifest (default: read from the cluster)",
     )
-    parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default: $KUBECONFIG or in-cluster)")
-    parser.add_argument("--context", default=None, help="kubeconfig context (default: current-context)")
-    parser.add_argument(
-        "--request-timeout",
-        type=flags.positive_float,
-        default=30.0,
-        metavar="SECONDS",
-        help="deadline of each API request (default 30)",
-    )
     parser.add_argument("-o", "--output", choices=("table", "wide", "json"), default="table")
-    parser.set_defaults(func=run)
+    common.add_cluster_flags(parser)  # kubectl's flags, as every verb of the plugin
+    parser.set_defaults(func=run, prog=parser.prog)
 
 
 def run(args: argparse.Namespace) -> int:
-    import aiohttp
-
-    from nodewright.kube.config import ConfigError
-    from nodewright.kube.resources import ApiError
-
+    """Exit codes as every plugin verb's (docs/plugin.md): 2 usage or unreadable manifests, 3 unknown
+    NodeWright, 1 the API server unreachable (within --request-timeout per call)."""
     if (args.name is None) == (args.filename is None):
         return flags.fail(PROG, "give either a NodeWright name or -f FILE")
     try:
-        inputs = asyncio.run(gather(args))
+        files = read_files(args)  # manifests are read (once: -f - is stdin) before any connection
     except PlanInputError as exc:
         return flags.fail(PROG, exc)
-    except ConfigError as exc:
-        return flags.fail(PROG, f"{exc} (pass --kubeconfig or set $KUBECONFIG)")
-    except (ApiError, OSError, aiohttp.ClientError) as exc:
-        print(f"{PROG}: cannot read the cluster: {flags.one_line(exc)}", file=sys.stderr)
-        return 1
+
+    async def plan(session: common.Session) -> int:
+        return await _plan(session, files)
+
+    return common.run(args, plan)
+
+
+async def _plan(session: common.Session, files: tuple[NodeWright | None, list[DeploymentPolicy]]) -> int:
+    inputs = await read_inputs(session.client, session.args, files)
     report = build_report(
         inputs.nodewright,
         policy=inputs.policy,
@@ -556,11 +578,12 @@ def run(args: argparse.Namespace) -> int:
         budget_objects=inputs.budget_objects,
     )
     report = replace(report, notes=(*report.notes, *inputs.notes))
-    if args.output == "json":
-        print(json.dumps(report.to_json(), indent=2))
+    if session.args.output == "json":
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
     else:
-        sys.stdout.write(render(report, wide=args.output == "wide"))
-    return 0
+        sys.stdout.write(render(report, wide=session.args.output == "wide"))
+    sys.stdout.flush()
+    return common.OK
 
 
 if __name__ == "__main__":  # `python -m nodewright.cli.plan_cmd plan ...` until it is registered

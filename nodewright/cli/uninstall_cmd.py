@@ -31,6 +31,7 @@ run has `--timeout`. The exit status is 0 when nothing of ours is left (a kept c
 error), 1 when something could not be removed -- also when the API server cannot be reached (refused,
 reset, a request past its deadline, after the client's retries): one line on stderr then, naming the
 server and how far the run got -- and 2 for bad flags or a kubeconfig that does not load.
+Progress goes to stdout, errors to stderr (`nodewright uninstall: error: ...`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from nodewright.cli import flags
+from nodewright.cli import flags, output
 from nodewright.cli.flags import UsageError
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ async def _main(args: argparse.Namespace, config: Any) -> int:
                     " of helm/nodewright/templates/uninstall-hook.yaml"
                 ) from None
             report.problem(f"API error: {exc}")
-    print(report.summary(dry_run=args.dry_run), flush=True)
+    output.say(report.summary(dry_run=args.dry_run))
     return 1 if report.problems else 0
 
 
@@ -320,7 +321,10 @@ class Report:
     lines: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    emit: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
+    emit: Callable[[str], None] = field(default=output.say)
+    emit_error: Callable[[str], None] = field(
+        default=lambda line: output.say(f"{PROG}: {line}", stream=sys.stderr)
+    )
 
     def say(self, line: str) -> None:
         self.lines.append(line)
@@ -332,7 +336,7 @@ class Report:
 
     def problem(self, line: str) -> None:
         self.problems.append(line)
-        self.emit(f"error: {line}")
+        self.emit_error(f"error: {line}")
 
     def summary(self, *, dry_run: bool) -> str:
         what = "would change" if dry_run else "changed"

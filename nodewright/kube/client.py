@@ -20,6 +20,15 @@ Retries (jittered exponential backoff on the injected clock, bounded by `max_ret
   attempt created; then the existing object is read and returned.
 - 409 Conflict on an update means the object changed since it was read: `modify()` re-reads it, calls
   the caller's mutate callback on the fresh copy and tries again.
+- 401 Unauthorized: the credential is told (`Auth.expire()`); a token file is re-read, an exec plugin
+  runs again, and the request is repeated once with the new credential, as client-go does.
+
+`call_deadline` (the CLI's `--request-timeout`) bounds one call with all its retries: each attempt's
+timeout is cut to what is left, and no retry starts past it.
+
+Connection settings come from `ClusterConfig` (kubeconfig parity, `nodewright.kube.config`): the TLS
+context, `tls-server-name` as the SNI and certificate name, and an HTTP(S) proxy (HTTPS to the API
+server through a CONNECT tunnel) with its Proxy-Authorization.
 
 Each request is reported once to `RequestMetrics.observe(verb, resource, code, seconds)` (code is the
 HTTP status, or "<error>" when no response arrived), the shape of client-go's
@@ -120,6 +129,9 @@ class KubeClient:
     timeout: float = 30.0
     connect_timeout: float = 10.0
     max_retries: int = 5
+    call_deadline: float | None = None
+    """Seconds one call may take with all its retries (None: `max_retries` attempts of `timeout` each).
+    A command line's `--request-timeout` sets it: the user's deadline is the whole call's."""
     backoff_base: float = 0.2
     backoff_cap: float = 10.0
     max_retry_after: float = 60.0
@@ -172,7 +184,20 @@ class KubeClient:
         return headers
 
     def _request_kwargs(self) -> dict[str, Any]:
-        return {"server_hostname": self.config.tls_server_name} if self.config.tls_server_name else {}
+        """What every request adds for the cluster's connection settings (kubeconfig fields)."""
+        kwargs: dict[str, Any] = {}
+        if self.config.tls_server_name:
+            kwargs["server_hostname"] = self.config.tls_server_name  # SNI and certificate name check
+        proxy = self.config.proxy
+        if proxy is not None:
+            kwargs["proxy"] = proxy.url
+            if proxy.authorization:
+                kwargs["proxy_headers"] = {"Proxy-Authorization": proxy.authorization}
+        return kwargs
+
+    def _refused_credentials(self, status: int) -> bool:
+        """On a 401, let the credential refresh itself; True when a retry may carry a new one."""
+        return status == 401 and self.config.auth.expire()
 
     # -- the request loop ---------------------------------------------------------------------------
 
@@ -198,32 +223,70 @@ class KubeClient:
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         if data is not None and content_type is None:
             content_type = "application/json"
+        give_up_at = None if self.call_deadline is None else self.clock.monotonic() + self.call_deadline
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
             if method != "GET":
                 await self._writes.wait()
+            budget = self._attempt_timeout(give_up_at)
             try:
-                return await self._once(method, path, resource, params, data, content_type, verb or method)
+                call = (method, path, resource, params, data, content_type, verb or method)
+                return await self._once_authenticated(*call, timeout=budget)
             except TooManyRequests as exc:
                 if not retry_429 or last:
                     raise
+                failure: Exception = exc
                 delay = min(exc.retry_after or self._backoff(attempt), self.max_retry_after)
             except ApiError as exc:
                 if exc.status < 500 or not repeatable or last:
                     raise
-                delay = self._backoff(attempt)
-            except aiohttp.ClientConnectorError:
+                failure, delay = exc, self._backoff(attempt)
+            except aiohttp.ClientConnectorError as exc:
                 if last:
                     raise
-                delay = self._backoff(attempt)
-            except (aiohttp.ClientError, TimeoutError):
+                failure, delay = exc, self._backoff(attempt)
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 attempts.transport_errors += 1
                 if not repeatable or last:
                     raise
-                delay = self._backoff(attempt)
+                failure, delay = exc, self._backoff(attempt)
+            if self._out_of_time(give_up_at, delay):
+                raise failure
             log.debug("retrying request", method=method, path=path, attempt=attempt + 1, delay=delay)
             await self.clock.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _once_authenticated(
+        self,
+        method: str,
+        path: str,
+        resource: str,
+        params: Mapping[str, str] | None,
+        data: bytes | None,
+        content_type: str | None,
+        verb: str,
+        *,
+        timeout: float,  # noqa: ASYNC109 - the attempt's own deadline, handed to aiohttp
+    ) -> JSON:
+        """`_once`, and once more when a 401 made the credential refresh itself (a rotated token file,
+        an exec plugin's token revoked before its expiry)."""
+        call = (method, path, resource, params, data, content_type, verb)
+        try:
+            return await self._once(*call, timeout=timeout)
+        except ApiError as exc:
+            if not self._refused_credentials(exc.status):
+                raise
+        return await self._once(*call, timeout=timeout)
+
+    def _attempt_timeout(self, give_up_at: float | None) -> float:
+        """An attempt's own deadline: `timeout`, cut to what is left of the call's deadline."""
+        if give_up_at is None:
+            return self.timeout
+        return max(0.001, min(self.timeout, give_up_at - self.clock.monotonic()))
+
+    def _out_of_time(self, give_up_at: float | None, delay: float) -> bool:
+        """Whether a retry after `delay` would start past the call's deadline (then the error stands)."""
+        return give_up_at is not None and self.clock.monotonic() + delay >= give_up_at
 
     def _backoff(self, attempt: int) -> float:
         base = min(self.backoff_cap, self.backoff_base * float(2**attempt))
@@ -238,6 +301,8 @@ class KubeClient:
         data: bytes | None,
         content_type: str | None,
         verb: str,
+        *,
+        timeout: float,  # noqa: ASYNC109 - the attempt's own deadline, handed to aiohttp
     ) -> JSON:
         started = time.perf_counter()
         code = "<error>"
@@ -249,7 +314,7 @@ class KubeClient:
                 params=params,
                 data=data,
                 headers=headers,
-                timeout=aiohttp.ClientTimeout(total=self.timeout, sock_connect=self.connect_timeout),
+                timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, self.connect_timeout)),
                 **self._request_kwargs(),
             ) as resp:
                 code = str(resp.status)
@@ -298,6 +363,7 @@ class KubeClient:
                 verb="GET", resource=resource, code=code, seconds=time.perf_counter() - started
             )
         if int(code) >= 400:
+            self._refused_credentials(int(code))
             raise api_error(int(code), _decode(text))
         return text
 
@@ -714,6 +780,7 @@ class KubeClient:
             )
         try:
             if resp.status != 200:
+                self._refused_credentials(resp.status)  # the caller's next watch has a fresh credential
                 text = await _read_error_body(resp, self.timeout)
                 raise api_error(resp.status, _decode(text))
             stream = WatchStream(resp, clock=self.clock, inactivity_timeout=inactivity_timeout)

@@ -1,151 +1,116 @@
-"""Connection settings: kubeconfig files and in-cluster service-account config.
+"""Connection settings: kubeconfig files and in-cluster service-account config, read as kubectl reads them.
 
 Why our own loader: importing anything from kubernetes_asyncio (even only `config`) loads its whole
-generated client, about 78 MiB of resident memory — most of the operator's budget. What the operator
-needs is small: a base URL, an `ssl.SSLContext` and an `Authorization` header.
+generated client, about 78 MiB of resident memory -- most of the operator's budget. What the operator
+needs is small: a base URL, an `ssl.SSLContext`, an `Authorization` header and, for some networks, a
+proxy. The rule for this module is parity with kubectl: a kubeconfig that works with kubectl connects
+the same way here, field by field; a setting we cannot honour is a `ConfigError`, never ignored.
 
-Kubeconfig (`load_kubeconfig`): the `current-context` (or a named one) selects a cluster and a user.
-Cluster: `server`, `certificate-authority` / `certificate-authority-data`, `insecure-skip-tls-verify`,
-`tls-server-name`. User: `client-certificate(-data)` + `client-key(-data)` (mutual TLS, loaded into the
-SSL context from memory by `load_pem_chain`: no temporary directory needed), `token`, `tokenFile`, or an
-`exec` credential plugin (client.authentication.k8s.io ExecCredential; the token is cached until its
-`expirationTimestamp`, certificates returned by the plugin are loaded once). Relative file paths resolve
-against the kubeconfig's directory, as kubectl does.
+Kubeconfig (`load_kubeconfig`):
+
+- Files: `--kubeconfig` alone when given; else every file of `$KUBECONFIG` (colon-separated) merged as
+  kubectl merges them -- the first file to define a cluster, user or context of a given name wins, the
+  first non-empty `current-context` wins, files that do not exist are skipped; else `~/.kube/config`.
+  Relative paths resolve against the directory of the file that holds the entry.
+- The `current-context` (or `--context`) selects a cluster and a user.
+- Cluster: `server` (http or https), `certificate-authority-data` (base64, wins over) /
+  `certificate-authority` (a file), `insecure-skip-tls-verify` (no verification at all; with a CA it is
+  refused, as kubectl refuses it), `tls-server-name` (the name sent in SNI and checked against the
+  server's certificate instead of the URL's host: for API servers reached through an IP, a tunnel or a
+  load balancer), `proxy-url` (an `http://` or `https://` proxy, with `user:password@` sent as
+  Proxy-Authorization; HTTPS to the API server goes through a CONNECT tunnel; `socks5://` is refused
+  with the way out).
+- Without `proxy-url`, the proxy environment applies as in kubectl (Go's ProxyFromEnvironment):
+  `HTTPS_PROXY`/`https_proxy` for an https server, `HTTP_PROXY`/`http_proxy` for http, unless
+  `NO_PROXY`/`no_proxy` lists the host (a name matches itself and its subdomains, `.name` only
+  subdomains, `*` everything, IP addresses and CIDR ranges, optionally with a port). `localhost` and
+  loopback addresses never go through a proxy.
+- User (`nodewright.kube.credentials`): `client-certificate(-data)` + `client-key(-data)` (mutual TLS,
+  loaded into the SSL context from memory by `load_pem_chain`: no temporary directory needed), then
+  `tokenFile` (wins over `token`, as in client-go), `token`, `username`/`password`, or an `exec`
+  credential plugin (client.authentication.k8s.io v1/v1beta1, with `env`, `interactiveMode`,
+  `installHint` and `provideClusterInfo`). `auth-provider` is refused: kubectl dropped its providers
+  (use the exec plugin that replaced yours, e.g. `gke-gcloud-auth-plugin`, `kubelogin`).
 
 In-cluster (`load_incluster`): `KUBERNETES_SERVICE_HOST`/`KUBERNETES_SERVICE_PORT`, the CA and token
-mounted at `/var/run/secrets/kubernetes.io/serviceaccount`. Bound service-account tokens are projected
-and rotated by the kubelet (hourly by default, valid longer), so the token file is re-read at most once a
-minute rather than cached for the life of the process.
+mounted at `/var/run/secrets/kubernetes.io/serviceaccount` (a `TokenFile`: re-read for rotation). No
+proxy: the API server's Service address is inside the cluster.
 
 Everything is checked at load time, because a bad file is a configuration error, not an outage: every
 problem (unreadable file, YAML that is not a kubeconfig, a server URL without http(s), base64 that does
 not decode, a CA, client certificate or key that OpenSSL refuses, a key that does not match its
-certificate) raises `ConfigError` with a one-line message naming the file, the entry and the field.
-`ClusterConfig.source` names where the settings came from, for later messages ("the API server
-rejected the credentials of ...").
+certificate, a proxy URL that cannot work) raises `ConfigError` with a one-line message naming the file,
+the entry and the field. `ClusterConfig.source` names where the settings came from, for later messages
+("the API server rejected the credentials of ...").
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import datetime as dt
-import json
+import ipaddress
 import os
 import ssl
-import tempfile
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
-from urllib.parse import urlsplit
+from typing import Any, Final
+from urllib.parse import unquote, urlsplit
 
 from nodewright.kube.clock import SYSTEM_CLOCK, Clock
+from nodewright.kube.credentials import (
+    EXEC_API_VERSIONS,
+    INTERACTIVE_MODES,
+    TEMP_DIR_REMEDY,
+    Auth,
+    BasicAuth,
+    ConfigError,
+    ExecCredential,
+    NoAuth,
+    NoTempDir,
+    StaticToken,
+    TokenFile,
+    load_client_pair,
+    load_pem_chain,
+    no_temp_dir_message,
+    temp_dir_missing,
+)
 
-SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-TOKEN_REFRESH_SECONDS = 60.0
-EXEC_TIMEOUT_SECONDS = 30.0
+__all__ = [
+    "TEMP_DIR_REMEDY",
+    "Auth",
+    "BasicAuth",
+    "ClusterConfig",
+    "ConfigError",
+    "ExecCredential",
+    "NoAuth",
+    "NoTempDir",
+    "Proxy",
+    "StaticToken",
+    "TokenFile",
+    "load_config",
+    "load_incluster",
+    "load_kubeconfig",
+    "load_pem_chain",
+    "no_temp_dir_message",
+    "parse_proxy",
+    "proxy_from_environment",
+    "temp_dir_missing",
+]
 
-
-class ConfigError(Exception):
-    pass
-
-
-class Auth(Protocol):
-    async def authorization(self) -> str | None:
-        """The value of the Authorization header (or None for certificate-only auth)."""
-        ...
-
-
-class NoAuth:
-    async def authorization(self) -> str | None:
-        return None
-
-
-@dataclass
-class StaticToken:
-    token: str
-
-    async def authorization(self) -> str | None:
-        return f"Bearer {self.token}"
-
-
-@dataclass
-class TokenFile:
-    """A token read from a file and re-read every `refresh` seconds (projected SA token rotation)."""
-
-    path: Path
-    refresh: float = TOKEN_REFRESH_SECONDS
-    clock: Clock = SYSTEM_CLOCK
-    _token: str = ""
-    _read_at: float | None = None
-
-    async def authorization(self) -> str | None:
-        now = self.clock.monotonic()
-        if self._read_at is None or now - self._read_at >= self.refresh:
-            try:
-                self._token = self.path.read_text().strip()
-            except OSError as exc:
-                if not self._token:
-                    raise ConfigError(f"cannot read token file {self.path}: {exc}") from exc
-                # Keep the previous token: a transient read error must not log the operator out.
-            self._read_at = now
-        return f"Bearer {self._token}"
+SERVICE_ACCOUNT_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+PROXY_SCHEMES: Final = ("http", "https")
+EXEC_EXTENSION: Final = "client.authentication.k8s.io/exec"
 
 
-@dataclass
-class ExecCredential:
-    """The `users[].user.exec` plugin: run a command, use `status.token` until it expires."""
+@dataclass(frozen=True)
+class Proxy:
+    """An HTTP(S) proxy: its URL without credentials, and the Proxy-Authorization they make."""
 
-    command: str
-    args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    api_version: str = "client.authentication.k8s.io/v1"
-    now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
-    _token: str | None = None
-    _expires: dt.datetime | None = None
-
-    async def authorization(self) -> str | None:
-        if self._token is None or (self._expires is not None and self.now() >= self._expires):
-            status = await self.run()
-            self._token = status.get("token")
-            expiry = status.get("expirationTimestamp")
-            self._expires = _parse_time(expiry) - dt.timedelta(seconds=10) if expiry else None
-        return f"Bearer {self._token}" if self._token else None
-
-    async def run(self) -> dict[str, Any]:
-        info = {"apiVersion": self.api_version, "kind": "ExecCredential", "spec": {"interactive": False}}
-        env = {**os.environ, **self.env, "KUBERNETES_EXEC_INFO": json.dumps(info)}
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                self.command,
-                *self.args,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
-        except OSError as exc:
-            raise ConfigError(f"exec plugin {self.command}: cannot run: {exc.strerror or exc}") from None
-        try:
-            async with asyncio.timeout(EXEC_TIMEOUT_SECONDS):
-                out, err = await proc.communicate()
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise ConfigError(f"exec plugin {self.command} timed out") from None
-        if proc.returncode != 0:
-            detail = _one_line(err.decode(errors="replace"))[:500]
-            raise ConfigError(f"exec plugin {self.command} failed (exit {proc.returncode}): {detail}")
-        try:
-            credential = json.loads(out)
-        except ValueError:
-            raise ConfigError(f"exec plugin {self.command} printed no ExecCredential JSON") from None
-        status = credential.get("status") if isinstance(credential, dict) else None
-        if not isinstance(status, dict):
-            raise ConfigError(f"exec plugin {self.command} returned no status")
-        return status
+    url: str
+    authorization: str | None = None
+    origin: str = ""
+    """Where it was configured: `proxy-url` of a kubeconfig cluster, or an environment variable."""
 
 
 @dataclass
@@ -157,22 +122,95 @@ class ClusterConfig:
     namespace: str | None = None
     source: str = ""
     """Where these settings came from (`kubeconfig <path> (context <name>)`, `in-cluster service account`)."""
-
-
-def _parse_time(value: str) -> dt.datetime:
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    proxy: Proxy | None = None
 
 
 def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-def _named(entries: Any, name: str, kind: str, where: str) -> dict[str, Any]:
-    for entry in entries if isinstance(entries, list) else []:
-        if isinstance(entry, dict) and entry.get("name") == name:
-            body = entry.get(kind)
-            return body if isinstance(body, dict) else {}
-    raise ConfigError(f"{where}: no {kind} named {name!r} in {kind}s")
+# ----------------------------------------------------------------------------------------------------
+# Kubeconfig files, merged as kubectl merges them
+
+
+@dataclass
+class _Entry:
+    body: dict[str, Any]
+    file: Path
+
+    @property
+    def base(self) -> Path:
+        return self.file.parent
+
+
+@dataclass
+class _Merged:
+    """Clusters, users and contexts by name (the first file to define a name wins)."""
+
+    files: list[Path]
+    current_context: str | None = None
+    entries: dict[str, dict[str, _Entry]] = field(
+        default_factory=lambda: {"cluster": {}, "user": {}, "context": {}}
+    )
+
+    def add(self, file: Path, doc: dict[str, Any]) -> None:
+        if not self.current_context and doc.get("current-context"):
+            self.current_context = str(doc["current-context"])
+        for kind, named in self.entries.items():
+            listed = doc.get(f"{kind}s")
+            for entry in listed if isinstance(listed, list) else []:
+                if isinstance(entry, dict) and "name" in entry and str(entry["name"]) not in named:
+                    body = entry.get(kind)
+                    named[str(entry["name"])] = _Entry(body if isinstance(body, dict) else {}, file)
+
+    def named(self, kind: str, name: str) -> _Entry:
+        found = self.entries[kind].get(name)
+        if found is None:
+            raise ConfigError(f"{self.describe()}: no {kind} named {name!r} in {kind}s")
+        return found
+
+    def describe(self) -> str:
+        return f"kubeconfig {os.pathsep.join(str(f) for f in self.files)}"
+
+
+def _read_kubeconfig(file: Path) -> dict[str, Any]:
+    # Imported here: an operator in a cluster reads no kubeconfig, and PyYAML is 1.4 MiB of its memory.
+    import yaml
+
+    try:
+        doc = yaml.safe_load(file.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read kubeconfig {file}: {exc.strerror or exc}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"kubeconfig {file} is not valid YAML: {_one_line(exc)}") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"kubeconfig {file} is not a kubeconfig (expected a mapping with clusters, users)")
+    return doc
+
+
+def kubeconfig_files(path: str | Path | None) -> list[Path]:
+    """The files to read: `path`; else `$KUBECONFIG`'s existing entries (all of them missing: the first,
+    so the error names it); else `~/.kube/config`."""
+    if path is not None:
+        return [Path(path).expanduser()]
+    listed = [Path(p).expanduser() for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    if not listed:
+        return [Path.home() / ".kube" / "config"]
+    return [p for p in listed if p.exists()] or listed[:1]
+
+
+def _merged(path: str | Path | None) -> _Merged:
+    files = kubeconfig_files(path)
+    merged = _Merged(files)
+    for file in files:
+        merged.add(file, _read_kubeconfig(file))
+    return merged
+
+
+# ----------------------------------------------------------------------------------------------------
+# Fields
 
 
 def _resolve(base: Path, value: str) -> Path:
@@ -198,74 +236,13 @@ def _pem(section: dict[str, Any], key: str, base: Path, where: str) -> bytes | N
     return None
 
 
-class NoTempDir(OSError):
-    """Neither an in-memory file nor a writable temporary directory is available for a PEM pair."""
-
-
-TEMP_DIR_REMEDY = (
-    "mount a writable directory at /tmp (the Helm chart mounts an emptyDir there) or point $TMPDIR at one"
-)
-
-
-def no_temp_dir_message(exc: BaseException) -> str:
-    """One line for a process that found no usable temporary directory (`tempfile`'s error)."""
-    return f"no writable temporary directory ({_one_line(exc)}): {TEMP_DIR_REMEDY}"
-
-
-def temp_dir_missing() -> OSError | None:
-    """tempfile's error when no temporary directory is usable ($TMPDIR, /tmp, /var/tmp, ...), else None."""
-    try:
-        tempfile.gettempdir()
-    except OSError as exc:
-        return exc
-    return None
-
-
-def load_pem_chain(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
-    """Load a PEM certificate (chain) and its private key from memory into `context`.
-
-    `ssl` loads them only from files. On Linux they go into anonymous in-memory files (`memfd_create`,
-    opened by OpenSSL through /proc/self/fd), so the key never touches a disk and a read-only root file
-    system without /tmp is fine; elsewhere into a private temporary directory, removed at once, and
-    `NoTempDir` says so when there is none. `ssl.SSLError`/`ValueError` mean the pair is not PEM or the
-    key does not match.
-    """
-    fds = _memory_files(cert, key)
-    if fds:
-        try:
-            context.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}")
-        finally:
-            for fd in fds:
-                os.close(fd)
-        return
-    try:
-        tmp = tempfile.TemporaryDirectory(prefix="nodewright-tls-")
-    except OSError as exc:
-        raise NoTempDir(no_temp_dir_message(exc)) from None
-    with tmp:
-        cert_path, key_path = Path(tmp.name) / "tls.crt", Path(tmp.name) / "tls.key"
-        cert_path.write_bytes(cert)
-        key_path.touch(mode=0o600)
-        key_path.write_bytes(key)
-        context.load_cert_chain(cert_path, key_path)
-
-
-def _memory_files(*contents: bytes) -> list[int]:
-    """File descriptors of in-memory files holding `contents` (empty where the system has none)."""
-    memfd = getattr(os, "memfd_create", None)
-    if memfd is None or not Path("/proc/self/fd").is_dir():
-        return []
-    fds: list[int] = []
-    try:
-        for data in contents:
-            fds.append(memfd("nodewright-tls", os.MFD_CLOEXEC))
-            with open(fds[-1], "wb", closefd=False) as file:
-                file.write(data)
-    except OSError:  # e.g. a seccomp profile that refuses memfd_create
-        for fd in fds:
-            os.close(fd)
-        return []
-    return fds
+def _flag(section: dict[str, Any], key: str, where: str) -> bool:
+    value = section.get(key, False)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ConfigError(f"{where}: {key} must be true or false, not {value!r}")
 
 
 def _ssl_context(
@@ -288,14 +265,7 @@ def _ssl_context(
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     if cert and key:
-        try:
-            load_pem_chain(context, cert, key)
-        except (ssl.SSLError, ValueError) as exc:
-            raise ConfigError(
-                f"{cert_field}: not a PEM certificate and its matching private key ({_one_line(exc)})"
-            ) from None
-        except NoTempDir as exc:
-            raise ConfigError(f"{cert_field}: {exc}") from None
+        load_client_pair(context, cert, key, what=cert_field)
     elif cert or key:
         missing = "client-key" if cert else "client-certificate"
         raise ConfigError(f"{cert_field}: {missing} is missing (mutual TLS needs both)")
@@ -312,81 +282,196 @@ def _server_url(value: Any, where: str) -> str:
     return server
 
 
-def load_kubeconfig(path: str | Path | None = None, *, context: str | None = None) -> ClusterConfig:
-    """Load a kubeconfig (`path`, else `$KUBECONFIG`'s first entry, else `~/.kube/config`)."""
-    if path is None:
-        env = os.environ.get("KUBECONFIG", "")
-        path = env.split(os.pathsep)[0] if env else Path.home() / ".kube" / "config"
-    file = Path(path).expanduser()
-    # Imported here: an operator in a cluster reads no kubeconfig, and PyYAML is 1.4 MiB of its memory.
-    import yaml
-
+def parse_proxy(value: str, *, origin: str) -> Proxy:
+    """A proxy URL as kubectl takes it (no scheme means http); `origin` names the setting in errors."""
+    text = value.strip()
+    if "://" not in text:
+        text = f"http://{text}"
     try:
-        doc = yaml.safe_load(file.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read kubeconfig {file}: {exc.strerror or exc}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"kubeconfig {file} is not valid YAML: {_one_line(exc)}") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"kubeconfig {file} is not a kubeconfig (expected a mapping with clusters, users)")
-    base = file.parent
-    context_name = context or doc.get("current-context")
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"{origin} {value!r} is not a URL: {exc}") from None
+    if parts.scheme.startswith("socks"):
+        raise ConfigError(
+            f"{origin} {value!r}: SOCKS proxies are not supported; use the HTTP CONNECT port of the proxy,"
+            " or a local tunnel (e.g. ssh -L) and its address as the server"
+        )
+    if parts.scheme not in PROXY_SCHEMES or not parts.hostname:
+        raise ConfigError(f"{origin} {value!r} is not an http:// or https:// URL with a host")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    url = f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
+    authorization = None
+    if parts.username is not None:
+        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        authorization = f"Basic {base64.b64encode(pair).decode()}"
+    return Proxy(url, authorization, origin)
+
+
+def _no_proxy_matches(entry: str, host: str, port: int) -> bool:
+    """One NO_PROXY entry against a host and port, as Go's httpproxy matches them."""
+    entry = entry.strip().lower()
+    if not entry:
+        return False
+    if entry == "*":
+        return True
+    try:
+        return ipaddress.ip_address(host) in ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        pass
+    name, _, entry_port = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
+    if entry_port and entry_port != str(port):
+        return False
+    if name.startswith("*."):
+        name = name[1:]
+    if name.startswith("."):
+        return host.endswith(name)
+    return host == name or host.endswith(f".{name}")
+
+
+def proxy_from_environment(server: str, environ: Mapping[str, str]) -> Proxy | None:
+    """The proxy the environment gives for `server` (module docstring), or None to connect directly."""
+    parts = urlsplit(server)
+    host = (parts.hostname or "").lower()
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    if host == "localhost":
+        return None
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:
+        pass
+    names = ("HTTPS_PROXY", "https_proxy") if parts.scheme == "https" else ("HTTP_PROXY", "http_proxy")
+    name = next((n for n in names if environ.get(n)), None)
+    if name is None:
+        return None
+    no_proxy = environ.get("NO_PROXY") or environ.get("no_proxy") or ""
+    if any(_no_proxy_matches(entry, host, port) for entry in no_proxy.split(",")):
+        return None
+    return parse_proxy(environ[name], origin=f"${name}")
+
+
+def _cluster_proxy(cluster: dict[str, Any], server: str, where: str) -> Proxy | None:
+    configured = cluster.get("proxy-url")
+    if configured:
+        return parse_proxy(str(configured), origin=f"{where}: proxy-url")
+    return proxy_from_environment(server, os.environ)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_kubeconfig(path: str | Path | None = None, *, context: str | None = None) -> ClusterConfig:
+    """Load a kubeconfig (`path`, else `$KUBECONFIG`'s files merged, else `~/.kube/config`)."""
+    merged = _merged(path)
+    context_name = context or merged.current_context
     if not context_name:
-        raise ConfigError(f"kubeconfig {file} has no current-context")
-    ctx = _named(doc.get("contexts"), str(context_name), "context", f"kubeconfig {file}")
+        raise ConfigError(f"{merged.describe()} has no current-context")
+    ctx = merged.named("context", context_name).body
     cluster_name, user_name = str(ctx.get("cluster")), ctx.get("user")
-    where_cluster = f"kubeconfig {file}: cluster {cluster_name!r}"
-    where_user = f"kubeconfig {file}: user {user_name!r}"
-    cluster = _named(doc.get("clusters"), cluster_name, "cluster", f"kubeconfig {file}")
-    user = _named(doc.get("users"), str(user_name), "user", f"kubeconfig {file}") if user_name else {}
-    server = _server_url(cluster.get("server"), where_cluster)
-    auth, cert, key = _user_auth(user, base, where_user)
+    cluster = merged.named("cluster", cluster_name)
+    where_cluster = f"kubeconfig {cluster.file}: cluster {cluster_name!r}"
+    server = _server_url(cluster.body.get("server"), where_cluster)
+    user = merged.named("user", str(user_name)) if user_name else _Entry({}, cluster.file)
+    where_user = f"kubeconfig {user.file}: user {user_name!r}"
+    insecure = _flag(cluster.body, "insecure-skip-tls-verify", where_cluster)
+    ca = _pem(cluster.body, "certificate-authority", cluster.base, where_cluster)
+    if insecure and ca:
+        raise ConfigError(
+            f"{where_cluster}: insecure-skip-tls-verify with a certificate-authority: kubectl refuses the"
+            " pair too; remove one (the CA, to verify the server)"
+        )
+    auth, cert, key = _user_auth(user.body, user.base, where_user)
     ssl_context = None
     if server.startswith("https://"):
         ssl_context = _ssl_context(
-            ca=_pem(cluster, "certificate-authority", base, where_cluster),
+            ca=ca,
             cert=cert,
             key=key,
-            insecure=bool(cluster.get("insecure-skip-tls-verify")),
+            insecure=insecure,
             ca_field=f"{where_cluster}: certificate-authority",
             cert_field=f"{where_user}: client-certificate/client-key",
         )
+    tls_server_name = cluster.body.get("tls-server-name")
+    if isinstance(auth, ExecCredential):
+        auth.ssl_context = ssl_context
+        if _flag(user.body.get("exec") or {}, "provideClusterInfo", where_user):
+            auth.cluster = _exec_cluster_info(cluster.body, server, ca, insecure, cluster_name)
     return ClusterConfig(
         server=server,
         ssl_context=ssl_context,
         auth=auth,
-        tls_server_name=cluster.get("tls-server-name"),
+        tls_server_name=str(tls_server_name) if tls_server_name else None,
         namespace=ctx.get("namespace"),
-        source=f"kubeconfig {file} (context {context_name})",
+        source=f"{merged.describe()} (context {context_name})",
+        proxy=_cluster_proxy(cluster.body, server, where_cluster),
     )
+
+
+def _exec_cluster_info(
+    cluster: dict[str, Any], server: str, ca: bytes | None, insecure: bool, name: str
+) -> dict[str, Any]:
+    """`spec.cluster` of KUBERNETES_EXEC_INFO (client.authentication.k8s.io Cluster)."""
+    info: dict[str, Any] = {"server": server, "insecure-skip-tls-verify": insecure}
+    if ca:
+        info["certificate-authority-data"] = base64.b64encode(ca).decode()
+    for key in ("tls-server-name", "proxy-url", "disable-compression"):
+        if cluster.get(key):
+            info[key] = cluster[key]
+    for extension in cluster.get("extensions") or []:
+        if isinstance(extension, dict) and extension.get("name") == EXEC_EXTENSION:
+            info["config"] = extension.get("extension")
+    return info
 
 
 def _user_auth(user: dict[str, Any], base: Path, where: str) -> tuple[Auth, bytes | None, bytes | None]:
     cert = _pem(user, "client-certificate", base, where)
     key = _pem(user, "client-key", base, where)
-    if user.get("token"):
-        return StaticToken(str(user["token"])), cert, key
+    if user.get("auth-provider"):
+        provider = (user.get("auth-provider") or {}).get("name", "?")
+        raise ConfigError(
+            f"{where}: auth-provider {provider!r} is not supported (kubectl dropped its auth providers);"
+            " use the exec credential plugin that replaced it, e.g. kubelogin or gke-gcloud-auth-plugin"
+        )
     if user.get("tokenFile"):
         return TokenFile(_resolve(base, str(user["tokenFile"]))), cert, key
+    if user.get("token"):
+        return StaticToken(str(user["token"])), cert, key
+    if user.get("username"):
+        return BasicAuth(str(user["username"]), str(user.get("password") or "")), cert, key
     exec_spec = user.get("exec")
     if isinstance(exec_spec, dict):
-        if not exec_spec.get("command"):
-            raise ConfigError(f"{where}: exec has no command")
-        env_entries = exec_spec.get("env") or []
-        if not isinstance(env_entries, list) or not all(
-            isinstance(e, dict) and "name" in e and "value" in e for e in env_entries
-        ):
-            raise ConfigError(f"{where}: exec.env must be a list of {{name, value}}")
-        plugin = ExecCredential(
-            command=str(exec_spec["command"]),
-            args=[str(a) for a in exec_spec.get("args") or []],
-            env={str(e["name"]): str(e["value"]) for e in env_entries},
-            api_version=str(exec_spec.get("apiVersion") or "client.authentication.k8s.io/v1"),
-        )
-        return plugin, cert, key
-    if user.get("username") or user.get("auth-provider"):
-        raise ConfigError(f"{where}: basic auth and auth-provider are not supported; use a token or exec")
+        return _exec_plugin(exec_spec, where), cert, key
     return NoAuth(), cert, key
+
+
+def _exec_plugin(spec: dict[str, Any], where: str) -> ExecCredential:
+    if not spec.get("command"):
+        raise ConfigError(f"{where}: exec has no command")
+    env_entries = spec.get("env") or []
+    if not isinstance(env_entries, list) or not all(
+        isinstance(e, dict) and "name" in e and "value" in e for e in env_entries
+    ):
+        raise ConfigError(f"{where}: exec.env must be a list of {{name, value}}")
+    api_version = str(spec.get("apiVersion") or EXEC_API_VERSIONS[0])
+    if api_version not in EXEC_API_VERSIONS:
+        raise ConfigError(
+            f"{where}: exec.apiVersion {api_version!r} is not one of {', '.join(EXEC_API_VERSIONS)}"
+        )
+    mode = str(spec.get("interactiveMode") or "IfAvailable")
+    if mode not in INTERACTIVE_MODES:
+        raise ConfigError(
+            f"{where}: exec.interactiveMode {mode!r} is not one of {', '.join(INTERACTIVE_MODES)}"
+        )
+    return ExecCredential(
+        command=str(spec["command"]),
+        args=[str(a) for a in spec.get("args") or []],
+        env={str(e["name"]): str(e["value"]) for e in env_entries},
+        api_version=api_version,
+        interactive_mode=mode,
+        install_hint=str(spec.get("installHint") or ""),
+    )
 
 
 def load_incluster(*, directory: Path = SERVICE_ACCOUNT_DIR, clock: Clock = SYSTEM_CLOCK) -> ClusterConfig:

@@ -274,3 +274,98 @@ def _check_extras(package_dir: Path, report: Report) -> None:
             report.errors.append(str(exc))
     except OSError as exc:
         report.errors.append(f"{exc.filename or package_dir}: cannot be read: {exc.strerror or exc}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# NodeWright manifests: host settings two packages would fight over
+
+
+@dataclass
+class ManifestReport:
+    """`nodewright package validate -f`: conflicts between the packages of NodeWright manifests."""
+
+    paths: list[Path]
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    nodewrights: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def render(self) -> str:
+        lines = [f"error: {error}" for error in self.errors]
+        lines.extend(f"warning: {warning}" for warning in self.warnings)
+        where = ", ".join(str(p) for p in self.paths)
+        verdict = f"{len(self.errors)} error(s)" if self.errors else "no conflicting host settings"
+        lines.append(
+            f"{where}: {self.nodewrights} NodeWright(s), {verdict} ({len(self.warnings)} warning(s))"
+        )
+        return "\n".join(lines) + "\n"
+
+
+def _manifest_nodewrights(path: Path, report: ManifestReport) -> list[dict[str, Any]]:
+    import yaml
+
+    try:
+        text = safefile.read_text(str(path), limit=MAX_DOCKERFILE_BYTES * 8)
+        documents = list(yaml.safe_load_all(text))
+    except (OSError, safefile.Refused) as exc:
+        report.errors.append(f"{path}: cannot read: {exc}")
+        return []
+    except yaml.YAMLError as exc:
+        report.errors.append(f"{path}: not YAML: {' '.join(str(exc).split())}")
+        return []
+    found: list[dict[str, Any]] = []
+    for doc in documents:
+        items = doc.get("items") if isinstance(doc, dict) and doc.get("kind") == "List" else [doc]
+        found.extend(d for d in items or [] if isinstance(d, dict) and d.get("kind") == "NodeWright")
+    return found
+
+
+def validate_manifests(paths: list[Path]) -> ManifestReport:
+    """Host settings (docs/packages.md, "Declaring host settings") two packages set differently:
+
+    - two packages of one NodeWright always meet on its nodes, and so do two NodeWrights with the same
+      node selector: an error;
+    - packages of two NodeWrights with different selectors meet where a node is selected by both, which
+      only the cluster knows: a warning naming the label selector of such nodes (none when the selectors
+      cannot both match);
+    - lines of a recognised ConfigMap key that do not parse: a warning.
+    """
+    from nodewright.api import hostsettings
+
+    report = ManifestReport(paths)
+    nodewrights = [nw for path in paths for nw in _manifest_nodewrights(path, report)]
+    report.nodewrights = len(nodewrights)
+    for nw in nodewrights:
+        name = hostsettings.nodewright_name(nw)
+        packages = (nw.get("spec") or {}).get("packages") if isinstance(nw.get("spec"), dict) else None
+        for key, package in (packages or {}).items() if isinstance(packages, dict) else ():
+            config_map = package.get("configMap") if isinstance(package, dict) else None
+            for problem in hostsettings.package_settings(
+                config_map if isinstance(config_map, dict) else {}
+            ).problems:
+                report.warnings.append(f"NodeWright {name!r} package {key!r}: {problem}")
+        report.errors.extend(c.describe() for c in hostsettings.conflicts_within(nw))
+    for index, ours in enumerate(nodewrights):
+        for theirs in nodewrights[index + 1 :]:
+            found = hostsettings.conflicts_between(ours, theirs)
+            selector = hostsettings.selector_intersection(
+                hostsettings.node_selector(ours), hostsettings.node_selector(theirs)
+            )
+            if not found or selector is None:
+                continue
+            if _same_nodes(ours, theirs):
+                report.errors.extend(f"{c.describe()} -- both select the same nodes" for c in found)
+                continue
+            where = f"nodes matching {selector!r}" if selector else "every node"
+            report.warnings.extend(f"{c.describe()} -- if any node is among {where}" for c in found)
+    return report
+
+
+def _same_nodes(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    from nodewright.api.hostsettings import node_selector, selector_intersection
+
+    own = selector_intersection(node_selector(a), node_selector(a))
+    return own is not None and own == selector_intersection(node_selector(b), node_selector(b))

@@ -428,6 +428,7 @@ def plan_rollout(
             next_order=order,
         )
     ctx = _Context(
+        nodewright=nodewright.metadata.name,
         compartments=resolved,
         fingerprint=fingerprint,
         now=now,
@@ -480,6 +481,7 @@ def _approved(ctx: _Context, name: str, plan: CompartmentPlan) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class _Context:
+    nodewright: str
     compartments: Compartments
     fingerprint: str
     now: str
@@ -760,7 +762,7 @@ def _pacing(ctx: _Context, name: str, spec: CompartmentSpec, *, state: BatchStat
         reason = (
             WaitReason.AWAITING_APPROVAL,
             f"batch {gate} of {name!r} settled; the next batch waits for approval"
-            f" (nodewright approve <nodewright> --compartment {name})",
+            f" (kubectl nodewright approve {ctx.nodewright} --compartment {name})",
         )
     elif soak_until is not None:
         reason = (WaitReason.SOAKING, f"soaking after batch {last} of {name!r} until {_ts(soak_until)}")

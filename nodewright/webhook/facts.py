@@ -92,6 +92,45 @@ class KubeFacts:
         except TimeoutError as exc:
             raise LookupError_("LIST nodewrights: timeout") from exc
 
+    async def nodewrights(self) -> list[dict[str, Any]]:
+        """Every NodeWright (`webhook.conflicts` compares their host settings)."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        found: list[dict[str, Any]] = []
+        token: str | None = None
+        try:
+            while True:
+                page = await self._custom.list_cluster_custom_object(
+                    constants.GROUP,
+                    constants.VERSION,
+                    constants.PLURAL_NODEWRIGHT,
+                    limit=500,
+                    _continue=token or "",
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                )
+                found.extend(item for item in page.get("items", []) if isinstance(item, dict))
+                token = (page.get("metadata") or {}).get("continue")
+                if not token:
+                    return found
+        except ApiException as exc:
+            raise LookupError_(f"LIST nodewrights: HTTP {exc.status}") from exc
+        except TimeoutError as exc:
+            raise LookupError_("LIST nodewrights: timeout") from exc
+
+    async def selects_any_node(self, label_selector: str) -> bool:
+        """Whether some node matches `label_selector` (one LIST with limit=1: never the whole fleet)."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            page = await self._core.list_node(
+                label_selector=label_selector, limit=1, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except ApiException as exc:
+            raise LookupError_(f"LIST nodes {label_selector!r}: HTTP {exc.status}") from exc
+        except TimeoutError as exc:
+            raise LookupError_(f"LIST nodes {label_selector!r}: timeout") from exc
+        return bool(page.items)
+
     async def package_present(self, nodewright: str, package: str) -> bool:
         from kubernetes_asyncio.client.exceptions import ApiException
 

@@ -3,7 +3,8 @@
 Endpoints:
 - `/validate-nodewright`: CREATE/UPDATE. Schema, CEL mirror and semantic rules (`nodewright.api.validation`)
   plus cluster facts: the referenced DeploymentPolicy exists; on UPDATE, packages with uninstall.enabled
-  may only be removed or downgraded once no node has them any more.
+  may only be removed or downgraded once no node has them any more. Host settings two packages would
+  fight over (this NodeWright's, or another's on the same nodes) are warnings (`webhook.conflicts`).
 - `/validate-deploymentpolicy`: CREATE/UPDATE rules, and DELETE refused while NodeWrights reference the
   policy (the error names them). Only the webhook can protect DELETE: no schema rule sees deletions.
 - `/mutate-nodewright`: sets each package's `name` from its map key (CRD defaults cannot read map keys).
@@ -41,6 +42,7 @@ from aiohttp import web
 
 from nodewright.api import constants, validation
 from nodewright.kube.config import load_pem_chain
+from nodewright.webhook.conflicts import host_setting_warnings
 
 log = structlog.get_logger(__name__)
 
@@ -189,6 +191,7 @@ class Handlers:
         warnings = [*result.warnings, *warnings]
         if result.errors:
             return _deny(review.uid, result.errors, warnings, "NodeWright", review.name)
+        warnings += await host_setting_warnings(review.obj, review.old, self._facts)
         return _response(review.uid, allowed=True, warnings=warnings)
 
     async def validate_deploymentpolicy(self, body: Any) -> dict[str, Any]:

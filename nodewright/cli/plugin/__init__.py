@@ -2,9 +2,9 @@
 
 Installed as the console script `kubectl-nodewright` (kubectl finds it on the PATH and runs it for
 `kubectl nodewright ...`); every verb is also `nodewright <verb>`. Verbs: pause, resume, disable,
-enable, status, node (list, status, ignore, unignore, reset, retry), package (status, logs, rerun;
-beside the authoring commands), policy (show, reset), why, watch, plan, completion. See
-docs/plugin.md.
+enable, approve, status, node (list, status, ignore, unignore, reset, retry), package (status, logs,
+rerun; beside the authoring commands), policy (show, reset), why, watch, plan, consistency, version,
+completion. See docs/plugin.md.
 
 Each verb is a small module here registered in `nodewright.cli.commands` (imported only when it
 runs, so start-up stays fast); `common` holds kubectl's conventions (flags, output, dry runs,

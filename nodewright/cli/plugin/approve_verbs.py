@@ -58,6 +58,33 @@ def gates_to_approve(status: dict[str, object], wanted: list[str] | None) -> dic
     return out
 
 
+def unknown_compartments(wanted: list[str] | None, known: set[str]) -> list[str]:
+    """The names in `--compartment` that are not compartments of the NodeWright (typos)."""
+    return sorted({name for name in wanted or () if name not in known})
+
+
+async def known_compartments(session: common.Session, obj: dict[str, object]) -> set[str]:
+    """Compartments of a NodeWright: those of its DeploymentPolicy (and the default one), and any its
+    status reports (a policy edited since still has them there until the operator's next pass)."""
+    from nodewright.api.constants import DEFAULT_COMPARTMENT
+    from nodewright.kube.resources import DEPLOYMENTPOLICIES, NotFound
+
+    status = obj.get("status")
+    compartments = (status.get("compartmentStatuses") if isinstance(status, dict) else None) or {}
+    known = {DEFAULT_COMPARTMENT, *(str(name) for name in compartments)}
+    spec = obj.get("spec")
+    policy_name = spec.get("deploymentPolicy") if isinstance(spec, dict) else None
+    if policy_name:
+        try:
+            policy = await session.client.get(DEPLOYMENTPOLICIES, str(policy_name))
+        except NotFound:
+            return known
+        for entry in (policy.get("spec") or {}).get("compartments") or []:
+            if isinstance(entry, dict) and entry.get("name"):
+                known.add(str(entry["name"]))
+    return known
+
+
 async def _run(session: common.Session) -> int:
     from nodewright.kube.resources import NODEWRIGHTS, NotFound
 
@@ -66,6 +93,13 @@ async def _run(session: common.Session) -> int:
         obj = await session.client.get(NODEWRIGHTS, args.nodewright)
     except NotFound:
         raise common.NotFoundError(f"NodeWright {args.nodewright!r} not found") from None
+    if args.compartment:
+        known = await known_compartments(session, obj)
+        if typos := unknown_compartments(args.compartment, known):
+            raise common.NotFoundError(
+                f"NodeWright {args.nodewright!r} has no compartment {', '.join(map(repr, typos))}"
+                f" (its compartments: {', '.join(sorted(known))})"
+            )
     gates = gates_to_approve(obj.get("status") or {}, args.compartment)
     if not gates:
         where = f" in {', '.join(args.compartment)}" if args.compartment else ""

@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -103,6 +102,7 @@ def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
         "-n",
         "--namespace",
         default=None,
+        type=namespace_name,
         help=f"the operator's namespace (default: ${NAMESPACE_ENV}, else {DEFAULT_NAMESPACE})",
     )
     group.add_argument(
@@ -112,6 +112,13 @@ def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="deadline of each API request (default 30)",
     )
+
+
+def namespace_name(text: str) -> str:
+    """`-n`: a namespace name as the API server accepts it (an RFC 1123 label)."""
+    from nodewright.cli.flags import dns_label
+
+    return dns_label(text)
 
 
 def add_output_flag(parser: argparse.ArgumentParser, choices: Sequence[str] = OUTPUTS) -> None:
@@ -217,19 +224,9 @@ class Session:
 
 def _configure_quiet_logging() -> None:
     """Library code logs through structlog; a CLI shows its own messages only (on stderr)."""
-    import structlog
+    from nodewright.cli.output import quiet_logging
 
-    # Plain tracebacks without local variables: structlog's default renderer (rich, when installed)
-    # prints every frame's locals, and the API client's frames hold the bearer token.
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        cache_logger_on_first_use=False,
-    )
+    quiet_logging()
 
 
 @contextlib.asynccontextmanager
@@ -245,6 +242,7 @@ async def open_client(args: argparse.Namespace) -> AsyncIterator[KubeClient]:
         config,
         timeout=timeout,
         connect_timeout=min(10.0, timeout),
+        call_deadline=timeout,  # --request-timeout bounds each call, its retries included
         max_retries=2,
         field_manager=FIELD_MANAGER,
     ) as client:
@@ -283,6 +281,8 @@ def run(args: argparse.Namespace, body: Callable[[Session], Awaitable[int]]) -> 
             " (check RBAC: the plugin needs the verbs listed in docs/plugin.md)" if exc.status == 403 else ""
         )
         return report(prog, f"the API server refused the request: {exc}{hint}", FAILED)
+    except BrokenPipeError:
+        raise  # stdout's reader went away: `nodewright.cli.main` ends quietly
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         text = str(exc) or type(exc).__name__
         return report(prog, f"cannot reach the API server: {text}", FAILED)
