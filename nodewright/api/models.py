@@ -812,6 +812,13 @@ class NotificationSink(_Model):
     )
 
 
+# Like apps/v1 (Deployment, StatefulSet, DaemonSet): ten earlier revisions unless told otherwise. A
+# revision holds a whole spec (configMaps included, up to the object size limit), so the cap bounds what a
+# NodeWright can store in etcd: 100 revisions at most.
+DEFAULT_REVISION_HISTORY = 10
+MAX_REVISION_HISTORY = 100
+
+
 def _sink_names_unique(items: list[dict[str, Any]]) -> bool:
     names = [c["name"] for c in items]
     return len(names) == len(set(names))
@@ -912,6 +919,13 @@ class NodeWrightSpec(_Model):
         " blocked, completed), besides the operator's cluster-wide sink (--notify-url-secret).",
         max_length=MAX_NOTIFICATION_SINKS,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    revision_history_limit: Annotated[int, Field(ge=0, le=MAX_REVISION_HISTORY)] = _text(
+        "How many earlier specs the operator keeps as revisions (ControllerRevisions in its namespace,"
+        " owned by this NodeWright) besides the current one, for `kubectl nodewright history` and"
+        " `kubectl nodewright undo`; 0 keeps only the current spec, so there is nothing to go back to."
+        " Not part of a revision itself: undo keeps the value in force.",
+        default=DEFAULT_REVISION_HISTORY,
     )
 
     def effective_drain(self) -> Drain:
@@ -1062,6 +1076,12 @@ class NodeWrightStatus(_Model):
         default="",
     )
     next_order: int = _text("Next node order number (SKYHOOK_NODE_ORDER) of the current rollout.", default=0)
+    rollout_first_order: int = _text(
+        "Order number of the first admission of the current rollout. Admissions for the same spec from an"
+        " earlier rollout (a spec that came back: `kubectl nodewright undo`, or an edit reverted by hand)"
+        " have lower numbers and count as older: the way back gets batches of its own.",
+        default=0,
+    )
     node_examples: (
         dict[str, Annotated[list[Annotated[str, Field(max_length=253)]], Field(max_length=5)]] | None
     ) = _text("A few example node names per node status.", max_length=16)
