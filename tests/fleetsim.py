@@ -45,6 +45,7 @@ from nodewright.api.models import (
     DisruptionBudget,
     DisruptionBudgetStatus,
     NodeWright,
+    NodeWrightStatus,
     Status,
 )
 from nodewright.api.nodestate import Admission as StateAdmission
@@ -53,6 +54,7 @@ from nodewright.controller.budgets import pool_node
 from nodewright.controller.context import decode_admission, encode_admission
 from nodewright.controller.rollout import rollout_node
 from nodewright.plan import budgets as budget_plan
+from nodewright.plan import rollout_epoch
 from nodewright.plan.node import CreatePod, PlanOptions
 from nodewright.plan.policy import Compartments, NodeRef, resolve_compartments
 from nodewright.plan.rollout import (
@@ -64,6 +66,7 @@ from nodewright.plan.rollout import (
     plan_rollout,
     spec_fingerprint,
 )
+from nodewright.plan.rollout_epoch import RolloutEpoch, current_nodes, dead_admissions, epoch_for, order_hint
 from nodewright.plan.stages import PodOutcome, RetryPolicy, ts
 from tests.planfake import T0, FakeNode
 
@@ -92,6 +95,8 @@ class Fleet:
     admissions: dict[str, str] = field(default_factory=dict)  # node -> admission annotation text
     statuses: dict[str, CompartmentStatus] = field(default_factory=dict)
     next_order: int = 0
+    rollout_fingerprint: str = ""  # status.rolloutFingerprint and status.rolloutFirstOrder
+    first_order: int = 0
     reset: bool = False
     approvals: dict[str, int] = field(default_factory=dict)  # the nodewright.io/approve annotation
     plans: list[RolloutPlan] = field(default_factory=list)
@@ -154,8 +159,9 @@ class Fleet:
         obj.update({"apiVersion": "nodewright.io/v1alpha1", "kind": "NodeWright"})
         obj["status"] = {
             "compartmentStatuses": {c: s.to_json_dict() for c, s in sorted(self.statuses.items())},
-            "rolloutFingerprint": self.fingerprint,
+            "rolloutFingerprint": self.rollout_fingerprint or self.fingerprint,
             "nextOrder": self.next_order,
+            "rolloutFirstOrder": self.first_order,
         }
         return obj
 
@@ -195,47 +201,62 @@ class Fleet:
             )
         return out
 
+    def persisted(self) -> NodeWrightStatus:
+        return NodeWrightStatus(
+            rollout_fingerprint=self.rollout_fingerprint,
+            rollout_first_order=self.first_order,
+            next_order=self.next_order,
+        )
+
+    def epoch(self) -> RolloutEpoch:
+        """The rollout the controller plans in (`plan.rollout_epoch`)."""
+        return epoch_for(self.fingerprint, status=self.persisted(), nodes=self.rollout_views())
+
     def rollout_plan(self, shared: Sequence[budget_plan.SharedBudget] = ()) -> RolloutPlan:
+        epoch = self.epoch()
         return plan_rollout(
             self.nodewright,
             policy=self.policy,
-            nodes=self.rollout_views(),
+            nodes=current_nodes(self.rollout_views(), epoch),
             compartment_statuses=self.statuses,
             fingerprint=self.fingerprint,
             now=ts(self.now),
             reset_requested=self.reset,
-            next_order_hint=self.next_order,
+            next_order_hint=order_hint(epoch, self.persisted()),
             approvals=self.approvals,
             shared_budgets=shared,
             admission_limit=self.admission_limit,
         )
 
     def write_status(self, plan: RolloutPlan) -> None:
+        epoch = self.epoch()
         self.statuses = dict(plan.compartment_statuses)
         self.next_order = plan.next_order
+        self.rollout_fingerprint, self.first_order = epoch.fingerprint, epoch.first_order
         if plan.reset_applied:
             self.reset = False
 
-    def write_admissions(self, plan: RolloutPlan) -> None:
-        for name in plan.releases:
+    def write_admissions(self, plan: RolloutPlan, dead: Sequence[str] = ()) -> None:
+        for name in sorted({*plan.releases, *dead}):
             self.admissions.pop(name, None)
         for new in plan.admissions:
             self.admissions[new.node] = encode_admission(new.admission)
 
     def rollout_pass(self) -> RolloutPlan:
         plan = self.rollout_plan()
+        dead = dead_admissions(self.rollout_views(), self.epoch())
         self.plans.append(plan)
         self.write_status(plan)
         self.check()
-        self.write_admissions(plan)
+        self.write_admissions(plan, dead)
         self.check()
         return plan
 
     def node_pass(self, name: str) -> None:
         node = self.nodes[name]
         admission = self.admission(name)
-        usable = (
-            admission is not None and not admission.consumed and admission.fingerprint == self.fingerprint
+        usable = admission is not None and rollout_epoch.usable(
+            admission, fingerprint=self.fingerprint, status=self.persisted()
         )
         state = node.state
         planner_admission = (
@@ -365,7 +386,7 @@ class SharedFleet:
         """Plan `fleet`'s pass from the budget as it is now, and the slot write it would make."""
         nw = fleet.nodewright.metadata.name
         current = self.view()
-        views = fleet.rollout_views()
+        views = current_nodes(fleet.rollout_views(), fleet.epoch())
         shared = [current.for_nodewright(nw, self.pool())] if current.members & set(fleet.names) else []
         plan = fleet.rollout_plan(shared)
         fingerprint = fleet.fingerprint
@@ -391,10 +412,11 @@ class SharedFleet:
         """The controller's write order: budget slots, then status, then admissions. False on 409."""
         if update.changes(current) and not self.write_budget(current.resource_version, update):
             return False
+        dead = dead_admissions(fleet.rollout_views(), fleet.epoch())
         fleet.plans.append(plan)
         fleet.write_status(plan)
         fleet.check()
-        fleet.write_admissions(plan)
+        fleet.write_admissions(plan, dead)
         fleet.check()
         return True
 

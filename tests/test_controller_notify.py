@@ -719,3 +719,22 @@ def test_a_nodewright_without_sinks_or_gone_retires_its_sink_workers() -> None:
     captured.kept.clear()
     rollout.forget("nw2")  # deleted
     assert captured.kept == {"nw2": []}
+
+
+def test_a_spec_that_comes_back_is_told_about_again_under_its_own_rollout_key() -> None:
+    """v1 -> v2 -> v1: the way back has v1's fingerprint, so keys made of the fingerprint alone were
+    those of the first v1 rollout, already sent in this process (the notifier sends a key once): the way
+    back's start, batches, halts and completion went untold. The epoch key tells the rollouts apart."""
+    model = nodewright()
+    fp = spec_fingerprint(model)
+    nodes = [rnode("n1", fp, status=Status.WAITING)]
+    plan = plan_rollout(
+        model, policy=None, nodes=nodes, compartment_statuses={}, fingerprint=fp, now="2026-03-01T12:00:00Z"
+    )
+    captured = Captured()
+    rollout = RolloutNotifications(captured)  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {"fingerprint": fp, "conditions": {}, "drain_blocked": (), "now": NOW}
+    rollout.after_pass(model, plan, Status.IN_PROGRESS, nodes, **kwargs)
+    rollout.after_pass(model, plan, Status.IN_PROGRESS, nodes, rollout_key=f"{fp}.8", **kwargs)
+    keys = [n.key for n, _ in captured.notices if n.event is NotificationEvent.ROLLOUT_STARTED]
+    assert keys == [f"nw/{fp}/started", f"nw/{fp}.8/started"]

@@ -20,6 +20,8 @@ from nodewright.controller import rollout as rollout_mod
 from nodewright.controller.context import (
     Runtime,
     admission_annotation,
+    decode_admission,
+    encode_admission,
 )
 from nodewright.controller.rollout import RolloutReconciler
 from nodewright.kube.client import KubeClient
@@ -28,7 +30,7 @@ from nodewright.kube.resources import NODES, NODEWRIGHTS, PODS
 from nodewright.kube.trim import trim_node
 from nodewright.observability.metrics import count_package_nodes
 from nodewright.plan import podspec
-from nodewright.plan.rollout import Admission, NewAdmission, RolloutNode, RolloutPlan
+from nodewright.plan.rollout import Admission, NewAdmission, RolloutNode, RolloutPlan, spec_fingerprint
 from nodewright.plan.status import NodeReport, PackageReport
 from tests.kubefake import FakeKube
 from tests.test_controller_nodes import NS, make_runtime, nw_obj
@@ -528,3 +530,27 @@ async def test_the_runtime_taint_stays_while_a_runtime_required_nodewright_lags_
     put("2.0.0")
     await env.reconciler.reconcile("nw")
     assert not (env.kube.get(NODES_C, "n0") or {})["spec"].get("taints")
+
+
+async def test_a_spec_that_comes_back_gets_its_own_epoch_and_dead_admissions_are_removed(env: _Env) -> None:
+    """The status names another fingerprint (the spec went v1 -> v2 and is back at v1): the pass starts
+    a new epoch above the v1 admissions on the nodes, removes the v1 admission that never started its
+    node, and admits that node again in the new epoch (`plan.rollout_epoch`)."""
+    obj = nw_obj(interruptionBudget={"count": 1})
+    model = env.rt.models.nodewright(obj)[0]
+    assert model is not None
+    fingerprint = spec_fingerprint(model)
+    obj["status"] = {"rolloutFingerprint": "0000000000000000", "nextOrder": 40}
+    env.put_nodewright(obj)
+    dead = _node("n0")
+    old = Admission("__default__", 3, 7, fingerprint, "2026-01-01T00:00:00Z")
+    dead["metadata"]["annotations"] = {admission_annotation("nw"): encode_admission(old)}
+    env.put_node(dead)
+
+    await env.reconciler.reconcile("nw")
+
+    status = (env.kube.get(NW_C, "nw") or {})["status"]
+    assert status["rolloutFingerprint"] == fingerprint and status["rolloutFirstOrder"] == 8
+    written = (env.kube.get(NODES_C, "n0") or {})["metadata"]["annotations"][admission_annotation("nw")]
+    fresh = decode_admission(written)
+    assert (fresh.order, fresh.batch, fresh.consumed) == (8, 1, False)

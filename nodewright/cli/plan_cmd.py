@@ -62,6 +62,7 @@ from nodewright.plan.node import is_disabled, is_paused
 from nodewright.plan.policy import PolicyInvalid
 from nodewright.plan.preview import SnapshotCheck, check_snapshot
 from nodewright.plan.rollout import Admission, RolloutNode, spec_fingerprint
+from nodewright.plan.rollout_epoch import current_nodes, epoch_for
 
 if TYPE_CHECKING:
     from nodewright.kube.client import KubeClient
@@ -175,9 +176,12 @@ def build_report(
     now: datetime | None = None,
     runtime_taint_key: str = DEFAULT_RUNTIME_TAINT_KEY,
     budget_objects: Sequence[JSON] = (),
+    persisted: NodeWrightStatus | None = None,
 ) -> PlanReport:
     """Predict the rollout of `nw` over `nodes` (all cluster nodes; matching happens here), within the
-    shared DisruptionBudgets `budget_objects` as they are now."""
+    shared DisruptionBudgets `budget_objects` as they are now. `persisted` is the status of the
+    NodeWright on the cluster (default: `nw`'s own): which rollout the nodes' admissions belong to
+    (`plan.rollout_epoch`)."""
     from nodewright.controller.budgets import shared_for
 
     stamp = (now or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -200,6 +204,8 @@ def build_report(
         if error is not None:
             malformed.append(node_name)
         rollout_nodes.append(rnode)
+    epoch = epoch_for(spec_fingerprint(nw), status=persisted or nw.status, nodes=rollout_nodes)
+    rollout_nodes = current_nodes(rollout_nodes, epoch)
     paused, disabled = is_paused(nw), is_disabled(nw)
     result = preview_mod.preview_rollout(
         nw,
@@ -423,6 +429,8 @@ class Inputs:
     exists: bool
     budget_objects: list[JSON] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    persisted: NodeWrightStatus | None = None
+    """The status of the NodeWright on the cluster (None: not applied)."""
 
 
 class _ApiReads:
@@ -505,7 +513,9 @@ async def read_inputs(
     # Applying a file to an existing NodeWright keeps its persisted status (a separate subresource).
     all_nws = [n for n in all_nws if n.metadata.name != nw.metadata.name] + [nw]
     notes = [_moving_note(snapshot)] if snapshot.moving else []
-    return Inputs(nw, policy, nodes, all_nws, statuses, existing is not None, budget_objects, notes)
+    persisted = existing.status if existing is not None else None
+    exists = existing is not None
+    return Inputs(nw, policy, nodes, all_nws, statuses, exists, budget_objects, notes, persisted)
 
 
 async def _policy(
@@ -576,6 +586,7 @@ async def _plan(session: common.Session, files: tuple[NodeWright | None, list[De
         compartment_statuses=inputs.compartment_statuses,
         exists=inputs.exists,
         budget_objects=inputs.budget_objects,
+        persisted=inputs.persisted,
     )
     report = replace(report, notes=(*report.notes, *inputs.notes))
     if session.args.output == "json":

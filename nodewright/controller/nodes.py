@@ -114,7 +114,7 @@ from nodewright.observability.tracing import (
     trace_step,
 )
 from nodewright.plan import drain as drain_mod
-from nodewright.plan import drift, podspec, sequencing
+from nodewright.plan import drift, podspec, rollout_epoch, sequencing
 from nodewright.plan.node import (
     BindPod,
     Cordon,
@@ -609,8 +609,12 @@ class NodeReconciler:
     @staticmethod
     def _usable_admission(admission: Admission | None, effective: NodeWright) -> StateAdmission | None:
         """The admission in the planner's form, when it lets the node start work: for the current spec
-        fingerprint and not consumed (a node that settled under it needs a fresh one)."""
-        if admission is None or admission.consumed or admission.fingerprint != spec_fingerprint(effective):
+        fingerprint and not consumed (a node that settled under it needs a fresh one), and not from an
+        earlier rollout of the same spec (`plan.rollout_epoch.usable`)."""
+        fingerprint = spec_fingerprint(effective)
+        if admission is None or not rollout_epoch.usable(
+            admission, fingerprint=fingerprint, status=effective.status
+        ):
             return None
         return StateAdmission(
             compartment=admission.compartment, batch=admission.batch, order=admission.order, at=admission.at

@@ -688,9 +688,12 @@ class RolloutNotifications:
         now: datetime,
         conditions: Mapping[str, str],
         drain_blocked: Iterable[str],
+        rollout_key: str = "",
     ) -> None:
         """`conditions`: node -> its NodeWright condition's message; `drain_blocked`: admitted nodes whose
-        drain cannot progress now (an eviction refused, or the drain timeout passed)."""
+        drain cannot progress now (an eviction refused, or the drain timeout passed); `rollout_key`
+        names the rollout in the notices' keys (`plan.rollout_epoch.RolloutEpoch.key`; default the
+        fingerprint), so a spec that comes back is told about again."""
         name = model.metadata.name
         sinks = sinks_of(model, self.cluster_sink)
         blocked = set(drain_blocked)
@@ -712,6 +715,7 @@ class RolloutNotifications:
             notice = Notice(event, name, message, key, stamp, compartment=compartment, node=node)
             self.notifier.notify(notice, to)
 
+        rollout = rollout_key or fingerprint
         persisted = model.status
         ours = [n for n in nodes if n.admission is not None and n.admission.fingerprint == fingerprint]
         if plan.admissions and not ours:
@@ -719,7 +723,7 @@ class RolloutNotifications:
             send(
                 NotificationEvent.ROLLOUT_STARTED,
                 f"rollout started: {count} node(s) admitted into the first batch(es)",
-                f"{name}/{fingerprint}/started",
+                f"{name}/{rollout}/started",
             )
         for cname, cplan in sorted(plan.compartments.items()):
             outcome = cplan.batch_evaluated
@@ -736,7 +740,7 @@ class RolloutNotifications:
                     NotificationEvent.BATCH_SETTLED,
                     f"batch {number} of compartment {cname!r} settled and {verdict}:"
                     f" {len(members) - failed} succeeded, {failed} failed",
-                    f"{name}/{fingerprint}/{cname}/batch/{number}",
+                    f"{name}/{rollout}/{cname}/batch/{number}",
                     compartment=cname,
                 )
         before = (persisted.compartment_statuses or {}) if persisted is not None else {}
@@ -748,7 +752,7 @@ class RolloutNotifications:
             send(
                 NotificationEvent.COMPARTMENT_HALTED,
                 halt.message,
-                f"{name}/{fingerprint}/{halt.compartment}/halted/{batch}",
+                f"{name}/{rollout}/{halt.compartment}/halted/{batch}",
                 compartment=halt.compartment,
             )
         for node in ours:
@@ -756,7 +760,7 @@ class RolloutNotifications:
                 send(
                     NotificationEvent.NODE_FAILED,
                     conditions.get(node.name) or "attempts exhausted",
-                    f"{name}/{fingerprint}/{node.name}/failed/{node.admission.at}",
+                    f"{name}/{rollout}/{node.name}/failed/{node.admission.at}",
                     compartment=node.admission.compartment,
                     node=node.name,
                 )
@@ -783,5 +787,5 @@ class RolloutNotifications:
             send(
                 NotificationEvent.ROLLOUT_COMPLETED,
                 f"rollout complete on {total} node(s)",
-                f"{name}/{fingerprint}/complete",
+                f"{name}/{rollout}/complete",
             )

@@ -85,6 +85,7 @@ from nodewright.plan.rollout import (
     status_for_spec,
     work_pending,
 )
+from nodewright.plan.rollout_epoch import RolloutEpoch, current_nodes, dead_admissions, epoch_for, order_hint
 from nodewright.plan.stages import ts
 from nodewright.plan.status import (
     RUNTIME_TAINT_HELD,
@@ -209,6 +210,10 @@ class _Snapshot:
     reset: bool
     now: datetime
     reset_compartments: frozenset[str] = frozenset()
+    epoch: RolloutEpoch = field(default_factory=lambda: RolloutEpoch(""))
+    """The rollout planned (`plan.rollout_epoch`): `rollout_nodes` leave out admissions of earlier ones."""
+    dead: tuple[str, ...] = ()
+    """Nodes whose admission belongs to another rollout and started nothing: removed by this pass."""
 
 
 def _oldest_started(state: NodeState | None) -> datetime | None:
@@ -449,7 +454,7 @@ class RolloutReconciler:
         # one moment: `plan.preview.check_snapshot`), and a crash between the two writes only delays the
         # opened batch (re-planning opens it again, with the same nodes).
         await self._write_status(obj, status)
-        await self._apply_admissions(name, plan, snap.views)
+        await self._apply_admissions(name, plan, snap.dead)
         if self.budgets is not None:
             self.budgets.admitted(name)
         if (snap.reset and plan.reset_applied) or snap.reset_compartments:
@@ -472,6 +477,7 @@ class RolloutReconciler:
                     if (m := _condition_message(v.node, name)) is not None
                 },
                 drain_blocked=_drain_blocked(snap.views, name),
+                rollout_key=snap.epoch.key,
             )
         await self._prune_configmaps(model, summary.status.status, snap.fingerprint)
         self._update_metrics(name, snap, plan, summary.status.status)
@@ -510,6 +516,8 @@ class RolloutReconciler:
         reset, reset_some = parse_reset_annotation(
             (model.metadata.annotations or {}).get(constants.ANNOTATION_RESET_BATCH, "")
         )
+        rollout_nodes = [self._with_priority(name, e, facts) for e in selected]
+        epoch = epoch_for(fingerprint, status=model.status, nodes=rollout_nodes)
         return _Snapshot(
             nodewright=nodewright,
             nodes=nodes,
@@ -518,7 +526,7 @@ class RolloutReconciler:
             fingerprint=fingerprint,
             views=[e.view for e in selected if e.view is not None],
             reports=[e.report for e in selected if e.report is not None],
-            rollout_nodes=[self._with_priority(name, e, facts) for e in selected],
+            rollout_nodes=current_nodes(rollout_nodes, epoch),
             malformed=[
                 str(n["metadata"]["name"]) for n, e in zip(nodes, entries, strict=True) if e.malformed
             ],
@@ -528,6 +536,8 @@ class RolloutReconciler:
             reset=reset,
             now=rt.clock(),
             reset_compartments=reset_some,
+            epoch=epoch,
+            dead=dead_admissions(rollout_nodes, epoch),
         )
 
     async def _secure(self, snap: _Snapshot, model: NodeWright) -> RolloutPlan | None:
@@ -560,7 +570,7 @@ class RolloutReconciler:
             approvals=parse_approvals((model.metadata.annotations or {}).get(APPROVE_ANNOTATION)),
             paused=is_paused(model),
             disabled=is_disabled(model),
-            next_order_hint=previous.next_order if previous.rollout_fingerprint == snap.fingerprint else 0,
+            next_order_hint=order_hint(snap.epoch, previous),
             shared_budgets=shared,
             admission_limit=self.rt.options.admissions_per_pass,
         )
@@ -590,6 +600,7 @@ class RolloutReconciler:
         status["waitingReasons"] = waiting_counts(plan, snap.views, model.metadata.name)
         status["nodesMatched"] = len(snap.matched)
         status["rolloutFingerprint"] = snap.fingerprint
+        status["rolloutFirstOrder"] = snap.epoch.first_order
         status["nextOrder"] = plan.next_order
         self._add_compartment_details(status, plan)
         return summary, status
@@ -833,11 +844,13 @@ class RolloutReconciler:
             return  # released by an earlier pass whose watch event has not arrived: the object is gone
         log.info(why, nodewright=name)
 
-    async def _apply_admissions(self, name: str, plan: RolloutPlan, views: Sequence[_NodeView]) -> None:
+    async def _apply_admissions(self, name: str, plan: RolloutPlan, dead: Sequence[str]) -> None:
+        """Writes the plan's admissions, after its releases and the removal of `dead` admissions (of
+        another rollout, `plan.rollout_epoch.dead_admissions`)."""
         rt = self.rt
         key = admission_annotation(name)
         # Releases first: a node released and picked again in one plan must end up admitted.
-        for released in plan.releases:
+        for released in sorted({*plan.releases, *dead}):
             if await self._annotate_node(released, key, None):
                 rt.enqueue_node(name, released)
         for admitted in plan.admissions:

@@ -51,6 +51,7 @@ from nodewright.plan.rollout import (
     plan_rollout,
     spec_fingerprint,
 )
+from nodewright.plan.rollout_epoch import current_nodes, epoch_for, order_hint
 from nodewright.plan.stages import ts
 
 JSON = dict[str, Any]
@@ -221,6 +222,11 @@ def analyse(
             if blocker is not None:
                 rnode = replace(rnode, waiting_for_priority=blocker.name)
         entries[node_name] = Entry(node, node_state, error, rnode, phase_of(rnode, fingerprint=fingerprint))
+    # As the rollout controller: admissions of an earlier rollout of this spec count as none.
+    epoch = epoch_for(fingerprint, status=model.status, nodes=[e.rollout for e in entries.values()])
+    for node_name, entry in entries.items():
+        (rnode,) = current_nodes([entry.rollout], epoch)
+        entries[node_name] = replace(entry, rollout=rnode, phase=phase_of(rnode, fingerprint=fingerprint))
     policy = state.policy(nodewright.spec.deployment_policy) if nodewright.spec.deployment_policy else None
     previous = model.status
     reset = (model.metadata.annotations or {}).get(constants.ANNOTATION_RESET_BATCH, "").lower()
@@ -236,11 +242,7 @@ def analyse(
         reset_requested=reset in ("true", "1", "yes"),
         paused=paused,
         disabled=disabled,
-        next_order_hint=(
-            previous.next_order
-            if previous is not None and previous.rollout_fingerprint == fingerprint and previous.next_order
-            else 0
-        ),
+        next_order_hint=order_hint(epoch, previous),
         shared_budgets=shared_for(name, state.budget_objects, state.nodes, matched=entries),
     )
     resolved = resolve_compartments(
