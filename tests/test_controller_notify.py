@@ -738,3 +738,36 @@ def test_a_spec_that_comes_back_is_told_about_again_under_its_own_rollout_key() 
     rollout.after_pass(model, plan, Status.IN_PROGRESS, nodes, rollout_key=f"{fp}.8", **kwargs)
     keys = [n.key for n, _ in captured.notices if n.event is NotificationEvent.ROLLOUT_STARTED]
     assert keys == [f"nw/{fp}/started", f"nw/{fp}.8/started"]
+
+
+def test_a_halt_notice_names_the_revision_to_go_back_to_and_the_command() -> None:
+    from dataclasses import replace
+
+    from nodewright.plan.revisions import UndoHint
+    from nodewright.plan.rollout import Halt
+
+    model = nodewright()
+    fp = spec_fingerprint(model)
+    nodes = [rnode("n1", fp, status=Status.ERRORING, batch=1)]
+    plan = plan_rollout(
+        model, policy=None, nodes=nodes, compartment_statuses={}, fingerprint=fp, now="2026-03-01T12:00:00Z"
+    )
+    plan = replace(plan, halts=(Halt("__default__", "failures", ("n1",), 1, "halted: n1 failed"),))
+    captured = Captured()
+    rollout = RolloutNotifications(captured)  # type: ignore[arg-type]
+    hint = UndoHint("nw", 4, "tool:1.0.0")
+    rollout.after_pass(
+        model,
+        plan,
+        Status.BLOCKED,
+        nodes,
+        fingerprint=fp,
+        conditions={},
+        drain_blocked=(),
+        now=NOW,
+        undo=hint,
+    )
+    (halt,) = [n for n, _ in captured.notices if n.event is NotificationEvent.COMPARTMENT_HALTED]
+    assert halt.message == (
+        "halted: n1 failed; to go back to revision 4 (tool:1.0.0): kubectl nodewright undo nw --to-revision 4"
+    )

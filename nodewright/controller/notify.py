@@ -70,6 +70,7 @@ from nodewright.kube.resources import SECRETS, ApiError, NotFound
 from nodewright.observability import events
 from nodewright.observability.events import EventSpec
 from nodewright.plan.podspec import parse_duration_seconds
+from nodewright.plan.revisions import UndoHint
 from nodewright.plan.rollout import Phase, RolloutNode, RolloutPlan, phase_of
 
 log = structlog.get_logger("nodewright.notify")
@@ -689,11 +690,13 @@ class RolloutNotifications:
         conditions: Mapping[str, str],
         drain_blocked: Iterable[str],
         rollout_key: str = "",
+        undo: UndoHint | None = None,
     ) -> None:
         """`conditions`: node -> its NodeWright condition's message; `drain_blocked`: admitted nodes whose
         drain cannot progress now (an eviction refused, or the drain timeout passed); `rollout_key`
         names the rollout in the notices' keys (`plan.rollout_epoch.RolloutEpoch.key`; default the
-        fingerprint), so a spec that comes back is told about again."""
+        fingerprint), so a spec that comes back is told about again; `undo`, the revision before the
+        current spec, is named in a halt's notice with the command that restores it."""
         name = model.metadata.name
         sinks = sinks_of(model, self.cluster_sink)
         blocked = set(drain_blocked)
@@ -751,7 +754,7 @@ class RolloutNotifications:
             batch = previous.batch_state.current_batch if previous and previous.batch_state else 0
             send(
                 NotificationEvent.COMPARTMENT_HALTED,
-                halt.message,
+                f"{halt.message}; {undo.sentence}" if undo is not None else halt.message,
                 f"{name}/{rollout}/{halt.compartment}/halted/{batch}",
                 compartment=halt.compartment,
             )

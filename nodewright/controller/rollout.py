@@ -52,6 +52,7 @@ from nodewright.controller.context import (
 )
 from nodewright.controller.drainer import read_timing
 from nodewright.controller.notify import RolloutNotifications
+from nodewright.controller.revisions import RevisionKeeper
 from nodewright.kube.resources import JSON, NODEWRIGHTS, Conflict, NotFound
 from nodewright.kube.trim import node_ready
 from nodewright.kube.workqueue import Result
@@ -71,6 +72,7 @@ from nodewright.plan.node import NodeFacts, Taint, is_disabled, is_paused, untol
 from nodewright.plan.podspec import package_configmap_name as podspec_configmap_name
 from nodewright.plan.podspec import parse_duration_seconds
 from nodewright.plan.policy import PolicyInvalid
+from nodewright.plan.revisions import UndoHint, spec_hash, undo_hint
 from nodewright.plan.rollout import (
     APPROVE_ANNOTATION,
     Phase,
@@ -396,6 +398,7 @@ class RolloutReconciler:
         # state is decoded again only when its annotation text changed (`sequencing.CompletionMemo`).
         self._completion = sequencing.CompletionMemo()
         self.configmaps = PackageConfigMaps(rt.client, namespace=rt.options.namespace)
+        self.revisions = RevisionKeeper(rt.client, namespace=rt.options.namespace)
 
     def settles_batch(self, name: str, node: str, labels: Mapping[str, str]) -> bool:
         """Whether this node update ends the last in-flight node of its batch (as of the last pass).
@@ -436,6 +439,8 @@ class RolloutReconciler:
         deleting = bool(model.metadata.deletion_timestamp)
         if not deleting and constants.FINALIZER not in (model.metadata.finalizers or []):
             await self._add_finalizer(obj)
+        history = () if deleting else await self.revisions.observe(obj)
+        undo = undo_hint(name, history, current_hash=spec_hash(obj.get("spec") or {}))
         snap = self._snapshot(name, model)
         secured = await self._secure(snap, model)
         if secured is None:
@@ -447,7 +452,7 @@ class RolloutReconciler:
             rt, snap.nodewright, snap.matched, all_names=snap.all_names, completion=self._completion
         )
         started = time.monotonic()
-        summary, status = self._status(snap, model, plan, taint_report)
+        summary, status = self._status(snap, model, plan, taint_report, undo)
         self._compute[name] = compute + time.monotonic() - started
         # The status (batch state) is written before the admissions it opens: a reader then never sees
         # admissions newer than the batch state that counts them (`nodewright plan` reads until both show
@@ -478,6 +483,7 @@ class RolloutReconciler:
                 },
                 drain_blocked=_drain_blocked(snap.views, name),
                 rollout_key=snap.epoch.key,
+                undo=undo,
             )
         await self._prune_configmaps(model, summary.status.status, snap.fingerprint)
         self._update_metrics(name, snap, plan, summary.status.status)
@@ -488,6 +494,7 @@ class RolloutReconciler:
 
     def _forget(self, name: str) -> None:
         self.rt.metrics.domain.remove_nodewright(name)
+        self.revisions.forget(name)
         if self.notifications is not None:
             self.notifications.forget(name)
         for memory in (
@@ -576,9 +583,15 @@ class RolloutReconciler:
         )
 
     def _status(
-        self, snap: _Snapshot, model: NodeWright, plan: RolloutPlan, taint_report: taints.TaintReport
+        self,
+        snap: _Snapshot,
+        model: NodeWright,
+        plan: RolloutPlan,
+        taint_report: taints.TaintReport,
+        undo: UndoHint | None = None,
     ) -> tuple[StatusSummary, dict[str, Any]]:
-        """The NodeWright status to write: aggregates, compartments, conditions."""
+        """The NodeWright status to write: aggregates, compartments, conditions (a Halted one names
+        `undo`, the revision to go back to)."""
         extra = [
             self._taint_condition(model, taint_report, snap.now),
             self._predecessor_condition(model, plan, snap),
@@ -595,6 +608,7 @@ class RolloutReconciler:
             waiting_for_sequencing=self._global_sequencing_blocker(model.metadata.name, snap.facts),
             malformed_nodes=snap.malformed,
             extra_conditions=extra,
+            undo=undo,
         )
         status = summary.to_json_dict()
         status["waitingReasons"] = waiting_counts(plan, snap.views, model.metadata.name)

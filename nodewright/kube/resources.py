@@ -71,6 +71,7 @@ DEPLOYMENTPOLICIES: Final = Resource(
 DISRUPTIONBUDGETS: Final = Resource(
     constants.GROUP, constants.VERSION, constants.PLURAL_BUDGET, False, constants.KIND_BUDGET
 )
+CONTROLLERREVISIONS: Final = Resource("apps", "v1", "controllerrevisions", True, "ControllerRevision")
 _ADMISSION = "admissionregistration.k8s.io"
 VALIDATINGWEBHOOKCONFIGURATIONS: Final = Resource(
     _ADMISSION, "v1", "validatingwebhookconfigurations", False, "ValidatingWebhookConfiguration"

@@ -45,6 +45,7 @@ from nodewright.api.models import (
     NodeWrightStatus,
     Status,
 )
+from nodewright.plan.revisions import UndoHint
 from nodewright.plan.rollout import RolloutPlan, WaitReason, status_for_spec
 
 MAX_EXAMPLES = 5
@@ -174,14 +175,16 @@ def aggregate_status(
     waiting_for_sequencing: str | None = None,
     malformed_nodes: Sequence[str] = (),
     extra_conditions: Sequence[Condition] = (),
+    undo: UndoHint | None = None,
 ) -> StatusSummary:
     """Compute the NodeWright status from its nodes and the latest rollout plan.
 
     `nodes` holds every matched node with its status for this NodeWright and its package entries;
     `plan` is this pass's `plan_rollout` result (None keeps the persisted compartment statuses);
     `waiting_for_sequencing` names a `sequencing: all` predecessor that is not yet complete;
-    `malformed_nodes` lists nodes whose state annotation could not be parsed. The previous status (for
-    lastTransitionTime) is read from `nodewright.status`.
+    `malformed_nodes` lists nodes whose state annotation could not be parsed; `undo` is the revision
+    before the current spec, which a `Halted` condition names with the command that restores it. The
+    previous status (for lastTransitionTime) is read from `nodewright.status`.
     """
     previous = nodewright.status or NodeWrightStatus()
     halts = plan.halts if plan is not None else ()
@@ -220,6 +223,7 @@ def aggregate_status(
         waiting_counts={k: len(v) for k, v in sorted(waiting_names.items())},
         blocked_details=blocked_details,
         drifted=sorted(n.name for n in nodes if n.drifted),
+        undo=undo,
     )
     conditions = merge_conditions(
         previous.conditions or [],
@@ -336,6 +340,7 @@ class _Facts:
     blocked_details: Counter[str]
     drifted: Sequence[str] = ()
     policy_invalid: str | None = None
+    undo: UndoHint | None = None
 
 
 def _override(
@@ -453,6 +458,8 @@ def _halt_message(f: _Facts) -> str:
     shown = [h.message for h in halts[:MAX_EXAMPLES]]
     if len(halts) > MAX_EXAMPLES:
         shown.append(f"and {len(halts) - MAX_EXAMPLES} more compartments")
+    if halts and f.undo is not None:
+        shown.append(f.undo.sentence)
     return "; ".join(shown)
 
 
