@@ -11,13 +11,14 @@ On a control plane of its own (e2e/helm_support.py: audit log, OwnerReferencesPe
 - the operator (its ServiceAccount, leader election on the chart's Lease, forced drains allowed):
   four NodeWrights exercise drain `wait` (PDB refusals, still cordoned), `skip` (released after the
   timeout), `force` (pods deleted), a service and a reboot interrupt, a DeploymentPolicy (its status),
-  a package ConfigMap created and then replaced by a config change, a shared DisruptionBudget (slots
+  a package ConfigMap created and then replaced by a config change, the revision history (created,
+  renumbered when the first spec comes back, pruned when the limit drops), a shared DisruptionBudget (slots
   and aggregates in its status), a failing first attempt (its log tail read), Events, a forged
   package pod (deleted as untrusted), and the finalizer released on deletion;
 - `helm uninstall`: the pre-delete hook runs `nodewright uninstall` with the hook's ServiceAccount; the
   NodeWright still draining and the complete one are released; afterwards no node carries a key of ours,
-  the cordon NodeWright made is gone while the admin's stays, the Secrets, the Lease, ConfigMaps and
-  package pods are gone, and the CRDs (crds.keep=false) are deleted without hanging.
+  the cordon NodeWright made is gone while the admin's stays, the Secrets, the Lease, ConfigMaps,
+  revisions and package pods are gone, and the CRDs (crds.keep=false) are deleted without hanging.
 
 The audit log must show requests from all three ServiceAccounts and no 403 for any of them; their logs
 must not mention one either.
@@ -379,6 +380,7 @@ async def rollout(chart: ChartCluster, kube: KubeClient, work: Path) -> None:
     await wait_statuses(
         kube, "rb-r", "rb-r", "complete", within=240, generation=changed["metadata"]["generation"]
     )
+    await revisions(kube, changed)
     events = await kube.list_all("/api/v1/namespaces/default/events")
     assert any(e["involvedObject"].get("name") == "rb-r" for e in events["items"]), "no Event about rb-r"
     # Deleting with the operator running: it releases its nodes and the finalizer itself.
@@ -389,6 +391,36 @@ async def rollout(chart: ChartCluster, kube: KubeClient, work: Path) -> None:
     leftovers = node_leftovers(await node(kube, force_node))
     assert leftovers == [], leftovers
     assert status_of(await node(kube, wait_node), "rb-w") == "in_progress"  # left for the uninstall
+
+
+REVISIONS = f"/apis/apps/v1/namespaces/{NAMESPACE}/controllerrevisions"
+
+
+async def revision_numbers(kube: KubeClient) -> list[tuple[str, int]]:
+    listed = await kube.list_all(REVISIONS, params={"labelSelector": "nodewright.io/nodewright=rb-r"})
+    return sorted((o["metadata"]["name"], o["revision"]) for o in listed["items"])
+
+
+async def revisions(kube: KubeClient, changed: JSON) -> None:
+    """The revision history's writes: created (two specs so far), renumbered when the first spec comes
+    back (a patch), pruned when the limit drops (a delete)."""
+    created = await revision_numbers(kube)
+    assert [n for _, n in created] == [1, 2], created
+    reverted = await kube.merge_patch(
+        f"{NW_API}/nodewrights/rb-r",
+        {"spec": {"packages": {"tune": {"configMap": {"sysctl.conf": "vm.swappiness=10\n"}}}}},
+    )
+    await wait_statuses(
+        kube, "rb-r", "rb-r", "complete", within=240, generation=reverted["metadata"]["generation"]
+    )
+    first = created[0][0]
+    assert await revision_numbers(kube) == sorted([(first, 3), created[1]])
+    await kube.merge_patch(f"{NW_API}/nodewrights/rb-r", {"spec": {"revisionHistoryLimit": 0}})
+
+    async def pruned() -> bool:
+        return await revision_numbers(kube) == [(first, 3)]
+
+    await fleet.wait_for(pruned, within=60, what="the oldest revision deleted")
 
 
 async def renew_certificate(
@@ -427,8 +459,12 @@ async def assert_clean(kube: KubeClient, kubeconfig: Path) -> None:
     ):
         assert not await exists(kube, path), f"{path} left behind"
     selector = {"labelSelector": "nodewright.io/managed-by=nodewright-operator"}
-    for kind in ("pods", "configmaps"):
-        left = (await kube.list_all(f"/api/v1/namespaces/{NAMESPACE}/{kind}", params=selector))["items"]
+    for path in (
+        f"/api/v1/namespaces/{NAMESPACE}/pods",
+        f"/api/v1/namespaces/{NAMESPACE}/configmaps",
+        REVISIONS,
+    ):
+        left = (await kube.list_all(path, params=selector))["items"]
         assert left == [], [o["metadata"]["name"] for o in left]
     # crds.keep=false: helm deleted the CRDs, which completes because no finalizer is left.
     for crd in ("nodewrights.nodewright.io", "deploymentpolicies.nodewright.io"):

@@ -260,6 +260,9 @@ def test_operator_rbac_is_least_privilege() -> None:
     assert not unrestricted(namespaced, "leases", "update") and not unrestricted(namespaced, "leases", "get")
     assert grants(namespaced, "leases", "update", name="nodewright-operator")
     assert grants(namespaced, "pods/binding", "create"), "package pods are bound (and sealed) by the operator"
+    for verb in ("list", "create", "patch", "delete"):
+        assert grants(namespaced, "controllerrevisions", verb), "the revision history (docs/rollout.md)"
+    assert not grants(cluster, "controllerrevisions", "list"), "revisions live in the release namespace"
     assert not grants(namespaced, "pods", "patch") and not grants(cluster, "pods/binding", "create")
     assert rules(objs, "Role", "nw-nodewright-events") == [
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}
@@ -307,6 +310,7 @@ def test_the_uninstall_hook_and_its_rbac_exist_only_while_it_runs() -> None:
     assert weights["Job"] > max(w for k, w in weights.items() if k != "Job")
     namespaced = rules(objs, "Role", "nw-nodewright-uninstall")
     assert grants(namespaced, "deployments/scale", "patch", name="nw-nodewright")
+    assert grants(namespaced, "controllerrevisions", "delete")
     assert not unrestricted(namespaced, "secrets", "delete") and not unrestricted(
         namespaced, "leases", "delete"
     )
@@ -496,6 +500,7 @@ def test_people_get_a_viewer_and_an_editor_aggregated_into_view_and_edit_and_not
         assert set(rule["verbs"]) <= READS, rule
     assert grants(plugin["rules"], "nodes", "list") and not grants(plugin["rules"], "configmaps", "get")
     assert grants(local["rules"], "pods/log", "get") and grants(local["rules"], "deployments", "list")
+    assert grants(local["rules"], "controllerrevisions", "list"), "history and undo read the revisions"
     # Bound only to the subjects the values name.
     assert not [o for o in objs if o["kind"].endswith("Binding") and "plugin-viewer" in o["metadata"]["name"]]
     subjects = [{"kind": "Group", "name": "sre-oncall", "apiGroup": "rbac.authorization.k8s.io"}]

@@ -25,6 +25,7 @@ SECRETS_C = ("api/v1", "nodewright-system", "secrets")
 CM_C = ("api/v1", "nodewright-system", "configmaps")
 PODS_C = ("api/v1", "nodewright-system", "pods")
 LEASES_C = ("apis/coordination.k8s.io/v1", "nodewright-system", "leases")
+REVS_C = ("apis/apps/v1", "nodewright-system", "controllerrevisions")
 
 
 def state(*, cordoned: bool) -> str:
@@ -163,6 +164,8 @@ def seed(fake: FakeKube) -> None:
     fake.put(PODS_C, {"metadata": {"name": "pkg-pod", **owned}})
     fake.put(PODS_C, {"metadata": {"name": "someone-else", "labels": {"app": "x"}}})
     fake.put(CM_C, {"metadata": {"name": "a-pkg-1.0.0", **owned}})
+    fake.put(REVS_C, {"metadata": {"name": "a-0123456789", **owned}, "revision": 1})
+    fake.put(REVS_C, {"metadata": {"name": "statefulset-rev", "labels": {"app": "x"}}, "revision": 1})
     for name in ("nodewright-operator-signing-key", "nodewright-webhook-tls", "unrelated"):
         fake.put(SECRETS_C, {"metadata": {"name": name}})
     fake.put(LEASES_C, {"metadata": {"name": "nodewright-operator"}})
@@ -209,6 +212,7 @@ async def test_a_run_releases_everything_and_only_what_is_ours(fake: FakeKube) -
     ]
     assert sorted(fake.objects[PODS_C]) == ["someone-else"]
     assert fake.objects[CM_C] == {}
+    assert sorted(fake.objects[REVS_C]) == ["statefulset-rev"], "only the NodeWrights' revisions go"
     assert sorted(fake.objects[SECRETS_C]) == ["unrelated"]
     assert fake.objects[LEASES_C] == {}
 

@@ -22,8 +22,11 @@ What NodeWright leaves on a cluster, and how each piece goes:
    (reported: it cannot tell who cordoned). The label `nodewright.io/ignore` is the admin's, not ours,
    and stays. Taints are a list a merge patch replaces whole, so the patch carries the node's
    resourceVersion and a 409 re-reads the node.
-6. **The operator namespace**: package pods and package ConfigMaps (label `nodewright.io/managed-by`),
-   the pod-signing Secret, the webhook's certificate Secret and the leader-election Lease.
+6. **The operator namespace**: package pods, package ConfigMaps and the NodeWrights' revisions
+   (ControllerRevisions; label `nodewright.io/managed-by`), the pod-signing Secret, the webhook's
+   certificate Secret and the leader-election Lease. The objects owned by a NodeWright would be collected
+   with it, but not once the CRDs are deleted too: the garbage collector cannot resolve an owner of a
+   kind that no longer exists, and leaves its dependents.
 
 Events are left to expire (the API server deletes them after an hour). Package files stay on the hosts
 unless the operator uninstalled them in step 1. Every request has a deadline (the client's); the whole
@@ -550,11 +553,12 @@ class Uninstaller:
     async def delete_namespace_objects(self) -> None:
         from nodewright.api import constants
         from nodewright.controller.configmaps import CONFIGMAPS
-        from nodewright.kube.resources import LEASES, PODS, SECRETS, Resource
+        from nodewright.kube.resources import CONTROLLERREVISIONS, LEASES, PODS, SECRETS, Resource
 
         namespace = self.options.namespace
         selector = f"{constants.POD_OWNER_LABEL}={constants.POD_OWNER_VALUE}"
-        for resource, kind in ((PODS, "Pod"), (CONFIGMAPS, "ConfigMap")):
+        owned = ((PODS, "Pod"), (CONFIGMAPS, "ConfigMap"), (CONTROLLERREVISIONS, "ControllerRevision"))
+        for resource, kind in owned:
             for obj in (await self.client.list(resource, namespace=namespace, label_selector=selector)).items:
                 await self._delete(resource, kind, str(obj["metadata"]["name"]))
         named: Iterable[tuple[Resource, str, str]] = (
