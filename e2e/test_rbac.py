@@ -398,7 +398,7 @@ REVISIONS = f"/apis/apps/v1/namespaces/{NAMESPACE}/controllerrevisions"
 
 async def revision_numbers(kube: KubeClient) -> list[tuple[str, int]]:
     listed = await kube.list_all(REVISIONS, params={"labelSelector": "nodewright.io/nodewright=rb-r"})
-    return sorted((o["metadata"]["name"], o["revision"]) for o in listed["items"])
+    return sorted(((o["metadata"]["name"], o["revision"]) for o in listed["items"]), key=lambda r: r[1])
 
 
 async def revisions(kube: KubeClient, changed: JSON) -> None:
@@ -414,7 +414,7 @@ async def revisions(kube: KubeClient, changed: JSON) -> None:
         kube, "rb-r", "rb-r", "complete", within=240, generation=reverted["metadata"]["generation"]
     )
     first = created[0][0]
-    assert await revision_numbers(kube) == sorted([(first, 3), created[1]])
+    assert await revision_numbers(kube) == [created[1], (first, 3)], "renumbered, not copied"
     await kube.merge_patch(f"{NW_API}/nodewrights/rb-r", {"spec": {"revisionHistoryLimit": 0}})
 
     async def pruned() -> bool:

@@ -89,6 +89,18 @@ COMMANDS: tuple[Command, ...] = (
         plugin=True,
     ),
     Command(
+        "history",
+        "nodewright.cli.plugin.history_verbs",
+        "the revisions (earlier specs) of a NodeWright the operator keeps",
+        plugin=True,
+    ),
+    Command(
+        "undo",
+        "nodewright.cli.plugin.history_verbs",
+        "roll a NodeWright back to an earlier revision, through batches and budgets",
+        plugin=True,
+    ),
+    Command(
         "node",
         "nodewright.cli.plugin.node_verbs",
         "nodes of a NodeWright: list, status, ignore, unignore, reset, retry",
