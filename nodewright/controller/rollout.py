@@ -68,7 +68,7 @@ from nodewright.observability.metrics import (
 from nodewright.plan import batches, sequencing
 from nodewright.plan.budgets import SharedBudget
 from nodewright.plan.configdiff import config_digest
-from nodewright.plan.node import NodeFacts, Taint, is_disabled, is_paused, untolerated_taints
+from nodewright.plan.node import NodeFacts, Taint, is_disabled, is_paused, state_runs, untolerated_taints
 from nodewright.plan.podspec import package_configmap_name as podspec_configmap_name
 from nodewright.plan.podspec import parse_duration_seconds
 from nodewright.plan.policy import PolicyInvalid
@@ -352,7 +352,11 @@ def rollout_node(
     """
     name = nodewright.metadata.name
     needs_work = work_pending(nodewright, state)
-    status = status_for_spec(_status_of(node, name), needs_work=needs_work)
+    status = status_for_spec(
+        _status_of(node, name),
+        needs_work=needs_work,
+        runs=state_runs(nodewright, state),
+    )
     unavailable = unavailable_reason(
         node, own=state, all_nodewrights=list(all_nodewrights) or [name], inactive=inactive
     )

@@ -435,6 +435,42 @@ def node_complete(nw: NodeWright, state: NodeState) -> bool:
     )
 
 
+def entry_in_spec(nw: NodeWright, entry: PackageEntry) -> bool:
+    """A state entry belongs to the current spec: its package's version, or an uninstall of another
+    version that the spec package drives (e.g. before a downgrade). Other entries are inert markers."""
+    pkg = nw.spec.packages.get(entry.name)
+    if pkg is None:
+        return False
+    if entry.version == pkg.version:
+        return True
+    return entry.stage in UNINSTALL_STAGES and entry.state != PackageState.COMPLETE
+
+
+@dataclass(frozen=True, slots=True)
+class StateRuns:
+    """What a node's state says about its runs, for reading its status label against the current spec
+    (`plan.rollout.status_for_spec`): a run of the current spec in flight (pending, in progress or
+    skipped: the node planner continues it without an admission, so that a node never stays
+    half-done), one of another spec in flight (an inert marker, whose pod may still be working until the
+    node planner has looked at the node again), a run of the current spec erroring."""
+
+    current_in_flight: bool = False
+    other_in_flight: bool = False
+    current_erroring: bool = False
+
+
+def state_runs(nw: NodeWright, state: NodeState | None) -> StateRuns:
+    if state is None:
+        return StateRuns()
+    return StateRuns(
+        current_in_flight=any(e.state in ACTIVE_STATES and entry_in_spec(nw, e) for e in state.packages),
+        other_in_flight=any(e.state in ACTIVE_STATES and not entry_in_spec(nw, e) for e in state.packages),
+        current_erroring=any(
+            e.state == PackageState.ERRORING and entry_in_spec(nw, e) for e in state.packages
+        ),
+    )
+
+
 def admission_key(admission: Admission) -> str:
     """Identifies one admission of a node: its batch, its (per-rollout unique) order number and time."""
     return f"{admission.batch}/{admission.order}/{admission.at}"
@@ -614,13 +650,7 @@ class _Planner:
             members.add(following)
 
     def in_spec(self, entry: PackageEntry) -> bool:
-        pkg = self.nw.spec.packages.get(entry.name)
-        if pkg is None:
-            return False
-        if entry.version == pkg.version:
-            return True
-        # An uninstall of a non-spec version (e.g. before a downgrade) is driven from the spec package.
-        return entry.stage in UNINSTALL_STAGES and entry.state != PackageState.COMPLETE
+        return entry_in_spec(self.nw, entry)
 
     # -- phase 0: reboot re-apply -------------------------------------------------------------------
 

@@ -102,7 +102,7 @@ from nodewright.api.models import (
 )
 from nodewright.api.nodestate import NodeState
 from nodewright.plan import batches, budgets, windows
-from nodewright.plan.node import node_complete
+from nodewright.plan.node import StateRuns, node_complete
 from nodewright.plan.policy import (
     Compartments,
     CompartmentSpec,
@@ -214,7 +214,7 @@ class RolloutNode:
     may_start_while_unavailable: bool = False
 
 
-def status_for_spec(label: Status | None, *, needs_work: bool) -> Status:
+def status_for_spec(label: Status | None, *, needs_work: bool, runs: StateRuns | None = None) -> Status:
     """What a matched node counts as for the current spec: its status label, corrected by its state.
 
     The status label is the node controller's record of what the node is doing, and it lags a spec
@@ -226,7 +226,23 @@ def status_for_spec(label: Status | None, *, needs_work: bool) -> Status:
     left from work the spec no longer asks for). Every consumer (status roll-up and its `Ready`
     condition, `nodewright plan`, `kubectl nodewright why`) reads this, so a new generation's first
     status never says `Ready` before its nodes have done the work.
+
+    Two corrections for a spec that comes back (undo, or an edit reverted) while a node still works on
+    a run that one of its rollouts started (`runs`: `plan.node.state_runs`), so that the rollout
+    planner counts that node against the ceiling before it admits others. A run of the current spec in
+    flight makes the node in progress: the node controller continues it without admission, whatever
+    the label written under the other spec says (`waiting`, or `erroring` for a run of that spec). A
+    node labelled in progress with a run of another spec in flight stays in progress until the node
+    controller has looked at it under this spec, even though this spec has nothing for it to do.
     """
+    runs = runs or StateRuns()
+    stale = label in (None, Status.WAITING, Status.COMPLETE) or (
+        label is Status.ERRORING and not runs.current_erroring
+    )
+    if runs.current_in_flight and needs_work and stale:
+        return Status.IN_PROGRESS
+    if runs.other_in_flight and label is Status.IN_PROGRESS:
+        return label
     if label is None:
         return Status.WAITING if needs_work else Status.COMPLETE
     if needs_work and label is Status.COMPLETE:
