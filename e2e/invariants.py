@@ -82,7 +82,7 @@ INVARIANTS: Final[Mapping[str, str]] = {
     "I5": "a node cordoned by someone else is never uncordoned",
     "I6": "complete nodes are not left cordoned; deleted NodeWrights leave no node state behind",
     "I7": "package stage pods are created in stage order, each after its predecessor succeeded",
-    "I8": "a halted compartment admits no new node until its batch state is reset",
+    "I8": "a halted compartment admits no new node until its batch state is reset (or a new rollout starts)",
     "I9": "one pod per node, NodeWright and package at a time: none created while another runs or terminates",
     "I10": "across NodeWrights, the disrupted nodes of a DisruptionBudget's pool never exceed its budget",
     "MONITOR": "the monitor itself failed; its verdict cannot be trusted",
@@ -583,12 +583,14 @@ class _Pending:
 
 @dataclass
 class _HaltInterval:
-    """A compartment halted from revision `start` until the reset at revision `end` (None = still)."""
+    """A compartment halted from revision `start` until the reset at revision `end` (None = still);
+    `rollout` is the status's (rolloutFingerprint, rolloutFirstOrder) when it halted."""
 
     start: int
     end: int | None = None
     observed_at: str = field(default_factory=_now)
     source: str = ""
+    rollout: tuple[str, int] = ("", 0)
 
 
 class InvariantMonitor:
@@ -1614,13 +1616,20 @@ class InvariantMonitor:
                     intervals[-1].end = rv
             suppressed.update(halted)
         suppressed.intersection_update(halted)
+        rollout = rollout_of(obj)
+        for (nw, comp), intervals in self._halts.items():
+            # A new rollout (the spec changed, or came back: undo) starts with a fresh batch state: once
+            # the status shows the compartment no longer halted under it, the halt is over.
+            last = intervals[-1] if intervals else None
+            if nw == name and comp not in halted and last is not None and last.end is None:
+                last.end = rv if last.rollout != rollout else None
         for comp, source in halted.items():
             if comp in suppressed:
                 continue
             intervals = self._halts.setdefault((name, comp), [])
             if intervals and intervals[-1].end is None:
                 continue
-            interval = _HaltInterval(start=rv, source=source)
+            interval = _HaltInterval(start=rv, source=source, rollout=rollout)
             intervals.append(interval)
             # Admissions processed before this status (other stream) but written after it.
             for (nw, node), (arv, adm, new) in sorted(self._admissions.items()):
@@ -1721,6 +1730,12 @@ class InvariantMonitor:
                         details=tuple(("left", x) for x in left),
                     )
                 )
+
+
+def rollout_of(nodewright: Mapping[str, Any]) -> tuple[str, int]:
+    """Which rollout the status describes: its spec fingerprint and first order number (docs/rollout.md)."""
+    status = nodewright.get("status") or {}
+    return str(status.get("rolloutFingerprint") or ""), int(status.get("rolloutFirstOrder") or 0)
 
 
 def halted_compartments(nodewright: Mapping[str, Any]) -> dict[str, str]:

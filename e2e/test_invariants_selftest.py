@@ -624,6 +624,34 @@ async def test_i8_halted_compartment_admits(
     assert not monitor.breaches_of("I8", node=reset), monitor.report()
 
 
+async def test_i8_a_new_rollout_ends_a_halt_and_the_same_one_does_not(
+    crds: None, scratch: Scratch, monitor: InvariantMonitor, unique: str
+) -> None:
+    prefix = f"i8r-{unique}"
+    same, other = await scratch.nodes(prefix, 2)
+    nw = prefix
+    await scratch.nodewright(nw, nw_spec(prefix))
+    key = c.state_annotation(nw)
+    status_path = f"{NW_PATH}/{nw}/status"
+    halted = {"compartmentStatuses": {c.DEFAULT_COMPARTMENT: {"batchState": {"shouldStop": True}}}}
+    calm = {"compartmentStatuses": {c.DEFAULT_COMPARTMENT: {"batchState": {"shouldStop": False}}}}
+    await scratch.client.merge_patch(status_path, {"status": {**halted, "rolloutFingerprint": "f2"}})
+    await monitor.sync()
+    # Un-halted in the status of the same rollout: not a reset, still enforced.
+    await scratch.client.merge_patch(status_path, {"status": calm})
+    await monitor.sync()
+    await patch_node(scratch.client, same, annotations={key: state(admission=(c.DEFAULT_COMPARTMENT, 3, 0))})
+    await monitor.wait_for_breach("I8", node=same)
+    # The spec came back (an undo): a new rollout, fresh batch state, its admissions are fine.
+    await scratch.client.merge_patch(
+        status_path, {"status": {**calm, "rolloutFingerprint": "f1", "rolloutFirstOrder": 8}}
+    )
+    await monitor.sync()
+    await patch_node(scratch.client, other, annotations={key: state(admission=(c.DEFAULT_COMPARTMENT, 1, 8))})
+    await monitor.sync()
+    assert not monitor.breaches_of("I8", node=other), monitor.report()
+
+
 async def pod_or_none(client: KubeClient, namespace: str, pod: str) -> JSON | None:
     try:
         return await client.get(f"/api/v1/namespaces/{namespace}/pods/{pod}")
