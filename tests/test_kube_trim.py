@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodewright.kube.trim import FrozenLabels, node_ready, trim_node, trim_pod
+from nodewright.api.nodeobject import node_ready
+from nodewright.kube.trim import FrozenLabels, trim_node, trim_pod
 
 LABEL_KEYS = st.sampled_from(
     ["nvidia.com/gpu.product", "topology.kubernetes.io/zone", "nodewright.io/status.a", "x"]

@@ -16,7 +16,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "observability.md"
 
 def test_catalogue_covers_every_reason_once() -> None:
     reasons = [info.reason for info in ev.CATALOGUE]
-    assert sorted(reasons) == sorted(ev.Reason)
+    assert sorted(reasons) == sorted(ev.EventReason)
     assert len(reasons) == len(set(reasons))
     for info in ev.CATALOGUE:
         assert re.fullmatch(r"[A-Z][A-Za-z]+", info.reason.value)
@@ -122,7 +122,7 @@ def test_naive_time_rejected() -> None:
 
 def test_every_reason_is_documented() -> None:
     text = DOCS.read_text()
-    for reason in ev.Reason:
+    for reason in ev.EventReason:
         assert f"`{reason.value}`" in text, reason
 
 
@@ -172,16 +172,16 @@ def test_every_plan_event_maps_onto_the_catalogue_with_its_type() -> None:
         assert ev.event_type(reason).value == kind, (name, kind, reason)
     # The defects of issue 16: no undocumented StageStarted, reboots are NodeRebooted (and reach the
     # NodeWright too).
-    assert ev.for_plan_event("StageStarted", "Normal") is ev.Reason.PACKAGE_STARTED
-    assert ev.for_plan_event("Reboot", "Normal") is ev.Reason.NODE_REBOOTED
-    assert ev.info(ev.Reason.NODE_REBOOTED).also_on_nodewright
-    assert ev.for_plan_event("PackageRetry", "Warning") is ev.Reason.PACKAGE_FAILED
-    assert ev.for_plan_event("PackageRetry", "Normal") is ev.Reason.PACKAGE_RETRIED
+    assert ev.for_plan_event("StageStarted", "Normal") is ev.EventReason.PACKAGE_STARTED
+    assert ev.for_plan_event("Reboot", "Normal") is ev.EventReason.NODE_REBOOTED
+    assert ev.info(ev.EventReason.NODE_REBOOTED).also_on_nodewright
+    assert ev.for_plan_event("PackageRetry", "Warning") is ev.EventReason.PACKAGE_FAILED
+    assert ev.for_plan_event("PackageRetry", "Normal") is ev.EventReason.PACKAGE_RETRIED
 
 
 def test_controllers_record_only_catalogue_reasons() -> None:
     """Every `events.record(reason=...)` in the controllers names a catalogue reason (a string literal
-    that is a reason, or `<catalogue>.Reason.X.value`, or a spec built by the catalogue)."""
+    that is a reason, or `<catalogue>.EventReason.X.value`, or a spec built by the catalogue)."""
     import ast
 
     root = Path(ev.__file__).resolve().parents[1] / "controller"
@@ -198,7 +198,6 @@ def test_controllers_record_only_catalogue_reasons() -> None:
                 if keyword.arg == "reason" and isinstance(keyword.value, ast.Attribute):
                     inner = keyword.value.value
                     if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Attribute):
-                        assert inner.value.attr == "Reason" and inner.attr in ev.Reason.__members__, ast.dump(
-                            inner
-                        )
-    assert literals <= {r.value for r in ev.Reason}, literals - {r.value for r in ev.Reason}
+                        assert inner.value.attr == "EventReason", ast.dump(inner)
+                        assert inner.attr in ev.EventReason.__members__, ast.dump(inner)
+    assert literals <= {r.value for r in ev.EventReason}, literals - {r.value for r in ev.EventReason}

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from nodewright.controller.context import EventRecorder as OperatorRecorder
+from nodewright.controller.runtime import EventRecorder as OperatorRecorder
 from nodewright.observability import events as ev
 from nodewright.observability.recorder import EventRecorder
 

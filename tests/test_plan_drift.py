@@ -20,6 +20,7 @@ from nodewright.api.models import (
     Package,
     Status,
 )
+from nodewright.api.nodeobject import NodeFacts
 from nodewright.api.nodestate import Admission, NodeState, PackageEntry, PackageStage, PackageState
 from nodewright.plan import drift
 from nodewright.plan.configdiff import config_hashes
@@ -31,7 +32,6 @@ from nodewright.plan.node import (
     Drain,
     DriftCheckPod,
     DriftInput,
-    NodeFacts,
     NodeInput,
     RequeueAfter,
     node_complete,

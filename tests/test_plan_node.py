@@ -22,6 +22,7 @@ from nodewright.api.models import (
     Toleration,
     Uninstall,
 )
+from nodewright.api.nodeobject import NodeFacts, Taint
 from nodewright.api.nodestate import (
     Admission,
     NodeState,
@@ -38,11 +39,9 @@ from nodewright.plan.node import (
     CreatePod,
     DeletePod,
     Drain,
-    NodeFacts,
     NodeInput,
     PlanOptions,
     RequeueAfter,
-    Taint,
     Uncordon,
     WaitForProtectedPods,
     plan_node,

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from nodewright.cli import flags
 from nodewright.cli.flags import UsageError
-from nodewright.controller.context import OperatorOptions
+from nodewright.controller.options import OperatorOptions
 
 if TYPE_CHECKING:
     from nodewright.controller.manager import Manager
@@ -370,9 +370,9 @@ async def run_operator(args: argparse.Namespace, rt: OperatorRuntime) -> int:
     import structlog
 
     from nodewright.api import constants
-    from nodewright.controller.context import SIGNING_SECRET_NAME, PodSigner
     from nodewright.controller.notify import parse_cluster_sink
     from nodewright.controller.operator import Operator, load_signing_key
+    from nodewright.controller.signing import SIGNING_SECRET_NAME, PodSigner
 
     log = structlog.get_logger("nodewright.operator")
     namespace = args.namespace

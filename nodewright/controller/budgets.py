@@ -33,22 +33,15 @@ from typing import Any
 import pydantic
 import structlog
 
-from nodewright.api import constants
-from nodewright.api.models import DisruptionBudget, DisruptionBudgetStatus, Status
-from nodewright.controller.context import (
-    Runtime,
-    WriteThrough,
-    node_admission,
-    node_annotations,
-    node_labels,
-    try_node_state,
-)
+from nodewright.api.models import DisruptionBudget, DisruptionBudgetStatus
+from nodewright.api.nodeobject import node_admission
+from nodewright.controller.runtime import Runtime
 from nodewright.kube.informer import Informer
 from nodewright.kube.resources import DISRUPTIONBUDGETS, JSON, Conflict, NotFound
-from nodewright.kube.trim import node_ready
 from nodewright.kube.workqueue import Result
+from nodewright.kube.writethrough import WriteThrough
 from nodewright.plan import budgets
-from nodewright.plan.budgets import BudgetView, PoolNode, SharedBudget
+from nodewright.plan.budgets import BudgetView, PoolNode, SharedBudget, pool_node
 from nodewright.plan.node import is_disabled, is_paused
 from nodewright.plan.rollout import Phase, RolloutNode, RolloutPlan, phase_of
 
@@ -61,42 +54,6 @@ NODE_EVENT_DELAY = 2.0
 """Node events reach the budget controller coalesced: its pass reads every node of the pool."""
 
 _HOLDS = frozenset({Phase.ACTIVE, Phase.CARRYOVER})
-# `frozenset(<empty iterable>)` is a new 216-byte object each time (CPython has no empty-frozenset
-# singleton): the pool cache keeps two per node, so nodes with nothing to say share this one.
-_NONE: frozenset[str] = frozenset()
-
-
-def _shared_when_empty(items: frozenset[str]) -> frozenset[str]:
-    return items or _NONE
-
-
-def pool_node(node: JSON) -> PoolNode:
-    """What a budget reads from a node object (trimmed or full)."""
-    labels = node_labels(node)
-    in_progress = _shared_when_empty(
-        frozenset(
-            key[len(constants.STATUS_LABEL_PREFIX) :]
-            for key, value in labels.items()
-            if key.startswith(constants.STATUS_LABEL_PREFIX) and value == Status.IN_PROGRESS.value
-        )
-    )
-    unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
-    cordoned: set[str] = set()
-    if unschedulable:  # only then does it matter who cordoned; decoding every node would cost O(fleet)
-        for key in node_annotations(node):
-            if key.startswith(constants.STATE_ANNOTATION_PREFIX):
-                nodewright = key[len(constants.STATE_ANNOTATION_PREFIX) :]
-                state, _ = try_node_state(node, nodewright)
-                if state is not None and state.cordoned:
-                    cordoned.add(nodewright)
-    return PoolNode(
-        name=str(node["metadata"]["name"]),
-        labels=labels,
-        unschedulable=unschedulable,
-        ready=node_ready(node),
-        in_progress_for=in_progress,
-        cordoned_by=_shared_when_empty(frozenset(cordoned)),
-    )
 
 
 def merge_patch(old: Any, new: Any) -> Any:
@@ -224,7 +181,7 @@ class SharedBudgets:
                 or nodewright in v.waiting
                 or any(nodewright in holders for holders in v.slots.values())
             ]
-            shared = [v.for_nodewright(nodewright, pool) for v in relevant if v.members & matched]
+            shared = budgets.shared_from_views(nodewright, relevant, pool, matched)
             plan = replan(shared)
             if not relevant:
                 self._fresh.pop(nodewright, None)
@@ -378,22 +335,3 @@ class SharedBudgets:
     def waiting_nodewrights(obj: JSON) -> list[str]:
         """The NodeWrights a budget's status says wait for a slot (their rollouts go first on a change)."""
         return sorted(((obj.get("status") or {}).get("waiting") or {}).keys())
-
-
-def shared_for(
-    nodewright: str, budget_objects: Iterable[JSON], nodes: Iterable[JSON], *, matched: Iterable[str]
-) -> list[SharedBudget]:
-    """What the budgets leave `nodewright` from listed objects (for `nodewright plan` and `why`, which
-    plan like the rollout controller without its caches); invalid budgets are skipped, as there."""
-    pool = {n.name: n for n in (pool_node(node) for node in nodes)}
-    selected = set(matched)
-    out: list[SharedBudget] = []
-    for obj in budget_objects:
-        try:
-            model = DisruptionBudget.model_validate(obj)
-        except pydantic.ValidationError:
-            continue
-        current = budgets.view(model, pool.values())
-        if current.members & selected:
-            out.append(current.for_nodewright(nodewright, pool))
-    return out

@@ -63,7 +63,15 @@ import aiohttp
 import structlog
 
 from nodewright.api import constants
+from nodewright.api.admission import Admission, admission_annotation, encode_admission
 from nodewright.api.models import NodeWright, Status
+from nodewright.api.nodeobject import (
+    node_admission,
+    node_annotations,
+    node_facts,
+    node_labels,
+    node_state,
+)
 from nodewright.api.nodestate import Admission as StateAdmission
 from nodewright.api.nodestate import (
     MalformedNodeState,
@@ -74,20 +82,9 @@ from nodewright.api.nodestate import (
     encode,
     truncate_error,
 )
+from nodewright.api.timing import Timing, TracedAdmission, read_timing, timing_annotation, update_timing
 from nodewright.controller.configmaps import PackageConfigMaps
-from nodewright.controller.context import (
-    Runtime,
-    admission_annotation,
-    effective_nodewright,
-    encode_admission,
-    matches_nodewright,
-    node_admission,
-    node_annotations,
-    node_labels,
-    node_state,
-    split_node_key,
-)
-from nodewright.controller.drainer import Drainer, Timing, read_timing, timing_annotation, update_timing
+from nodewright.controller.drainer import Drainer
 from nodewright.controller.drift import DriftScheduler
 from nodewright.controller.logstore import LogStore
 from nodewright.controller.pods import (
@@ -97,17 +94,16 @@ from nodewright.controller.pods import (
     needs_log_tail,
     summarize_with_logs,
 )
+from nodewright.controller.runtime import Runtime, split_node_key
 from nodewright.controller.trust import BindRefused, PodTrust, is_drift_check
 from nodewright.kube.client import PatchType, metadata_applied
 from nodewright.kube.resources import JSON, NODES, ApiError, Conflict, NotFound
-from nodewright.kube.trim import node_ready
 from nodewright.kube.workqueue import Result
 from nodewright.observability import events as catalogue
 from nodewright.observability.tracing import (
     IDLE,
     NodeRollout,
     RolloutEnd,
-    TracedAdmission,
     TraceStep,
     describe_end,
     gate_spans,
@@ -127,17 +123,16 @@ from nodewright.plan.node import (
     DriftInput,
     Event,
     NodeCondition,
-    NodeFacts,
     NodeInput,
     NodePlan,
     PlanOptions,
     RequeueAfter,
-    Taint,
     Uncordon,
     is_paused,
     plan_node,
 )
-from nodewright.plan.rollout import Admission, spec_fingerprint
+from nodewright.plan.rollout import spec_fingerprint
+from nodewright.plan.rollout_input import effective_nodewright, matches_nodewright
 from nodewright.plan.stages import (
     ACTIVE_STATES,
     INTERRUPT_STAGES,
@@ -355,7 +350,7 @@ class NodeReconciler:
             kind="Node",
             name=node_name,
             uid=node["metadata"].get("uid"),
-            reason=catalogue.Reason.STATE_MALFORMED.value,
+            reason=catalogue.EventReason.STATE_MALFORMED.value,
             message=f"[{nw_name}] state annotation left untouched: {exc}",
         )
         condition = _condition_body(
@@ -482,7 +477,7 @@ class NodeReconciler:
             evicting=any(isinstance(a, Drain) for a in plan.actions),
             drained=None if selection is None else selection.drained,
         ).with_drain_skip(plan.drain_skip)
-        timing = replace(timing, trace=trace.persisted)
+        timing = replace(timing, trace=trace.persisted, drain_blocked=plan.drain_blocked)
         if plan.drain_skipped:
             # Released after a drain timeout (policy skip): the next admission starts a fresh drain timer.
             timing = replace(timing, draining_since=None)
@@ -1381,25 +1376,6 @@ def _untouched(ctx: _PassContext, plan: NodePlan) -> bool:
     """
     current = node_labels(ctx.node).get(constants.status_label(ctx.model.metadata.name))
     return ctx.stored is None and current is None and plan.status is Status.WAITING
-
-
-def node_facts(node: JSON) -> NodeFacts:
-    spec = node.get("spec") or {}
-    info = (node.get("status") or {}).get("nodeInfo") or {}
-    taints = tuple(
-        Taint(key=str(t.get("key") or ""), effect=str(t.get("effect") or ""), value=t.get("value"))
-        for t in spec.get("taints") or []
-    )
-    return NodeFacts(
-        name=str(node["metadata"]["name"]),
-        labels=dict(node_labels(node)),
-        taints=taints,
-        unschedulable=bool(spec.get("unschedulable")),
-        ready=node_ready(node),
-        boot_id=str(info.get("bootID") or ""),
-        kernel=str(info.get("kernelVersion") or ""),
-        os_image=str(info.get("osImage") or ""),
-    )
 
 
 def _deletion_spec(effective: NodeWright, state: NodeState, pods: Sequence[JSON] = ()) -> NodeWright:

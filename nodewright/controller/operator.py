@@ -33,26 +33,19 @@ from typing import Any
 import structlog
 
 from nodewright.api import constants
+from nodewright.api.admission import admission_annotation
+from nodewright.api.modelcache import ModelCache
 from nodewright.api.models import policy_status
+from nodewright.api.nodeobject import node_ready
 from nodewright.controller.budgets import NODE_EVENT_DELAY, SharedBudgets
-from nodewright.controller.context import (
-    SIGNING_SECRET_NAME,
-    EventRecorder,
-    ModelCache,
-    OperatorOptions,
-    PodExpectations,
-    PodSigner,
-    Runtime,
-    WriteThrough,
-    admission_annotation,
-    matches_nodewright,
-    node_key,
-    split_node_key,
-)
+from nodewright.controller.expectations import PodExpectations
 from nodewright.controller.manager import Controller, Manager
 from nodewright.controller.nodes import NodeReconciler
 from nodewright.controller.notify import Notifier, RolloutNotifications, Sink
-from nodewright.controller.rollout import RolloutReconciler, blocked_reason
+from nodewright.controller.options import OperatorOptions
+from nodewright.controller.rollout import RolloutReconciler
+from nodewright.controller.runtime import EventRecorder, Runtime, node_key, split_node_key
+from nodewright.controller.signing import SIGNING_SECRET_NAME, PodSigner
 from nodewright.kube.client import KubeClient
 from nodewright.kube.resources import (
     DEPLOYMENTPOLICIES,
@@ -65,13 +58,15 @@ from nodewright.kube.resources import (
     Conflict,
     NotFound,
 )
-from nodewright.kube.trim import node_ready, trim_node, trim_pod
+from nodewright.kube.trim import trim_node, trim_pod
 from nodewright.kube.workqueue import Result
+from nodewright.kube.writethrough import WriteThrough
 from nodewright.observability import events
 from nodewright.observability.metrics import OperatorMetrics
 from nodewright.observability.tracing import RolloutTracer
 from nodewright.plan import podspec
 from nodewright.plan.node import is_disabled, is_paused
+from nodewright.plan.rollout_input import blocked, matches_nodewright, node_context
 
 log = structlog.get_logger("nodewright.operator")
 
@@ -335,7 +330,13 @@ class Operator:
         keys = (constants.state_annotation(name), admission_annotation(name))
         label = constants.status_label(name)
         quiet = model is not None and not is_paused(model) and not is_disabled(model)
-        taint_key = self.rt.options.runtime_required_taint_key
+        ctx = (
+            node_context(
+                model, now=self.rt.clock(), runtime_taint_key=self.rt.options.runtime_required_taint_key
+            )
+            if model is not None
+            else None
+        )
         for node in self.rt.nodes.objects():
             meta = _meta(node)
             annotations = meta.get("annotations") or {}
@@ -343,7 +344,7 @@ class Operator:
             if not ours:
                 if model is None or not matches_nodewright(model, node):
                     continue
-                if quiet and blocked_reason(model, node, runtime_taint_key=taint_key) is None:
+                if quiet and ctx is not None and blocked(ctx, node) is None:
                     continue
             self.node.queue.add(node_key(name, str(meta.get("name"))))
 

@@ -25,17 +25,14 @@ from dataclasses import dataclass
 import structlog
 
 from nodewright.api import constants
+from nodewright.api.admission import ADMISSION_ANNOTATION_PREFIX
 from nodewright.api.models import NodeWright, Status
-from nodewright.controller.context import (
-    ADMISSION_ANNOTATION_PREFIX,
-    Runtime,
-    matches_nodewright,
-    node_annotations,
-    node_labels,
-    parse_taint,
-)
+from nodewright.api.nodeobject import node_annotations, node_labels
+from nodewright.controller.options import parse_taint
+from nodewright.controller.runtime import Runtime
 from nodewright.kube.resources import JSON, NODES
 from nodewright.plan.node import is_disabled, is_paused
+from nodewright.plan.rollout_input import matches_nodewright
 
 log = structlog.get_logger("nodewright.taints")
 

@@ -53,13 +53,13 @@ back within `reboot_timeout` makes the entry `erroring`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
 from nodewright.api import constants, semver
 from nodewright.api.models import Interrupt, InterruptType, NodeWright, Package, Status
+from nodewright.api.nodeobject import NodeFacts, Taint
 from nodewright.api.nodestate import (
     Admission,
     NodeState,
@@ -68,6 +68,7 @@ from nodewright.api.nodestate import (
     PackageState,
     truncate_error,
 )
+from nodewright.api.timing import DrainSkip
 from nodewright.plan import drift, podspec
 from nodewright.plan.configdiff import config_hashes, diff
 from nodewright.plan.dag import Graph
@@ -104,25 +105,6 @@ from nodewright.plan.stages import (
 
 
 @dataclass(frozen=True, slots=True)
-class Taint:
-    key: str
-    effect: str
-    value: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class NodeFacts:
-    name: str
-    labels: Mapping[str, str]
-    taints: tuple[Taint, ...] = ()
-    unschedulable: bool = False
-    ready: bool = True
-    boot_id: str = ""
-    kernel: str = ""  # status.nodeInfo.kernelVersion
-    os_image: str = ""  # status.nodeInfo.osImage
-
-
-@dataclass(frozen=True, slots=True)
 class DrainFacts:
     """The drain selection of the node's workload pods, plus what the controller observed doing it."""
 
@@ -130,19 +112,6 @@ class DrainFacts:
     protected_since: datetime | None = None  # first time protected pods were seen (for interruptWait)
     draining_since: datetime | None = None  # first eviction issued for this interrupt (for drain.timeout)
     eviction_blocked: tuple[str, ...] = ()  # e.g. PDB refusals, for the message
-
-
-@dataclass(frozen=True, slots=True)
-class DrainSkip:
-    """The node controller's memory of a drain that timed out under `drain.policy: skip`.
-
-    The node was released (uncordoned if we cordoned it, the run not started) at `at`. It stays
-    `blocked` (reason `DrainTimeout`) until the rollout admits it again with an admission newer than
-    `at`; then the drain is tried afresh (new timer).
-    """
-
-    at: datetime
-    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +296,7 @@ class NodePlan:
     consume_admission: bool = False  # the node settled under its admission: the controller marks it used
     drift_result: str | None = None  # a drift check finished in this plan: clean, drifted or error
     failed: tuple[AttemptFailed, ...] = ()  # attempts this plan recorded as failed, from their pods
+    drain_blocked: bool = False  # draining, and an eviction was refused (the rollout counts the node held)
 
 
 CONDITION_TEXT = 1000  # characters of a node condition message the planner composes
@@ -481,6 +451,7 @@ class _Planner:
         self.skip: DrainSkip | None = inp.drain_skip  # drain.policy skip memory (see DrainSkip)
         self.skipped_now = False  # this plan released the node after a drain timeout
         self.drain_overdue = False  # drain.timeout passed and the policy keeps the node draining (wait)
+        self.eviction_blocked = False  # draining, and an eviction was refused (PodDisruptionBudget, error)
         self.skip_blocked: str | None = None  # status message while released for a drain timeout
         self.drift_create: CreateDriftCheck | None = None
         self.drift_requeue: RequeueAfter | None = None
@@ -1266,6 +1237,7 @@ class _Planner:
                 self.actions.append(Drain(sel.evict, force=force))
             late = f"drain timeout {timeout_text} exceeded (policy {policy}); " if expired else ""
             self.drain_overdue = self.drain_overdue or (expired and policy != "force")
+            self.eviction_blocked = self.eviction_blocked or bool(facts.eviction_blocked)
             pods = (*sel.evict, *sel.terminating)
             named = ", ".join(pods[:5]) + (f" and {len(pods) - 5} more" if len(pods) > 5 else "")
             self.waiting.append(f"draining: {late}{left} pod(s) left ({named}){blocked}")
@@ -1622,6 +1594,7 @@ class _Planner:
             consume_admission=consume,
             drift_result=self.drift_result,
             failed=tuple(self.failed),
+            drain_blocked=self.eviction_blocked and not complete,
         )
 
     def drift_checks(self, *, was_complete: bool) -> None:

@@ -91,8 +91,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from enum import Enum, StrEnum
+from enum import Enum
 
+from nodewright.api.admission import Admission
 from nodewright.api.models import (
     BatchState,
     CompartmentStatus,
@@ -100,39 +101,30 @@ from nodewright.api.models import (
     NodeWright,
     Status,
 )
-from nodewright.plan import batches, budgets, windows
-from nodewright.plan.policy import (
-    Compartments,
-    CompartmentSpec,
-    NodeRef,
+from nodewright.api.reasons import (
+    Block,
+    BudgetHeld,
+    CordonedBySomeoneElse,
+    Deferred,
+    Gate,
+    Pacing,
     PolicyInvalid,
     PolicyNotFound,
     PolicyUnusable,
-    resolve_compartments,
+    Predecessor,
+    Soak,
+    Unavailable,
+    WaitDetail,
+    WaitReason,
+    WindowClosed,
+    describe_waiting,
 )
+from nodewright.plan import batches, budgets, windows
+from nodewright.plan.policy import Compartments, CompartmentSpec, NodeRef, resolve_compartments
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 MAX_FAILING_NODES = 10
 """Failing node names carried by a `Halt` (the count is always exact)."""
-
-
-class WaitReason(StrEnum):
-    """Why a node with pending work is not active (closed set; `NodeUnavailable` added to the brief's)."""
-
-    NOT_YET_IN_BATCH = "NotYetInBatch"
-    BUDGET_FULL = "BudgetFull"
-    COMPARTMENT_HALTED = "CompartmentHalted"
-    WAITING_FOR_PRIORITY = "WaitingForPriority"
-    PAUSED = "Paused"
-    DISABLED = "Disabled"
-    BLOCKED = "Blocked"
-    NODE_UNAVAILABLE = "NodeUnavailable"
-    POLICY_NOT_FOUND = "PolicyNotFound"
-    POLICY_INVALID = "PolicyInvalid"
-    WINDOW = "Window"
-    SOAKING = "Soaking"
-    AWAITING_APPROVAL = "AwaitingApproval"
-    DISRUPTION_BUDGET = "DisruptionBudget"
 
 
 APPROVE_ANNOTATION = "nodewright.io/approve"
@@ -168,36 +160,18 @@ _SETTLED = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.RELEASED, Phase.DONE,
 
 
 @dataclass(frozen=True, slots=True)
-class Admission:
-    """Permission for a node to start work, persisted in the node's admission annotation.
-
-    An admission allows one pass of the node to a settled state. `consumed` is set by the node
-    controller in the same write that records the node complete or erroring: from then on the admission
-    no longer lets the node start anything (a wiped state, a re-apply after reboot or a retry of an
-    erroring package needs a fresh admission from a batch); it stays as the record of batch membership.
-    """
-
-    compartment: str
-    batch: int
-    order: int
-    fingerprint: str
-    at: str
-    consumed: bool = False
-
-
-@dataclass(frozen=True, slots=True)
 class RolloutNode:
-    """One matched node as the rollout sees it.
+    """One matched node as the rollout sees it (built from the node object by `plan.rollout_input`).
 
     `status` is the node's status for this NodeWright and the current spec (`status_for_spec`: a
     node with pending work is never `complete`). `needs_work` is true while the node is not complete
     for the current spec. Contract with the node stage machine: a node reports `erroring` from
     its first failure until it succeeds (retries do not flip it back to `in_progress`), and reports
     `blocked` only while it holds no disruption (a node blocked mid-drain stays `in_progress`).
-    `unavailable_reason` marks a node made unavailable by someone else (cordoned by another actor,
-    NotReady); `blocked_reason` a node this NodeWright may not touch (untolerated taint, ignore label,
-    protected pods, PDB); `waiting_for_priority` the name of a higher-priority NodeWright that must finish
-    on this node first.
+    `unavailable` marks a node made unavailable by someone else (cordoned by another actor, NotReady);
+    `blocked` a node this NodeWright may not touch (untolerated taint, ignore label, a skipped drain,
+    a block the node reported, an unreadable state); `waiting_for_priority` the name of a
+    higher-priority NodeWright that must finish on this node first.
     """
 
     name: str
@@ -206,10 +180,14 @@ class RolloutNode:
     status: Status
     needs_work: bool
     admission: Admission | None = None
-    unavailable_reason: str | None = None
-    blocked_reason: str | None = None
+    unavailable: Unavailable | None = None
+    blocked: Block | None = None
     waiting_for_priority: str | None = None
-    may_start_while_unavailable: bool = False
+
+    @property
+    def may_start_while_unavailable(self) -> bool:
+        """An admin-cordoned node is out of service anyway: it may be worked on and stays cordoned."""
+        return isinstance(self.unavailable, CordonedBySomeoneElse)
 
 
 def status_for_spec(label: Status | None, *, needs_work: bool) -> Status:
@@ -242,13 +220,16 @@ class NewAdmission:
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
-    """Why a node with pending work is not active; `detail` is the blocker's name or reason."""
+    """Why a node with pending work is not active: the code, and its particulars (`api.reasons`)."""
 
     node: str
     compartment: str | None
     reason: WaitReason
-    detail: str | None
-    message: str
+    detail: WaitDetail | None = None
+
+    @property
+    def message(self) -> str:
+        return describe_waiting(self.reason, self.detail, self.compartment)
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,7 +498,7 @@ def _plan_compartment(
     state = _catch_up(ctx, name, state=state, members=members)
 
     holding = [n for n in members if phases[n.name] in _HOLDS_SLOT]
-    others = [n for n in members if n.unavailable_reason and phases[n.name] not in _HOLDS_SLOT]
+    others = [n for n in members if n.unavailable is not None and phases[n.name] not in _HOLDS_SLOT]
     free = ceiling - len(holding) - len(others)
     candidates = [n for n in members if phases[n.name] in _PICKABLE and _eligible(n)]
 
@@ -608,8 +589,8 @@ def _plan_compartment(
         batch_evaluated=outcome,
         halt=halt,
         message=_slots_message(in_progress + len(others), ceiling, len(others))
-        + (f"; {pacing.reason[1]}" if pacing.reason is not None and candidates and not batch else "")
-        + (f"; {next(iter(selection.shared.values()))[1]}" if selection.shared else ""),
+        + (f"; {pacing.reason[1].describe()}" if pacing.reason and candidates and not batch else "")
+        + (f"; {next(iter(selection.shared.values())).describe()}" if selection.shared else ""),
         window=window,
         soak_until=pacing.soak_until,
         awaiting_approval=status.awaiting_approval,
@@ -678,7 +659,7 @@ class _Selection:
 
     planned: tuple[RolloutNode, ...] = ()
     picked: tuple[RolloutNode, ...] = ()
-    shared: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    shared: Mapping[str, BudgetHeld] = field(default_factory=dict)
     wanted: int = 0
     opened: bool = False
 
@@ -730,7 +711,7 @@ class _Pacing:
     window: windows.WindowState | None
     soak_until: datetime | None
     gate: int | None
-    reason: tuple[WaitReason, str] | None
+    reason: tuple[WaitReason, Pacing] | None
     wake_at: datetime | None
 
 
@@ -757,17 +738,13 @@ def _pacing(ctx: _Context, name: str, spec: CompartmentSpec, *, state: BatchStat
             state = state.model_copy(update={"approved_batch": last})
         else:
             gate = last
-    reason: tuple[WaitReason, str] | None = None
+    reason: tuple[WaitReason, Pacing] | None = None
     if gate is not None:
-        reason = (
-            WaitReason.AWAITING_APPROVAL,
-            f"batch {gate} of {name!r} settled; the next batch waits for approval"
-            f" (kubectl nodewright approve {ctx.nodewright} --compartment {name})",
-        )
+        reason = (WaitReason.AWAITING_APPROVAL, Gate(ctx.nodewright, name, gate))
     elif soak_until is not None:
-        reason = (WaitReason.SOAKING, f"soaking after batch {last} of {name!r} until {_ts(soak_until)}")
+        reason = (WaitReason.SOAKING, Soak(name, last, soak_until))
     elif window is not None and not window.active:
-        reason = (WaitReason.WINDOW, window.describe())
+        reason = (WaitReason.WINDOW, WindowClosed(window.describe()))
     wakes = [soak_until]
     if window is not None and waiting:
         wakes.append(window.closes_at if window.active else window.next_open)
@@ -846,18 +823,18 @@ def _batch_members(ctx: _Context, name: str, batch: int, members: Iterable[Rollo
 
 def _pick(
     ledger: budgets.Ledger, candidates: Sequence[RolloutNode], *, size: int
-) -> tuple[list[RolloutNode], dict[str, tuple[str, str]]]:
+) -> tuple[list[RolloutNode], dict[str, BudgetHeld]]:
     """Up to `size` candidates in pick order, skipping those whose shared DisruptionBudget has no free
     slot (node -> (budget, why), for their waiting reason); the batch then takes the next candidates."""
     picked: list[RolloutNode] = []
-    shared: dict[str, tuple[str, str]] = {}
+    shared: dict[str, BudgetHeld] = {}
     for node in candidates:
         if len(picked) >= size:
             break
         full = ledger.full(node.name)
         if full is not None:
             ledger.refuse(full)
-            shared[node.name] = (full.name, ledger.message(full))
+            shared[node.name] = BudgetHeld(full.name, ledger.message(full))
             continue
         ledger.take(node.name)
         picked.append(node)
@@ -867,8 +844,8 @@ def _pick(
 def _eligible(node: RolloutNode) -> bool:
     """May this pending node be picked? A node cordoned by an admin may (it is out of service anyway,
     and it stays cordoned afterwards); a NotReady node or one held by another NodeWright may not."""
-    unavailable = node.unavailable_reason is not None and not node.may_start_while_unavailable
-    return not (unavailable or node.blocked_reason or node.waiting_for_priority)
+    unavailable = node.unavailable is not None and not node.may_start_while_unavailable
+    return not (unavailable or node.blocked is not None or node.waiting_for_priority)
 
 
 def _budget_full(
@@ -907,42 +884,34 @@ def _why_waiting(
     compartment: str,
     halted: bool,
     budget_full: bool,
-    pacing: tuple[WaitReason, str] | None = None,
-    shared: tuple[str, str] | None = None,
+    pacing: tuple[WaitReason, Pacing] | None = None,
+    shared: BudgetHeld | None = None,
     deferred_into: int | None = None,
 ) -> Waiting:
-    def waiting(reason: WaitReason, message: str, detail: str | None = None) -> Waiting:
-        return Waiting(node.name, compartment, reason, detail, message)
+    def waiting(reason: WaitReason, detail: WaitDetail | None = None) -> Waiting:
+        return Waiting(node.name, compartment, reason, detail)
 
     if ctx.disabled:
-        return waiting(WaitReason.DISABLED, "the NodeWright is disabled")
+        return waiting(WaitReason.DISABLED)
     if ctx.paused:
-        return waiting(WaitReason.PAUSED, "the NodeWright is paused")
-    if node.blocked_reason:
-        return waiting(WaitReason.BLOCKED, f"blocked: {node.blocked_reason}", node.blocked_reason)
-    if node.unavailable_reason:
-        reason = node.unavailable_reason
-        return waiting(WaitReason.NODE_UNAVAILABLE, f"node unavailable: {reason}", reason)
+        return waiting(WaitReason.PAUSED)
+    if node.blocked is not None:
+        return waiting(WaitReason.BLOCKED, node.blocked)
+    if node.unavailable is not None:
+        return waiting(WaitReason.NODE_UNAVAILABLE, node.unavailable)
     if node.waiting_for_priority:
-        other = node.waiting_for_priority
-        return waiting(WaitReason.WAITING_FOR_PRIORITY, f"waiting for NodeWright {other!r}", other)
+        return waiting(WaitReason.WAITING_FOR_PRIORITY, Predecessor(node.waiting_for_priority))
     if halted:
-        return waiting(
-            WaitReason.COMPARTMENT_HALTED, f"compartment {compartment!r} is halted; reset to resume"
-        )
+        return waiting(WaitReason.COMPARTMENT_HALTED)
     if pacing is not None:
-        return waiting(pacing[0], pacing[1])
+        return waiting(*pacing)
     if shared is not None:
-        budget, message = shared
-        return waiting(WaitReason.DISRUPTION_BUDGET, message, budget)
+        return waiting(WaitReason.DISRUPTION_BUDGET, shared)
     if deferred_into is not None:
-        return waiting(
-            WaitReason.NOT_YET_IN_BATCH,
-            f"taken into batch {deferred_into} of {compartment!r}; its admission is written in the next pass",
-        )
+        return waiting(WaitReason.NOT_YET_IN_BATCH, Deferred(compartment, deferred_into))
     if budget_full:
-        return waiting(WaitReason.BUDGET_FULL, f"compartment {compartment!r} has no free slot")
-    return waiting(WaitReason.NOT_YET_IN_BATCH, f"waiting for a later batch of {compartment!r}")
+        return waiting(WaitReason.BUDGET_FULL)
+    return waiting(WaitReason.NOT_YET_IN_BATCH)
 
 
 def _halt(
@@ -979,13 +948,12 @@ def _policy_unusable(
     # Keep the persisted batch state untouched: a halted compartment must stay halted when the policy
     # comes back, so the compartment statuses are echoed, not dropped.
     reason = WaitReason.POLICY_INVALID if isinstance(missing, PolicyInvalid) else WaitReason.POLICY_NOT_FOUND
-    message = missing.message
     if disabled:
-        reason, message = WaitReason.DISABLED, "the NodeWright is disabled"
+        reason = WaitReason.DISABLED
     elif paused:
-        reason, message = WaitReason.PAUSED, "the NodeWright is paused"
+        reason = WaitReason.PAUSED
     waiting = tuple(
-        Waiting(n.name, None, reason, missing.policy_name, message)
+        Waiting(n.name, None, reason, missing)
         for n in sorted(nodes, key=lambda n: n.name)
         if phases[n.name] in _PICKABLE
     )

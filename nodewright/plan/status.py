@@ -45,7 +45,8 @@ from nodewright.api.models import (
     NodeWrightStatus,
     Status,
 )
-from nodewright.plan.rollout import RolloutPlan, WaitReason, status_for_spec
+from nodewright.api.reasons import WaitReason, detail_label
+from nodewright.plan.rollout import RolloutPlan, status_for_spec
 
 MAX_EXAMPLES = 5
 
@@ -202,8 +203,9 @@ def aggregate_status(
     blocked_details: Counter[str] = Counter()
     for waiting in plan.waiting if plan is not None else ():
         waiting_names[waiting.reason.value].append(waiting.node)
-        if waiting.reason is WaitReason.BLOCKED and waiting.detail:
-            blocked_details[waiting.detail] += 1
+        label = detail_label(waiting.detail) if waiting.reason is WaitReason.BLOCKED else None
+        if label:
+            blocked_details[label] += 1
     complete = len(by_status.get(Status.COMPLETE, ()))
     facts = _Facts(
         generation=nodewright.metadata.generation,

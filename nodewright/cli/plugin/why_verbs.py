@@ -77,7 +77,7 @@ async def explain_node(session: common.Session, state: Any, node: str, names: li
 
 async def _run(session: common.Session) -> int:
     from nodewright.cli.plugin.cluster import read_state, recent_events
-    from nodewright.controller.context import matches_nodewright
+    from nodewright.plan.rollout_input import matches_nodewright
 
     args = session.args
     state = await read_state(session.client)
