@@ -10,11 +10,16 @@ file the package manages is changed behind the operator's back on the three real
 - reapply: the three are repaired through batches within the budget (ceiling 1, the monitor judges every
   start), the file is back, the fleet is uniform again;
 - a reboot nobody asked for (a new bootID) makes a node due at once, however long the interval.
+
+Then the reference `tuning` package (reboot interrupt) on two real nodes: a tuned sysctl changed by hand
+is repaired twice in one generation, each repair with exactly one reboot, no stage pod next to a check
+pod, and no check from before a repair judging the repaired node.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import sys
@@ -23,6 +28,7 @@ import urllib.request
 from e2e import operator_fixture
 from e2e.invariants import InvariantMonitor
 from e2e.operator_fixture import (
+    NAMESPACE,
     OperatorProcess,
     condition_of,
     create_nodewright,
@@ -36,7 +42,13 @@ from e2e.operator_fixture import (
     status_of,
     wait_statuses,
 )
-from e2e.test_packages_real import publish_version, root_of, shell_package
+from e2e.test_packages_real import (
+    REBOOT_SECONDS_ANNOTATION,
+    publish_version,
+    root_of,
+    shell_package,
+    tuning_package,
+)
 from nodewright.api import constants
 from nodewright.plan import podspec
 from nodewright.sim import fleet
@@ -172,3 +184,196 @@ async def test_drift_is_reported_then_repaired_through_batches(
         assert not any(n["spec"].get("unschedulable") for n in await nodes_of(kube, prefix))
         assert not re.search("drifted", json.dumps([status_of(n, nw) for n in await nodes_of(kube, prefix)]))
         await delete_nodewright(kube, nw, within=120)
+
+
+class Timeline:
+    """What happens on some nodes, as watches see it: the package pods of one NodeWright (creations,
+    deletions, in the API server's order) and each node's bootIDs (one entry per boot)."""
+
+    def __init__(self, kube: KubeClient, nw: str, nodes: list[str]) -> None:
+        self.kube, self.nw, self.nodes = kube, nw, nodes
+        self.events: list[tuple[str, str, str, str]] = []  # (ADDED | DELETED, pod, node, stage label)
+        self.checks: dict[str, set[str]] = {n: set() for n in nodes}  # check pods that exist, per node
+        self.overlaps: list[str] = []  # stage pods created while a check pod of their node existed
+        self.boots: dict[str, list[str]] = {n: [] for n in nodes}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> Timeline:
+        pods = await self.kube.list_all(f"/api/v1/namespaces/{NAMESPACE}/pods", params=self._selector())
+        for pod in pods["items"]:  # there already: not events of this timeline, but they hold the node
+            self._pod("MODIFIED", pod)
+        self._tasks.append(asyncio.create_task(self._watch_pods(str(pods["resourceVersion"]))))
+        for node in self.nodes:
+            obj = await self.kube.get(f"/api/v1/nodes/{node}")
+            self._boot(obj)
+            self._tasks.append(
+                asyncio.create_task(self._watch_node(node, obj["metadata"]["resourceVersion"]))
+            )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def _selector(self) -> dict[str, str]:
+        return {"labelSelector": f"nodewright.io/nodewright={self.nw}"}
+
+    def _pod(self, kind: str, pod: JSON) -> None:
+        node, name = podspec.pod_node(pod), pod["metadata"]["name"]
+        if node not in self.checks:
+            return
+        stage = pod["metadata"]["labels"].get(constants.POD_LABEL_STAGE, "")
+        is_check = (
+            pod["metadata"]["labels"].get(constants.POD_LABEL_PURPOSE) == constants.POD_PURPOSE_DRIFT_CHECK
+        )
+        if kind == "DELETED":
+            self.checks[node].discard(name)
+        elif is_check:
+            self.checks[node].add(name)
+        elif kind == "ADDED" and self.checks[node]:
+            self.overlaps.append(f"{name} created next to {sorted(self.checks[node])}")
+        if kind in ("ADDED", "DELETED"):
+            self.events.append((kind, name, node, stage))
+
+    def _boot(self, node: JSON) -> None:
+        boot = str(((node.get("status") or {}).get("nodeInfo") or {}).get("bootID") or "")
+        seen = self.boots[node["metadata"]["name"]]
+        if boot and (not seen or seen[-1] != boot):
+            seen.append(boot)
+
+    async def _watch_pods(self, rv: str) -> None:
+        path = f"/api/v1/namespaces/{NAMESPACE}/pods"
+        while True:
+            async for event in self.kube.watch(path, resource_version=rv, params=self._selector()):
+                if event["type"] == "ERROR":  # expired: relist (deletions in the gap are synthesised)
+                    listed = await self.kube.list_all(path, params=self._selector())
+                    names = {p["metadata"]["name"] for p in listed["items"]}
+                    for node, checks in self.checks.items():
+                        for gone in sorted(checks - names):
+                            self.events.append(("DELETED", gone, node, constants.POD_STAGE_DRIFT_CHECK))
+                            checks.discard(gone)
+                    rv = str(listed["resourceVersion"])
+                    break
+                obj = event["object"]
+                rv = obj["metadata"].get("resourceVersion", rv)
+                self._pod(event["type"], obj)
+
+    async def _watch_node(self, name: str, rv: str) -> None:
+        params = {"fieldSelector": f"metadata.name={name}"}
+        while True:
+            async for event in self.kube.watch("/api/v1/nodes", resource_version=rv, params=params):
+                if event["type"] == "ERROR":
+                    obj = await self.kube.get(f"/api/v1/nodes/{name}")
+                    self._boot(obj)
+                    rv = obj["metadata"]["resourceVersion"]
+                    break
+                rv = event["object"]["metadata"].get("resourceVersion", rv)
+                self._boot(event["object"])
+
+    def created_since(self, mark: int, node: str) -> list[str]:
+        """Stage labels of the package (not check) pods created on `node` after event `mark`."""
+        return sorted(
+            stage
+            for kind, _, where, stage in self.events[mark:]
+            if kind == "ADDED" and where == node and stage != constants.POD_STAGE_DRIFT_CHECK
+        )
+
+    def check_done_since(self, mark: int, node: str) -> bool:
+        """A check pod created on `node` after event `mark` has been read and removed."""
+        added = {
+            pod
+            for kind, pod, where, stage in self.events[mark:]
+            if kind == "ADDED" and where == node and stage == constants.POD_STAGE_DRIFT_CHECK
+        }
+        return any(kind == "DELETED" and p in added for kind, p, _, _ in self.events[mark:])
+
+
+async def test_drift_repair_of_a_reboot_package_reboots_once_per_repair(
+    cluster: ControlPlane,
+    operator: OperatorProcess,
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    """The scenario of the real-node lane, on the simulated kubelet: the reference `tuning` package
+    (reboot interrupt) is complete, a tuned sysctl is changed by hand, the check reports it, and with
+    `action: reapply` it is repaired -- twice, in the same NodeWright generation.
+
+    Each repair is one apply pod, one interrupt pod, one post-interrupt pod and exactly one reboot
+    (the node's bootID changes once): the repair's interrupt has its own identity on the host (with the
+    generation's, the agent skipped the second reboot as "already ran" and the node waited for the
+    reboot timeout, cordoned), and a check pod that was on the node when the repair became due is read
+    before the repair starts -- no stage pod is created while a check pod exists on the node, and no
+    check result from before a repair judges the repaired node (it started a second repair).
+    """
+    prefix = nw = f"driftboot-{unique}"
+    fast_reboot = {REBOOT_SECONDS_ANNOTATION: "0.5"}
+    async with fleet_of(cluster, prefix, 2, real_packages=2, annotations_extra=fast_reboot) as names:
+        target, other = sorted(names)
+        rmem = "proc/sys/net/core/rmem_max"
+        manifest = nodewright_manifest(
+            nw,
+            fleet_prefix=prefix,
+            packages={"tuning": tuning_package(maxAttempts=3)},
+            driftDetection={"interval": "10s", "action": "report"},
+        )
+        await create_nodewright(kube, manifest)
+        await wait_statuses(kube, prefix, nw, "complete", within=180)
+        tuned = (root_of(cluster, target) / rmem).read_text()
+        async with Timeline(kube, nw, [target, other]) as timeline:
+            # Behind the operator's back: a tuned value of the running kernel changes on one node.
+            (root_of(cluster, target) / rmem).write_text("4096\n")
+            await wait_statuses(kube, prefix, nw, "drifted", within=60, count=1)
+
+            # Repair 1: asked for as soon as the node's next check starts (the lane's timing: the check
+            # still runs, or has just ended, when the repair becomes due).
+            since = len(timeline.events)
+
+            async def checking() -> bool:
+                return any(
+                    kind == "ADDED" and node == target and stage == constants.POD_STAGE_DRIFT_CHECK
+                    for kind, _, node, stage in timeline.events[since:]
+                )
+
+            await fleet.wait_for(checking, within=30, what=f"a drift check on {target}")
+            mark, boots = len(timeline.events), len(timeline.boots[target])
+            await patch_nodewright(kube, nw, {"spec": {"driftDetection": {"action": "reapply"}}})
+            await repaired(kube, timeline, prefix, nw, target, mark)
+            assert len(timeline.boots[target]) == boots + 1, timeline.boots[target]
+            assert (root_of(cluster, target) / rmem).read_text() == tuned
+
+            # Repair 2, same generation: the value changes again, the check finds it, the rollout repairs.
+            mark, boots = len(timeline.events), len(timeline.boots[target])
+            (root_of(cluster, target) / rmem).write_text("8192\n")
+            await repaired(kube, timeline, prefix, nw, target, mark)
+            assert len(timeline.boots[target]) == boots + 1, timeline.boots[target]
+            assert (root_of(cluster, target) / rmem).read_text() == tuned
+
+            assert not timeline.overlaps, timeline.overlaps
+            assert len(timeline.boots[other]) == 1 and not timeline.created_since(0, other), "untouched"
+        await delete_nodewright(kube, nw, within=120)
+
+
+async def repaired(kube: KubeClient, timeline: Timeline, prefix: str, nw: str, node: str, mark: int) -> None:
+    """The repair that follows event `mark` ran on `node` (one apply, interrupt and post-interrupt pod),
+    and a check made after it found the node clean and left it complete: no second repair."""
+
+    async def started() -> bool:
+        return "apply" in timeline.created_since(mark, node)
+
+    await fleet.wait_for(started, within=60, what=f"the repair of {node} starting")
+    await wait_statuses(kube, prefix, nw, "complete", within=180)
+    done = len(timeline.events)
+
+    async def checked_after() -> bool:
+        return timeline.check_done_since(done, node)
+
+    await fleet.wait_for(checked_after, within=60, what=f"a drift check of {node} after its repair")
+    assert timeline.created_since(mark, node) == ["apply", "interrupt", "post-interrupt"], timeline.events[
+        mark:
+    ]
+    nodes = {n["metadata"]["name"]: n for n in await nodes_of(kube, prefix)}
+    assert status_of(nodes[node], nw) == "complete", condition_of(nodes[node], nw)

@@ -75,7 +75,8 @@ from nodewright.plan.stages import (
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
-# Decides the fate of a created pod: "succeed", "fail", "pull_error", "hang" (runs until the deadline).
+# Decides the fate of a created pod: "succeed", "fail", "pull_error", "hang" (runs until the deadline),
+# "skip" (an interrupt pod exits 0 without interrupting: the agent's flag says it ran already).
 Outcomes = Callable[[CreatePod], str]
 
 
@@ -237,10 +238,12 @@ class FakeNode:
             if pod.summary.outcome != PodOutcome.RUNNING and pod.fate != "pull_error":
                 continue
             pod.ticks += 1
-            if pod.fate == "succeed":
+            if pod.fate == "skip":
+                pod.summary = replace(_succeeded(pod.summary), finished=self.now)
+            elif pod.fate == "succeed":
                 if pod.interrupt_type == InterruptType.REBOOT and self.reboot_delay_ticks:
                     # "reboot" issued: the agent exits 0, the node goes down a little later.
-                    pod.summary = replace(pod.summary, outcome=PodOutcome.SUCCEEDED)
+                    pod.summary = replace(pod.summary, outcome=PodOutcome.SUCCEEDED, finished=self.now)
                     self._reboot_in = self.reboot_delay_ticks
                 elif pod.interrupt_type == InterruptType.REBOOT:
                     self.reboot()
@@ -417,6 +420,8 @@ def _check_transition(nw: NodeWright, prev: PackageEntry, new: PackageEntry) -> 
             allowed.add(nxt)
     if prev.state == PackageState.COMPLETE:
         allowed |= {PackageStage.CONFIG, PackageStage.UNINSTALL}  # a config run or an uninstall starts
+        if new.repair:
+            allowed.add(PackageStage.APPLY)  # a drift repair runs the whole install again
     if prev.stage == PackageStage.UNINSTALL:
         allowed |= {PackageStage.APPLY, PackageStage.CONFIG, PackageStage.POST_INTERRUPT}  # cancelled
     if new.stage not in allowed:

@@ -9,6 +9,7 @@ from nodewright.api.nodestate import PackageStage
 from nodewright.controller.pods import (
     classify,
     failed_container,
+    finished_at,
     needs_log_tail,
     stage_progress,
     summarize,
@@ -259,3 +260,32 @@ async def test_summaries_fetch_the_log_only_for_failures_without_a_message() -> 
     )
     assert summary is not None and summary.message.endswith("; log: from the log endpoint")
     assert logs.asked == ["tool-apply"]
+
+
+def test_an_ended_pod_says_when_its_work_ended() -> None:
+    # The reboot interrupt's grace is counted from there (a pod that exits 0 while the node stays up).
+    def at(name: str, code: int, finished: str) -> dict[str, Any]:
+        return {"name": name, "state": {"terminated": {"exitCode": code, "finishedAt": finished}}}
+
+    done = pod(
+        "Running",
+        [
+            at("tool-init", 0, "2024-01-01T00:00:05Z"),
+            at("tool-apply", 0, "2024-01-01T00:00:09Z"),
+            at("tool-applycheck", 0, "2024-01-01T00:00:12Z"),
+        ],
+    )
+    summary = summarize(done, version_of={})
+    assert summary is not None and summary.finished is not None
+    assert summary.finished.isoformat() == "2024-01-01T00:00:12+00:00"
+    failed = pod(
+        "Failed",
+        [
+            at("tool-init", 0, "2024-01-01T00:00:05Z"),
+            at("tool-apply", 1, "2024-01-01T00:00:07Z"),
+            waiting("tool-applycheck", "PodInitializing"),
+        ],
+    )
+    assert str(finished_at(failed)) == "2024-01-01 00:00:07+00:00"
+    running = summarize(pod("Running", [at("tool-init", 0, "2024-01-01T00:00:05Z")]), version_of={})
+    assert running is not None and running.finished is None

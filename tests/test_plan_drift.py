@@ -21,15 +21,24 @@ from nodewright.api.models import (
     Status,
 )
 from nodewright.api.nodeobject import NodeFacts
-from nodewright.api.nodestate import Admission, NodeState, PackageEntry, PackageStage, PackageState
+from nodewright.api.nodestate import (
+    Admission,
+    NodeState,
+    PackageEntry,
+    PackageStage,
+    PackageState,
+    encode,
+)
 from nodewright.plan import drift
 from nodewright.plan.configdiff import config_hashes
+from nodewright.plan.drain import DrainSelection
 from nodewright.plan.node import (
     Cordon,
     CreateDriftCheck,
     CreatePod,
     DeletePod,
     Drain,
+    DrainFacts,
     DriftCheckPod,
     DriftInput,
     NodeInput,
@@ -39,7 +48,7 @@ from nodewright.plan.node import (
 )
 from nodewright.plan.podspec import REPAIR_ENV, PodOptions, build_drift_check_pod, build_pod
 from nodewright.plan.stages import PodOutcome
-from tests.planfake import T0
+from tests.planfake import T0, FakeNode
 
 REBOOT = Interrupt(type=InterruptType.REBOOT)
 
@@ -84,6 +93,11 @@ def plan(
 
 def kinds(p: Any, kind: type) -> list[Any]:
     return [a for a in p.actions if isinstance(a, kind)]
+
+
+def basis(nw: NodeWright, state: NodeState, boot_id: str = "b0") -> str:
+    """The basis a check pod created now on this node carries."""
+    return drift.check_basis(nw, state, boot_id=boot_id).encode()
 
 
 # -- settings and schedule -----------------------------------------------------------------------------
@@ -194,7 +208,7 @@ def test_a_due_node_waits_for_a_free_check_slot_and_a_quiet_one_for_its_next_slo
 def test_a_clean_check_changes_nothing_on_the_node() -> None:
     nw = nodewright()
     state = complete_state(nw)
-    pod = DriftCheckPod(name="nw-drift-n1-x", outcome=PodOutcome.SUCCEEDED)
+    pod = DriftCheckPod(name="nw-drift-n1-x", outcome=PodOutcome.SUCCEEDED, basis=basis(nw, state))
     p = plan(nw, state, DriftInput(pods=(pod,), slot=3))
     assert p.drift_result == "clean" and p.state == state, "nothing to write: 2 writes per check"
     assert [d.name for d in kinds(p, DeletePod)] == ["nw-drift-n1-x"]
@@ -207,6 +221,7 @@ def test_a_failing_check_reports_drift_and_a_passing_one_clears_it() -> None:
         outcome=PodOutcome.FAILED,
         failed_container="tune-configcheck",
         message="container tune-configcheck exited 1; log: vm.swappiness is 60, want 10",
+        basis=basis(nw, complete_state(nw)),
     )
     p = plan(nw, complete_state(nw), DriftInput(pods=(failed,), slot=3))
     assert p.status is Status.DRIFTED and p.condition.reason == "Drifted"
@@ -214,7 +229,7 @@ def test_a_failing_check_reports_drift_and_a_passing_one_clears_it() -> None:
     assert any(getattr(a, "reason", "") == "Drifted" for a in p.actions)
     assert node_complete(nw, p.state), "report only: the node stays complete for the rollout"
     assert p.drift_result == "drifted"
-    passed = DriftCheckPod(name="nw-drift-n1-y", outcome=PodOutcome.SUCCEEDED)
+    passed = DriftCheckPod(name="nw-drift-n1-y", outcome=PodOutcome.SUCCEEDED, basis=basis(nw, p.state))
     healed = plan(nw, p.state, DriftInput(pods=(passed,), slot=4))
     assert healed.status is Status.COMPLETE and not healed.state.packages[0].drifted
 
@@ -258,7 +273,8 @@ def test_a_reboot_nobody_asked_for_makes_the_node_due_and_is_remembered_until_ch
     p = plan(nw, state, DriftInput(slot=3, due=False, may_start=True), node=rebooted)
     [check] = kinds(p, CreateDriftCheck)
     assert "rebooted" in check.reason and p.state.boot_id == "b0", "kept until a check has run"
-    done = DriftCheckPod(name="nw-drift-n1-x", outcome=PodOutcome.SUCCEEDED)
+    assert check.basis == basis(nw, state, "b1"), "made against the new boot"
+    done = DriftCheckPod(name="nw-drift-n1-x", outcome=PodOutcome.SUCCEEDED, basis=check.basis)
     after = plan(nw, p.state, DriftInput(pods=(done,), slot=3), node=rebooted)
     assert after.state.boot_id == "b1" and not kinds(after, CreateDriftCheck)
 
@@ -276,7 +292,8 @@ def test_checks_never_cordon_drain_or_interrupt(
     due: bool, may_start: bool, outcome: PodOutcome, failed: str | None, reapply: bool, minutes: int
 ) -> None:
     nw = nodewright(DriftAction.REAPPLY if reapply else DriftAction.REPORT)
-    pods = (DriftCheckPod(name="nw-drift-n1-x", outcome=outcome, failed_container=failed),)
+    made = basis(nw, complete_state(nw))
+    pods = (DriftCheckPod(name="nw-drift-n1-x", outcome=outcome, failed_container=failed, basis=made),)
     p = plan_node(
         NodeInput(
             nodewright=nw,
@@ -289,3 +306,156 @@ def test_checks_never_cordon_drain_or_interrupt(
     )
     assert not kinds(p, Cordon) and not kinds(p, Drain)
     assert not kinds(p, CreatePod), "without an admission nothing but a check may start"
+
+
+# -- checks next to runs: one at a time, and a result counts only for the node it saw -----------------
+
+
+def repair_due(nw: NodeWright) -> NodeState:
+    """Complete, its last check found drift, and the rollout admitted it for the repair."""
+    drifted = complete_state(nw, tune={"drifted": "post-interrupt-check failed: rmem_max is 4096"})
+    return replace(drifted, admission=Admission("__default__", 2, 5, "2025-01-01T00:00:00Z"))
+
+
+def plan_through_gates(nw: NodeWright, state: NodeState, drift_input: DriftInput) -> Any:
+    """Plan on a node whose cordon is observed and that has nothing to drain."""
+    return plan_node(
+        NodeInput(
+            nodewright=nw,
+            node=NodeFacts(name="n1", labels={}, boot_id="b0", unschedulable=True),
+            state=state,
+            pods=(),
+            now=T0,
+            drain=DrainFacts(DrainSelection(evict=(), terminating=(), protected=())),
+            drift=drift_input,
+        )
+    )
+
+
+@settings(max_examples=100, deadline=None)
+@given(outcome=st.sampled_from(list(PodOutcome)), terminating=st.booleans(), reapply=st.booleans())
+def test_no_stage_pod_starts_while_a_check_pod_is_on_the_node_whatever_its_phase(
+    outcome: PodOutcome, terminating: bool, reapply: bool
+) -> None:
+    # A check pod holds the node until it is gone: running, Pending, or showing its containers' exits
+    # from before a reboot while the kubelet starts them again (a real kubelet reports it Pending with
+    # the old statuses), or ended and read. The repair (or a config run) waits for it.
+    nw = installed = nodewright(
+        DriftAction.REAPPLY, tune=Package(version="1.0.0", image="x", interrupt=REBOOT)
+    )
+    state = repair_due(installed)
+    if not reapply:  # a config change instead of a repair
+        pkg = installed.spec.packages["tune"]
+        nw = nodewright(DriftAction.REAPPLY, tune=pkg.model_copy(update={"config_map": {"a": "2"}}))
+        state = replace(complete_state(installed), admission=state.admission)
+    check = DriftCheckPod(name="nw-drift-n1-x", outcome=outcome, terminating=terminating)
+    p = plan_through_gates(nw, state, DriftInput(pods=(check,), slot=3))
+    assert not kinds(p, CreatePod), f"a stage pod next to a {outcome.value} check pod"
+    assert "nw-drift-n1-x" in p.condition.message, p.condition.message
+    gone = plan_through_gates(nw, p.state, DriftInput(slot=3))
+    assert kinds(gone, CreatePod), "once it is gone the run starts"
+
+
+def test_a_check_that_ends_while_a_repair_is_due_is_read_at_once() -> None:
+    nw = nodewright(DriftAction.REAPPLY)
+    state = repair_due(nw)
+    clean = DriftCheckPod(name="nw-drift-n1-x", outcome=PodOutcome.SUCCEEDED, basis=basis(nw, state))
+    p = plan(nw, state, DriftInput(pods=(clean,), slot=3))
+    assert [d.name for d in kinds(p, DeletePod)] == ["nw-drift-n1-x"] and p.drift_result == "clean"
+    assert p.status is Status.COMPLETE and not kinds(p, CreatePod), "it healed: nothing to repair"
+
+
+def test_a_check_older_than_the_last_completed_run_does_not_count() -> None:
+    # The scenario of the real-node lane: a check started before the repair (here: it was created on
+    # the drifted node) ends only after the repair completed. Its "drifted" says nothing about the
+    # repaired node: it is removed without a verdict, and no second repair starts.
+    nw = nodewright(DriftAction.REAPPLY, tune=Package(version="1.0.0", image="x", interrupt=REBOOT))
+    before = complete_state(nw, tune={"updated": "2025-01-01T00:00:00Z", "started": "2025-01-01T00:00:00Z"})
+    [check] = kinds(plan(nw, before, DriftInput(slot=3, due=True, may_start=True)), CreateDriftCheck)
+    repaired = complete_state(nw, tune={"updated": "2025-01-01T00:09:30Z", "started": "2025-01-01T00:09:00Z"})
+    stale = DriftCheckPod(
+        name="nw-drift-n1-x",
+        outcome=PodOutcome.FAILED,
+        failed_container="tune-post-interruptcheck",
+        message="rmem_max is 4096",
+        basis=check.basis,
+    )
+    p = plan(nw, repaired, DriftInput(pods=(stale,), slot=3))
+    assert p.status is Status.COMPLETE and p.drift_result is None and p.state == repaired
+    [delete] = kinds(p, DeletePod)
+    assert delete.name == "nw-drift-n1-x" and "void" in delete.reason and "ran again" in delete.reason
+    assert not [a for a in p.actions if getattr(a, "reason", "") == "Drifted"]
+    # The same result on the node it was made against counts.
+    counted = plan(nw, before, DriftInput(pods=(stale,), slot=3))
+    assert counted.drift_result == "drifted" and not node_complete(nw, counted.state)
+
+
+def test_a_check_that_ran_across_a_reboot_does_not_count_and_the_node_is_checked_again() -> None:
+    nw = nodewright()
+    state = complete_state(nw)
+    ran = DriftCheckPod(name="nw-drift-n1-x", outcome=PodOutcome.SUCCEEDED, basis=basis(nw, state, "b0"))
+    rebooted = NodeFacts(name="n1", labels={}, boot_id="b1")
+    p = plan(nw, state, DriftInput(pods=(ran,), slot=3, may_start=True), node=rebooted)
+    assert p.drift_result is None and "reboot" in kinds(p, DeletePod)[0].reason
+    assert p.state.boot_id == "b0", "the new boot is not recorded as checked"
+    again = plan(nw, p.state, DriftInput(slot=3, may_start=True), node=rebooted)
+    [check] = kinds(again, CreateDriftCheck)
+    assert "rebooted" in check.reason and check.basis == basis(nw, state, "b1")
+
+
+def test_the_check_pod_carries_its_basis_and_a_new_basis_is_a_new_pod() -> None:
+    nw = nodewright(tune=Package(version="1.0.0", image="ghcr.io/x/tune", interrupt=REBOOT))
+    state = complete_state(nw)
+    checked = drift.check_plan(nw, state)
+    one = build_drift_check_pod(nw, checked, node="n1", slot=7, options=PodOptions(), basis=basis(nw, state))
+    other = build_drift_check_pod(
+        nw, checked, node="n1", slot=7, options=PodOptions(), basis=basis(nw, state, "b1")
+    )
+    assert one["metadata"]["annotations"]["nodewright.io/drift-basis"] == basis(nw, state)
+    assert one["metadata"]["name"] != other["metadata"]["name"]
+    assert drift.CheckBasis.parse(basis(nw, state)) == drift.check_basis(nw, state, boot_id="b0")
+    assert drift.CheckBasis.parse("") is None and drift.CheckBasis.parse("no-boot") is None
+    # The drift mark is a check's result, not part of what a check is made against.
+    marked = complete_state(nw, tune={"drifted": "x"})
+    assert basis(nw, marked) == basis(nw, state)
+
+
+def test_a_repair_of_a_reboot_package_reboots_again_with_its_own_interrupt_identity() -> None:
+    # The agent skips an interrupt command whose flag exists for the pod's resource id. A repair in the
+    # same generation as the install needs an identity of its own, or its reboot never happens.
+    nw = nodewright(
+        DriftAction.REAPPLY, tune=Package(version="1.0.0", image="ghcr.io/x/tune", interrupt=REBOOT)
+    )
+    node = FakeNode(nw)
+    assert node.run().status is Status.COMPLETE and node.reboots == 1
+    done = node.state
+    assert done is not None
+    [entry] = done.packages
+    node.state_text = encode(
+        replace(
+            done,
+            packages=(replace(entry, drifted="post-interrupt-check failed"),),
+            admission=Admission("__default__", 2, 1, "2025-01-01T01:00:00Z"),
+        )
+    )
+    node.now += timedelta(hours=1)
+    assert node.run().status is Status.COMPLETE and node.reboots == 2
+    install, repair = [c for c in node.created if c.stage is PackageStage.INTERRUPT]
+    assert install.attempt == repair.attempt == 1
+    assert install.name != repair.name, "the repair's interrupt pod is not the install's"
+
+    def resource_id(c: CreatePod) -> str:
+        pod = build_pod(
+            nw, nw.spec.packages["tune"], package_name=c.package, version=c.version, stage=c.stage,
+            node=node.name, attempt=c.attempt, node_order=c.node_order, options=node.options.pod,
+            interrupt=c.interrupt, run=c.run,
+        )  # fmt: skip
+        env = {e["name"]: e["value"] for e in pod["spec"]["initContainers"][0]["env"]}
+        assert env["SKYHOOK_RESOURCE_ID"] == env["NODEWRIGHT_RESOURCE_ID"]
+        return str(env["SKYHOOK_RESOURCE_ID"])
+
+    ids = {resource_id(install), resource_id(repair)}
+    assert len(ids) == 2, ids
+    for rid in ids:  # the reference agent's contract: <owner>_<package>_<version>, split on "_"
+        owner, package, version = rid.split("_")
+        assert owner.startswith("nw-u-1-") and (package, version) == ("tune", "1.0.0")

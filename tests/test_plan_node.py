@@ -611,6 +611,49 @@ def test_reboot_pod_exiting_before_the_reboot_is_not_rerun() -> None:
     assert sum(c.stage == PackageStage.INTERRUPT for c in node.created) == 1
 
 
+def test_a_reboot_pod_that_ends_without_a_reboot_is_retried_with_a_new_identity() -> None:
+    # The agent skipped `reboot` (its flag for the pod's resource id said it had run) and exited 0: the
+    # node never goes down. Not a wait for the reboot timeout with the node cordoned: after the grace,
+    # a failed attempt, and the retry's pod has its own identity, so the agent reboots.
+    node = FakeNode(reboot_nw(), options=PlanOptions(reboot_grace=300))
+    node.outcomes = lambda a: "skip" if a.stage == PackageStage.INTERRUPT and a.attempt == 1 else "succeed"
+    plan = node.run()
+    assert plan.status == Status.COMPLETE and node.reboots == 1 and not node.unschedulable
+    first, retry = [c for c in node.created if c.stage == PackageStage.INTERRUPT]
+    assert (first.attempt, retry.attempt) == (1, 2) and first.run != retry.run and first.name != retry.name
+    failed = [f for p in node.plans for f in p.failed]
+    assert [f.cause for f in failed] == [FailureCause.NO_REBOOT]
+    assert "did not reboot" in failed[0].message and first.name in failed[0].message
+    assert node.now - T0 < timedelta(seconds=900), "well before the 20 minutes of the reboot timeout"
+
+
+def test_a_reboot_that_never_happens_gives_up_with_the_reason() -> None:
+    nw = make_nw(packages={"pa": Package(version="1.0.0", image="x", interrupt=REBOOT, max_attempts=2)})
+    node = FakeNode(nw)
+    node.outcomes = lambda a: "skip" if a.stage == PackageStage.INTERRUPT else "succeed"
+    plan = node.run()
+    assert plan.status == Status.ERRORING and node.reboots == 0
+    assert "did not reboot" in plan.condition.message and "giving up" in plan.condition.message
+    assert sum(c.stage == PackageStage.INTERRUPT for c in node.created) == 2
+    assert plan.state.interrupt_at is None
+
+
+def test_a_lost_interrupt_pod_comes_back_with_the_same_identity() -> None:
+    # Lost before it ran (or deleted by someone): the same attempt again, with the same identity, so if
+    # it did issue the reboot, the agent does not reboot a second time.
+    node = FakeNode(
+        reboot_nw(), outcomes=lambda a: "hang" if a.stage == PackageStage.INTERRUPT else "succeed"
+    )
+    while not any(c.stage == PackageStage.INTERRUPT for c in node.created):
+        node.step()
+    [lost] = [c for c in node.created if c.stage == PackageStage.INTERRUPT]
+    node.pods.clear()
+    node.step()
+    again = node.created[-1]
+    assert again.stage == PackageStage.INTERRUPT and again is not lost
+    assert (again.name, again.run, again.attempt) == (lost.name, lost.run, lost.attempt)
+
+
 def test_create_pod_matches_the_built_manifest() -> None:
     from nodewright.plan.podspec import build_pod
 
@@ -629,6 +672,7 @@ def test_create_pod_matches_the_built_manifest() -> None:
             node_order=c.node_order,
             options=node.options.pod,
             interrupt=c.interrupt,
+            run=c.run,
         )
         assert pod["metadata"]["name"] == c.name
         assert pod["metadata"]["annotations"][constants.POD_ANNOTATION_SPEC_HASH] == c.spec_hash

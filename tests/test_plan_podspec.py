@@ -10,6 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nodewright.agent.settings import parse_resource_id
 from nodewright.api import constants
 from nodewright.api.models import (
     EnvVar,
@@ -28,11 +29,13 @@ from nodewright.plan.podspec import (
     PodOptions,
     build_pod,
     image_reference,
+    interrupt_run,
     label_value,
     package_configmap_name,
     parse_duration_seconds,
     pod_name,
     pod_node,
+    resource_id,
     safe_name,
     spec_hash,
     transition_modes,
@@ -187,6 +190,44 @@ def test_interrupt_pod() -> None:
     ann = json.loads(pod["metadata"]["annotations"][constants.POD_ANNOTATION_INTERRUPT])
     assert ann == {"type": "service", "services": ["a", "b", "c"]}
     assert init[0]["resources"]["limits"] == {"cpu": "500m", "memory": "64Mi"}
+
+
+def test_each_interrupt_attempt_has_its_own_resource_id_in_the_reference_agent_format() -> None:
+    # The agent keys its interrupt flags by the resource id: a run of an interrupt must not inherit the
+    # flags of an earlier run in the same generation (a drift repair, a retry), or its reboot is skipped.
+    nw = nodewright(interrupt=Interrupt(type=InterruptType.REBOOT))
+    reboot = Interrupt(type=InterruptType.REBOOT)
+    run = interrupt_run("2025-01-31T12:00:00Z", 1)
+    assert run == "20250131T120000Z.1"
+    first = build(nw, PackageStage.INTERRUPT, interrupt=reboot, run=run)
+    again = build(nw, PackageStage.INTERRUPT, interrupt=reboot, run=run)
+    retry = build(
+        nw, PackageStage.INTERRUPT, interrupt=reboot, attempt=2, run=interrupt_run("2025-01-31T12:06:00Z", 2)
+    )
+    rid = env_of(first["spec"]["initContainers"][0])["SKYHOOK_RESOURCE_ID"]
+    assert rid == "gpu-stack-uid-1-4-20250131T120000Z.1_driver_1.2.3"
+    assert env_of(first["spec"]["initContainers"][0])["NODEWRIGHT_RESOURCE_ID"] == rid
+    assert first == again, "the same attempt made again is the same pod: the agent's flag holds"
+    assert env_of(retry["spec"]["initContainers"][0])["SKYHOOK_RESOURCE_ID"] != rid
+    assert (
+        first["metadata"]["name"]
+        != build(nw, PackageStage.INTERRUPT, interrupt=reboot, run="x.1")["metadata"]["name"]
+    )
+    # The reference agent splits on "_" into exactly three parts; ours splits the same way.
+    owner, package, version = rid.split("_")
+    assert (package, version) == ("driver", "1.2.3") and owner.startswith("gpu-stack-uid-1-4-")
+    parsed = parse_resource_id(rid)
+    assert (parsed.package, parsed.version) == ("driver", "1.2.3")
+    # Stage pods keep the generation's id, and an interrupt without a run (an older state) does too.
+    assert (
+        env_of(build(nw)["spec"]["initContainers"][1])["SKYHOOK_RESOURCE_ID"]
+        == "gpu-stack-uid-1-4_driver_1.2.3"
+    )
+    plain = build(nw, PackageStage.INTERRUPT, interrupt=reboot)
+    assert (
+        env_of(plain["spec"]["initContainers"][0])["SKYHOOK_RESOURCE_ID"] == "gpu-stack-uid-1-4_driver_1.2.3"
+    )
+    assert resource_id(nw, "driver", "1.2.3", run) == rid
 
 
 def test_every_container_that_can_fail_carries_its_log_tail_in_its_status() -> None:

@@ -12,8 +12,10 @@ the host commands the reference agent runs (chrooted into the host root):
 | `no_op` | none (only its completion flag is written) |
 | `script_interrupt` | none (the package's own steps do the work) |
 
-Each command runs at most once per resource id (NodeWright generation): its flag is written before it
-runs and removed again if it fails, except for a reboot ended by SIGTERM, which is the reboot working.
+Each command runs at most once per resource id: its flag is written before it runs and removed again if
+it fails, except for a reboot ended by SIGTERM, which is the reboot working. The operator gives every
+attempt of an interrupt its own id (`<nodewright>-<uid>-<generation>-<run>_<pkg>_<version>`), so the
+flag stops only a second run of the same attempt (its pod started again by the kubelet after the reboot).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ by either operator work (ours sets both to the same value):
 | state directory on the host | `NODEWRIGHT_ROOT_DIR`, `SKYHOOK_ROOT_DIR` | `/etc/skyhook` |
 | log directory on the host | `NODEWRIGHT_LOG_DIR`, `SKYHOOK_LOG_DIR` | `/var/log/skyhook` |
 | payload in the image (legacy copy) | `NODEWRIGHT_DATA_DIR`, `SKYHOOK_DATA_DIR` | `/skyhook-package` |
-| resource id `<nw>-<uid>-<gen>_<pkg>_<ver>` | `NODEWRIGHT_RESOURCE_ID`, `SKYHOOK_RESOURCE_ID` | (none) |
+| resource id `<nw>-<uid>-<gen>[-<run>]_<pkg>_<ver>` | `NODEWRIGHT_RESOURCE_ID`, `SKYHOOK_RESOURCE_ID` | - |
 | write step log files | `NODEWRIGHT_AGENT_WRITE_LOGS`, `SKYHOOK_AGENT_WRITE_LOGS` | `true` |
 | output read size (1 B to 1 MiB) | `NODEWRIGHT_AGENT_BUFFER_LIMIT`, `SKYHOOK_AGENT_BUFFER_LIMIT` | 8 KiB |
 | output kept per step and stream (64 KiB to 1 GiB) | `NODEWRIGHT_AGENT_LOG_LIMIT` | 2 MiB |
@@ -96,7 +96,8 @@ class Settings:
 
 @dataclass(frozen=True)
 class ResourceId:
-    """`<nodewright>-<uid>-<generation>_<package>_<version>`: the package pod's identity."""
+    """`<nodewright>-<uid>-<generation>[-<run>]_<package>_<version>`: the package pod's identity (an
+    interrupt pod's carries its attempt's run, so its flags are its own)."""
 
     text: str
     package: str

@@ -17,8 +17,8 @@ layout, so a node moved from the reference agent to ours keeps its state:
   newest first, written after a successful apply-check, upgrade-check (the new version) or
   uninstall-check (`"uninstalled"`). An unreadable file (not JSON, not a regular file, over 16 MiB or
   nested too deeply) is moved to `<file>.backup`.
-- `interrupts/flags/<resource id>/<interrupt>_<n>.complete`: interrupt command n already ran for this
-  NodeWright generation (`no_op.complete` for a no-op).
+- `interrupts/flags/<resource id>/<interrupt>_<n>.complete`: interrupt command n already ran under this
+  resource id (`no_op.complete` for a no-op). The operator gives each interrupt attempt its own id.
 """
 
 from __future__ import annotations

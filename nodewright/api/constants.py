@@ -92,6 +92,7 @@ POD_ANNOTATION_ATTEMPT: Final = f"{PREFIX}attempt"
 POD_ANNOTATION_INTERRUPT: Final = f"{PREFIX}interrupt"
 POD_ANNOTATION_SPEC_HASH: Final = f"{PREFIX}spec-hash"
 POD_ANNOTATION_DRIFT_SLOT: Final = f"{PREFIX}drift-slot"  # drift-check pods: the check slot they belong to
+POD_ANNOTATION_DRIFT_BASIS: Final = f"{PREFIX}drift-basis"  # drift-check pods: what they check against
 POD_ANNOTATION_CHAIN: Final = f"{PREFIX}chain"
 """Packages whose runs follow the pod's own package in the same pod (`--chain-packages`), as JSON
 `[[package, version, first stage], ...]` in the order their init containers run."""

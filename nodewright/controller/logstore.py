@@ -67,6 +67,7 @@ MAX_STORE_CHARS: Final = 256 * 1024
 LOG_DEADLINE: Final = 5.0
 MAX_MESSAGE_CHARS: Final = 2000
 STAGE_TIMEOUT: Final = "StageTimeout"  # the reason of an attempt deleted at the stage timeout
+NO_REBOOT: Final = "NoReboot"  # a reboot interrupt's pod ended, but the node never went down
 FAILED: Final = "failed"
 SUCCEEDED: Final = "succeeded"
 _SEEN_LIMIT: Final = 4096
@@ -295,7 +296,8 @@ class LogStore:
         An image pull error: nothing ran, so there is no log to fetch; the entry names the container
         stuck pulling, its image and the kubelet's reason, with the planner's message (the attempt out
         of how many, or that it gave up, and the kubelet's words). A stage timeout: the log tail of the
-        stage containers so far, fetched before the pod is deleted.
+        stage containers so far, fetched before the pod is deleted. A reboot pod that ended without a
+        reboot (reason `NoReboot`): its `interrupt` container's log (e.g. the agent's "already ran").
         """
         if failed.cause is FailureCause.POD_FAILED or not self._first_time(pod):
             return False  # (a pod that failed by itself is kept from its own record: `record`)
@@ -305,10 +307,11 @@ class LogStore:
             if stuck is not None:
                 container, reason = stuck[0], stuck[1]
                 image = container_image(pod, container)
-        else:  # TIMEOUT
+        else:  # TIMEOUT, NO_REBOOT: what the stage's containers said so far (the agent says why)
             own = str(((pod.get("metadata") or {}).get("labels") or {}).get(constants.POD_LABEL_PACKAGE))
             names = stage_containers(pod, own)
-            container, reason, text = ",".join(names), STAGE_TIMEOUT, await self._logs(pod, names)
+            reason = NO_REBOOT if failed.cause is FailureCause.NO_REBOOT else STAGE_TIMEOUT
+            container, text = ",".join(names), await self._logs(pod, names)
         entry = KeptLog(
             package=failed.package,
             version=failed.version,

@@ -267,7 +267,7 @@ class NodeReconciler:
         new_timing = self._next_timing(
             key, ctx, plan, selection, cordon=cordon, uncordon=uncordon, trace=trace
         )
-        if ctx.deleting and self._settled(plan, ctx.summaries):
+        if ctx.deleting and self._settled(plan, ctx.summaries, ctx.inp.drift):
             # Nothing left to do for a leaving NodeWright: release the node instead of writing status
             # (a status written now would hold the finalizer forever).
             await self._cleanup(
@@ -631,6 +631,7 @@ class NodeReconciler:
                 tail = await self.logs.tail(pod, missing)
                 message = f"{message}; log: {tail}" if tail else message
             meta = pod.get("metadata") or {}
+            annotations = meta.get("annotations") or {}
             checks.append(
                 DriftCheckPod(
                     name=str(meta.get("name")),
@@ -638,6 +639,7 @@ class NodeReconciler:
                     failed_container=failed[0] if failed is not None else None,
                     message=message,
                     terminating=bool(meta.get("deletionTimestamp")),
+                    basis=str(annotations.get(constants.POD_ANNOTATION_DRIFT_BASIS) or ""),
                 )
             )
         return DriftInput(
@@ -662,7 +664,7 @@ class NodeReconciler:
             if pkg.config_map:
                 await self.configmaps.ensure(nw, name, pkg)
         manifest = podspec.build_drift_check_pod(
-            nw, checked, node=node_name, slot=action.slot, options=self.pod_options
+            nw, checked, node=node_name, slot=action.slot, options=self.pod_options, basis=action.basis
         )
         self.rt.signer.sign(manifest)
         self.drift.checked(key, action.slot)
@@ -939,6 +941,7 @@ class NodeReconciler:
             options=self.pod_options,
             interrupt=action.interrupt,
             repair=action.repair,
+            run=action.run,
             chain=[
                 podspec.ChainLink(name, nw.spec.packages[name], version, stage)
                 for name, version, stage in action.chain
@@ -1186,9 +1189,11 @@ class NodeReconciler:
     # Leaving nodes
 
     @staticmethod
-    def _settled(plan: NodePlan, pods: Sequence[PodSummary]) -> bool:
-        """Deletion: nothing of this NodeWright runs or is due on the node."""
-        if pods or plan.status != Status.COMPLETE:
+    def _settled(plan: NodePlan, pods: Sequence[PodSummary], drift_input: DriftInput | None) -> bool:
+        """Deletion: nothing of this NodeWright runs or is due on the node, and no drift-check pod is
+        left there (the plan removes an ended one; released first, nothing would: the NodeWright's
+        finalizer waits for its pods)."""
+        if pods or (drift_input is not None and drift_input.pods) or plan.status != Status.COMPLETE:
             return False
         if any(isinstance(a, (CreatePod, Drain)) for a in plan.actions):
             return False
@@ -1197,6 +1202,16 @@ class NodeReconciler:
     async def _unselected(
         self, key: str, model: NodeWright, node: JSON, stored: NodeState | None, pods: Sequence[JSON]
     ) -> tuple[bool, float | None] | None:
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            ended = classify(pod)[0] is not PodOutcome.RUNNING
+            if is_drift_check(pod) and ended and not meta.get("deletionTimestamp"):
+                # A check of a node the NodeWright no longer selects: its result concerns nobody, and
+                # nothing else would remove it.
+                reason = "drift check of a node the NodeWright no longer selects"
+                await self._delete_pod(
+                    str(node["metadata"]["name"]), DeletePod(str(meta.get("name")), reason)
+                )
         if pods:
             # Work of ours is still running there: let it end (the pod's events bring us back).
             return False, self.plan_options.poll_interval

@@ -176,6 +176,13 @@ def stage_progress(pod: Mapping[str, Any], package: str) -> tuple[StageProgress,
     return tuple(out)
 
 
+def finished_at(pod: Mapping[str, Any]) -> datetime | None:
+    """When an ended pod's work ended: the latest exit among its init containers (the kubelet's clock;
+    None when it reported no times). Containers after a failed one never start."""
+    times = [t for st in _init_statuses(pod) if (t := _terminated_at(st, "finishedAt")) is not None]
+    return max(times) if times else None
+
+
 def classify(pod: Mapping[str, Any]) -> tuple[PodOutcome, str]:
     """The pod's outcome and a short message (reason, failing container) — without log lines."""
     status = pod.get("status") or {}
@@ -270,6 +277,7 @@ def summarize(pod: Mapping[str, Any], *, version_of: Mapping[tuple[str, str], st
         chain=tuple(
             ChainedRun(name, version, first, stage_progress(pod, name)) for name, version, first in links
         ),
+        finished=finished_at(pod) if outcome is not PodOutcome.RUNNING else None,
     )
 
 

@@ -18,6 +18,11 @@ interrupt. This module decides, without I/O and with time passed in:
   that package drifted, with that check's log tail as the reason; the packages checked before it are
   clean, the ones after it unchecked (their previous result stands). A pod that could not run its
   checks (image pull error, deadline) says nothing about drift.
+- **Which results count.** A check pod carries its basis (`check_basis`): the last completed run of
+  each package it checks and the node's bootID when it was created. Its result counts only while that
+  basis still holds: a check that started before a run of a checked package (a repair, a config change)
+  or that ran across a reboot (the kubelet starts its containers again, on a host that changed under
+  them) is void; it is removed and the node is checked again (`void_reason`).
 - **Repair admission** (`action: reapply`): a drifted package is work to do; the node goes back through
   the rollout (fresh admission, budget, batch) and re-runs the package's apply and config, and its
   interrupt if it has one (`plan.node`); a repair that fails counts as a failure of its batch.
@@ -29,6 +34,7 @@ import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Final
 
 from nodewright.api.models import DriftAction, DriftDetection, NodeWright, Package
@@ -120,6 +126,59 @@ def check_plan(nw: NodeWright, state: NodeState) -> list[tuple[str, Package, str
         if entry is not None and entry.state is PackageState.COMPLETE:
             out.append((name, pkg, entry.version))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class CheckBasis:
+    """What a check started now is made against (`check_basis`); a check pod carries it in the
+    annotation `nodewright.io/drift-basis` as `<runs>/<bootID>`."""
+
+    runs: str  # digest of the last completed run of each package the check covers
+    boot_id: str  # the node's bootID ("" when the node reports none)
+
+    def encode(self) -> str:
+        return f"{self.runs}/{self.boot_id}"
+
+    @staticmethod
+    def parse(text: str) -> CheckBasis | None:
+        runs, sep, boot_id = text.partition("/")
+        return CheckBasis(runs, boot_id) if sep and runs else None
+
+
+class VoidCheck(StrEnum):
+    """Why a finished check's result does not count (`void_reason`)."""
+
+    NO_BASIS = "the check pod carries no basis"
+    REBOOTED = "it ran across a reboot of the node"
+    RAN_AGAIN = "a package it checked ran again since it started"
+
+
+def check_basis(nw: NodeWright, state: NodeState, *, boot_id: str) -> CheckBasis:
+    """The basis of a check started now: for each package it checks, the stamps of its last completed
+    run (the entry's stage, start and completion times and applied config; a drift mark is not part
+    of it), and the node's bootID. Clock-free: values are compared, never times."""
+    parts: list[object] = []
+    for name, _, version in check_plan(nw, state):
+        entry = state.entry(name, version)
+        assert entry is not None  # check_plan lists complete entries only
+        parts.append((name, version, entry.stage.value, entry.started, entry.updated, entry.config))
+    return CheckBasis(runs=hashlib.sha256(repr(parts).encode()).hexdigest()[:16], boot_id=boot_id)
+
+
+def void_reason(pod_basis: str, nw: NodeWright, state: NodeState, *, boot_id: str) -> VoidCheck | None:
+    """Why a finished check pod's result does not count (None: it counts). It counts only when the
+    node is still what the check was made against: the same boot (a check the kubelet ran again after a
+    reboot, or that a reboot cut short, read a host that changed under it) and no run of a package it
+    checked since it started (a check created before a repair must not judge the repaired node)."""
+    basis = CheckBasis.parse(pod_basis)
+    if basis is None:
+        return VoidCheck.NO_BASIS
+    now = check_basis(nw, state, boot_id=boot_id)
+    if basis.boot_id != now.boot_id:
+        return VoidCheck.REBOOTED
+    if basis.runs != now.runs:
+        return VoidCheck.RAN_AGAIN
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,13 @@ say (`finish_chain`). docs/stages.md, "Chained runs".
 
 Reboot interrupts complete when the node's bootID differs from the one recorded at interrupt start and
 the node is Ready, independently of the interrupt pod (the reboot kills it); a node that does not come
-back within `reboot_timeout` makes the entry `erroring`.
+back within `reboot_timeout` makes the entry `erroring`. Every interrupt attempt has its own identity on
+the host (`interrupt_run`: the agent's flags are keyed by it), and a reboot pod that ended while the node
+stays Ready with its old bootID for `reboot_grace` did not reboot it: a failed attempt (`await_reboot`).
+
+Drift-check pods (`DriftInput`) are read and removed as soon as they end, whatever the node's state,
+and their result counts only on the basis they were made against (`observe_checks`); no stage pod
+starts while one exists on the node (`drift_check_running`).
 """
 
 from __future__ import annotations
@@ -119,6 +125,9 @@ class PlanOptions:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     pod: podspec.PodOptions = field(default_factory=podspec.PodOptions)
     reboot_timeout: float = 1200.0
+    # A reboot interrupt's pod that ended while the node stays Ready with its old bootID this long did
+    # not reboot it (a node going down turns NotReady within the node-monitor grace period, ~40 s).
+    reboot_grace: float = 300.0
     reapply_on_reboot: bool = False
     poll_interval: float = 5.0  # re-check cadence while waiting on something without an event
     chain_packages: bool = False  # follow a run with its dependents' runs in the same pod (`chain_for`)
@@ -147,6 +156,7 @@ class DriftCheckPod:
     failed_container: str | None = None
     message: str = ""
     terminating: bool = False
+    basis: str = ""  # its `nodewright.io/drift-basis` annotation (`drift.CheckBasis`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,15 +213,18 @@ class CreatePod:
     covers: tuple[str, ...] = ()  # interrupt stages: the other packages the interrupt completes
     repair: bool = False  # a run that re-applies after drift (the agent re-runs flagged steps)
     chain: tuple[tuple[str, str, PackageStage], ...] = ()  # (package, version, stage) run after its own
+    run: str = ""  # interrupt stages: this attempt's identity on the host (`podspec.interrupt_run`)
 
 
 @dataclass(frozen=True, slots=True)
 class CreateDriftCheck:
-    """Create the node's drift-check pod for check slot `slot` (read-only; no cordon, no drain)."""
+    """Create the node's drift-check pod for check slot `slot` (read-only; no cordon, no drain), made
+    against `basis` (`drift.check_basis`, encoded: the pod carries it)."""
 
     slot: int
     packages: tuple[str, ...]
     reason: str
+    basis: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,7 +407,18 @@ def admission_key(admission: Admission) -> str:
     return f"{admission.batch}/{admission.order}/{admission.at}"
 
 
-def _may_run(pod: PodSummary | DriftCheckPod, *, deleting: bool) -> bool:
+def _check_running(pod: DriftCheckPod) -> bool:
+    """A drift-check pod that has not ended: running, or Pending (created, pulling its images, or
+    started again by the kubelet after a reboot). One that ended, or stuck on an image pull error
+    (it has no verdict to give; it is removed as an `error`), is read and removed."""
+    return pod.outcome is PodOutcome.RUNNING
+
+
+def _ended(pod: PodSummary) -> bool:
+    return pod.outcome in (PodOutcome.SUCCEEDED, PodOutcome.FAILED, PodOutcome.DEADLINE)
+
+
+def _may_run(pod: PodSummary, *, deleting: bool) -> bool:
     """The pod's containers may still run something on the host.
 
     A running pod may, also while it terminates (its grace period). A pod whose work ended (every init
@@ -483,6 +507,7 @@ class _Planner:
         entry: PackageEntry,
         interrupt: Interrupt | None = None,
         chain: tuple[PackageEntry, ...] = (),
+        run: str = "",
     ) -> str:
         pkg = _package(self.nw, entry.name)
         return podspec.spec_hash(
@@ -495,7 +520,18 @@ class _Planner:
             options=self.opts.pod,
             repair=entry.repair and entry.stage not in INTERRUPT_STAGES,
             chain=self.chain_links(chain),
+            run=run,
         )
+
+    def interrupt_run(self, attempt: int) -> str:
+        """The identity of this attempt of the node's interrupt on the host (`podspec.resource_id`):
+        its start and the attempt. A pod of the same attempt made again (lost before it ran, or run
+        again by the kubelet after the reboot) keeps it, so the agent's flag stops a second reboot;
+        every other attempt, of this or of any later run (a repair, a retry under a fresh admission),
+        has its own, so its interrupt really runs. None recorded (a state from an older operator): the
+        generation's identity, as before."""
+        at = self.state.interrupt_at
+        return podspec.interrupt_run(at, attempt) if at else ""
 
     def chain_links(self, chain: tuple[PackageEntry, ...]) -> tuple[podspec.ChainLink, ...]:
         return tuple(podspec.ChainLink(e.name, _package(self.nw, e.name), e.version, e.stage) for e in chain)
@@ -713,7 +749,11 @@ class _Planner:
             if pod is not None:
                 self.delete(pod, "reboot timed out")
             return True
-        if not self.node.ready or (pod is not None and pod.outcome.value in ("succeeded", "failed")):
+        if pod is not None and pod.terminating and carrier.retry_at is not None:
+            return True  # its attempt is recorded as failed; the retry waits for the pod to go
+        if pod is not None and _ended(pod) and self.node.ready and not pod.terminating:
+            return self.await_reboot(carrier, pod, deadline)
+        if not self.node.ready or (pod is not None and _ended(pod)):
             # The reboot is under way (or the pod died with it): wait for the new bootID.
             self.waiting.append("waiting for the node to reboot")
             self.requeue(
@@ -722,6 +762,36 @@ class _Planner:
             return True
         self.requeue(seconds_until(deadline, self.now), "reboot deadline")
         return False
+
+    def await_reboot(self, carrier: PackageEntry, pod: PodSummary, deadline: datetime) -> bool:
+        """The reboot pod ended and the node is still up with its old bootID: the reboot is on its way
+        (`reboot` returns at once; the node goes down moments later) -- or it never happened: the agent
+        skipped it (its flag for this identity said it had run) or `reboot` failed. Exit 0 says neither.
+        A node going down turns NotReady within the node-monitor grace period, so a node still Ready
+        with the same bootID `reboot_grace` after the pod ended was not rebooted: that is a failed
+        attempt (retried with a new identity, so the agent runs `reboot` again), never a wait for the
+        reboot timeout with the node cordoned. Always True (handled)."""
+        ended = pod.finished or pod.created
+        give_up = ended + timedelta(seconds=self.opts.reboot_grace)
+        if self.now < give_up:
+            self.waiting.append("waiting for the node to reboot")
+            self.requeue(
+                min(
+                    seconds_until(give_up, self.now),
+                    seconds_until(deadline, self.now),
+                    self.opts.poll_interval * 6,
+                ),
+                "waiting for the node to go down",
+            )
+            return True
+        how = "exited 0" if pod.outcome is PodOutcome.SUCCEEDED else f"failed ({pod.message or 'no reason'})"
+        reason = (
+            f"interrupt pod {pod.name} {how}, but the node did not reboot: still Ready with bootID"
+            f" {self.node.boot_id or '?'} {human_duration(self.opts.reboot_grace)} later"
+        )
+        self.delete(pod, "the node did not reboot")
+        self.record_failure(carrier, _PodFailure(pod.name, reason, FailureCause.NO_REBOOT))
+        return True
 
     def finish_pod(self, entry: PackageEntry, pod: PodSummary, *, failure: _PodFailure | None) -> None:
         """A stage pod ended: advance the entry through every stage it completed, in order (one state
@@ -1145,13 +1215,14 @@ class _Planner:
         return False
 
     def drift_check_running(self) -> str | None:
-        """A drift-check pod of this NodeWright that may still run on the node: no stage pod starts next
-        to it (and no check starts next to a stage pod, see `drift_checks`)."""
-        for pod in self.inp.drift.pods if self.inp.drift is not None else ():
-            deleting = pod.terminating or pod.name in self.deletes
-            if _may_run(pod, deleting=deleting):
-                return pod.name
-        return None
+        """A drift-check pod of this NodeWright on the node: no stage pod starts while one exists there
+        (and no check starts next to a stage pod, see `drift_checks`). Whatever its phase: running,
+        Pending, looking finished while the kubelet starts it again after a reboot, or ended and
+        already read -- until it is gone, as a stage pod waits for its predecessor (`blocking_pod`).
+        Waiting for the deletion of an ended check costs a moment; a check running next to a stage
+        pod would read a host being changed."""
+        pods = self.inp.drift.pods if self.inp.drift is not None else ()
+        return pods[0].name if pods else None
 
     def blocking_pod(self, package: str, *, name: str) -> PodSummary | None:
         """Another pod of `package` whose work may still run on the node: no second pod of a package
@@ -1324,7 +1395,8 @@ class _Planner:
     ) -> PackageEntry:
         pkg = _package(self.nw, entry.name)
         chain = () if entry.stage in INTERRUPT_STAGES else self.chain_for(entry)
-        s_hash = self.desired_hash(entry, interrupt, chain)
+        run = self.interrupt_run(attempt) if entry.stage in INTERRUPT_STAGES else ""
+        s_hash = self.desired_hash(entry, interrupt, chain, run)
         name = podspec.pod_name(
             self.nw.metadata.name, entry.name, entry.version, entry.stage, self.node.name, attempt, s_hash
         )
@@ -1355,6 +1427,7 @@ class _Planner:
                 covers=covers,
                 repair=entry.repair and entry.stage not in INTERRUPT_STAGES,
                 chain=tuple((e.name, e.version, e.stage) for e in chain),
+                run=run,
             )
         )
         new = start_attempt(entry, attempt=attempt, spec_hash=s_hash, image=image, now=self.now)
@@ -1412,13 +1485,7 @@ class _Planner:
             return
         carrier, skipped = self.interrupt_group()
         if carrier is not None:
-            attempt = self.startable(carrier) if self.in_spec(carrier) else None
-            if attempt is not None and self.node_gate(for_interrupt=True):
-                merged = self.merged_interrupt(carrier, skipped)
-                if merged is not None:
-                    self.create(
-                        carrier, attempt=attempt, interrupt=merged, covers=tuple(e.name for e in skipped)
-                    )
+            self.continue_interrupt(carrier, skipped)
             return  # nothing else runs during an interrupt
         in_flight = [e for e in self.state.packages if self.in_spec(e) and e.state in ACTIVE_STATES]
         pending_interrupts = [
@@ -1435,38 +1502,62 @@ class _Planner:
             if gated and not self.node_gate(for_interrupt=False):
                 continue
             self.create(entry, attempt=attempt)
-        # Start the merged interrupt once nothing else that could join it, or be killed by it, runs.
         if pending_interrupts:
-            # A package that became startable while these waited (its dependency's failed stage was
-            # retried meanwhile) would otherwise apply after the reboot and need one of its own: start it
-            # first, and the interrupt waits for it like for any other holdout.
-            self.start_new_runs(in_flight)
-            holdouts = [
-                e
-                for e in self.state.packages
-                if self.in_spec(e) and e.state in ACTIVE_STATES and e.stage not in INTERRUPT_STAGES
-            ]
-            if holdouts or self.creates or self.pod_running():
-                names = sorted({e.name for e in holdouts})
-                self.waiting.append("interrupt waits for " + (", ".join(names) if names else "running pods"))
-                return
-            if not self.node_gate(for_interrupt=True):
-                return
-            candidates = {e.name: i for e in pending_interrupts if (i := self.stage_interrupt(e)) is not None}
-            group = merge_for_node(candidates)
-            if group is None:
-                return
-            for e in pending_interrupts:
-                if e.name != group.carrier:
-                    self.put(replace(e, state=PackageState.SKIPPED, updated=ts(self.now)))
-            carrier_entry = next(e for e in pending_interrupts if e.name == group.carrier)
-            self.state = replace(self.state, boot_id=self.node.boot_id or None, interrupt_at=ts(self.now))
-            self.create(carrier_entry, attempt=1, interrupt=group.interrupt, covers=group.skipped)
-            self.events.append(
-                Event("Interrupt", f"{group.interrupt.type.value} for {', '.join(sorted(candidates))}")
-            )
+            self.start_interrupt(in_flight, pending_interrupts)
             return
         self.start_new_runs(in_flight)
+
+    def continue_interrupt(self, carrier: PackageEntry, skipped: list[PackageEntry]) -> None:
+        """The node's interrupt is in flight: its pod again when it was lost (the same attempt, the same
+        identity) or after a failed attempt (a new attempt: a new identity and reboot deadline)."""
+        attempt = self.startable(carrier) if self.in_spec(carrier) else None
+        if attempt is None or not self.node_gate(for_interrupt=True):
+            return
+        merged = self.merged_interrupt(carrier, skipped)
+        if merged is None:
+            return
+        if attempt > carrier.attempts:
+            # A retry is a new interrupt: a new identity on the host (the agent's flags for the last
+            # attempt may say it ran) and its own reboot deadline.
+            self.state = replace(self.state, boot_id=self.node.boot_id or None, interrupt_at=ts(self.now))
+        self.create(carrier, attempt=attempt, interrupt=merged, covers=tuple(e.name for e in skipped))
+
+    def start_interrupt(self, in_flight: list[PackageEntry], pending: list[PackageEntry]) -> None:
+        """Start the merged interrupt once nothing else that could join it, or be killed by it, runs."""
+        # A package that became startable while these waited (its dependency's failed stage was retried
+        # meanwhile) would otherwise apply after the reboot and need one of its own: start it first, and
+        # the interrupt waits for it like for any other holdout.
+        self.start_new_runs(in_flight)
+        holdouts = [
+            e
+            for e in self.state.packages
+            if self.in_spec(e) and e.state in ACTIVE_STATES and e.stage not in INTERRUPT_STAGES
+        ]
+        if holdouts or self.creates or self.pod_running():
+            names = sorted({e.name for e in holdouts})
+            self.waiting.append("interrupt waits for " + (", ".join(names) if names else "running pods"))
+            return
+        checking = self.drift_check_running()
+        if checking is not None:
+            # Before anything is recorded: the merge below is decided when the pod is created.
+            self.waiting.append(f"interrupt waits for drift check {checking} to finish")
+            self.requeue(self.opts.poll_interval, f"pod {checking} still running")
+            return
+        if not self.node_gate(for_interrupt=True):
+            return
+        candidates = {e.name: i for e in pending if (i := self.stage_interrupt(e)) is not None}
+        group = merge_for_node(candidates)
+        if group is None:
+            return
+        for e in pending:
+            if e.name != group.carrier:
+                self.put(replace(e, state=PackageState.SKIPPED, updated=ts(self.now)))
+        carrier_entry = next(e for e in pending if e.name == group.carrier)
+        self.state = replace(self.state, boot_id=self.node.boot_id or None, interrupt_at=ts(self.now))
+        self.create(carrier_entry, attempt=1, interrupt=group.interrupt, covers=group.skipped)
+        self.events.append(
+            Event("Interrupt", f"{group.interrupt.type.value} for {', '.join(sorted(candidates))}")
+        )
 
     def start_new_runs(self, in_flight: list[PackageEntry]) -> None:
         runs = self.new_runs()
@@ -1597,28 +1688,41 @@ class _Planner:
             drain_blocked=self.eviction_blocked and not complete,
         )
 
+    def observe_checks(self) -> None:
+        """Read every drift-check pod of this NodeWright on the node that has ended, and remove it --
+        whatever the node's state. A check that ends while a run is due or in flight is read now, not
+        once the run has completed: read then, it would judge a node it never saw (and start a second
+        repair). Its result counts only while the node is still what it was made against
+        (`drift.void_reason`: no run of a checked package since it started, the same boot); a void
+        check is removed without a verdict (after a reboot nobody asked for, the node stays due:
+        `drift_checks`). Check pods that have not ended are left alone; stage pods wait until every
+        check pod is gone (`drift_check_running`)."""
+        facts = self.inp.drift
+        if facts is None:
+            return
+        for pod in facts.pods:
+            if pod.terminating or _check_running(pod):
+                continue
+            void = drift.void_reason(pod.basis, self.nw, self.state, boot_id=self.node.boot_id)
+            if void is None:
+                self.read_drift_check(pod, drift.check_plan(self.nw, self.state))
+                continue
+            self.deletes.setdefault(pod.name, DeletePod(pod.name, f"drift check void: {void.value}"))
+
     def drift_checks(self, *, was_complete: bool) -> None:
         """Drift detection on a node where this NodeWright is complete (rules in `plan.drift`).
 
-        Finished check pods are read (drifted packages get the reason, clean ones lose theirs; the
-        node's bootID, kernel and OS image are recorded as checked) and removed; then, if the node is
-        due (its slot, or a host change no interrupt of ours explains) and nothing else of this
-        NodeWright runs there, a check pod is created when a fleet-wide slot is free. No cordon, no
-        drain, no interrupt: the checks are read-only.
+        Ended check pods were read and removed (`observe_checks`). Once they are gone, if the node is
+        due (its slot, or a host change no interrupt of ours explains: a reboot that voided a check
+        keeps the node due, its bootID is not recorded) and nothing else of this NodeWright runs
+        there, a check pod is created when a fleet-wide slot is free. No cordon, no drain, no
+        interrupt: the checks are read-only.
         """
         facts = self.inp.drift
         if facts is None:
             return
         checked = drift.check_plan(self.nw, self.state)
-        alive = False
-        for pod in facts.pods:
-            if _may_run(pod, deleting=pod.terminating):
-                alive = True
-                continue
-            if pod.terminating:
-                continue  # already being removed
-            self.read_drift_check(pod, checked)
-        if alive:
+        if any(_check_running(pod) for pod in facts.pods):
             self.requeue(self.opts.poll_interval, "drift check running")
             return
         old = self.inp.state or NodeState()
@@ -1629,7 +1733,7 @@ class _Planner:
             )
         if self.drift_result is None and recheck is not None:
             self.drift_recheck = True  # keep the old bootID until a check has run
-        if not checked or self.drift_result is not None or self.pod_running() or self.creates:
+        if not checked or self.drift_result is not None or facts.pods or self.pod_running() or self.creates:
             self.drift_requeue = RequeueAfter(max(1.0, facts.seconds_to_next), "next drift check")
             return
         if facts.due or recheck is not None:
@@ -1638,6 +1742,7 @@ class _Planner:
                     slot=facts.slot,
                     packages=tuple(name for name, _, _ in checked),
                     reason=recheck or "scheduled",
+                    basis=drift.check_basis(self.nw, self.state, boot_id=self.node.boot_id).encode(),
                 )
                 self.requeue(self.opts.poll_interval, "drift check started")
                 return
@@ -1658,12 +1763,15 @@ class _Planner:
                 drifted={}, clean=frozenset(), error=pod.message or pod.outcome.value
             )
         before = {e.name: e.drifted for e in drift.drifted_entries(self.state, self.nw)}
-        self.state = replace(
-            drift.apply_outcome(self.state, outcome, self.nw),
-            boot_id=self.node.boot_id or self.state.boot_id,
-            kernel=self.node.kernel or self.state.kernel,
-            os_image=self.node.os_image or self.state.os_image,
-        )
+        self.state = drift.apply_outcome(self.state, outcome, self.nw)
+        if self.state.interrupt_at is None:
+            # The host as checked (a bootID recorded at an interrupt's start is that interrupt's).
+            self.state = replace(
+                self.state,
+                boot_id=self.node.boot_id or self.state.boot_id,
+                kernel=self.node.kernel or self.state.kernel,
+                os_image=self.node.os_image or self.state.os_image,
+            )
         self.deletes.setdefault(pod.name, DeletePod(pod.name, f"drift check finished ({outcome.result})"))
         self.drift_result = outcome.result
         for name, reason in outcome.drifted.items():
@@ -1770,7 +1878,11 @@ class _Planner:
         if self.blocked:
             return Status.BLOCKED, "Blocked", "; ".join(self.blocked)
         if drifted:
-            text = f"{drift.describe(drifted)}; waiting for the rollout to repair it"
+            # Admitted, the repair waits for something on the node (a drift-check pod to go): say what.
+            next_step = (
+                why if why and self.state.admission is not None else "waiting for the rollout to repair it"
+            )
+            text = f"{drift.describe(drifted)}; {next_step}"
             return Status.DRIFTED, "Drifted", text[:CONDITION_TEXT]
         return Status.WAITING, "Waiting", why or "waiting"
 
@@ -1785,6 +1897,7 @@ def plan_node(inp: NodeInput) -> NodePlan:
         return p.finish_disabled()
     p.reapply_on_reboot()
     p.observe()
+    p.observe_checks()
     p.stamp_failures()  # before the retry: what just gave up did so under the current admission
     p.retry_erroring_under_fresh_admission()
     p.cancel_uninstalls()

@@ -159,8 +159,24 @@ def copy_dir(nw: NodeWright, package: str, version: str, options: PodOptions) ->
     )
 
 
-def resource_id(nw: NodeWright, package: str, version: str) -> str:
-    return f"{nw.metadata.name}-{nw.metadata.uid or ''}-{nw.metadata.generation or 0}_{package}_{version}"
+def resource_id(nw: NodeWright, package: str, version: str, run: str = "") -> str:
+    """The agent's `SKYHOOK_RESOURCE_ID`: `<nodewright>-<uid>-<generation>[-<run>]_<package>_<version>`.
+
+    The agent keys its interrupt flags by it: an interrupt command whose flag exists is skipped, so the
+    interrupt pod the kubelet runs again after the reboot it caused does not reboot again. The
+    generation alone does not tell two runs apart (a drift repair, or a retry under a fresh admission,
+    runs the interrupt again in the same generation), so interrupt pods add `run` (`interrupt_run`):
+    every attempt of every interrupt gets its own flags. The reference agent splits the id on `_`
+    into exactly three parts, so `run` never contains one.
+    """
+    owner = f"{nw.metadata.name}-{nw.metadata.uid or ''}-{nw.metadata.generation or 0}"
+    return f"{owner}-{run}_{package}_{version}" if run else f"{owner}_{package}_{version}"
+
+
+def interrupt_run(interrupt_at: str, attempt: int) -> str:
+    """The identity of one attempt of a node interrupt on the host: when the interrupt started (the
+    node state's `ia`, UTC, to the second) and the attempt (`20250131T120000Z.1`)."""
+    return f"{re.sub(r'[^0-9A-Za-z]', '', interrupt_at)}.{attempt}"
 
 
 def tolerations(nw: NodeWright, options: PodOptions) -> list[dict[str, Any]]:
@@ -188,10 +204,10 @@ def _package_env(package: Package) -> list[dict[str, Any]]:
 
 
 def _agent_env(
-    nw: NodeWright, package: str, version: str, node_order: int, options: PodOptions
+    nw: NodeWright, package: str, version: str, node_order: int, options: PodOptions, run: str = ""
 ) -> list[dict[str, Any]]:
     name = nw.metadata.name
-    rid = resource_id(nw, package, version)
+    rid = resource_id(nw, package, version, run)
     log_dir = f"{options.log_root}/{name}"
     root_dir = f"{options.copy_dir_root}/{name}"
     env = [
@@ -231,9 +247,12 @@ def spec_hash(
     options: PodOptions,
     repair: bool = False,
     chain: Sequence[ChainLink] = (),
+    run: str = "",
 ) -> str:
     """Hash of everything that should replace a running pod when it changes (with a chain: the hash of
-    each chained package's run as well, so a change to any of them replaces the pod)."""
+    each chained package's run as well, so a change to any of them replaces the pod). An interrupt
+    pod's `run` (`interrupt_run`) is part of it: the pods of two interrupt runs never share a name, so
+    a leftover pod of the last run is never taken for the next one's."""
     identity: dict[str, Any] = {
         "stage": stage.value,
         "package": package_name,
@@ -256,6 +275,8 @@ def spec_hash(
         )
     if repair:
         identity["repair"] = True  # only when set: existing pods keep their hash
+    if run and stage in INTERRUPT_STAGES:
+        identity["run"] = run
     if chain:  # only when set: unchained pods keep their hash
         identity["chain"] = [
             spec_hash(
@@ -353,11 +374,13 @@ def build_pod(
     interrupt: Interrupt | None = None,
     repair: bool = False,
     chain: Sequence[ChainLink] = (),
+    run: str = "",
 ) -> dict[str, Any]:
     """The manifest of the pod running `stage` of `package_name@version` on `node` (attempt >= 1),
     followed by the runs of `chain` (see `ChainLink`).
 
-    For interrupt stages, `package` is the carrier package and `interrupt` the merged interrupt.
+    For interrupt stages, `package` is the carrier package, `interrupt` the merged interrupt and `run`
+    the attempt's identity on the host (`interrupt_run`, part of the agent's resource id).
     `repair` marks a run that re-applies after drift (see `REPAIR_ENV`).
     """
     if stage in INTERRUPT_STAGES and interrupt is None:
@@ -375,11 +398,12 @@ def build_pod(
         options=options,
         repair=repair,
         chain=chain,
+        run=run,
     )
     volumes, mounts = _base_volumes(nw_name, node, options)
     if stage in INTERRUPT_STAGES:
         assert interrupt is not None
-        env = _agent_env(nw, package_name, version, node_order, options)
+        env = _agent_env(nw, package_name, version, node_order, options, run)
         init = [_interrupt_container(nw, package, package_name, version, interrupt, env, mounts, options)]
     else:
         runs = [ChainLink(package_name, package, version, stage), *chain]
@@ -449,9 +473,12 @@ def _grace_seconds(packages: Sequence[Package]) -> int | None:
     return max(graces) if graces else None
 
 
-def drift_check_name(nodewright: str, node: str, slot: int, spec_digest: str) -> str:
-    """The drift-check pod of one check slot: deterministic, so a repeated create means "already done"."""
-    return safe_name(nodewright, "drift", node, hash_input=(slot, spec_digest))
+def drift_check_name(nodewright: str, node: str, slot: int, spec_digest: str, basis: str = "") -> str:
+    """The drift-check pod of one check slot and basis: deterministic, so a repeated create means
+    "already done"; a check made again in the same slot on another basis (after a reboot or a run)
+    gets another name."""
+    extra = (basis,) if basis else ()
+    return safe_name(nodewright, "drift", node, hash_input=(slot, spec_digest, *extra))
 
 
 def drift_check_container(package: str, mode: str) -> str:
@@ -467,13 +494,16 @@ def build_drift_check_pod(
     node: str,
     slot: int,
     options: PodOptions,
+    basis: str = "",
 ) -> dict[str, Any]:
     """One read-only pod checking every `(name, package, installed version)` on a complete node.
 
     For each package: its payload copy, then the agent's apply-check and config-check (and
     post-interrupt-check when it has an interrupt), in order; the first failing check fails the pod and
     names the package and check (`drift_check_container`). No cordon, drain or interrupt is involved;
-    the agent's check modes are read-only by contract.
+    the agent's check modes are read-only by contract. `basis` (`plan.drift.check_basis`: what the check
+    is made against, the packages' last runs and the node's boot) goes on the pod as the annotation
+    `nodewright.io/drift-basis`: the result counts only while it still holds.
     """
     nw_name = nw.metadata.name
     volumes, mounts = _base_volumes(nw_name, node, options)
@@ -503,8 +533,10 @@ def build_drift_check_pod(
         constants.POD_LABEL_STAGE: constants.POD_STAGE_DRIFT_CHECK,
     }
     annotations = {constants.POD_ANNOTATION_SPEC_HASH: digest, constants.POD_ANNOTATION_DRIFT_SLOT: str(slot)}
+    if basis:
+        annotations[constants.POD_ANNOTATION_DRIFT_BASIS] = basis
     spec = _pod_spec(nw, node, init, volumes, options, bound=True)
-    name = drift_check_name(nw_name, node, slot, digest)
+    name = drift_check_name(nw_name, node, slot, digest, basis)
     return _pod(nw, name, node, labels=labels, annotations=annotations, spec=spec, options=options)
 
 

@@ -120,6 +120,7 @@ class PodSummary:
     bound: bool = True  # placed on its node; an unbound pod of ours has run nothing (controller.trust)
     progress: tuple[StageProgress, ...] = ()
     chain: tuple[ChainedRun, ...] = ()  # runs of other packages after this pod's own, in order
+    finished: datetime | None = None  # when its last init container exited (the kubelet's clock)
 
     @property
     def stages(self) -> tuple[PackageStage, ...]:
@@ -355,6 +356,7 @@ class FailureCause(StrEnum):
     POD_FAILED = "pod-failed"  # a container exited non-zero, or the pod failed: its status says why
     PULL_ERROR = "pull-error"  # its images could not be pulled for `pull_error_grace`: nothing ran
     TIMEOUT = "timeout"  # still running at the stage timeout: the operator deletes it
+    NO_REBOOT = "no-reboot"  # a reboot interrupt's pod ended, but the node never went down
 
 
 @dataclass(frozen=True, slots=True)
