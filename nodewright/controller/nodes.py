@@ -82,6 +82,7 @@ from nodewright.api.nodestate import (
     encode,
     truncate_error,
 )
+from nodewright.api.reasons import NodeConditionReason
 from nodewright.api.timing import Timing, TracedAdmission, read_timing, timing_annotation, update_timing
 from nodewright.controller.configmaps import PackageConfigMaps
 from nodewright.controller.drainer import Drainer
@@ -139,13 +140,13 @@ from nodewright.plan.stages import (
     FailureCause,
     PodOutcome,
     PodSummary,
-    StageProgress,
     completed_stages,
     failed_stage,
     parse_ts,
     run_completed_stages,
     ts,
 )
+from nodewright.plan.transitions import Retried
 
 log = structlog.get_logger("nodewright.controller.nodes")
 
@@ -189,10 +190,35 @@ class _PassContext:
 
 
 @dataclass(frozen=True, slots=True)
-class _Done:
-    """The pass ended early with this outcome (see `_pass`)."""
+class Done:
+    """Nothing more to do for this key until an event brings it back."""
 
-    outcome: tuple[bool, float | None] | None
+
+@dataclass(frozen=True, slots=True)
+class Again:
+    """Plan again at once (after our own cordon, or a write conflict: the node is read afresh)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Later:
+    """Look again after `seconds` (None: on the next event only)."""
+
+    seconds: float | None = None
+
+
+PassOutcome = Done | Again | Later
+"""How one plan-and-actuate pass ended (the node controller's `Result`, as controller-runtime's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """What a pass derives from its plan before writing: the cordon change, the rollout trace step and
+    the timing annotation after the plan."""
+
+    cordon: bool
+    uncordon: bool
+    trace: TraceStep
+    timing: Timing
 
 
 class NodeReconciler:
@@ -237,36 +263,24 @@ class NodeReconciler:
         if not nw_name or not node_name:
             log.warning("malformed node key", key=key)
             return None
-        requeue: float | None = None
         for _ in range(MAX_PASSES):
             outcome = await self._pass(key, nw_name, node_name)
-            if outcome is None:
+            if isinstance(outcome, Done):
                 return None
-            again, after = outcome
-            if after is not None:
-                requeue = after if requeue is None else min(requeue, after)
-            if not again:
-                break
-            requeue = None  # the next pass decides afresh
-        else:
-            requeue = AGAIN_SOON  # still more to do (e.g. repeated write conflicts): never drop the key
-        return Result(requeue_after=requeue) if requeue is not None else None
+            if isinstance(outcome, Later):
+                return Result(requeue_after=outcome.seconds) if outcome.seconds is not None else None
+        # Still more to do (e.g. repeated write conflicts): never drop the key.
+        return Result(requeue_after=AGAIN_SOON)
 
-    async def _pass(self, key: str, nw_name: str, node_name: str) -> tuple[bool, float | None] | None:
-        """One plan-and-actuate pass: (plan again now?, requeue after), or None when done for good."""
+    async def _pass(self, key: str, nw_name: str, node_name: str) -> PassOutcome:
+        """One plan-and-actuate pass (module docstring)."""
         ctx = await self._read(key, nw_name, node_name)
-        if ctx is None:
-            self.drainer.forget(key)
-            return None
-        if isinstance(ctx, _Done):
-            return ctx.outcome
+        if not isinstance(ctx, _PassContext):
+            if isinstance(ctx, Done):
+                self.drainer.forget(key)
+            return ctx
         plan, selection = await self._plan(key, ctx)
-        cordon = any(isinstance(a, Cordon) for a in plan.actions)
-        uncordon = any(isinstance(a, Uncordon) for a in plan.actions) and ctx.cordoned_by_us
-        trace = self._trace_step(ctx, plan)
-        new_timing = self._next_timing(
-            key, ctx, plan, selection, cordon=cordon, uncordon=uncordon, trace=trace
-        )
+        step = self._step(key, ctx, plan, selection)
         if ctx.deleting and self._settled(plan, ctx.summaries, ctx.inp.drift):
             # Nothing left to do for a leaving NodeWright: release the node instead of writing status
             # (a status written now would hold the finalizer forever).
@@ -279,50 +293,20 @@ class NodeReconciler:
                 trace_end=(ctx.model, RolloutEnd.DELETED),
             )
             self.drainer.forget(key)
-            return None
+            return Done()
         previous_status = node_labels(ctx.node).get(constants.status_label(nw_name))
         try:
-            node = await self._write(ctx, plan, cordon, uncordon, new_timing)
+            node = await self._write(ctx, plan, step.cordon, step.uncordon, step.timing)
         except Conflict:
             # The node changed since it was read (someone wiped or edited our state, the rollout
             # admitted it, ...): never write a state planned from an older node. Read it afresh and
             # plan again from what it says now.
             await self._refresh_node(node_name)
-            return True, None
+            return Again()
         if node is None:
             self.drainer.forget(key)
-            return None
-        if plan.drift_result is not None:
-            self.rt.metrics.domain.count_drift_check(nodewright=nw_name, result=plan.drift_result)
-        await self._keep_stopped(ctx, plan)
-        self._observe(
-            ctx.model,
-            node_name,
-            ctx.stored,
-            plan,
-            trace,
-            ctx.timing,
-            uncordon,
-            ctx.now,
-            new_timing=new_timing,
-            cordoned=cordon,
-            pods=ctx.summaries,
-        )
-        if (
-            plan.status is Status.BLOCKED
-            and plan.condition.reason == "Blocked"
-            and previous_status != Status.BLOCKED.value
-        ):
-            # Skipped for a reason on the node (ignore label, untolerated taint, ...): say so once.
-            blocked = catalogue.node_blocked(nw_name, plan.condition.message)
-            await self.rt.events.record(
-                kind="Node",
-                name=node_name,
-                uid=node["metadata"].get("uid"),
-                reason=blocked.reason.value,
-                message=blocked.message,
-                event_type=blocked.type.value,
-            )
+            return Done()
+        await self._after_write(ctx, plan, step, node, previous_status)
         requeue = await self._execute(key, ctx.model, ctx.inp.nodewright, node, plan, ctx.now)
         if ctx.inp.sequencing_blocker and ctx.admission is not None:
             # Admitted but held by an earlier NodeWright (admitted before that one appeared, or a
@@ -331,7 +315,42 @@ class NodeReconciler:
             poll = self.plan_options.poll_interval
             requeue = poll if requeue is None else min(requeue, poll)
         # After our own cordon the overlay already shows the node unschedulable: go on right away.
-        return cordon, requeue
+        return Again() if step.cordon else Later(requeue)
+
+    def _step(
+        self, key: str, ctx: _PassContext, plan: NodePlan, selection: drain_mod.DrainSelection | None
+    ) -> _Step:
+        cordon = any(isinstance(a, Cordon) for a in plan.actions)
+        uncordon = any(isinstance(a, Uncordon) for a in plan.actions) and ctx.cordoned_by_us
+        trace = self._trace_step(ctx, plan)
+        timing = self._next_timing(key, ctx, plan, selection, cordon=cordon, uncordon=uncordon, trace=trace)
+        return _Step(cordon, uncordon, trace, timing)
+
+    async def _after_write(
+        self, ctx: _PassContext, plan: NodePlan, step: _Step, node: JSON, previous_status: str | None
+    ) -> None:
+        """What follows the state write: drift-check results counted, stopped attempts' logs kept, the
+        plan's transitions as metrics and spans, and a node newly blocked said once."""
+        nw_name = ctx.model.metadata.name
+        if plan.drift_result is not None:
+            self.rt.metrics.domain.count_drift_check(nodewright=nw_name, result=plan.drift_result)
+        await self._keep_stopped(ctx, plan)
+        self._observe(ctx, plan, step)
+        if (
+            plan.status is Status.BLOCKED
+            and plan.condition.reason is NodeConditionReason.BLOCKED
+            and previous_status != Status.BLOCKED.value
+        ):
+            # Skipped for a reason on the node (ignore label, untolerated taint, ...): say so once.
+            blocked = catalogue.node_blocked(nw_name, plan.condition.message)
+            await self.rt.events.record(
+                kind="Node",
+                name=ctx.inp.node.name,
+                uid=node["metadata"].get("uid"),
+                reason=blocked.reason.value,
+                message=blocked.message,
+                event_type=blocked.type.value,
+            )
 
     async def _report_malformed(
         self, key: str, model: NodeWright, node: JSON, exc: MalformedNodeState
@@ -358,7 +377,7 @@ class NodeReconciler:
             NodeCondition(
                 type=constants.node_condition_type(nw_name),
                 status="False",
-                reason="StateMalformed",
+                reason=NodeConditionReason.STATE_MALFORMED,
                 message=(
                     f"annotation {constants.state_annotation(nw_name)} cannot be read ({exc}); nothing is"
                     " done on this node until it is fixed. Restore it, or delete it to start this node"
@@ -382,26 +401,26 @@ class NodeReconciler:
         if labels:
             self.rt.enqueue_rollout(nw_name)
 
-    async def _read(self, key: str, nw_name: str, node_name: str) -> _PassContext | _Done | None:
-        """Everything one pass plans from, from the caches; None when there is nothing to do for good."""
+    async def _read(self, key: str, nw_name: str, node_name: str) -> _PassContext | PassOutcome:
+        """Everything one pass plans from, from the caches; or how the pass ends without a plan."""
         rt = self.rt
         raw, model, error = rt.nodewright(nw_name)
         if raw is not None and model is None and (raw.get("metadata") or {}).get("deletionTimestamp"):
-            return _Done(await self._release_for_invalid_deletion(key, nw_name, node_name))
+            return await self._release_for_invalid_deletion(key, nw_name, node_name)
         if raw is None or model is None:
             # Gone (finalizer released: nodes already cleaned) or invalid (the rollout controller reports
             # the validation error on the object): leave nodes alone.
             if error:
                 log.debug("nodewright invalid, node left alone", nodewright=nw_name, error=error)
-            return None
+            return Done()
         node = rt.node(node_name)
         if node is None:
-            return None
+            return Done()
         try:
             stored = node_state(node, nw_name)
         except MalformedNodeState as exc:
             await self._report_malformed(key, model, node, exc)
-            return _Done(None)
+            return Later()
         deleting = bool(model.metadata.deletion_timestamp)
         effective = effective_nodewright(model)
         trusted = self._package_pods(node_name, model)
@@ -409,7 +428,7 @@ class NodeReconciler:
         pods_raw = [p for p in trusted if not is_drift_check(p)]
         checks = [p for p in trusted if is_drift_check(p)]
         if not deleting and not matches_nodewright(model, node):
-            return _Done(await self._unselected(key, model, node, stored, trusted))
+            return await self._unselected(key, model, node, stored, trusted)
         plan_nw = _deletion_spec(effective, stored or NodeState(), pods_raw) if deleting else effective
         summaries = [*await self._summaries(pods_raw, plan_nw, stored), *self._refused_pods(node_name)]
         admission = node_admission(node, nw_name)
@@ -1061,34 +1080,20 @@ class NodeReconciler:
     # ------------------------------------------------------------------------------------------------
     # Metrics and traces
 
-    def _observe(
-        self,
-        model: NodeWright,
-        node_name: str,
-        stored: NodeState | None,
-        plan: NodePlan,
-        trace: TraceStep,
-        timing: Timing,
-        uncordon: bool,
-        now: datetime,
-        *,
-        new_timing: Timing | None = None,
-        cordoned: bool = False,
-        pods: Sequence[PodSummary] = (),
-    ) -> None:
-        rt = self.rt
-        nw_name = model.metadata.name
-        domain = rt.metrics.domain
-        old = stored or NodeState()
-        rollout = _rollout_ref(model, node_name, trace.spans_into)
-        if rollout is not None and new_timing is not None:
-            # The node gate (cordon, protected pods, drain, uncordon) as spans, like the stages.
+    def _observe(self, ctx: _PassContext, plan: NodePlan, step: _Step) -> None:
+        """The plan's transitions as metrics and spans: the node gate's spans (from the timing annotation
+        before and after), each stage attempt that ended and each retry the planner reports
+        (`plan.transitions`), the maintenance window, and the root of every trace this pass ended."""
+        rt, domain, nw_name = self.rt, self.rt.metrics.domain, ctx.model.metadata.name
+        node_name, now = ctx.inp.node.name, ctx.now
+        rollout = _rollout_ref(ctx.model, node_name, step.trace.spans_into)
+        if rollout is not None:
             for span in gate_spans(
-                timing,
-                new_timing,
+                ctx.timing,
+                step.timing,
                 now=now,
-                cordoned=cordoned,
-                uncordoned=uncordon,
+                cordoned=step.cordon,
+                uncordoned=step.uncordon,
                 drain_skipped=plan.drain_skipped,
             ):
                 rt.tracer.stage_finished(
@@ -1098,86 +1103,37 @@ class NodeReconciler:
                     finished_at=span.finished_at,
                     error=span.error,
                 )
-
-        def stage_ended(
-            entry: PackageEntry, stage: str, started: datetime, finished: datetime, error: str | None
-        ) -> None:
-            """One stage attempt ended (done, or failed): its duration and its span."""
-            seconds = max(0.0, (finished - started).total_seconds())
+        for moved in plan.transitions:
+            if isinstance(moved, Retried):
+                domain.count_retry(nodewright=nw_name, package=moved.package, version=moved.version)
+                continue
             domain.observe_stage_duration(
-                nodewright=nw_name, package=entry.name, stage=stage, seconds=seconds
+                nodewright=nw_name, package=moved.package, stage=moved.stage, seconds=moved.seconds
             )
             if rollout is not None:
                 rt.tracer.stage_finished(
                     rollout,
-                    stage=stage,
-                    started_at=started,
-                    finished_at=finished,
-                    package=entry.name,
-                    version=entry.version,
-                    error=error,
+                    stage=moved.stage,
+                    started_at=moved.started,
+                    finished_at=moved.finished,
+                    package=moved.package,
+                    version=moved.version,
+                    error=moved.error,
                 )
+        if step.uncordon and ctx.timing.cordoned_at is not None:
+            seconds = (now - ctx.timing.cordoned_at).total_seconds()
+            domain.observe_maintenance(nodewright=nw_name, seconds=seconds)
+        self._end_traces(ctx.model, node_name, step.trace, now)
 
-        def run_ended(
-            entry: PackageEntry,
-            progress: Sequence[StageProgress],
-            started: datetime,
-            new: PackageEntry | None,
-            error: str | None,
-        ) -> bool:
-            """Each stage of one run in a pod as its own span; True when the run stopped before its end."""
-            for part in progress:
-                # Kubelet times, kept inside what this operator saw (a node's clock may be off).
-                end = min(part.finished or now, now)
-                begin = min(part.started or started, end)
-                if part.done:
-                    stage_ended(entry, part.stage.value, begin, end, None)
-                    continue
-                if error is not None and new is not None and new.stage is part.stage:
-                    stage_ended(entry, part.stage.value, begin, end, error)
-                return True
-            return False
-
-        for entry in old.packages:
-            if entry.state != PackageState.IN_PROGRESS:
-                continue
-            new = plan.state.entry(entry.name, entry.version)
-            started = _parse(entry.started) or now
-            finished = new is None or new.stage != entry.stage or new.state == PackageState.COMPLETE
-            failed = new is not None and (
-                new.state == PackageState.ERRORING
-                or (new.retry_at is not None and (entry.retry_at is None or new.stage != entry.stage))
-            )
-            if failed and new is not None and new.retry_at is not None:
-                domain.count_retry(nodewright=nw_name, package=entry.name, version=entry.version)
-            if not (finished or failed):
-                continue
-            error = (new.error or "failed") if failed and new is not None else None
-            pod = _attempt_pod(pods, entry)
-            if pod is not None and pod.progress:
-                # One pod ran several stages: each gets its own span and duration, timed by its init
-                # containers; the stage it failed in (if any) carries the error. Chained runs follow,
-                # as long as the runs before them completed.
-                if run_ended(entry, pod.progress, started, new, error):
-                    continue
-                for run in pod.chain:
-                    chained = plan.state.entry(run.package, run.version)
-                    run_error = chained.error if chained is not None and chained.error else None
-                    as_entry = PackageEntry(run.package, run.version, run.stage, PackageState.IN_PROGRESS)
-                    if run_ended(as_entry, run.progress, started, chained, run_error):
-                        break
-                continue
-            stage_ended(entry, entry.stage.value, started, now, None if finished and not failed else error)
-        if uncordon and timing.cordoned_at is not None:
-            domain.observe_maintenance(nodewright=nw_name, seconds=(now - timing.cordoned_at).total_seconds())
+    def _end_traces(self, model: NodeWright, node_name: str, trace: TraceStep, now: datetime) -> None:
+        """The root of every trace this pass ended (after its stage spans): settled under its admission,
+        or abandoned; once, since the write that records it went through."""
         for end in trace.ended:
-            # The root of every trace this pass ended (after its stage spans): settled under its
-            # admission, or abandoned; once, since the write that records it went through.
             ref = _rollout_ref(model, node_name, end.admission)
             if ref is None:
                 continue
             settled = end.outcome in (RolloutEnd.COMPLETE, RolloutEnd.FAILED)
-            rt.tracer.node_rollout_finished(
+            self.rt.tracer.node_rollout_finished(
                 ref,
                 finished_at=now,
                 packages={n: p.version for n, p in model.spec.packages.items()} if settled else None,
@@ -1201,7 +1157,7 @@ class NodeReconciler:
 
     async def _unselected(
         self, key: str, model: NodeWright, node: JSON, stored: NodeState | None, pods: Sequence[JSON]
-    ) -> tuple[bool, float | None] | None:
+    ) -> PassOutcome:
         for pod in pods:
             meta = pod.get("metadata") or {}
             ended = classify(pod)[0] is not PodOutcome.RUNNING
@@ -1214,7 +1170,7 @@ class NodeReconciler:
                 )
         if pods:
             # Work of ours is still running there: let it end (the pod's events bring us back).
-            return False, self.plan_options.poll_interval
+            return Later(self.plan_options.poll_interval)
         await self._cleanup(
             node,
             model.metadata.name,
@@ -1223,23 +1179,21 @@ class NodeReconciler:
             trace_end=(model, RolloutEnd.UNSELECTED),
         )
         self.drainer.forget(key)
-        return None
+        return Done()
 
-    async def _release_for_invalid_deletion(
-        self, key: str, nw_name: str, node_name: str
-    ) -> tuple[bool, float | None] | None:
+    async def _release_for_invalid_deletion(self, key: str, nw_name: str, node_name: str) -> PassOutcome:
         """A NodeWright with an invalid spec is being deleted: nothing can be planned, so once none of
         its pods runs on the node, let go of the node entirely (see `RolloutReconciler`)."""
         node = self.rt.node(node_name)
         if node is None:
-            return None
+            return Done()
         running = [
             p
             for p in self.rt.pods.by_index("node", node_name)
             if node_labels(p).get(constants.POD_LABEL_NODEWRIGHT) == nw_name
         ]
         if running:
-            return False, self.plan_options.poll_interval
+            return Later(self.plan_options.poll_interval)
         try:
             state = node_state(node, nw_name)
         except MalformedNodeState:
@@ -1247,7 +1201,7 @@ class NodeReconciler:
         # (An unreadable state cannot say whether we cordoned the node: a cordon then stays.)
         await self._cleanup(node, nw_name, state, cordoned=bool(state and state.cordoned), forget_state=True)
         self.drainer.forget(key)
-        return None
+        return Done()
 
     async def _cleanup(
         self,

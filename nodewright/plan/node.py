@@ -61,6 +61,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from enum import Enum
 from typing import Literal
 
 from nodewright.api import constants, semver
@@ -74,6 +75,8 @@ from nodewright.api.nodestate import (
     PackageState,
     truncate_error,
 )
+from nodewright.api.reasons import NodeConditionReason
+from nodewright.api.reasons import NodeConditionReason as R
 from nodewright.api.timing import DrainSkip
 from nodewright.plan import drift, podspec
 from nodewright.plan.configdiff import config_hashes, diff
@@ -105,6 +108,7 @@ from nodewright.plan.stages import (
     start_attempt,
     ts,
 )
+from nodewright.plan.transitions import Transition, stage_transitions
 
 # ----------------------------------------------------------------------------------------------------
 # Inputs
@@ -292,7 +296,7 @@ class AttemptFailed:
 class NodeCondition:
     type: str
     status: Literal["True", "False", "Unknown"]
-    reason: str
+    reason: NodeConditionReason  # the code consumers dispatch on (`api.reasons`); `message` is for people
     message: str
 
 
@@ -310,6 +314,7 @@ class NodePlan:
     drift_result: str | None = None  # a drift check finished in this plan: clean, drifted or error
     failed: tuple[AttemptFailed, ...] = ()  # attempts this plan recorded as failed, from their pods
     drain_blocked: bool = False  # draining, and an eviction was refused (the rollout counts the node held)
+    transitions: tuple[Transition, ...] = ()  # stage attempts this plan ended or retried (`plan.transitions`)
 
 
 CONDITION_TEXT = 1000  # characters of a node condition message the planner composes
@@ -430,7 +435,7 @@ def _may_run(pod: PodSummary, *, deleting: bool) -> bool:
     return pod.outcome is PodOutcome.PULL_ERROR and not (deleting or pod.terminating)
 
 
-def _condition(nw: NodeWright, status: Status, reason: str, message: str) -> NodeCondition:
+def _condition(nw: NodeWright, status: Status, reason: NodeConditionReason, message: str) -> NodeCondition:
     return NodeCondition(
         type=constants.node_condition_type(nw.metadata.name),
         status="True" if status == Status.COMPLETE else "False",
@@ -441,6 +446,23 @@ def _condition(nw: NodeWright, status: Status, reason: str, message: str) -> Nod
 
 # ----------------------------------------------------------------------------------------------------
 # The planner
+
+
+class Hold(Enum):
+    """What keeps a node from progressing, as the planner decided it (the node condition's reason is
+    chosen from these codes; their words only make its message)."""
+
+    REBOOT = "reboot"
+    CORDON = "cordon"
+    CHECK_PODS = "check-pods"
+    PROTECTED_PODS = "protected-pods"
+    DRAIN = "drain"
+    POD_RUNNING = "pod-running"
+    PAUSED = "paused"
+    NOT_READY = "not-ready"
+    INTERRUPT_WAITS = "interrupt-waits"
+    NOT_ADMITTED = "not-admitted"
+    SEQUENCING = "sequencing"
 
 
 @dataclass(frozen=True, slots=True)
@@ -467,7 +489,7 @@ class _Planner:
         self.binds: list[BindPod] = []
         self.failed: list[AttemptFailed] = []  # attempts recorded as failed, from their pods
         self.requeues: list[RequeueAfter] = []
-        self.waiting: list[str] = []  # why the node is not progressing (first is the headline)
+        self.holds: list[tuple[Hold, str]] = []  # what holds the node up, and in words (first: headline)
         self.blocked: list[str] = []  # package-level blocks
         self.needs_drain = False
         self.cordon_requested = False
@@ -486,6 +508,10 @@ class _Planner:
 
     def policy(self, name: str) -> RetryPolicy:
         return RetryPolicy.for_package(_package(self.nw, name), self.opts.retry)
+
+    def hold(self, kind: Hold, text: str) -> None:
+        """What keeps the node from progressing: the code the status dispatches on, and its words."""
+        self.holds.append((kind, text))
 
     def requeue(self, seconds: float, reason: str) -> None:
         self.requeues.append(RequeueAfter(max(1.0, float(seconds)), reason))
@@ -726,7 +752,7 @@ class _Planner:
             return False
         if self.state.boot_id and self.node.boot_id and self.node.boot_id != self.state.boot_id:
             if not self.node.ready:
-                self.waiting.append("node rebooted, waiting for it to become Ready")
+                self.hold(Hold.REBOOT, "node rebooted, waiting for it to become Ready")
                 self.requeue(self.opts.poll_interval, "node not Ready after reboot")
                 return True
             if pod is not None:
@@ -755,7 +781,7 @@ class _Planner:
             return self.await_reboot(carrier, pod, deadline)
         if not self.node.ready or (pod is not None and _ended(pod)):
             # The reboot is under way (or the pod died with it): wait for the new bootID.
-            self.waiting.append("waiting for the node to reboot")
+            self.hold(Hold.REBOOT, "waiting for the node to reboot")
             self.requeue(
                 min(seconds_until(deadline, self.now), self.opts.poll_interval * 6), "reboot deadline"
             )
@@ -774,7 +800,7 @@ class _Planner:
         ended = pod.finished or pod.created
         give_up = ended + timedelta(seconds=self.opts.reboot_grace)
         if self.now < give_up:
-            self.waiting.append("waiting for the node to reboot")
+            self.hold(Hold.REBOOT, "waiting for the node to reboot")
             self.requeue(
                 min(
                     seconds_until(give_up, self.now),
@@ -1248,14 +1274,16 @@ class _Planner:
                 self.actions.append(Cordon())
                 self.state = replace(self.state, cordoned=True)
                 self.events.append(Event("Cordon", "cordoning node before interrupt-bearing work"))
-            self.waiting.append("cordoning the node")
+            self.hold(Hold.CORDON, "cordoning the node")
             self.requeue(self.opts.poll_interval, "waiting for the cordon to be observed")
             return False
         facts = self.inp.drain
         if facts is None:
             self.needs_drain = True
-            self.waiting.append(
-                "checking workload pods before " + ("the interrupt" if for_interrupt else "draining")
+            # Before a drain the node is reported draining already (its pods are listed next).
+            kind = Hold.CHECK_PODS if for_interrupt else Hold.DRAIN
+            self.hold(
+                kind, "checking workload pods before " + ("the interrupt" if for_interrupt else "draining")
             )
             return False
         sel = facts.selection
@@ -1273,7 +1301,7 @@ class _Planner:
                     )
                     return False
                 self.actions.append(WaitForProtectedPods(sel.protected))
-                self.waiting.append(f"waiting for protected pods: {', '.join(sel.protected[:5])}")
+                self.hold(Hold.PROTECTED_PODS, f"waiting for protected pods: {', '.join(sel.protected[:5])}")
                 self.requeue(self.opts.poll_interval, "protected pods")
                 return False
         if not sel.drained:
@@ -1311,7 +1339,7 @@ class _Planner:
             self.eviction_blocked = self.eviction_blocked or bool(facts.eviction_blocked)
             pods = (*sel.evict, *sel.terminating)
             named = ", ".join(pods[:5]) + (f" and {len(pods) - 5} more" if len(pods) > 5 else "")
-            self.waiting.append(f"draining: {late}{left} pod(s) left ({named}){blocked}")
+            self.hold(Hold.DRAIN, f"draining: {late}{left} pod(s) left ({named}){blocked}")
             self.requeue(self.opts.poll_interval, "drain")
             return False
         self.node_gate_ok = True
@@ -1406,7 +1434,7 @@ class _Planner:
         checking = self.drift_check_running()
         if blocker is not None or checking is not None:
             running = blocker.name if blocker is not None else checking
-            self.waiting.append(f"{entry.name}: waiting for pod {running} to finish")
+            self.hold(Hold.POD_RUNNING, f"{entry.name}: waiting for pod {running} to finish")
             self.requeue(self.opts.poll_interval, f"pod {running} still running")
             return entry
         image = (
@@ -1476,12 +1504,12 @@ class _Planner:
     def start(self) -> None:
         paused, block = is_paused(self.nw), self.node_block_reason()
         if paused:
-            self.waiting.append("NodeWright is paused")
+            self.hold(Hold.PAUSED, "NodeWright is paused")
             return
         if block:
             return
         if not self.node.ready:
-            self.waiting.append("node is not Ready")
+            self.hold(Hold.NOT_READY, "node is not Ready")
             return
         carrier, skipped = self.interrupt_group()
         if carrier is not None:
@@ -1535,12 +1563,14 @@ class _Planner:
         ]
         if holdouts or self.creates or self.pod_running():
             names = sorted({e.name for e in holdouts})
-            self.waiting.append("interrupt waits for " + (", ".join(names) if names else "running pods"))
+            self.hold(
+                Hold.INTERRUPT_WAITS, "interrupt waits for " + (", ".join(names) if names else "running pods")
+            )
             return
         checking = self.drift_check_running()
         if checking is not None:
             # Before anything is recorded: the merge below is decided when the pod is created.
-            self.waiting.append(f"interrupt waits for drift check {checking} to finish")
+            self.hold(Hold.INTERRUPT_WAITS, f"interrupt waits for drift check {checking} to finish")
             self.requeue(self.opts.poll_interval, f"pod {checking} still running")
             return
         if not self.node_gate(for_interrupt=True):
@@ -1566,10 +1596,10 @@ class _Planner:
         if self.drain_skip_holds():
             return
         if self.state.admission is None:
-            self.waiting.append("waiting for the rollout to admit this node")
+            self.hold(Hold.NOT_ADMITTED, "waiting for the rollout to admit this node")
             return
         if self.inp.sequencing_blocker:
-            self.waiting.append(f"waiting for {self.inp.sequencing_blocker}")
+            self.hold(Hold.SEQUENCING, f"waiting for {self.inp.sequencing_blocker}")
             return
         graph = Graph.build({n: (p.depends_on or {}).keys() for n, p in self.nw.spec.packages.items()})
         cycle = graph.find_cycle()
@@ -1813,7 +1843,7 @@ class _Planner:
         return NodePlan(
             state=self.state,
             status=Status.DISABLED,
-            condition=_condition(self.nw, Status.DISABLED, "Disabled", message),
+            condition=_condition(self.nw, Status.DISABLED, R.DISABLED, message),
             actions=tuple(actions),
             state_changed=self.state != (self.inp.state or NodeState()),
             drain_skip=self.skip,
@@ -1826,12 +1856,12 @@ class _Planner:
         busy = any(e.state in ACTIVE_STATES or e.state == PackageState.ERRORING for e in mine)
         return not busy and not self.creates and not self.pod_running()
 
-    def status(self, complete: bool) -> tuple[Status, str, str]:
+    def status(self, complete: bool) -> tuple[Status, NodeConditionReason, str]:
         drifted = drift.drifted_entries(self.state, self.nw)
         if complete and drifted:
-            return Status.DRIFTED, "Drifted", drift.describe(drifted)[:CONDITION_TEXT]
+            return Status.DRIFTED, R.DRIFTED, drift.describe(drifted)[:CONDITION_TEXT]
         if complete:
-            return Status.COMPLETE, "Complete", f"all {len(self.nw.spec.packages)} package(s) complete"
+            return Status.COMPLETE, R.COMPLETE, f"all {len(self.nw.spec.packages)} package(s) complete"
         errors = [e for e in self.state.packages if e.state == PackageState.ERRORING and self.in_spec(e)]
         active = [e for e in self.state.packages if e.state in ACTIVE_STATES and self.in_spec(e)]
         # An erroring package settles the node only once nothing else of this NodeWright can still run
@@ -1843,48 +1873,49 @@ class _Planner:
         )
         block = self.node_block_reason()
         doing = ", ".join(f"{e.name}:{e.version} {e.stage.value} {e.state.value}" for e in active[:5])
-        why = "; ".join(dict.fromkeys(self.waiting))
+        why = "; ".join(dict.fromkeys(text for _, text in self.holds))
+        held = {kind for kind, _ in self.holds}
         if is_paused(self.nw):
             return (
                 Status.PAUSED,
-                "Paused",
+                R.PAUSED,
                 "NodeWright is paused" + (f"; in flight: {doing}" if doing else ""),
             )
         if block:
-            return Status.BLOCKED, "Blocked", block
+            return Status.BLOCKED, R.BLOCKED, block
         failures = "; ".join(f"{e.name}:{e.version} {e.stage.value}: {e.error}" for e in errors[:3])
         if errors and not progressing:
-            return Status.ERRORING, "Erroring", failures
+            return Status.ERRORING, R.ERRORING, failures
         if errors:
             detail = "; ".join(filter(None, [doing, why]))
-            return Status.IN_PROGRESS, "InProgress", f"failed: {failures}; still running: {detail or 'pods'}"
+            return Status.IN_PROGRESS, R.IN_PROGRESS, f"failed: {failures}; still running: {detail or 'pods'}"
         if self.skip_blocked and not self.state.cordoned:
             return (
                 Status.BLOCKED,
-                "DrainTimeout",
+                R.DRAIN_TIMEOUT,
                 self.skip_blocked + (f"; in flight: {doing}" if doing else ""),
             )
         if active or self.creates or self.state.cordoned:
-            reason = "InProgress"
+            reason = R.IN_PROGRESS
             if any(isinstance(a, WaitForProtectedPods) for a in self.actions):
-                reason = "WaitingForProtectedPods"
-            elif "reboot" in why:
-                reason = "Rebooting"
+                reason = R.WAITING_FOR_PROTECTED_PODS
+            elif Hold.REBOOT in held:
+                reason = R.REBOOTING
             elif self.drain_overdue:
-                reason = "DrainTimeout"  # the timeout passed; policy wait keeps the node draining
-            elif any(isinstance(a, Drain) for a in self.actions) or "draining" in why:
-                reason = "Draining"
+                reason = R.DRAIN_TIMEOUT  # the timeout passed; policy wait keeps the node draining
+            elif any(isinstance(a, Drain) for a in self.actions) or Hold.DRAIN in held:
+                reason = R.DRAINING
             return Status.IN_PROGRESS, reason, (doing or "starting") + (f"; {why}" if why else "")
         if self.blocked:
-            return Status.BLOCKED, "Blocked", "; ".join(self.blocked)
+            return Status.BLOCKED, R.BLOCKED, "; ".join(self.blocked)
         if drifted:
             # Admitted, the repair waits for something on the node (a drift-check pod to go): say what.
             next_step = (
                 why if why and self.state.admission is not None else "waiting for the rollout to repair it"
             )
             text = f"{drift.describe(drifted)}; {next_step}"
-            return Status.DRIFTED, "Drifted", text[:CONDITION_TEXT]
-        return Status.WAITING, "Waiting", why or "waiting"
+            return Status.DRIFTED, R.DRIFTED, text[:CONDITION_TEXT]
+        return Status.WAITING, R.WAITING, why or "waiting"
 
 
 def plan_node(inp: NodeInput) -> NodePlan:
@@ -1894,7 +1925,7 @@ def plan_node(inp: NodeInput) -> NodePlan:
     p = _Planner(inp)
     if is_disabled(inp.nodewright):
         p.observe()
-        return p.finish_disabled()
+        return _with_transitions(inp, p.finish_disabled())
     p.reapply_on_reboot()
     p.observe()
     p.observe_checks()
@@ -1902,4 +1933,10 @@ def plan_node(inp: NodeInput) -> NodePlan:
     p.retry_erroring_under_fresh_admission()
     p.cancel_uninstalls()
     p.start()
-    return p.finish()
+    return _with_transitions(inp, p.finish())
+
+
+def _with_transitions(inp: NodeInput, plan: NodePlan) -> NodePlan:
+    """The plan with the stage transitions it decided (`plan.transitions`)."""
+    moved = stage_transitions(inp.state or NodeState(), plan.state, inp.pods, now=inp.now)
+    return replace(plan, transitions=moved) if moved else plan
