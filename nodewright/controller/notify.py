@@ -400,9 +400,6 @@ class Notifier:
             self._retiring[worker] = task
             log.info("notification sink removed; stopping its worker", sink=name)
 
-    def sent_before(self, sink: Sink, key: str) -> bool:
-        return (sink.name, key) in self._seen
-
     def circuit(self, sink: str) -> Circuit | None:
         """The circuit state of a sink (None: no worker for it)."""
         worker = self._sinks.get(sink)

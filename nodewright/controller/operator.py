@@ -39,7 +39,7 @@ from nodewright.api.models import policy_status
 from nodewright.api.nodeobject import node_ready
 from nodewright.controller.budgets import NODE_EVENT_DELAY, SharedBudgets
 from nodewright.controller.expectations import PodExpectations
-from nodewright.controller.manager import Controller, Manager
+from nodewright.controller.manager import Manager
 from nodewright.controller.nodes import NodeReconciler
 from nodewright.controller.notify import Notifier, RolloutNotifications, Sink
 from nodewright.controller.options import OperatorOptions
@@ -376,7 +376,3 @@ class Operator:
             return None
         await self.rt.client.patch_status(DEPLOYMENTPOLICIES, name, {"status": desired})
         return None
-
-
-def registered_controllers(operator: Operator) -> list[Controller]:
-    return [operator.rollout, operator.node, operator.policy, operator.budget]

@@ -1012,8 +1012,3 @@ def _condition_text(node: Mapping[str, Any], nodewright: str) -> str | None:
     if found is None:
         return None
     return f"{found.reason}: {found.message}" if found.message else found.reason or None
-
-
-def compartment_map(plan: RolloutPlan) -> Mapping[str, Any]:
-    """Compartment statuses as JSON (used by `nodewright plan` and tests)."""
-    return {name: c.status.to_json_dict() for name, c in plan.compartments.items()}

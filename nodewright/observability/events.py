@@ -230,13 +230,6 @@ def package_started(
     )
 
 
-def package_completed(nodewright: str, package: str, version: str, stage: str) -> EventSpec:
-    return EventSpec(
-        EventReason.PACKAGE_COMPLETED,
-        f"Package {_pkg(package, version)} stage [{stage}] complete for [{nodewright}]",
-    )
-
-
 def package_failed(
     nodewright: str, package: str, version: str, stage: str, *, attempt: int, error: str, will_retry: bool
 ) -> EventSpec:
@@ -259,17 +252,6 @@ def node_draining(nodewright: str, pods: int) -> EventSpec:
 def node_drain_blocked(nodewright: str, why: str, pods: Sequence[str] = ()) -> EventSpec:
     listed = f": {list_names(pods)}" if pods else ""
     return EventSpec(EventReason.NODE_DRAIN_BLOCKED, f"Drain for [{nodewright}] blocked by {why}{listed}")
-
-
-def interrupt_started(nodewright: str, interrupt: str, packages: Sequence[str]) -> EventSpec:
-    return EventSpec(
-        EventReason.INTERRUPT_STARTED,
-        f"Interrupt [{interrupt}] for [{nodewright}] packages {list_names(packages, limit=10)}",
-    )
-
-
-def node_rebooted(nodewright: str) -> EventSpec:
-    return EventSpec(EventReason.NODE_REBOOTED, f"Reboot observed (boot id changed) during [{nodewright}]")
 
 
 def node_uncordoned(nodewright: str) -> EventSpec:
