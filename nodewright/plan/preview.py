@@ -223,6 +223,11 @@ def preview_rollout(
         next_order_hint=next_order_hint,
         admission_limit=admission_limit,
     )
+    return _preview_of(nodewright.metadata.name, sim)
+
+
+def _preview_of(name: str, sim: Simulation) -> RolloutPreview:
+    """The batches the simulation's plans opened, per compartment, and what blocked at its start."""
     first, last = sim.plans[0], sim.plans[-1]
     grouped: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
     for plan in sim.plans:
@@ -230,22 +235,20 @@ def preview_rollout(
             grouped[adm.admission.compartment][adm.admission.batch].append(adm.node)
     compartments = tuple(
         CompartmentPreview(
-            name=name,
+            name=cname,
             strategy=c.strategy,
             budget=c.budget,
             matched=c.status.matched,
             ceiling=c.status.ceiling,
-            batches=tuple(
-                PlannedBatch(number, tuple(grouped[name][number])) for number in sorted(grouped[name])
-            ),
-            halted=last.compartments[name].halt is not None if name in last.compartments else False,
+            batches=tuple(PlannedBatch(n, tuple(grouped[cname][n])) for n in sorted(grouped[cname])),
+            halted=last.compartments[cname].halt is not None if cname in last.compartments else False,
             message=c.message,
             pacing=_pacing(c.status),
         )
-        for name, c in first.compartments.items()
+        for cname, c in first.compartments.items()
     )
     return RolloutPreview(
-        nodewright=nodewright.metadata.name,
+        nodewright=name,
         policy=first.policy_name,
         policy_not_found=first.policy_not_found is not None,
         policy_invalid=first.policy_invalid.message if first.policy_invalid is not None else None,

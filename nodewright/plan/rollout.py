@@ -389,7 +389,6 @@ def plan_rollout(
     """
     if admission_limit is not None and admission_limit < 1:
         raise ValueError(f"admission_limit must be at least 1, got {admission_limit}")
-    by_name = {n.name: n for n in nodes}
     resolved = resolve_compartments(
         nodewright, policy=policy, nodes=[NodeRef(n.name, n.labels) for n in nodes]
     )
@@ -421,29 +420,42 @@ def plan_rollout(
         ledger=budgets.Ledger(shared_budgets, own=(n for n, p in phases.items() if p in _HOLDS_SLOT)),
         admission_limit=admission_limit,
     )
+    return _plan_compartments(ctx, nodes, phases=phases, statuses=compartment_statuses, order=order)
+
+
+def _plan_compartments(
+    ctx: _Context,
+    nodes: Sequence[RolloutNode],
+    *,
+    phases: Mapping[str, Phase],
+    statuses: Mapping[str, CompartmentStatus],
+    order: int,
+) -> RolloutPlan:
+    """Each compartment in turn (by name), numbering admissions on from `order`."""
+    by_name = {n.name: n for n in nodes}
     plans: dict[str, CompartmentPlan] = {}
     admissions: list[NewAdmission] = []
     waiting: list[Waiting] = []
-    for name in resolved.specs:
-        members = sorted((by_name[m] for m in resolved.members[name]), key=pick_key)
-        prior = compartment_statuses.get(name)
-        result = _plan_compartment(ctx, name, members=members, phases=phases, prior=prior, order=order)
+    for name in ctx.compartments.specs:
+        members = sorted((by_name[m] for m in ctx.compartments.members[name]), key=pick_key)
+        result = _plan_compartment(
+            ctx, name, members=members, phases=phases, prior=statuses.get(name), order=order
+        )
         plans[name] = result.plan
         admissions.extend(result.admissions)
         waiting.extend(result.waiting)
         order += len(result.admissions)
     admitted = {a.node for a in admissions}
-    active = sorted(admitted | {n for n, p in phases.items() if p is Phase.ACTIVE})
     return RolloutPlan(
-        policy_name=resolved.policy_name,
+        policy_name=ctx.compartments.policy_name,
         policy_not_found=None,
         compartments=plans,
         admissions=tuple(admissions),
         releases=tuple(sorted(n for n, p in phases.items() if p is Phase.RELEASED)),
-        active=tuple(active),
+        active=tuple(sorted(admitted | {n for n, p in phases.items() if p is Phase.ACTIVE})),
         waiting=tuple(sorted(waiting, key=lambda w: w.node)),
         halts=tuple(p.halt for p in plans.values() if p.halt is not None),
-        reset_applied=reset_requested,
+        reset_applied=ctx.reset_requested,
         next_order=order,
         approvals_applied=tuple(
             sorted(n for n, p in plans.items() if p.status.batch_state and _approved(ctx, n, p))
@@ -482,6 +494,26 @@ class _CompartmentResult:
     waiting: tuple[Waiting, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class _Slots:
+    """A compartment's nodes by what they do to its ceiling."""
+
+    holding: tuple[RolloutNode, ...]  # ours in progress (ACTIVE, CARRYOVER)
+    others: tuple[RolloutNode, ...]  # unavailable for other reasons, not ours in progress
+    candidates: tuple[RolloutNode, ...]  # pending and eligible, in pick order
+    free: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Settled:
+    """The compartment's batch state once the open batch is evaluated (if it settled) and resets done."""
+
+    state: BatchState
+    batch: tuple[RolloutNode, ...]  # members of the batch still open
+    filling: bool  # the open batch still takes admissions (`_may_fill`)
+    outcome: batches.BatchOutcome | None
+
+
 def _plan_compartment(
     ctx: _Context,
     name: str,
@@ -491,79 +523,179 @@ def _plan_compartment(
     prior: CompartmentStatus | None,
     order: int,
 ) -> _CompartmentResult:
+    """Settle the open batch, then open or fill one, then say why the others wait."""
     spec = ctx.compartments.specs[name]
-    ceiling = ctx.compartments.ceiling(name)
+    slots = _slots(ctx.compartments.ceiling(name), members, phases)
+    settled = _settle(ctx, name, spec, members=members, phases=phases, prior=prior, slots=slots)
+    pacing = _pacing(
+        ctx, name, spec, state=settled.state, waiting=bool(slots.candidates) and not settled.batch
+    )
+    state, selection = _select(
+        ctx, name, spec, pacing.state, settled=settled, slots=slots, pacing=pacing, total=len(members)
+    )
+    admissions = tuple(
+        NewAdmission(n.name, Admission(name, state.current_batch, order + i, ctx.fingerprint, ctx.now))
+        for i, n in enumerate(selection.picked)
+    )
+    waiting = _waiting(ctx, name, spec, state, members, phases, settled, slots, selection, pacing)
+    plan = _compartment_plan(ctx, name, spec, state, members, phases, settled, slots, selection, pacing)
+    return _CompartmentResult(plan, admissions, waiting)
+
+
+def _slots(ceiling: int, members: Sequence[RolloutNode], phases: Mapping[str, Phase]) -> _Slots:
+    holding = tuple(n for n in members if phases[n.name] in _HOLDS_SLOT)
+    others = tuple(n for n in members if n.unavailable is not None and phases[n.name] not in _HOLDS_SLOT)
+    candidates = tuple(n for n in members if phases[n.name] in _PICKABLE and _eligible(n))
+    return _Slots(holding, others, candidates, ceiling - len(holding) - len(others))
+
+
+def _settle(
+    ctx: _Context,
+    name: str,
+    spec: CompartmentSpec,
+    *,
+    members: Sequence[RolloutNode],
+    phases: Mapping[str, Phase],
+    prior: CompartmentStatus | None,
+    slots: _Slots,
+) -> _Settled:
+    """The persisted batch state with resets applied, caught up with the admissions, and the open batch
+    evaluated when every member settled (and it takes no more admissions)."""
     state = prior.batch_state if prior is not None and prior.batch_state is not None else BatchState()
     state = _apply_resets(ctx, name, state=state, members=members)
     state = _catch_up(ctx, name, state=state, members=members)
-
-    holding = [n for n in members if phases[n.name] in _HOLDS_SLOT]
-    others = [n for n in members if n.unavailable is not None and phases[n.name] not in _HOLDS_SLOT]
-    free = ceiling - len(holding) - len(others)
-    candidates = [n for n in members if phases[n.name] in _PICKABLE and _eligible(n)]
-
-    batch = _batch_members(ctx, name, state.current_batch, members)
-    filling = bool(batch) and _may_fill(ctx, spec, state, candidates=candidates, free=free)
+    batch = tuple(_batch_members(ctx, name, state.current_batch, members))
+    filling = bool(batch) and _may_fill(ctx, spec, state, candidates=slots.candidates, free=slots.free)
     outcome: batches.BatchOutcome | None = None
     if batch and not filling and all(phases[n.name] in _SETTLED for n in batch):
         outcome, state = _evaluate(ctx, spec, state, batch=batch, members=members, phases=phases)
-        batch = []
+        batch = ()
     if ctx.compartments.reset_on_completion and all(phases[n.name] in _COMPLETE for n in members):
         state = batches.fresh_state(current_batch=state.current_batch)
+    return _Settled(state, batch, filling, outcome)
 
-    halted = state.should_stop
-    pacing = _pacing(ctx, name, spec, state=state, waiting=bool(candidates) and not batch)
-    state = pacing.state
-    can_open = not batch and not halted and not ctx.paused and not ctx.disabled and pacing.reason is None
+
+def _select(
+    ctx: _Context,
+    name: str,
+    spec: CompartmentSpec,
+    state: BatchState,
+    *,
+    settled: _Settled,
+    slots: _Slots,
+    pacing: _Pacing,
+    total: int,
+) -> tuple[BatchState, _Selection]:
+    """Open a batch (nothing open, nothing holds new admissions) or fill the open one; the batch state
+    with the selection recorded."""
+    ceiling = ctx.compartments.ceiling(name)
+    can_open = not settled.batch and not state.should_stop and not ctx.paused and not ctx.disabled
     selection = _Selection()
-    if can_open and candidates:
+    if can_open and pacing.reason is None and slots.candidates:
         selection = _open_batch(
-            ctx, spec, state, candidates=candidates, free=free, total=len(members), ceiling=ceiling
+            ctx, spec, state, candidates=slots.candidates, free=slots.free, total=total, ceiling=ceiling
         )
-    elif filling:
-        selection = _fill_batch(ctx, state, candidates=candidates, free=free)
-    state = selection.record(state)
-    picked = selection.picked
-    admissions = tuple(
-        NewAdmission(
-            node=n.name,
-            admission=Admission(name, state.current_batch, order + i, ctx.fingerprint, ctx.now),
-        )
-        for i, n in enumerate(picked)
-    )
-    planned_names = {n.name for n in selection.planned}
+    elif settled.filling:
+        selection = _fill_batch(ctx, state, candidates=slots.candidates, free=slots.free)
+    return selection.record(state), selection
+
+
+def _waiting(
+    ctx: _Context,
+    name: str,
+    spec: CompartmentSpec,
+    state: BatchState,
+    members: Sequence[RolloutNode],
+    phases: Mapping[str, Phase],
+    settled: _Settled,
+    slots: _Slots,
+    selection: _Selection,
+    pacing: _Pacing,
+) -> tuple[Waiting, ...]:
+    """Why each pending member not admitted by this plan waits."""
+    planned = {n.name for n in selection.planned}
     budget_full = _budget_full(
         spec,
         state,
-        batch=[*batch, *selection.planned],
-        candidates=[n for n in candidates if n.name not in planned_names and n.name not in selection.shared],
+        batch=[*settled.batch, *selection.planned],
+        candidates=[n for n in slots.candidates if n.name not in planned and n.name not in selection.shared],
         picked=len(selection.planned),
         wanted=selection.wanted,
-        free=free - len(selection.planned),
+        free=slots.free - len(selection.planned),
         total=len(members),
-        ceiling=ceiling,
+        ceiling=ctx.compartments.ceiling(name),
     )
-    picked_names = {n.name for n in picked}
-    deferred = planned_names - picked_names
-    waiting = tuple(
+    picked = {n.name for n in selection.picked}
+    deferred = planned - picked
+    return tuple(
         _why_waiting(
             ctx,
             n,
             compartment=name,
-            halted=halted,
+            halted=state.should_stop,
             budget_full=n.name in budget_full,
-            pacing=None if batch else pacing.reason,
+            pacing=None if settled.batch else pacing.reason,
             shared=selection.shared.get(n.name),
             deferred_into=state.current_batch if n.name in deferred else None,
         )
         for n in members
-        if phases[n.name] in _PICKABLE and n.name not in picked_names
+        if phases[n.name] in _PICKABLE and n.name not in picked
     )
-    in_progress = len(holding) + len(picked)
+
+
+def _compartment_plan(
+    ctx: _Context,
+    name: str,
+    spec: CompartmentSpec,
+    state: BatchState,
+    members: Sequence[RolloutNode],
+    phases: Mapping[str, Phase],
+    settled: _Settled,
+    slots: _Slots,
+    selection: _Selection,
+    pacing: _Pacing,
+) -> CompartmentPlan:
+    ceiling = ctx.compartments.ceiling(name)
+    pending = bool(slots.candidates) and not settled.batch
+    in_progress = len(slots.holding) + len(selection.picked)
+    status = _compartment_status(ctx, state, members, phases, ceiling, in_progress, pacing, pending)
+    message = _slots_message(in_progress + len(slots.others), ceiling, len(slots.others))
+    if pacing.reason and pending:
+        message += f"; {pacing.reason[1].describe()}"
+    if selection.shared:
+        message += f"; {next(iter(selection.shared.values())).describe()}"
+    return CompartmentPlan(
+        name=name,
+        status=status,
+        strategy=spec.strategy.describe() if spec.strategy else "none (batch = ceiling)",
+        budget=spec.budget.describe(),
+        used_by_others=len(slots.others),
+        open_batch=state.current_batch if (settled.batch or selection.picked) else None,
+        batch_evaluated=settled.outcome,
+        halt=_halt(name, state, members=members, phases=phases) if state.should_stop else None,
+        message=message,
+        window=pacing.window,
+        soak_until=pacing.soak_until,
+        awaiting_approval=status.awaiting_approval,
+        wake_at=pacing.wake_at,
+        opened=selection.opened and bool(selection.picked),
+        deferred=len(selection.planned) - len(selection.picked),
+    )
+
+
+def _compartment_status(
+    ctx: _Context,
+    state: BatchState,
+    members: Sequence[RolloutNode],
+    phases: Mapping[str, Phase],
+    ceiling: int,
+    in_progress: int,
+    pacing: _Pacing,
+    pending: bool,
+) -> CompartmentStatus:
     complete = sum(phases[n.name] in _COMPLETE for n in members)
-    halt = _halt(name, state, members=members, phases=phases) if halted else None
-    window = pacing.window
-    status = CompartmentStatus(
+    window, soak = pacing.window, pacing.soak_until
+    return CompartmentStatus(
         matched=len(members),
         ceiling=ceiling,
         in_progress=in_progress,
@@ -573,32 +705,10 @@ def _plan_compartment(
         window_active=window.active if window is not None else None,
         window_closes_at=_ts(window.closes_at) if window is not None and window.closes_at else None,
         next_window_at=_ts(window.next_open) if window is not None and window.next_open else None,
-        soak_until=_ts(pacing.soak_until) if pacing.soak_until is not None else None,
-        soak_remaining_seconds=(
-            _remaining(pacing.soak_until, ctx.moment) if pacing.soak_until is not None else None
-        ),
-        awaiting_approval=pacing.gate if pacing.gate is not None and candidates and not batch else None,
+        soak_until=_ts(soak) if soak is not None else None,
+        soak_remaining_seconds=_remaining(soak, ctx.moment) if soak is not None else None,
+        awaiting_approval=pacing.gate if pacing.gate is not None and pending else None,
     )
-    plan = CompartmentPlan(
-        name=name,
-        status=status,
-        strategy=spec.strategy.describe() if spec.strategy else "none (batch = ceiling)",
-        budget=spec.budget.describe(),
-        used_by_others=len(others),
-        open_batch=state.current_batch if (batch or picked) else None,
-        batch_evaluated=outcome,
-        halt=halt,
-        message=_slots_message(in_progress + len(others), ceiling, len(others))
-        + (f"; {pacing.reason[1].describe()}" if pacing.reason and candidates and not batch else "")
-        + (f"; {next(iter(selection.shared.values())).describe()}" if selection.shared else ""),
-        window=window,
-        soak_until=pacing.soak_until,
-        awaiting_approval=status.awaiting_approval,
-        wake_at=pacing.wake_at,
-        opened=selection.opened and bool(picked),
-        deferred=len(deferred),
-    )
-    return _CompartmentResult(plan, admissions, waiting)
 
 
 def _evaluate(

@@ -422,46 +422,56 @@ def rollout_input(
     """
     nodewright = effective_nodewright(model)
     models = [m for m in nodewrights.values() if m is not None]
-    inactive = {m.metadata.name: a for m in models if (a := activity(m)) is not Activity.ACTIVE}
     ctx = NodeContext(
         nodewright=nodewright,
         fingerprint=spec_fingerprint(nodewright),
         all_nodewrights=tuple(sorted(nodewrights)),
-        inactive=inactive,
+        inactive={m.metadata.name: a for m in models if (a := activity(m)) is not Activity.ACTIVE},
         runtime_taint_key=options.runtime_taint_key,
         now=now,
     )
     derived = tuple((entries or derive_all)(ctx, nodes))
     facts = tuple(sequencing.facts_for(models, nodes)) if len(nodewrights) > 1 else ()
     candidates = tuple(_with_priority(ctx.name, e.rollout, facts) for e in derived if e.rollout is not None)
-    annotations = model.metadata.annotations or {}
-    reset, reset_some = parse_reset_annotation(annotations.get(constants.ANNOTATION_RESET_BATCH, ""))
-    status = model.status
-    shared = budgets_for(ctx.name, budgets, nodes, candidates, pool) if budgets else ()
-    return RolloutInput(
-        model=model,
+    return replace(
+        _annotated(model, ctx.fingerprint),
         nodewright=nodewright,
         policy=_policy(nodewright, policies),
-        fingerprint=ctx.fingerprint,
         now=now,
         entries=derived,
         nodes=candidates,
-        compartment_statuses=reset_compartments(
-            (status.compartment_statuses if status is not None else None) or {}, reset_some
-        ),
+        shared_budgets=tuple(budgets_for(ctx.name, budgets, nodes, candidates, pool) if budgets else ()),
+        admission_limit=options.admission_limit,
+        facts=facts,
+        inactive=ctx.inactive,
+        all_nodewrights=ctx.all_nodewrights,
+    )
+
+
+def _annotated(model: NodeWright, fingerprint: str) -> RolloutInput:
+    """What the NodeWright object itself says: its persisted status (with the compartment resets asked
+    for), the reset and approval annotations, pause and disable, the order counter of this rollout."""
+    annotations = model.metadata.annotations or {}
+    reset, reset_some = parse_reset_annotation(annotations.get(constants.ANNOTATION_RESET_BATCH, ""))
+    status = model.status
+    persisted = (status.compartment_statuses if status is not None else None) or {}
+    return RolloutInput(
+        model=model,
+        nodewright=model,
+        policy=None,
+        fingerprint=fingerprint,
+        now=datetime.min,
+        entries=(),
+        nodes=(),
+        compartment_statuses=reset_compartments(persisted, reset_some),
         reset_requested=reset,
         reset_compartments=reset_some,
         approvals=parse_approvals(annotations.get(APPROVE_ANNOTATION)),
         paused=is_paused(model),
         disabled=is_disabled(model),
         next_order_hint=(
-            status.next_order if status is not None and status.rollout_fingerprint == ctx.fingerprint else 0
+            status.next_order if status is not None and status.rollout_fingerprint == fingerprint else 0
         ),
-        shared_budgets=tuple(shared),
-        admission_limit=options.admission_limit,
-        facts=facts,
-        inactive=inactive,
-        all_nodewrights=ctx.all_nodewrights,
     )
 
 
