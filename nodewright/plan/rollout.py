@@ -393,10 +393,7 @@ def plan_rollout(
         nodewright, policy=policy, nodes=[NodeRef(n.name, n.labels) for n in nodes]
     )
     phases = {n.name: phase_of(n, fingerprint=fingerprint) for n in nodes}
-    order = max(
-        [next_order_hint]
-        + [n.admission.order + 1 for n in nodes if n.admission and n.admission.fingerprint == fingerprint]
-    )
+    order = max([next_order_hint] + [a.order + 1 for n in nodes if (a := _current(n, fingerprint))])
     if isinstance(resolved, PolicyNotFound | PolicyInvalid):
         return _policy_unusable(
             resolved,
@@ -462,6 +459,12 @@ def _plan_compartments(
         ),
         budget_refusals=tuple(sorted(ctx.ledger.refused)),
     )
+
+
+def _current(node: RolloutNode, fingerprint: str) -> Admission | None:
+    """The node's admission when it is for `fingerprint`."""
+    adm = node.admission
+    return adm if adm is not None and adm.fingerprint == fingerprint else None
 
 
 def _approved(ctx: _Context, name: str, plan: CompartmentPlan) -> bool:

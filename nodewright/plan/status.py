@@ -181,41 +181,22 @@ def aggregate_status(
     `nodes` holds every matched node with its status for this NodeWright and its package entries;
     `plan` is this pass's `plan_rollout` result (None keeps the persisted compartment statuses);
     `waiting_for_sequencing` names a `sequencing: all` predecessor that is not yet complete;
-    `malformed_nodes` lists nodes whose state annotation could not be parsed. The previous status (for
-    lastTransitionTime) is read from `nodewright.status`.
-    """
+    `malformed_nodes` lists nodes whose state annotation could not be parsed; the previous status (for
+    lastTransitionTime) is read from `nodewright.status`."""
     previous = nodewright.status or NodeWrightStatus()
-    halts = plan.halts if plan is not None else ()
-    policy_missing = plan is not None and plan.policy_not_found is not None
-    policy_invalid = plan.policy_invalid if plan is not None else None
-    by_status: dict[Status, list[str]] = defaultdict(list)
-    for node in nodes:
-        by_status[node.status].append(node.name)
-    rolled = roll_up((n.status for n in nodes), halted=bool(halts))
-    overall = _override(
-        rolled,
-        paused=paused,
-        disabled=disabled,
-        policy_unusable=policy_missing or policy_invalid is not None,
-        sequencing=waiting_for_sequencing,
-    )
     waiting_names, blocked_details = _waiting_by_reason(plan)
-    facts = _Facts(
-        generation=nodewright.metadata.generation,
-        overall=overall,
-        by_status=by_status,
-        total=len(nodes),
-        plan=plan,
+    facts = _facts(
+        nodewright,
+        nodes,
+        plan,
         paused=paused,
         disabled=disabled,
-        policy_missing=policy_missing,
         sequencing=waiting_for_sequencing,
-        malformed=sorted(malformed_nodes),
-        policy_invalid=policy_invalid.message if policy_invalid is not None else None,
+        malformed=malformed_nodes,
         waiting_counts={k: len(v) for k, v in sorted(waiting_names.items())},
         blocked_details=blocked_details,
-        drifted=sorted(n.name for n in nodes if n.drifted),
     )
+    by_status = facts.by_status
     conditions = merge_conditions(
         previous.conditions or [],
         current=[*_owned_conditions(facts), *extra_conditions],
@@ -230,6 +211,50 @@ def aggregate_status(
         package_counts=_package_counts(nodes),
         waiting_reasons=facts.waiting_counts,
         waiting_examples={k: _examples(v) for k, v in sorted(waiting_names.items())},
+    )
+
+
+def _facts(
+    nodewright: NodeWright,
+    nodes: Sequence[NodeReport],
+    plan: RolloutPlan | None,
+    *,
+    paused: bool,
+    disabled: bool,
+    sequencing: str | None,
+    malformed: Sequence[str],
+    waiting_counts: Mapping[str, int],
+    blocked_details: Counter[str],
+) -> _Facts:
+    """What the status and its conditions are made of: the nodes by status and the overall status."""
+    policy_missing = plan is not None and plan.policy_not_found is not None
+    policy_invalid = plan.policy_invalid if plan is not None else None
+    by_status: dict[Status, list[str]] = defaultdict(list)
+    for node in nodes:
+        by_status[node.status].append(node.name)
+    rolled = roll_up((n.status for n in nodes), halted=bool(plan.halts if plan is not None else ()))
+    overall = _override(
+        rolled,
+        paused=paused,
+        disabled=disabled,
+        policy_unusable=policy_missing or policy_invalid is not None,
+        sequencing=sequencing,
+    )
+    return _Facts(
+        generation=nodewright.metadata.generation,
+        overall=overall,
+        by_status=by_status,
+        total=len(nodes),
+        plan=plan,
+        paused=paused,
+        disabled=disabled,
+        policy_missing=policy_missing,
+        sequencing=sequencing,
+        malformed=sorted(malformed),
+        policy_invalid=policy_invalid.message if policy_invalid is not None else None,
+        waiting_counts=waiting_counts,
+        blocked_details=blocked_details,
+        drifted=sorted(n.name for n in nodes if n.drifted),
     )
 
 
