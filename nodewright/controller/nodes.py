@@ -211,6 +211,19 @@ PassOutcome = Done | Again | Later
 
 
 @dataclass(frozen=True, slots=True)
+class _NodeWrite:
+    """One pass's write to its node: label and annotation changes (None deletes), the cordon, the
+    condition, and the resourceVersion it must still have (when it carries the state)."""
+
+    name: str
+    labels: dict[str, str | None]
+    annotations: dict[str, str | None]
+    unschedulable: bool | None
+    condition: JSON | None
+    version: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class _Step:
     """What a pass derives from its plan before writing: the cordon change, the rollout trace step and
     the timing annotation after the plan."""
@@ -771,54 +784,69 @@ class NodeReconciler:
             unschedulable = True
         elif uncordon:
             unschedulable = False
-        untouched = _untouched(ctx, plan)
-        condition = None if untouched else _condition_body(node, plan.condition, ctx.now)
+        condition = None if _untouched(ctx, plan) else _condition_body(node, plan.condition, ctx.now)
         if not labels and not annotations and unschedulable is None and condition is None:
             return node
         guarded = (
             constants.state_annotation(nw_name) in annotations or admission_annotation(nw_name) in annotations
         )
         version = str(node["metadata"].get("resourceVersion") or "") or None if guarded else None
+        change = _NodeWrite(name, labels, annotations, unschedulable, condition, version)
         try:
             if unschedulable is None and self._metadata_via_status:
-                updated = await self.rt.client.patch_node_status_metadata(
-                    name,
-                    labels=labels or None,
-                    annotations=annotations or None,
-                    conditions=[condition] if condition is not None else (),
-                    resource_version=version,
-                )
-                if not metadata_applied(updated, labels=labels, annotations=annotations):
-                    log.warning(
-                        "the API server ignored metadata in a nodes/status patch;"
-                        " writing node metadata and conditions separately from now on",
-                        node=name,
-                    )
-                    self._metadata_via_status = False
-                    updated = await self.rt.client.patch_node_metadata(
-                        name,
-                        labels=labels or None,
-                        annotations=annotations or None,
-                        resource_version=_resource_version(updated),
-                    )
+                updated = await self._write_via_status(change)
             else:
-                if labels or annotations or unschedulable is not None:
-                    updated = await self.rt.client.patch_node_metadata(
-                        name,
-                        labels=labels or None,
-                        annotations=annotations or None,
-                        unschedulable=unschedulable,
-                        resource_version=version,
-                    )
-                    self.rt.node_view.record(updated)
-                if condition is not None:
-                    updated = await self.rt.client.patch_node_conditions(name, [condition])
+                updated = await self._write_separately(change)
         except NotFound:
             return None
         self.rt.node_view.record(updated)
         if constants.status_label(nw_name) in labels:
             self.rt.enqueue_rollout(nw_name)
         return self.rt.node(name) or updated
+
+    async def _write_via_status(self, change: _NodeWrite) -> JSON:
+        """One strategic merge patch on `nodes/status` with the metadata and the condition; if the API
+        server drops the metadata there, the metadata again as its own patch, and that way from now on."""
+        client = self.rt.client
+        labels, annotations = change.labels, change.annotations
+        updated = await client.patch_node_status_metadata(
+            change.name,
+            labels=labels or None,
+            annotations=annotations or None,
+            conditions=[change.condition] if change.condition is not None else (),
+            resource_version=change.version,
+        )
+        if metadata_applied(updated, labels=labels, annotations=annotations):
+            return updated
+        log.warning(
+            "the API server ignored metadata in a nodes/status patch;"
+            " writing node metadata and conditions separately from now on",
+            node=change.name,
+        )
+        self._metadata_via_status = False
+        return await client.patch_node_metadata(
+            change.name,
+            labels=labels or None,
+            annotations=annotations or None,
+            resource_version=_resource_version(updated),
+        )
+
+    async def _write_separately(self, change: _NodeWrite) -> JSON:
+        """The metadata (with the cordon) as a merge patch, then the condition as its own patch."""
+        updated: JSON | None = None
+        if change.labels or change.annotations or change.unschedulable is not None:
+            updated = await self.rt.client.patch_node_metadata(
+                change.name,
+                labels=change.labels or None,
+                annotations=change.annotations or None,
+                unschedulable=change.unschedulable,
+                resource_version=change.version,
+            )
+            self.rt.node_view.record(updated)
+        if change.condition is not None:
+            updated = await self.rt.client.patch_node_conditions(change.name, [change.condition])
+        assert updated is not None, "a write with nothing to write is returned before"
+        return updated
 
     @staticmethod
     def _metadata_changes(
@@ -1227,63 +1255,56 @@ class NodeReconciler:
         finalizer, and nothing of ours may be left behind by then.
         """
         name = str(node["metadata"]["name"])
-        condition_type = constants.node_condition_type(nw_name)
-        if _condition_of(node, condition_type) is not None:
-            try:
-                updated = await self.rt.client.patch(
-                    NODES,
-                    name,
-                    # Strategic merge: conditions merge by `type`; `$patch: delete` removes that element.
-                    {"status": {"conditions": [{"type": condition_type, "$patch": "delete"}]}},
-                    patch_type=PatchType.STRATEGIC,
-                    subresource="status",
-                )
-            except NotFound:
-                return
-            self.rt.node_view.record(updated)
-            node = self.rt.node(name) or updated
-        labels = node_labels(node)
-        annotations = node_annotations(node)
-        status_key = constants.status_label(nw_name)
-        state_key = constants.state_annotation(nw_name)
-        patch_labels: dict[str, str | None] = {}
-        patch_annotations: dict[str, str | None] = {}
-        if status_key in labels:
-            patch_labels[status_key] = None
-        if timing_annotation(nw_name) in annotations:
-            patch_annotations[timing_annotation(nw_name)] = None
-        kept = replace(state, admission=None, cordoned=False, interrupt_at=None) if state else None
-        if forget_state or kept is None or not kept.packages:
-            if state_key in annotations and (forget_state or kept is not None):
-                patch_annotations[state_key] = None
-            if forget_state and admission_annotation(nw_name) in annotations:
-                patch_annotations[admission_annotation(nw_name)] = None
-        elif encode(kept) != annotations.get(state_key):
-            patch_annotations[state_key] = encode(kept)
+        without = await self._remove_condition(node, nw_name)
+        if without is None:
+            return
+        node = without
+        labels, annotations = _release_changes(node, nw_name, state, forget_state=forget_state)
         unschedulable = False if cordoned else None
+        if not (labels or annotations or unschedulable is not None):
+            return
         # Writing a state (not deleting it) must not resurrect an older one: guard it like `_write`.
-        guarded = patch_annotations.get(state_key) is not None
-        if patch_labels or patch_annotations or unschedulable is not None:
-            try:
-                updated = await self.rt.client.patch_node_metadata(
-                    name,
-                    labels=patch_labels or None,
-                    annotations=patch_annotations or None,
-                    unschedulable=unschedulable,
-                    resource_version=_resource_version(node) if guarded else None,
-                )
-            except NotFound:
-                return
-            except Conflict:
-                await self._refresh_node(name)
-                self.rt.enqueue_node(nw_name, name)
-                return
-            self.rt.node_view.record(updated)
-            if patch_labels:
-                self.rt.enqueue_rollout(nw_name)
-            log.info("node released by nodewright", node=name, nodewright=nw_name, uncordoned=cordoned)
-            if trace_end is not None and timing_annotation(nw_name) in patch_annotations:
-                self._end_abandoned_trace(name, read_timing(annotations, nw_name), *trace_end)
+        guarded = annotations.get(constants.state_annotation(nw_name)) is not None
+        try:
+            updated = await self.rt.client.patch_node_metadata(
+                name,
+                labels=labels or None,
+                annotations=annotations or None,
+                unschedulable=unschedulable,
+                resource_version=_resource_version(node) if guarded else None,
+            )
+        except NotFound:
+            return
+        except Conflict:
+            await self._refresh_node(name)
+            self.rt.enqueue_node(nw_name, name)
+            return
+        self.rt.node_view.record(updated)
+        if labels:
+            self.rt.enqueue_rollout(nw_name)
+        log.info("node released by nodewright", node=name, nodewright=nw_name, uncordoned=cordoned)
+        if trace_end is not None and timing_annotation(nw_name) in annotations:
+            self._end_abandoned_trace(name, read_timing(node_annotations(node), nw_name), *trace_end)
+
+    async def _remove_condition(self, node: JSON, nw_name: str) -> JSON | None:
+        """The node without our condition (None: the node is gone). Strategic merge: conditions merge
+        by `type`; `$patch: delete` removes that element and leaves the kubelet's alone."""
+        name = str(node["metadata"]["name"])
+        condition_type = constants.node_condition_type(nw_name)
+        if _condition_of(node, condition_type) is None:
+            return node
+        try:
+            updated = await self.rt.client.patch(
+                NODES,
+                name,
+                {"status": {"conditions": [{"type": condition_type, "$patch": "delete"}]}},
+                patch_type=PatchType.STRATEGIC,
+                subresource="status",
+            )
+        except NotFound:
+            return None
+        self.rt.node_view.record(updated)
+        return self.rt.node(name) or updated
 
     def _end_abandoned_trace(self, node: str, timing: Timing, model: NodeWright, outcome: RolloutEnd) -> None:
         traced = timing.trace
@@ -1324,6 +1345,27 @@ def _attempt_pod(pods: Sequence[PodSummary], entry: PackageEntry) -> PodSummary 
         ):
             return pod
     return None
+
+
+def _release_changes(
+    node: JSON, nw_name: str, state: NodeState | None, *, forget_state: bool
+) -> tuple[dict[str, str | None], dict[str, str | None]]:
+    """The label and annotation changes that let go of a node (`NodeReconciler._cleanup`)."""
+    labels, annotations = node_labels(node), node_annotations(node)
+    status_key, state_key = constants.status_label(nw_name), constants.state_annotation(nw_name)
+    patch_labels: dict[str, str | None] = {status_key: None} if status_key in labels else {}
+    patch_annotations: dict[str, str | None] = {}
+    if timing_annotation(nw_name) in annotations:
+        patch_annotations[timing_annotation(nw_name)] = None
+    kept = replace(state, admission=None, cordoned=False, interrupt_at=None) if state else None
+    if forget_state or kept is None or not kept.packages:
+        if state_key in annotations and (forget_state or kept is not None):
+            patch_annotations[state_key] = None
+        if forget_state and admission_annotation(nw_name) in annotations:
+            patch_annotations[admission_annotation(nw_name)] = None
+    elif encode(kept) != annotations.get(state_key):
+        patch_annotations[state_key] = encode(kept)
+    return patch_labels, patch_annotations
 
 
 def _resource_version(node: JSON) -> str | None:
