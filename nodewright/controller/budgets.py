@@ -78,6 +78,17 @@ class _Parsed:
 
 
 @dataclass(frozen=True, slots=True)
+class _Known:
+    """What a rollout pass knows of its nodes when it secures its slots."""
+
+    matched: frozenset[str]
+    holding: frozenset[str]  # its nodes in progress (ACTIVE, CARRYOVER)
+    admission_at: Mapping[str, str]  # node -> when its admission was written
+    nodes: tuple[str, ...]  # every node of the cluster
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class Secured:
     """A plan whose slots are recorded: the caller may write the status and the admissions."""
 
@@ -160,62 +171,22 @@ class SharedBudgets:
         replan: Callable[[Sequence[SharedBudget]], RolloutPlan],
     ) -> Secured | None:
         """Plan with the budgets' headroom and record the slots; None when writers kept conflicting."""
-        matched = {n.name for n in rollout_nodes}
-        holding = {n.name for n in rollout_nodes if phase_of(n, fingerprint=fingerprint) in _HOLDS}
-        admission_at = {
-            str(node["metadata"]["name"]): adm.at
-            for node in nodes
-            if (adm := node_admission(node, nodewright)) is not None
-        }
-        known = [str(node["metadata"]["name"]) for node in nodes]
+        known = _Known(
+            matched=frozenset(n.name for n in rollout_nodes),
+            holding=frozenset(
+                n.name for n in rollout_nodes if phase_of(n, fingerprint=fingerprint) in _HOLDS
+            ),
+            admission_at={
+                str(node["metadata"]["name"]): adm.at
+                for node in nodes
+                if (adm := node_admission(node, nodewright)) is not None
+            },
+            nodes=tuple(str(node["metadata"]["name"]) for node in nodes),
+            now=now,
+        )
         for attempt in range(ATTEMPTS):
-            pool = self.pool_nodes(nodes)
-            # Nodes it no longer selects but still works on (a pod finishing) keep their slots too.
-            mine = holding | {
-                n.name for n in pool.values() if n.name not in matched and nodewright in n.in_progress_for
-            }
-            relevant = [
-                v
-                for v in self.views(pool)
-                if v.members & matched
-                or nodewright in v.waiting
-                or any(nodewright in holders for holders in v.slots.values())
-            ]
-            shared = budgets.shared_from_views(nodewright, relevant, pool, matched)
-            plan = replan(shared)
-            if not relevant:
-                self._fresh.pop(nodewright, None)
-                return Secured(plan)
-            admitted = {a.node for a in plan.admissions}
-            since = min(
-                (v.waiting[nodewright] for v in relevant if nodewright in v.waiting),
-                default=None,
-                key=budgets.parse_time,
-            )
-            written: list[str] = []
             try:
-                for current in sorted(relevant, key=lambda v: v.name):
-                    fresh = {
-                        node for budget, node in self._fresh.get(nodewright, ()) if budget == current.name
-                    }
-                    update = budgets.slot_update(
-                        current,
-                        nodewright,
-                        holding=mine | admitted,
-                        admission_at=admission_at,
-                        refused=current.name in plan.budget_refusals,
-                        now=now,
-                        waiting_since=since,
-                        fresh=fresh - admitted,
-                        known_nodes=known,
-                    )
-                    if not update.changes(current):
-                        continue
-                    await self._write_slots(current, update)
-                    written.append(current.name)
-                    taken = self._fresh.setdefault(nodewright, set())
-                    taken.difference_update((current.name, n) for n in update.released)
-                    taken.update((current.name, n) for n in update.acquired if n in admitted)
+                return await self._attempt(nodewright, nodes, known, replan)
             except Conflict as exc:
                 log.info(
                     "DisruptionBudget changed while planning; planning again",
@@ -224,9 +195,72 @@ class SharedBudgets:
                     error=str(exc)[:200],
                 )
                 await self._refresh(exc)
-                continue
-            return Secured(plan, tuple(written))
         return None
+
+    async def _attempt(
+        self,
+        nodewright: str,
+        nodes: Sequence[JSON],
+        known: _Known,
+        replan: Callable[[Sequence[SharedBudget]], RolloutPlan],
+    ) -> Secured:
+        """Plan with the budgets as known now and write the slots that changed (Conflict: a writer won)."""
+        pool = self.pool_nodes(nodes)
+        # Nodes it no longer selects but still works on (a pod finishing) keep their slots too.
+        mine = known.holding | {
+            n.name for n in pool.values() if n.name not in known.matched and nodewright in n.in_progress_for
+        }
+        relevant = [
+            v
+            for v in self.views(pool)
+            if v.members & known.matched
+            or nodewright in v.waiting
+            or any(nodewright in holders for holders in v.slots.values())
+        ]
+        plan = replan(budgets.shared_from_views(nodewright, relevant, pool, known.matched))
+        if not relevant:
+            self._fresh.pop(nodewright, None)
+            return Secured(plan)
+        written = await self._write_updates(nodewright, relevant, plan, known, mine)
+        return Secured(plan, tuple(written))
+
+    async def _write_updates(
+        self,
+        nodewright: str,
+        relevant: Sequence[BudgetView],
+        plan: RolloutPlan,
+        known: _Known,
+        mine: frozenset[str] | set[str],
+    ) -> list[str]:
+        """Each budget's slots and waiting entry after the plan, written where they changed."""
+        admitted = {a.node for a in plan.admissions}
+        since = min(
+            (v.waiting[nodewright] for v in relevant if nodewright in v.waiting),
+            default=None,
+            key=budgets.parse_time,
+        )
+        written: list[str] = []
+        for current in sorted(relevant, key=lambda v: v.name):
+            fresh = {node for budget, node in self._fresh.get(nodewright, ()) if budget == current.name}
+            update = budgets.slot_update(
+                current,
+                nodewright,
+                holding=mine | admitted,
+                admission_at=known.admission_at,
+                refused=current.name in plan.budget_refusals,
+                now=known.now,
+                waiting_since=since,
+                fresh=fresh - admitted,
+                known_nodes=known.nodes,
+            )
+            if not update.changes(current):
+                continue
+            await self._write_slots(current, update)
+            written.append(current.name)
+            taken = self._fresh.setdefault(nodewright, set())
+            taken.difference_update((current.name, n) for n in update.released)
+            taken.update((current.name, n) for n in update.acquired if n in admitted)
+        return written
 
     def admitted(self, nodewright: str) -> None:
         """The pass wrote its admissions: the slots it took are used now (released by the usual rules)."""

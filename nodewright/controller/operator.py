@@ -152,33 +152,7 @@ class Operator:
     ) -> None:
         client = manager.client
         self.manager = manager
-        nodewrights = manager.informer(NODEWRIGHTS)
-        policies = manager.informer(DEPLOYMENTPOLICIES)
-        nodes = manager.informer(NODES, transform=trim_node)
-        pods = manager.informer(
-            PODS,
-            namespace=options.namespace,
-            label_selector=f"{constants.POD_OWNER_LABEL}={constants.POD_OWNER_VALUE}",
-            transform=trim_pod,
-        )
-        # By the node the pod is for: stage pods are created unbound and bound by the operator later.
-        pods.add_index("node", lambda pod: [podspec.pod_node(pod)])
-        self.rt = Runtime(
-            client=client,
-            options=options,
-            nodewrights=nodewrights,
-            policies=policies,
-            nodes=nodes,
-            pods=pods,
-            models=ModelCache(),
-            node_view=WriteThrough(nodes, trim_node),
-            nodewright_view=WriteThrough(nodewrights),
-            signer=signer,
-            metrics=metrics,
-            tracer=tracer,
-            events=EventRecorder(event_client or client, clock=lambda: self.rt.clock(), instance=instance),
-            pod_expectations=PodExpectations(trim_pod),
-        )
+        self.rt = self._runtime(manager, options, metrics, tracer, signer, event_client or client, instance)
         self.budgets = SharedBudgets(self.rt, manager.informer(DISRUPTIONBUDGETS))
         # Per-sink queues and workers: one hanging webhook costs only its own notices (controller.notify).
         self.notifier = Notifier(client, options.namespace, metrics=metrics, warn=self._notification_warning)
@@ -198,6 +172,44 @@ class Operator:
         self.rt.enqueue_node = lambda nw, node: self.node.queue.add(node_key(nw, node))
         self.rt.enqueue_node_after = lambda nw, node, s: self.node.queue.add_after(node_key(nw, node), s)
         self._wire_events()
+
+    def _runtime(
+        self,
+        manager: Manager,
+        options: OperatorOptions,
+        metrics: OperatorMetrics,
+        tracer: RolloutTracer,
+        signer: PodSigner,
+        event_client: KubeClient,
+        instance: str,
+    ) -> Runtime:
+        """The informers (trimmed caches) and the shared runtime of the reconcilers."""
+        nodewrights = manager.informer(NODEWRIGHTS)
+        nodes = manager.informer(NODES, transform=trim_node)
+        pods = manager.informer(
+            PODS,
+            namespace=options.namespace,
+            label_selector=f"{constants.POD_OWNER_LABEL}={constants.POD_OWNER_VALUE}",
+            transform=trim_pod,
+        )
+        # By the node the pod is for: stage pods are created unbound and bound by the operator later.
+        pods.add_index("node", lambda pod: [podspec.pod_node(pod)])
+        return Runtime(
+            client=manager.client,
+            options=options,
+            nodewrights=nodewrights,
+            policies=manager.informer(DEPLOYMENTPOLICIES),
+            nodes=nodes,
+            pods=pods,
+            models=ModelCache(),
+            node_view=WriteThrough(nodes, trim_node),
+            nodewright_view=WriteThrough(nodewrights),
+            signer=signer,
+            metrics=metrics,
+            tracer=tracer,
+            events=EventRecorder(event_client, clock=lambda: self.rt.clock(), instance=instance),
+            pod_expectations=PodExpectations(trim_pod),
+        )
 
     # -- event mapping -----------------------------------------------------------------------------
 
@@ -250,27 +262,9 @@ class Operator:
         self.rollout.watch(rt.policies, policy_keys)
         self.policy.watch(rt.policies)
 
-        def node_added(node: JSON) -> None:
-            for key in self._node_keys(node):
-                self.node.queue.add(key)
-            for key in self._names():
-                self._rollout_soon(key)
-
-        def node_updated(old: JSON, new: JSON) -> None:
-            keys = set(self._node_keys(old)) | set(self._node_keys(new))
-            for key in keys:
-                self.node.queue.add(key)
-            names = self._names()
-            if _rollout_relevant(old, new, names):
-                node_name = str(_meta(new).get("name"))
-                labels = _meta(new).get("labels") or {}
-                for nw in {split_node_key(k)[0] for k in keys}:
-                    if self.rollouts.settles_batch(nw, node_name, labels):
-                        self.rollout.queue.add(nw)  # the next batch waits for exactly this event
-                    else:
-                        self._rollout_soon(nw)
-
-        rt.nodes.add_handler(on_add=node_added, on_update=node_updated, on_delete=node_added)
+        rt.nodes.add_handler(
+            on_add=self._node_added, on_update=self._node_updated, on_delete=self._node_added
+        )
 
         def pod_keys(pod: JSON) -> list[str]:
             labels = _meta(pod).get("labels") or {}
@@ -285,6 +279,28 @@ class Operator:
             on_delete=expectations.observed_delete,
         )
         self.node.watch(rt.pods, pod_keys)
+
+    def _node_added(self, node: JSON) -> None:
+        """A node appeared or went: its node keys, and a (debounced) pass of every rollout."""
+        for key in self._node_keys(node):
+            self.node.queue.add(key)
+        for key in self._names():
+            self._rollout_soon(key)
+
+    def _node_updated(self, old: JSON, new: JSON) -> None:
+        """Its node keys; the rollouts it matters to, at once when it settles the last node of a batch."""
+        keys = set(self._node_keys(old)) | set(self._node_keys(new))
+        for key in keys:
+            self.node.queue.add(key)
+        if not _rollout_relevant(old, new, self._names()):
+            return
+        node_name = str(_meta(new).get("name"))
+        labels = _meta(new).get("labels") or {}
+        for nw in {split_node_key(k)[0] for k in keys}:
+            if self.rollouts.settles_batch(nw, node_name, labels):
+                self.rollout.queue.add(nw)  # the next batch waits for exactly this event
+            else:
+                self._rollout_soon(nw)
 
     def _wire_budgets(self) -> None:
         budgets = self.budgets.informer
