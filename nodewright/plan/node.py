@@ -59,6 +59,7 @@ starts while one exists on the node (`drift_check_running`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import Enum
@@ -448,6 +449,59 @@ def _condition(nw: NodeWright, status: Status, reason: NodeConditionReason, mess
 # The planner
 
 
+def _new_run(nw: NodeWright, state: NodeState, name: str, pkg: Package) -> PackageEntry | str | None:
+    """The run of package `name` that would start now on a node in `state` (none in flight): an
+    uninstall, a config change or drift repair of the installed spec version, an install or upgrade;
+    a string when one is due but may not start (a downgrade that needs an uninstall first); None."""
+    if _uninstall_requested(pkg):
+        target = _uninstall_target(state, name, pkg)
+        if target is None or target.state != PackageState.COMPLETE:
+            return None
+        return replace(
+            target,
+            stage=PackageStage.UNINSTALL,
+            state=PackageState.PENDING,
+            attempts=0,
+            started=None,
+            changed=(),
+            error="",
+        )
+    current = state.entry(name, pkg.version)
+    if current is not None:
+        return _rerun(nw, name, pkg, current) if current.state == PackageState.COMPLETE else None
+    return _install_run(state.entries_for(name), name, pkg)
+
+
+def _rerun(nw: NodeWright, name: str, pkg: Package, current: PackageEntry) -> PackageEntry | None:
+    """A complete spec version runs again for a config change, or (action reapply) to repair drift."""
+    change = diff(current.config, config_hashes(pkg.config_map))
+    fresh = replace(current, state=PackageState.PENDING, attempts=0, started=None, error="")
+    if change:
+        return replace(fresh, stage=PackageStage.CONFIG, changed=change.keys)
+    if current.drifted and drift.reapplies(nw, name):
+        # Repair: the whole install again (apply, config, the interrupt if any), with the agent running
+        # steps its flags say already succeeded.
+        return replace(fresh, stage=PackageStage.APPLY, changed=(), repair=True)
+    return None
+
+
+def _install_run(entries: Sequence[PackageEntry], name: str, pkg: Package) -> PackageEntry | str:
+    """An install of the spec version: an upgrade over a lower complete version; a downgrade below an
+    installed higher version needs that one uninstalled first when the package supports uninstall."""
+    spec_v = _version_key(pkg.version)
+    lower = [e for e in entries if _version_key(e.version) < spec_v]
+    higher = [e for e in entries if _version_key(e.version) > spec_v]
+    if higher and pkg.uninstall is not None and pkg.uninstall.enabled:
+        top = max(higher, key=lambda e: _version_key(e.version))
+        return (
+            f"{name}: downgrade {top.version} -> {pkg.version} requires uninstalling"
+            f" {top.version} first (set uninstall.apply: true)"
+        )
+    upgrade = bool(lower) and max(lower, key=lambda e: _version_key(e.version)).state == PackageState.COMPLETE
+    stage = PackageStage.UPGRADE if upgrade and not higher else PackageStage.APPLY
+    return PackageEntry(name=name, version=pkg.version, stage=stage, state=PackageState.PENDING)
+
+
 class Hold(Enum):
     """What keeps a node from progressing, as the planner decided it (the node condition's reason is
     chosen from these codes; their words only make its message)."""
@@ -647,6 +701,8 @@ class _Planner:
         return merge_interrupts(found)
 
     def observe(self) -> None:
+        """Read every pod of a stage in flight: advance, fail or retry its entry; pods no stage expects
+        are removed."""
         pods_by_key: dict[tuple[str, str, PackageStage], list[PodSummary]] = {}
         for pod in self.inp.pods:
             pods_by_key.setdefault((pod.package, pod.version, pod.stage), []).append(pod)
@@ -656,15 +712,6 @@ class _Planner:
             if entry.state != PackageState.IN_PROGRESS or not self.in_spec(entry):
                 continue
             pods = pods_by_key.get((entry.name, entry.version, entry.stage), [])
-            if entry.stage in INTERRUPT_STAGES:
-                want = self.desired_hash(entry, self.merged_interrupt(entry, skipped))
-            else:
-                # A pod keeps the chain it was built with while its links are still in the spec (their
-                # hash says whether what it runs changed): a NodeWright deletion or an uninstall asked
-                # for meanwhile never cuts an install short.
-                candidate = next((p for p in pods if p.attempt == entry.attempts and p.chain), None)
-                kept = self.pod_chain(candidate) if candidate is not None else None
-                want = self.desired_hash(entry, chain=self.chain_for(entry) if kept is None else kept)
             current = next(
                 (p for p in pods if p.attempt == entry.attempts and p.spec_hash == entry.spec_hash), None
             )
@@ -676,51 +723,67 @@ class _Planner:
                 and self.reboot_check(entry, skipped, current)
             ):
                 continue  # a reboot in flight keeps its pod until the reboot is confirmed
-            if current is None:
-                if entry.spec_hash and entry.spec_hash != want and entry.stage not in INTERRUPT_STAGES:
-                    # The spec changed while no pod runs (lost, or waiting for a retry): start afresh.
-                    self.put(self.respec(entry))
-                continue  # lost pod or retry pending: handled by the start phase
-            if current.spec_hash != want and entry.stage not in INTERRUPT_STAGES:
-                # Image/env/resources/config changed: replace the pod with a fresh attempt series.
-                self.delete(current, "pod spec changed")
-                if current.chain:
-                    self.finish_replaced(entry, current)
-                else:
-                    self.put(self.respec(entry))
-                continue
-            view = observe_pod(current, entry, now=self.now, policy=self.policy(entry.name))
-            if view.observation == Observation.WAIT:
-                if not current.bound and not current.terminating:
-                    # Created but not placed (an operator restart, or a binding that failed): it has
-                    # run nothing and is still the pod this stage wants.
-                    self.binds.append(BindPod(current.name))
-                if view.pull_error_since != entry.pull_error_since:
-                    self.put(replace(entry, pull_error_since=view.pull_error_since))
-                if view.recheck_after is not None:
-                    self.requeue(view.recheck_after, f"deadline of {current.name}")
-                continue
-            self.delete(
-                current, "attempt finished" if view.observation == Observation.SUCCEEDED else "attempt failed"
-            )
-            if view.observation == Observation.SUCCEEDED:
-                if entry.stage in INTERRUPT_STAGES:
-                    if self.is_reboot(entry, skipped):
-                        # Exit 0 of a reboot pod only means "reboot issued"; completion is the new bootID.
-                        self.requeue(self.opts.poll_interval, "waiting for the node to reboot")
-                        continue
-                    self.finish_interrupt(entry, skipped)
-                else:
-                    self.finish_pod(entry, current, failure=None)
-                continue
-            failure = _PodFailure(current.name, view.reason, view.cause or FailureCause.POD_FAILED)
-            if entry.stage in INTERRUPT_STAGES:
-                self.record_failure(entry, failure)
-            else:
-                self.finish_pod(entry, current, failure=failure)
+            self.observe_entry(entry, current, self.wanted_hash(entry, pods, skipped), skipped)
         for pod in self.inp.pods:
             if pod.name not in expected:
                 self.delete(pod, "no package stage expects this pod")
+
+    def wanted_hash(self, entry: PackageEntry, pods: list[PodSummary], skipped: list[PackageEntry]) -> str:
+        """The spec hash the entry's pod should have now."""
+        if entry.stage in INTERRUPT_STAGES:
+            return self.desired_hash(entry, self.merged_interrupt(entry, skipped))
+        # A pod keeps the chain it was built with while its links are still in the spec (their hash
+        # says whether what it runs changed): a NodeWright deletion or an uninstall asked for meanwhile
+        # never cuts an install short.
+        candidate = next((p for p in pods if p.attempt == entry.attempts and p.chain), None)
+        kept = self.pod_chain(candidate) if candidate is not None else None
+        return self.desired_hash(entry, chain=self.chain_for(entry) if kept is None else kept)
+
+    def observe_entry(
+        self, entry: PackageEntry, current: PodSummary | None, want: str, skipped: list[PackageEntry]
+    ) -> None:
+        """One stage in flight and its current pod (None: lost, or waiting for a retry)."""
+        if current is None:
+            if entry.spec_hash and entry.spec_hash != want and entry.stage not in INTERRUPT_STAGES:
+                # The spec changed while no pod runs (lost, or waiting for a retry): start afresh.
+                self.put(self.respec(entry))
+            return  # lost pod or retry pending: handled by the start phase
+        if current.spec_hash != want and entry.stage not in INTERRUPT_STAGES:
+            # Image/env/resources/config changed: replace the pod with a fresh attempt series.
+            self.delete(current, "pod spec changed")
+            if current.chain:
+                self.finish_replaced(entry, current)
+            else:
+                self.put(self.respec(entry))
+            return
+        view = observe_pod(current, entry, now=self.now, policy=self.policy(entry.name))
+        if view.observation == Observation.WAIT:
+            if not current.bound and not current.terminating:
+                # Created but not placed (an operator restart, or a binding that failed): it has run
+                # nothing and is still the pod this stage wants.
+                self.binds.append(BindPod(current.name))
+            if view.pull_error_since != entry.pull_error_since:
+                self.put(replace(entry, pull_error_since=view.pull_error_since))
+            if view.recheck_after is not None:
+                self.requeue(view.recheck_after, f"deadline of {current.name}")
+            return
+        succeeded = view.observation == Observation.SUCCEEDED
+        self.delete(current, "attempt finished" if succeeded else "attempt failed")
+        if succeeded and entry.stage in INTERRUPT_STAGES:
+            if self.is_reboot(entry, skipped):
+                # Exit 0 of a reboot pod only means "reboot issued"; completion is the new bootID.
+                self.requeue(self.opts.poll_interval, "waiting for the node to reboot")
+            else:
+                self.finish_interrupt(entry, skipped)
+        elif succeeded:
+            self.finish_pod(entry, current, failure=None)
+        elif entry.stage in INTERRUPT_STAGES:
+            self.record_failure(
+                entry, _PodFailure(current.name, view.reason, view.cause or FailureCause.POD_FAILED)
+            )
+        else:
+            failure = _PodFailure(current.name, view.reason, view.cause or FailureCause.POD_FAILED)
+            self.finish_pod(entry, current, failure=failure)
 
     def respec(self, entry: PackageEntry) -> PackageEntry:
         """The entry restarted after its stage's pod spec changed: a fresh attempt series; a config run
@@ -1144,78 +1207,11 @@ class _Planner:
                 if self.in_spec(e)
             ):
                 continue  # a run is already in flight (or failed) for this package
-            if _uninstall_requested(pkg):
-                target = _uninstall_target(self.state, name, pkg)
-                if target is not None and target.state == PackageState.COMPLETE:
-                    runs.append(
-                        replace(
-                            target,
-                            stage=PackageStage.UNINSTALL,
-                            state=PackageState.PENDING,
-                            attempts=0,
-                            started=None,
-                            changed=(),
-                            error="",
-                        )
-                    )
-                continue
-            current = self.state.entry(name, pkg.version)
-            desired_cfg = config_hashes(pkg.config_map)
-            if current is not None:
-                if current.state == PackageState.COMPLETE:
-                    change = diff(current.config, desired_cfg)
-                    if change:
-                        runs.append(
-                            replace(
-                                current,
-                                stage=PackageStage.CONFIG,
-                                state=PackageState.PENDING,
-                                attempts=0,
-                                started=None,
-                                changed=change.keys,
-                                error="",
-                            )
-                        )
-                    elif current.drifted and drift.reapplies(self.nw, name):
-                        # Repair: the whole install again (apply, config, the interrupt if any), with
-                        # the agent running steps its flags say already succeeded.
-                        runs.append(
-                            replace(
-                                current,
-                                stage=PackageStage.APPLY,
-                                state=PackageState.PENDING,
-                                attempts=0,
-                                started=None,
-                                changed=(),
-                                error="",
-                                repair=True,
-                            )
-                        )
-                continue
-            spec_v = _version_key(pkg.version)
-            lower = [e for e in entries if _version_key(e.version) < spec_v]
-            higher = [e for e in entries if _version_key(e.version) > spec_v]
-            if higher and pkg.uninstall is not None and pkg.uninstall.enabled:
-                top = max(higher, key=lambda e: _version_key(e.version))
-                if not report:
-                    continue
-                self.blocked.append(
-                    f"{name}: downgrade {top.version} -> {pkg.version} requires uninstalling"
-                    f" {top.version} first (set uninstall.apply: true)"
-                )
-                continue
-            upgrade = (
-                bool(lower)
-                and max(lower, key=lambda e: _version_key(e.version)).state == PackageState.COMPLETE
-            )
-            runs.append(
-                PackageEntry(
-                    name=name,
-                    version=pkg.version,
-                    stage=PackageStage.UPGRADE if upgrade and not higher else PackageStage.APPLY,
-                    state=PackageState.PENDING,
-                )
-            )
+            run = _new_run(self.nw, self.state, name, pkg)
+            if isinstance(run, PackageEntry):
+                runs.append(run)
+            elif run is not None and report:
+                self.blocked.append(run)
         return runs
 
     # -- phase 3: start pods --------------------------------------------------------------------------
@@ -1269,13 +1265,7 @@ class _Planner:
         if self.skipped_now:
             return False
         if not self.node.unschedulable:
-            if not self.cordon_requested:
-                self.cordon_requested = True
-                self.actions.append(Cordon())
-                self.state = replace(self.state, cordoned=True)
-                self.events.append(Event("Cordon", "cordoning node before interrupt-bearing work"))
-            self.hold(Hold.CORDON, "cordoning the node")
-            self.requeue(self.opts.poll_interval, "waiting for the cordon to be observed")
+            self.cordon()
             return False
         facts = self.inp.drain
         if facts is None:
@@ -1286,64 +1276,79 @@ class _Planner:
                 kind, "checking workload pods before " + ("the interrupt" if for_interrupt else "draining")
             )
             return False
-        sel = facts.selection
-        if sel.protected:
-            wait_cfg = getattr(self.nw.spec, "interrupt_wait", None)
-            timeout_text = getattr(wait_cfg, "timeout", None)
-            expired = False
-            if timeout_text and facts.protected_since is not None:
-                limit = podspec.parse_duration_seconds(timeout_text)
-                expired = self.now >= facts.protected_since + timedelta(seconds=limit)
-            if not expired or getattr(wait_cfg, "action", "fail") == "fail":
-                if expired:
-                    self.fail_active(
-                        f"protected pods still running after {timeout_text}: {', '.join(sel.protected[:5])}"
-                    )
-                    return False
-                self.actions.append(WaitForProtectedPods(sel.protected))
-                self.hold(Hold.PROTECTED_PODS, f"waiting for protected pods: {', '.join(sel.protected[:5])}")
-                self.requeue(self.opts.poll_interval, "protected pods")
-                return False
-        if not sel.drained:
-            drain_cfg = getattr(self.nw.spec, "drain", None)
-            policy = str(getattr(drain_cfg, "policy", "wait"))
-            timeout_text = getattr(drain_cfg, "timeout", None)
-            expired = bool(
-                timeout_text
-                and facts.draining_since is not None
-                and self.now
-                >= facts.draining_since + timedelta(seconds=podspec.parse_duration_seconds(timeout_text))
-            )
-            blocked = (
-                f" (eviction blocked: {'; '.join(facts.eviction_blocked[:3])})"
-                if facts.eviction_blocked
-                else ""
-            )
-            left = len(sel.evict) + len(sel.terminating)
-            if (
-                expired
-                and policy == "skip"
-                and not for_interrupt
-                and self.skip_drain(
-                    f"drain timed out after {timeout_text} (policy skip): {left} pod(s) left"
-                    f" ({', '.join((*sel.evict, *sel.terminating)[:5])}){blocked};"
-                    " released, retried when the rollout admits the node again"
-                )
-            ):
-                return False
-            force = expired and policy == "force"
-            if sel.evict:
-                self.actions.append(Drain(sel.evict, force=force))
-            late = f"drain timeout {timeout_text} exceeded (policy {policy}); " if expired else ""
-            self.drain_overdue = self.drain_overdue or (expired and policy != "force")
-            self.eviction_blocked = self.eviction_blocked or bool(facts.eviction_blocked)
-            pods = (*sel.evict, *sel.terminating)
-            named = ", ".join(pods[:5]) + (f" and {len(pods) - 5} more" if len(pods) > 5 else "")
-            self.hold(Hold.DRAIN, f"draining: {late}{left} pod(s) left ({named}){blocked}")
-            self.requeue(self.opts.poll_interval, "drain")
+        if facts.selection.protected and self.protected_pods_hold(facts):
+            return False
+        if not facts.selection.drained:
+            self.drain(facts, for_interrupt=for_interrupt)
             return False
         self.node_gate_ok = True
         return True
+
+    def cordon(self) -> None:
+        if not self.cordon_requested:
+            self.cordon_requested = True
+            self.actions.append(Cordon())
+            self.state = replace(self.state, cordoned=True)
+            self.events.append(Event("Cordon", "cordoning node before interrupt-bearing work"))
+        self.hold(Hold.CORDON, "cordoning the node")
+        self.requeue(self.opts.poll_interval, "waiting for the cordon to be observed")
+
+    def protected_pods_hold(self, facts: DrainFacts) -> bool:
+        """Protected pods run: wait for them (True), or -- `interruptWait.timeout` passed -- fail the runs
+        (`action: fail`, True) or go on (False)."""
+        protected = facts.selection.protected
+        wait_cfg = self.nw.spec.interrupt_wait
+        timeout_text = wait_cfg.timeout if wait_cfg is not None else None
+        expired = False
+        if timeout_text and facts.protected_since is not None:
+            limit = podspec.parse_duration_seconds(timeout_text)
+            expired = self.now >= facts.protected_since + timedelta(seconds=limit)
+        if expired and getattr(wait_cfg, "action", "fail") != "fail":
+            return False
+        if expired:
+            self.fail_active(f"protected pods still running after {timeout_text}: {', '.join(protected[:5])}")
+            return True
+        self.actions.append(WaitForProtectedPods(protected))
+        self.hold(Hold.PROTECTED_PODS, f"waiting for protected pods: {', '.join(protected[:5])}")
+        self.requeue(self.opts.poll_interval, "protected pods")
+        return True
+
+    def drain(self, facts: DrainFacts, *, for_interrupt: bool) -> None:
+        """Evict what is left (force it after the timeout under `force`), or -- `skip` after the timeout,
+        nothing of the runs executed yet -- release the node."""
+        sel = facts.selection
+        drain_cfg = self.nw.spec.drain
+        policy = str(getattr(drain_cfg, "policy", "wait"))
+        timeout_text = getattr(drain_cfg, "timeout", None)
+        expired = bool(
+            timeout_text
+            and facts.draining_since is not None
+            and self.now
+            >= facts.draining_since + timedelta(seconds=podspec.parse_duration_seconds(timeout_text))
+        )
+        blocked = (
+            f" (eviction blocked: {'; '.join(facts.eviction_blocked[:3])})" if facts.eviction_blocked else ""
+        )
+        pods = (*sel.evict, *sel.terminating)
+        left = len(pods)
+        if (
+            expired
+            and policy == "skip"
+            and not for_interrupt
+            and self.skip_drain(
+                f"drain timed out after {timeout_text} (policy skip): {left} pod(s) left"
+                f" ({', '.join(pods[:5])}){blocked}; released, retried when the rollout admits the node again"
+            )
+        ):
+            return
+        if sel.evict:
+            self.actions.append(Drain(sel.evict, force=expired and policy == "force"))
+        late = f"drain timeout {timeout_text} exceeded (policy {policy}); " if expired else ""
+        self.drain_overdue = self.drain_overdue or (expired and policy != "force")
+        self.eviction_blocked = self.eviction_blocked or bool(facts.eviction_blocked)
+        named = ", ".join(pods[:5]) + (f" and {len(pods) - 5} more" if len(pods) > 5 else "")
+        self.hold(Hold.DRAIN, f"draining: {late}{left} pod(s) left ({named}){blocked}")
+        self.requeue(self.opts.poll_interval, "drain")
 
     def run_heads(self) -> list[PackageEntry]:
         """Interrupt-bearing runs recorded as started (to own the cordon) whose first pod never ran."""
@@ -1645,36 +1650,15 @@ class _Planner:
     # -- phase 4: completion and status ---------------------------------------------------------------
 
     def finish(self) -> NodePlan:
+        """Completion (drift checks first), the withdrawn node's uncordon, then the plan's value."""
         self.stamp_failures()
-        gen = self.nw.metadata.generation
         old = self.inp.state or NodeState()
-        # A generation bump that does not touch this node is not a new completion (no event).
-        was_complete = old.generation is not None and node_complete(self.nw, old) and not old.cordoned
         complete = node_complete(self.nw, self.state)
         if complete:
             self.drift_checks(was_complete=node_complete(self.nw, old))
             complete = node_complete(self.nw, self.state)  # a check may have found drift to repair
         if complete:
-            if self.state.cordoned:
-                self.actions.append(Uncordon())
-            self.state = replace(
-                self.state,
-                cordoned=False,
-                generation=gen,
-                admission=None,
-                interrupt_at=None,
-                boot_id=self.state.boot_id
-                if self.drift_recheck
-                else (self.node.boot_id or self.state.boot_id),
-            )
-            if self.inp.drift is not None and self.state.kernel is None:
-                self.state = replace(
-                    self.state, kernel=self.node.kernel or None, os_image=self.node.os_image or None
-                )
-            if not was_complete:
-                self.events.append(
-                    Event("NodeComplete", f"{self.nw.metadata.name} complete on {self.node.name}")
-                )
+            self.complete(old)
         elif self.state.cordoned and self.state.admission is None and self.idle():
             # The rollout withdrew the node (e.g. a batch reset) between two runs: nothing is in flight
             # and nothing may start, so the node goes back into service while it waits. It is cordoned
@@ -1687,8 +1671,48 @@ class _Planner:
         if complete:
             self.skip = None
         status, reason, message = self.status(complete)
-        # Settling (complete, or erroring with nothing else running) uses up the admission.
-        consume = old.admission is not None and (complete or status in (Status.COMPLETE, Status.ERRORING))
+        return NodePlan(
+            state=self.state,
+            status=status,
+            condition=_condition(self.nw, status, reason, message),
+            actions=self.ordered_actions(complete),
+            needs_drain_facts=self.needs_drain,
+            state_changed=self.state != old,
+            drain_skip=self.skip,
+            drain_skipped=self.skipped_now,
+            # Settling (complete, or erroring with nothing else running) uses up the admission.
+            consume_admission=old.admission is not None
+            and (complete or status in (Status.COMPLETE, Status.ERRORING)),
+            drift_result=self.drift_result,
+            failed=tuple(self.failed),
+            drain_blocked=self.eviction_blocked and not complete,
+        )
+
+    def complete(self, old: NodeState) -> None:
+        """The NodeWright is complete on the node: uncordon if ours, record the generation, the boot and
+        what the node runs; a new completion is an Event."""
+        # A generation bump that does not touch this node is not a new completion (no event).
+        was_complete = old.generation is not None and node_complete(self.nw, old) and not old.cordoned
+        if self.state.cordoned:
+            self.actions.append(Uncordon())
+        self.state = replace(
+            self.state,
+            cordoned=False,
+            generation=self.nw.metadata.generation,
+            admission=None,
+            interrupt_at=None,
+            boot_id=self.state.boot_id if self.drift_recheck else (self.node.boot_id or self.state.boot_id),
+        )
+        if self.inp.drift is not None and self.state.kernel is None:
+            self.state = replace(
+                self.state, kernel=self.node.kernel or None, os_image=self.node.os_image or None
+            )
+        if not was_complete:
+            self.events.append(Event("NodeComplete", f"{self.nw.metadata.name} complete on {self.node.name}"))
+
+    def ordered_actions(self, complete: bool) -> tuple[Action, ...]:
+        """Cordons, gate waits and drains, pod deletions, creations and bindings, the drift check, the
+        Events, then the one requeue: the order the node controller executes them in."""
         actions: list[Action] = [a for a in self.actions if isinstance(a, (Cordon, Uncordon))]
         actions += [a for a in self.actions if isinstance(a, (WaitForProtectedPods, Drain))]
         deletes: list[DeletePod] = sorted(self.deletes.values(), key=lambda d: d.name)
@@ -1699,24 +1723,10 @@ class _Planner:
             actions.append(self.drift_create)
         actions += self.events
         if self.requeues and not complete:
-            soonest = min(self.requeues, key=lambda r: r.seconds)
-            actions.append(soonest)
+            actions.append(min(self.requeues, key=lambda r: r.seconds))
         elif complete and self.drift_requeue is not None:
             actions.append(self.drift_requeue)
-        return NodePlan(
-            state=self.state,
-            status=status,
-            condition=_condition(self.nw, status, reason, message),
-            actions=tuple(actions),
-            needs_drain_facts=self.needs_drain,
-            state_changed=self.state != (self.inp.state or NodeState()),
-            drain_skip=self.skip,
-            drain_skipped=self.skipped_now,
-            consume_admission=consume,
-            drift_result=self.drift_result,
-            failed=tuple(self.failed),
-            drain_blocked=self.eviction_blocked and not complete,
-        )
+        return tuple(actions)
 
     def observe_checks(self) -> None:
         """Read every drift-check pod of this NodeWright on the node that has ended, and remove it --
