@@ -322,5 +322,5 @@ def test_a_reboot_is_reported_as_node_rebooted_once() -> None:
         a for p in node.plans for a in p.actions if isinstance(a, Event) and a.reason == "NodeRebooted"
     ]
     assert len(rebooted) == 1 and node.reboots == 1
-    reason = catalogue.for_plan_event(rebooted[0].reason, rebooted[0].type)
+    reason = rebooted[0].reason
     assert reason is catalogue.EventReason.NODE_REBOOTED and catalogue.info(reason).also_on_nodewright

@@ -146,37 +146,32 @@ def test_the_docs_table_is_the_catalogue() -> None:
     assert documented == expected
 
 
-def _plan_event_names() -> set[tuple[str, str]]:
-    """Every `Event("Name", ..., "Type")` the plan layer can emit, read from its source."""
+def _plan_event_reasons() -> list[str]:
+    """The reason of every `Event(...)` the plan layer can emit, read from its source (`EventReason.X`)."""
     import ast
 
-    found: set[tuple[str, str]] = set()
+    found: list[str] = []
     for path in (Path(ev.__file__).resolve().parents[1] / "plan").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Event":
-                args = node.args
-                if args and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str):
-                    kind = "Normal"
-                    if len(args) > 2 and isinstance(args[2], ast.Constant):
-                        kind = str(args[2].value)
-                    found.add((args[0].value, kind))
+                first = node.args[0] if node.args else None
+                assert isinstance(first, ast.Attribute) and isinstance(first.value, ast.Name), ast.dump(node)
+                assert first.value.id == "EventReason", ast.dump(node)
+                found.append(first.attr)
     return found
 
 
-def test_every_plan_event_maps_onto_the_catalogue_with_its_type() -> None:
-    names = _plan_event_names()
-    assert {"StageStarted", "Reboot", "NodeRebooted", "DrainTimeout", "Cordon"} <= {n for n, _ in names}
-    for name, kind in names:
-        reason = ev.for_plan_event(name, kind)
-        assert reason is not None, f"plan event {name!r} is not in the catalogue"
-        assert ev.event_type(reason).value == kind, (name, kind, reason)
-    # The defects of issue 16: no undocumented StageStarted, reboots are NodeRebooted (and reach the
-    # NodeWright too).
-    assert ev.for_plan_event("StageStarted", "Normal") is ev.EventReason.PACKAGE_STARTED
-    assert ev.for_plan_event("Reboot", "Normal") is ev.EventReason.NODE_REBOOTED
+def test_every_plan_event_is_a_catalogue_reason() -> None:
+    """One vocabulary: the plan layer names its Events with the catalogue's codes (no name to translate)."""
+    reasons = _plan_event_reasons()
+    assert {"PACKAGE_STARTED", "NODE_REBOOTED", "NODE_DRAIN_TIMEOUT", "NODE_CORDONED"} <= set(reasons)
+    assert set(reasons) <= set(ev.EventReason.__members__)
+    # The defects of issue 16: reboots are NodeRebooted (and reach the NodeWright too).
     assert ev.info(ev.EventReason.NODE_REBOOTED).also_on_nodewright
-    assert ev.for_plan_event("PackageRetry", "Warning") is ev.EventReason.PACKAGE_FAILED
-    assert ev.for_plan_event("PackageRetry", "Normal") is ev.EventReason.PACKAGE_RETRIED
+    from nodewright.plan.node import Event
+
+    assert Event(ev.EventReason.PACKAGE_FAILED, "x").type == "Warning"
+    assert Event(ev.EventReason.PACKAGE_RETRIED, "x").type == "Normal"
 
 
 def test_controllers_record_only_catalogue_reasons() -> None:

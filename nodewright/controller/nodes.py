@@ -1072,18 +1072,14 @@ class NodeReconciler:
 
     async def _event(self, model: NodeWright, node_name: str, node_uid: Any, event: Event) -> None:
         nw_name = model.metadata.name
-        # One list of reasons (observability.events): the plan's event names map onto the catalogue,
-        # which also says the type and whether the NodeWright gets it too (its rollout history).
-        known = catalogue.for_plan_event(event.reason, event.type)
-        if known is None:
-            log.warning("plan event missing from the catalogue", reason=event.reason)
-        reason = known.value if known is not None else event.reason
-        event_type = catalogue.event_type(known).value if known is not None else event.type
+        # One vocabulary (`api.events`): the plan names the reason, the catalogue says its type and
+        # whether the NodeWright gets it too (its rollout history).
+        reason, event_type = event.reason.value, event.type
         message = f"[{nw_name}] {event.message}"
         await self.rt.events.record(
             kind="Node", name=node_name, uid=node_uid, reason=reason, message=message, event_type=event_type
         )
-        if known is not None and catalogue.info(known).also_on_nodewright:
+        if catalogue.info(event.reason).also_on_nodewright:
             await self.rt.events.record(
                 kind=constants.KIND_NODEWRIGHT,
                 name=nw_name,

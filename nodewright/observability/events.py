@@ -16,7 +16,7 @@ folded into one Event with a count (`EventCorrelator`, client-go's algorithm; th
 merge patch that increments `count` and moves `lastTimestamp`.
 
 One list. The reasons, their types and meanings are `api.events` (`EventReason`, `CATALOGUE`): the plan
-layer's event names map onto it (`for_plan_event`), the controllers emit nothing else, and
+layer emits these codes (`plan.node.Event`), the controllers emit nothing else, and
 docs/observability.md's table is checked against it by a unit test.
 """
 
@@ -39,44 +39,6 @@ COMPONENT: Final = "nodewright-operator"
 EVENT_NAMESPACE: Final = "default"
 MAX_MESSAGE_LENGTH: Final = 1024
 MAX_LISTED_NAMES: Final = 5
-
-
-# The plan layer (pure, below this one) names its events; each name means exactly one catalogue reason.
-PLAN_EVENTS: Final[dict[str, EventReason]] = {
-    "PackageStarted": EventReason.PACKAGE_STARTED,
-    "StageStarted": EventReason.PACKAGE_STARTED,  # a retry attempt's pod (the message says which attempt)
-    "PackageComplete": EventReason.PACKAGE_COMPLETED,
-    "PackageFailed": EventReason.PACKAGE_FAILED,
-    "PackageUninstalled": EventReason.PACKAGE_UNINSTALLED,
-    "UninstallCancelled": EventReason.UNINSTALL_CANCELLED,
-    "Cordon": EventReason.NODE_CORDONED,
-    "Uncordon": EventReason.NODE_UNCORDONED,
-    "DrainTimeout": EventReason.NODE_DRAIN_TIMEOUT,
-    "InterruptWaitTimeout": EventReason.PROTECTED_PODS_TIMEOUT,
-    "Interrupt": EventReason.INTERRUPT_STARTED,
-    "InterruptComplete": EventReason.INTERRUPT_COMPLETED,
-    "InterruptFailed": EventReason.INTERRUPT_FAILED,
-    "NodeRebooted": EventReason.NODE_REBOOTED,
-    "Reboot": EventReason.NODE_REBOOTED,  # reapplyOnReboot: a reboot of a complete node restarts its packages
-    "NodeComplete": EventReason.NODE_COMPLETE,
-    "Drifted": EventReason.DRIFTED,
-    "DriftCleared": EventReason.DRIFT_CLEARED,
-    "DriftRepaired": EventReason.DRIFT_REPAIRED,
-    "DriftCheckFailed": EventReason.DRIFT_CHECK_FAILED,
-}
-
-
-def for_plan_event(name: str, event_type: str) -> EventReason | None:
-    """The catalogue reason of a plan-layer event; None for a name this catalogue does not know (a
-    unit test keeps that from happening). `PackageRetry` is a failed attempt that will be retried
-    (Warning) or an erroring package restarted by a fresh admission (Normal)."""
-    if name == "PackageRetry":
-        return (
-            EventReason.PACKAGE_FAILED
-            if event_type == EventType.WARNING.value
-            else EventReason.PACKAGE_RETRIED
-        )
-    return PLAN_EVENTS.get(name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,6 +66,7 @@ from enum import Enum
 from typing import Literal
 
 from nodewright.api import constants, semver
+from nodewright.api.events import EventReason, event_type
 from nodewright.api.models import Interrupt, InterruptType, NodeWright, Package, Status
 from nodewright.api.nodeobject import NodeFacts, Taint
 from nodewright.api.nodestate import (
@@ -253,9 +254,15 @@ class RequeueAfter:
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    reason: str
+    """An Event about the node: the reason is a code of the one Event vocabulary (`api.events`), which
+    also gives its type and whether the NodeWright gets it too."""
+
+    reason: EventReason
     message: str
-    type: Literal["Normal", "Warning"] = "Normal"
+
+    @property
+    def type(self) -> str:
+        return event_type(self.reason).value
 
 
 Action = (
@@ -680,7 +687,9 @@ class _Planner:
         # Immutable OS images lose host changes on reboot: start over, through the rollout planner
         # (admission cleared) so that a fleet-wide power event does not re-apply everywhere at once.
         self.state = NodeState(cordoned=s.cordoned)
-        self.events.append(Event("Reboot", "node rebooted; re-applying every package (reapplyOnReboot)"))
+        self.events.append(
+            Event(EventReason.NODE_REBOOTED, "node rebooted; re-applying every package (reapplyOnReboot)")
+        )
 
     # -- phase 1: observe pods ----------------------------------------------------------------------
 
@@ -821,7 +830,9 @@ class _Planner:
             if pod is not None:
                 self.delete(pod, "reboot completed")
             self.events.append(
-                Event("NodeRebooted", f"boot id changed; {carrier.name}:{carrier.version} rebooted")
+                Event(
+                    EventReason.NODE_REBOOTED, f"boot id changed; {carrier.name}:{carrier.version} rebooted"
+                )
             )
             self.finish_interrupt(carrier, skipped)
             return True
@@ -833,7 +844,7 @@ class _Planner:
             self.state = replace(self.state, interrupt_at=None)
             self.fail_covered(carrier, message)
             self.events.append(
-                Event("InterruptFailed", f"{carrier.name}:{carrier.version}: {message}", "Warning")
+                Event(EventReason.INTERRUPT_FAILED, f"{carrier.name}:{carrier.version}: {message}")
             )
             if pod is not None:
                 self.delete(pod, "reboot timed out")
@@ -1039,15 +1050,19 @@ class _Planner:
                     self.state = self.state.without(old.name, old.version)
         if new is None:
             self.state = self.state.without(entry.name, entry.version)
-            self.events.append(Event("PackageUninstalled", f"{entry.name}:{entry.version} uninstalled"))
+            self.events.append(
+                Event(EventReason.PACKAGE_UNINSTALLED, f"{entry.name}:{entry.version} uninstalled")
+            )
             return None
         if new.state == PackageState.COMPLETE and (new.drifted or new.repair):
             if new.drifted:
-                self.events.append(Event("DriftRepaired", f"{entry.name}:{entry.version} re-applied"))
+                self.events.append(
+                    Event(EventReason.DRIFT_REPAIRED, f"{entry.name}:{entry.version} re-applied")
+                )
             new = replace(new, drifted="", repair=False)
         self.put(new)
         if new.state == PackageState.COMPLETE:
-            self.events.append(Event("PackageComplete", f"{entry.name}:{entry.version} complete"))
+            self.events.append(Event(EventReason.PACKAGE_COMPLETED, f"{entry.name}:{entry.version} complete"))
         return new
 
     def finish_interrupt(self, carrier: PackageEntry, skipped: list[PackageEntry]) -> None:
@@ -1057,7 +1072,7 @@ class _Planner:
         self.state = replace(self.state, interrupt_at=None)
         self.events.append(
             Event(
-                "InterruptComplete",
+                EventReason.INTERRUPT_COMPLETED,
                 f"interrupt of {', '.join(sorted(e.name for e in [carrier, *skipped]))} complete",
             )
         )
@@ -1079,14 +1094,14 @@ class _Planner:
         )
         if result.gave_up:
             self.events.append(
-                Event("PackageFailed", f"{entry.name}:{entry.version}: {result.entry.error}", "Warning")
+                Event(EventReason.PACKAGE_FAILED, f"{entry.name}:{entry.version}: {result.entry.error}")
             )
             if entry.stage in INTERRUPT_STAGES:
                 self.state = replace(self.state, interrupt_at=None)
                 self.fail_covered(entry, result.entry.error)
         else:
             self.events.append(
-                Event("PackageRetry", f"{entry.name}:{entry.version}: {result.entry.error}", "Warning")
+                Event(EventReason.PACKAGE_FAILED, f"{entry.name}:{entry.version}: {result.entry.error}")
             )
 
     # -- phase 2: decide runs -------------------------------------------------------------------------
@@ -1125,7 +1140,7 @@ class _Planner:
                 )
             )
             retrying = f"{entry.name}:{entry.version} {entry.stage.value}: retrying (admitted again)"
-            self.events.append(Event("PackageRetry", retrying))
+            self.events.append(Event(EventReason.PACKAGE_RETRIED, retrying))
 
     def stamp_failures(self) -> None:
         """Every entry that became erroring in this plan records the admission it gave up under."""
@@ -1187,7 +1202,7 @@ class _Planner:
                         )
                     )
                 self.events.append(
-                    Event("UninstallCancelled", f"uninstall of {name}:{entry.version} cancelled")
+                    Event(EventReason.UNINSTALL_CANCELLED, f"uninstall of {name}:{entry.version} cancelled")
                 )
 
     def new_runs(self) -> list[PackageEntry]:
@@ -1289,7 +1304,9 @@ class _Planner:
             self.cordon_requested = True
             self.actions.append(Cordon())
             self.state = replace(self.state, cordoned=True)
-            self.events.append(Event("Cordon", "cordoning node before interrupt-bearing work"))
+            self.events.append(
+                Event(EventReason.NODE_CORDONED, "cordoning node before interrupt-bearing work")
+            )
         self.hold(Hold.CORDON, "cordoning the node")
         self.requeue(self.opts.poll_interval, "waiting for the cordon to be observed")
 
@@ -1395,7 +1412,7 @@ class _Planner:
         self.skip = DrainSkip(at=self.now, message=message)
         self.skipped_now = True
         self.skip_blocked = message
-        self.events.append(Event("DrainTimeout", message, "Warning"))
+        self.events.append(Event(EventReason.NODE_DRAIN_TIMEOUT, message))
         return True
 
     def drain_skip_holds(self) -> bool:
@@ -1415,7 +1432,7 @@ class _Planner:
         for entry in self.state.packages:
             if entry.state in (PackageState.PENDING, PackageState.IN_PROGRESS) and self.in_spec(entry):
                 self.put(replace(entry, state=PackageState.ERRORING, error=message, updated=ts(self.now)))
-        self.events.append(Event("InterruptWaitTimeout", message, "Warning"))
+        self.events.append(Event(EventReason.PROTECTED_PODS_TIMEOUT, message))
 
     def create(
         self,
@@ -1471,10 +1488,10 @@ class _Planner:
         for e in chain:
             stages += f"; then {e.name}:{e.version} " + ", ".join(s.value for s in pod_stages(e.stage))
         if new_run:
-            self.events.append(Event("PackageStarted", f"{entry.name}:{entry.version} {stages}"))
+            self.events.append(Event(EventReason.PACKAGE_STARTED, f"{entry.name}:{entry.version} {stages}"))
         elif attempt != entry.attempts:
             self.events.append(
-                Event("StageStarted", f"{entry.name}:{entry.version} {stages} attempt {attempt}")
+                Event(EventReason.PACKAGE_STARTED, f"{entry.name}:{entry.version} {stages} attempt {attempt}")
             )
         return new
 
@@ -1591,7 +1608,10 @@ class _Planner:
         self.state = replace(self.state, boot_id=self.node.boot_id or None, interrupt_at=ts(self.now))
         self.create(carrier_entry, attempt=1, interrupt=group.interrupt, covers=group.skipped)
         self.events.append(
-            Event("Interrupt", f"{group.interrupt.type.value} for {', '.join(sorted(candidates))}")
+            Event(
+                EventReason.INTERRUPT_STARTED,
+                f"{group.interrupt.type.value} for {', '.join(sorted(candidates))}",
+            )
         )
 
     def start_new_runs(self, in_flight: list[PackageEntry]) -> None:
@@ -1666,7 +1686,10 @@ class _Planner:
             self.actions.append(Uncordon())
             self.state = replace(self.state, cordoned=False)
             self.events.append(
-                Event("Uncordon", "no work in flight and not admitted: uncordoning while waiting")
+                Event(
+                    EventReason.NODE_UNCORDONED,
+                    "no work in flight and not admitted: uncordoning while waiting",
+                )
             )
         if complete:
             self.skip = None
@@ -1708,7 +1731,9 @@ class _Planner:
                 self.state, kernel=self.node.kernel or None, os_image=self.node.os_image or None
             )
         if not was_complete:
-            self.events.append(Event("NodeComplete", f"{self.nw.metadata.name} complete on {self.node.name}"))
+            self.events.append(
+                Event(EventReason.NODE_COMPLETE, f"{self.nw.metadata.name} complete on {self.node.name}")
+            )
 
     def ordered_actions(self, complete: bool) -> tuple[Action, ...]:
         """Cordons, gate waits and drains, pod deletions, creations and bindings, the drift check, the
@@ -1816,13 +1841,13 @@ class _Planner:
         self.drift_result = outcome.result
         for name, reason in outcome.drifted.items():
             if before.get(name) != reason[:500]:
-                self.events.append(Event("Drifted", f"{name}: {reason}", "Warning"))
+                self.events.append(Event(EventReason.DRIFTED, f"{name}: {reason}"))
         for name in outcome.clean:
             if name in before:
-                self.events.append(Event("DriftCleared", f"{name}: the check passes again"))
+                self.events.append(Event(EventReason.DRIFT_CLEARED, f"{name}: the check passes again"))
         if outcome.error:
             self.events.append(
-                Event("DriftCheckFailed", f"drift check did not run: {outcome.error}", "Warning")
+                Event(EventReason.DRIFT_CHECK_FAILED, f"drift check did not run: {outcome.error}")
             )
 
     def finish_disabled(self) -> NodePlan:
@@ -1841,7 +1866,9 @@ class _Planner:
             else:
                 self.actions.append(Uncordon())
                 self.state = replace(self.state, cordoned=False)
-                self.events.append(Event("Uncordon", "NodeWright disabled: nothing running, uncordoning"))
+                self.events.append(
+                    Event(EventReason.NODE_UNCORDONED, "NodeWright disabled: nothing running, uncordoning")
+                )
         actions: list[Action] = [a for a in self.actions if isinstance(a, Uncordon)]
         deletes: list[DeletePod] = sorted(self.deletes.values(), key=lambda d: d.name)
         actions += deletes
