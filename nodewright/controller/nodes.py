@@ -363,6 +363,7 @@ class NodeReconciler:
                 reason=blocked.reason.value,
                 message=blocked.message,
                 event_type=blocked.type.value,
+                related=nw_name,
             )
 
     async def _report_malformed(
@@ -893,6 +894,7 @@ class NodeReconciler:
                         uid=node_uid,
                         reason=spec.reason.value,
                         message=spec.message,
+                        related=model.metadata.name,
                     )
                 if report.any_blocked:
                     spec = catalogue.node_drain_blocked(model.metadata.name, "; ".join(report.blocked[:3]))
@@ -903,6 +905,7 @@ class NodeReconciler:
                         reason=spec.reason.value,
                         message=spec.message,
                         event_type="Warning",
+                        related=model.metadata.name,
                     )
                     requeue.append(DRAIN_BLOCKED_POLL)
                 else:
@@ -1077,7 +1080,13 @@ class NodeReconciler:
         reason, event_type = event.reason.value, event.type
         message = f"[{nw_name}] {event.message}"
         await self.rt.events.record(
-            kind="Node", name=node_name, uid=node_uid, reason=reason, message=message, event_type=event_type
+            kind="Node",
+            name=node_name,
+            uid=node_uid,
+            reason=reason,
+            message=message,
+            event_type=event_type,
+            related=nw_name,
         )
         if catalogue.info(event.reason).also_on_nodewright:
             await self.rt.events.record(
@@ -1098,7 +1107,13 @@ class NodeReconciler:
         self._warned.add(marker)
         log.warning(message, key=key)
         await self.rt.events.record(
-            kind=kind, name=name, uid=uid, reason=reason, message=message, event_type="Warning"
+            kind=kind,
+            name=name,
+            uid=uid,
+            reason=reason,
+            message=message,
+            event_type="Warning",
+            related=split_node_key(key)[0] if kind == "Node" else None,
         )
 
     # ------------------------------------------------------------------------------------------------

@@ -186,6 +186,7 @@ class PodTrust:
                 reason=spec.reason.value,
                 message=spec.message,
                 event_type=spec.type.value,
+                related=item.nodewright,
             )
         await self.rt.events.record(
             kind=constants.KIND_NODEWRIGHT,
