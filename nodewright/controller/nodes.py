@@ -885,31 +885,7 @@ class NodeReconciler:
         requeue: list[float] = []
         for action in plan.actions:
             if isinstance(action, Drain):
-                report = await self.drainer.evict(key, action.pods, force=action.force)
-                if report.evicted:
-                    spec = catalogue.node_draining(model.metadata.name, len(report.evicted))
-                    await rt.events.record(
-                        kind="Node",
-                        name=node_name,
-                        uid=node_uid,
-                        reason=spec.reason.value,
-                        message=spec.message,
-                        related=model.metadata.name,
-                    )
-                if report.any_blocked:
-                    spec = catalogue.node_drain_blocked(model.metadata.name, "; ".join(report.blocked[:3]))
-                    await rt.events.record(
-                        kind="Node",
-                        name=node_name,
-                        uid=node_uid,
-                        reason=spec.reason.value,
-                        message=spec.message,
-                        event_type="Warning",
-                        related=model.metadata.name,
-                    )
-                    requeue.append(DRAIN_BLOCKED_POLL)
-                else:
-                    requeue.append(DRAIN_POLL)
+                requeue.append(await self._drain(key, model.metadata.name, node_name, node_uid, action))
             elif isinstance(action, DeletePod):
                 await self._delete_pod(node_name, action)
             elif isinstance(action, BindPod):
@@ -937,6 +913,33 @@ class NodeReconciler:
             elif isinstance(action, RequeueAfter):
                 requeue.append(action.seconds)
         return min(requeue) if requeue else None
+
+    async def _drain(self, key: str, nw_name: str, node_name: str, node_uid: Any, action: Drain) -> float:
+        """Evict (or delete) the pods; Events for what went and what was refused; seconds to look again."""
+        report = await self.drainer.evict(key, action.pods, force=action.force)
+        if report.evicted:
+            spec = catalogue.node_draining(nw_name, len(report.evicted))
+            await self.rt.events.record(
+                kind="Node",
+                name=node_name,
+                uid=node_uid,
+                reason=spec.reason.value,
+                message=spec.message,
+                related=nw_name,
+            )
+        if not report.any_blocked:
+            return DRAIN_POLL
+        spec = catalogue.node_drain_blocked(nw_name, "; ".join(report.blocked[:3]))
+        await self.rt.events.record(
+            kind="Node",
+            name=node_name,
+            uid=node_uid,
+            reason=spec.reason.value,
+            message=spec.message,
+            event_type="Warning",
+            related=nw_name,
+        )
+        return DRAIN_BLOCKED_POLL
 
     async def _delete_pod(self, node_name: str, action: DeletePod) -> None:
         if self._refused.pop((node_name, action.name), None) is not None:
