@@ -4,9 +4,6 @@ The simulator creates thousands of nodes and watches a handful of pods; it needs
 concurrency and deadlines, not a generated client. It reads a kubeconfig's current context with either
 client certificates (inline `*-data` or file references) or a bearer token, which is what `sim up` and
 the e2e fixture produce. The production client lives in `nodewright.kube`; this one is for test tooling.
-
-`api_client()` returns a `kubernetes_asyncio` ApiClient for the same kubeconfig, for tests that prefer
-the typed client (imported lazily: it costs ~80 MiB of memory).
 """
 
 from __future__ import annotations
@@ -237,10 +234,3 @@ class KubeClient:
             async for line in resp.content:
                 if line.strip():
                     yield json.loads(line)
-
-
-async def api_client(kubeconfig: Path) -> Any:
-    """A `kubernetes_asyncio.client.ApiClient` for `kubeconfig` (caller closes it: `await c.close()`)."""
-    from kubernetes_asyncio import config  # lazy: the generated client is large
-
-    return await config.new_client_from_config(config_file=str(kubeconfig), persist_config=False)
