@@ -433,13 +433,22 @@ def rollout_input(
     derived = tuple((entries or derive_all)(ctx, nodes))
     facts = tuple(sequencing.facts_for(models, nodes)) if len(nodewrights) > 1 else ()
     candidates = tuple(_with_priority(ctx.name, e.rollout, facts) for e in derived if e.rollout is not None)
-    return replace(
-        _annotated(model, ctx.fingerprint),
+    said = _annotated(model, ctx.fingerprint)
+    return RolloutInput(
+        model=model,
         nodewright=nodewright,
         policy=_policy(nodewright, policies),
+        fingerprint=ctx.fingerprint,
         now=now,
         entries=derived,
         nodes=candidates,
+        compartment_statuses=said.compartment_statuses,
+        reset_requested=said.reset_requested,
+        reset_compartments=said.reset_compartments,
+        approvals=said.approvals,
+        paused=is_paused(model),
+        disabled=is_disabled(model),
+        next_order_hint=said.next_order_hint,
         shared_budgets=tuple(budgets_for(ctx.name, budgets, nodes, candidates, pool) if budgets else ()),
         admission_limit=options.admission_limit,
         facts=facts,
@@ -448,27 +457,29 @@ def rollout_input(
     )
 
 
-def _annotated(model: NodeWright, fingerprint: str) -> RolloutInput:
-    """What the NodeWright object itself says: its persisted status (with the compartment resets asked
-    for), the reset and approval annotations, pause and disable, the order counter of this rollout."""
+@dataclass(frozen=True, slots=True)
+class _Annotated:
+    """What the NodeWright object itself says about its rollout."""
+
+    compartment_statuses: Mapping[str, CompartmentStatus]
+    reset_requested: bool
+    reset_compartments: frozenset[str]
+    approvals: Mapping[str, int]
+    next_order_hint: int
+
+
+def _annotated(model: NodeWright, fingerprint: str) -> _Annotated:
+    """Its persisted status (with the compartment resets asked for), the reset and approval annotations
+    and the order counter of this rollout (`fingerprint`)."""
     annotations = model.metadata.annotations or {}
     reset, reset_some = parse_reset_annotation(annotations.get(constants.ANNOTATION_RESET_BATCH, ""))
     status = model.status
     persisted = (status.compartment_statuses if status is not None else None) or {}
-    return RolloutInput(
-        model=model,
-        nodewright=model,
-        policy=None,
-        fingerprint=fingerprint,
-        now=datetime.min,
-        entries=(),
-        nodes=(),
+    return _Annotated(
         compartment_statuses=reset_compartments(persisted, reset_some),
         reset_requested=reset,
         reset_compartments=reset_some,
         approvals=parse_approvals(annotations.get(APPROVE_ANNOTATION)),
-        paused=is_paused(model),
-        disabled=is_disabled(model),
         next_order_hint=(
             status.next_order if status is not None and status.rollout_fingerprint == fingerprint else 0
         ),
