@@ -22,6 +22,10 @@ venv: $(VENV)/.installed ## create the virtualenv with runtime and dev dependenc
 controlplane: ## build kube-apiserver, kube-controller-manager, kubectl, etcd, kwok from Go modules (cached)
 	bash hack/controlplane/build.sh
 
+.PHONY: realnode
+realnode: controlplane ## real nodes' base root: containerd 2 and CNI plugins from Go modules, Debian's runc and busybox (cached)
+	bash hack/realnode/build.sh >/dev/null
+
 .PHONY: helm
 helm: ## build helm v3 from Go modules (cached in ~/.cache/nodewright/helm/); the chart tests use it
 	bash hack/helm/build.sh >/dev/null
@@ -57,7 +61,7 @@ unit: venv helm ## unit and property tests (no cluster)
 # turned error can make CPython's AST parser raise SystemError after every test passed.
 E2E_PYTEST = $(PY) -m pytest -q -p no:hypothesispytest
 
-e2e: venv controlplane helm ## end-to-end tests against a real local control plane started by the tests
+e2e: venv controlplane realnode helm ## end-to-end tests against a real local control plane started by the tests (the real-node lane needs root)
 	$(E2E_PYTEST) e2e -m "not outside_ci"
 
 .PHONY: e2e-outside-ci
@@ -76,7 +80,7 @@ bench: venv controlplane ## scale benchmark (default 1,000 nodes); writes benchm
 test: lint unit e2e bench-smoke ## everything CI runs
 
 .PHONY: demo
-demo: venv controlplane ## simulated GPU fleet + operator + a real rollout, progress printed until complete
+demo: venv controlplane realnode ## simulated GPU fleet + operator + a real rollout, progress printed until complete
 	$(PY) -m nodewright demo
 
 .PHONY: clean

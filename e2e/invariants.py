@@ -275,7 +275,9 @@ def pod_outcome(pod: Mapping[str, Any]) -> str | None:
     """ "succeeded", "failed" or None (still running).
 
     A package pod has a `pause` main container, so success is "every init container terminated with
-    exit 0" while the pod is Running (it never reaches Succeeded); phase Succeeded also counts.
+    exit 0" (it never reaches Succeeded; phase Succeeded also counts), whatever the phase says: a real
+    kubelet reports Pending between the last init container's exit and the start of `pause`, and a pod
+    deleted then stays Pending while it terminates, with no host work left to do.
     """
     status = pod.get("status") or {}
     phase = status.get("phase")
@@ -286,7 +288,7 @@ def pod_outcome(pod: Mapping[str, Any]) -> str | None:
     inits = status.get("initContainerStatuses") or []
     declared = len((pod.get("spec") or {}).get("initContainers") or [])
     done = all((s.get("state") or {}).get("terminated", {}).get("exitCode", 1) == 0 for s in inits)
-    if phase == "Running" and inits and len(inits) >= declared and done:
+    if inits and len(inits) >= declared and done:
         return "succeeded"
     return None
 

@@ -43,12 +43,15 @@ from e2e.operator_fixture import (
     wait_statuses,
 )
 from e2e.test_packages_real import (
+    _HEADER,
+    _SAME,
     REBOOT_SECONDS_ANNOTATION,
     publish_version,
     root_of,
     shell_package,
     tuning_package,
 )
+from e2e.test_safety import events_of
 from nodewright.api import constants
 from nodewright.plan import podspec
 from nodewright.sim import fleet
@@ -377,3 +380,52 @@ async def repaired(kube: KubeClient, timeline: Timeline, prefix: str, nw: str, n
     ]
     nodes = {n["metadata"]["name"]: n for n in await nodes_of(kube, prefix)}
     assert status_of(nodes[node], nw) == "complete", condition_of(nodes[node], nw)
+
+
+async def test_a_hung_drift_check_ends_at_its_deadline_and_holds_the_node_no_longer(
+    cluster: ControlPlane,
+    operator: OperatorProcess,
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    """A check step that never returns (here: the shell package's apply-check once a marker exists on
+    the host). The check pod's deadline (`activeDeadlineSeconds`: the package's stageTimeout) ends it;
+    the operator counts a check error, not drift, removes the pod, and a config change, which waits for
+    check pods to be gone, runs. Without a deadline the hung check held the node forever."""
+    prefix = nw = f"hang-{unique}"
+    publish_version(cluster, "shell", "1.0.0")
+    hanging_check = _HEADER + 'if [ -e "$d/hang" ]; then sleep 100000; fi\n' + _SAME
+
+    def spec(value: str) -> JSON:
+        package = shell_package("1.0.0", value, stageTimeout="15s")
+        package["configMap"]["apply_check.sh"] = hanging_check
+        return package
+
+    async with fleet_of(cluster, prefix, 1, real_packages=1) as [node]:
+        manifest = nodewright_manifest(
+            nw,
+            fleet_prefix=prefix,
+            packages={"shell": spec("tuned")},
+            driftDetection={"interval": "10s", "action": "report"},
+        )
+        await create_nodewright(kube, manifest)
+        await wait_statuses(kube, prefix, nw, "complete", within=120)
+        (root_of(cluster, node) / "etc/nodewright-e2e/hang").write_text("")
+        errors = metric(operator, "nodewright_drift_checks_total", nodewright=nw, result="error")
+
+        async def gave_up() -> bool:
+            return metric(operator, "nodewright_drift_checks_total", nodewright=nw, result="error") > errors
+
+        await fleet.wait_for(gave_up, within=90, what="a hung check counted as a check error")
+        [failed, *_] = await events_of(kube, node, "DriftCheckFailed")
+        assert "deadline" in failed["message"], failed
+        [obj] = await nodes_of(kube, prefix)
+        assert status_of(obj, nw) == "complete", "a check that could not run is no drift"
+        # The config change waits for the (hung) check pods of the node to be gone, then runs.
+        await patch_nodewright(kube, nw, {"spec": {"packages": {"shell": spec("tuned again")}}})
+        generation = int(((await get_nodewright(kube, nw)) or {})["metadata"]["generation"])
+        await wait_statuses(kube, prefix, nw, "complete", within=120, generation=generation)
+        assert (root_of(cluster, node) / "etc/nodewright-e2e/value").read_text() == "tuned again"
+        (root_of(cluster, node) / "etc/nodewright-e2e/hang").unlink()
+        await delete_nodewright(kube, nw, within=120)

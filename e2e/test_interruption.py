@@ -1,7 +1,7 @@
 """Issue 6 scenarios: cordon, protected pods, PDB-respecting drain and reboots on the real control plane.
 
 Workloads come from `nodewright.sim.fleet.create_workloads` (pods bound by nodeName, an unreconciled
-ReplicaSet owner so the disruption controller computes `maxUnavailable`, optional PDB); reboots are
+StatefulSet owner so the disruption controller computes `maxUnavailable`, optional PDB); reboots are
 performed by the simulator's rebooter (node NotReady, then a new bootID).
 """
 

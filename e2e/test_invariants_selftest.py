@@ -314,6 +314,10 @@ def test_pod_outcome_shapes() -> None:
     )
     assert pod_outcome({"spec": spec, "status": {"phase": "Failed"}}) == "failed"
     assert pod_outcome({"status": {"phase": "Succeeded"}}) == "succeeded"
+    # A real kubelet between the last init container's exit and pause's start (or deleted then).
+    assert pod_outcome(
+        {"spec": spec, "status": {"phase": "Pending", "initContainerStatuses": [done, done]}}
+    ) == ("succeeded")
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -8,8 +8,10 @@ made while the operator still runs (so the finalizer is released). Simulated sta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import yaml
@@ -38,7 +40,7 @@ from nodewright.api.nodestate import decode
 from nodewright.plan import podspec
 from nodewright.sim import fleet
 from nodewright.sim.controlplane import ControlPlane
-from nodewright.sim.kubeapi import KubeClient
+from nodewright.sim.kubeapi import ApiError, KubeClient
 
 
 async def generation_of(kube: KubeClient, nw: str) -> int:
@@ -403,6 +405,151 @@ async def test_priority_sequencing_node_then_all(
                 )
             await delete_nodewright(kube, lo)
             await delete_nodewright(kube, hi)
+
+
+ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
+
+
+async def _label_leaves_complete(kube: KubeClient, node: str, nw: str) -> bool:
+    """Whether the API server lets `nw`'s status label on `node` change from `complete` (a dry run)."""
+    patch = {"metadata": {"labels": {f"nodewright.io/status.{nw}": "waiting"}}}
+    try:
+        await kube.request(
+            "PATCH",
+            f"/api/v1/nodes/{node}",
+            body=patch,
+            params={"dryRun": "All"},
+            content_type="application/merge-patch+json",
+        )
+    except ApiError as err:
+        if err.status in (403, 422):
+            return False
+        raise
+    return True
+
+
+@contextlib.asynccontextmanager
+async def status_label_held(kube: KubeClient, nw: str, *, prefix: str, probe: str) -> AsyncIterator[None]:
+    """While inside, the API server refuses every write that moves `nw`'s status label on the fleet's
+    nodes away from `complete` (a ValidatingAdmissionPolicy): `nw`'s node controller cannot record that
+    it planned a node for a new spec (its state and label go in one write), so the label lags the spec
+    for as long as the test wants -- what a backlogged node queue, a restart or write throttling do
+    for a while at fleet scale. `probe` is a fleet node whose label says `complete`: the policy is in
+    force once a dry run on it is refused, and gone once one is accepted again."""
+    key = f"nodewright.io/status.{nw}"
+    name = f"nodewright-e2e-hold-{nw}"
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "objectSelector": {"matchLabels": {fleet.FLEET_LABEL: prefix}},
+                "resourceRules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["UPDATE"],
+                        "resources": ["nodes", "nodes/status"],
+                    }
+                ],
+            },
+            "validations": [
+                {
+                    "expression": f"!(has(oldObject.metadata.labels) && '{key}' in oldObject.metadata.labels"
+                    f" && oldObject.metadata.labels['{key}'] == 'complete')"
+                    f" || (has(object.metadata.labels) && '{key}' in object.metadata.labels"
+                    f" && object.metadata.labels['{key}'] == 'complete')",
+                    "message": f"e2e: {key} stays complete for now",
+                }
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    }
+    await kube.create(f"{ADMISSION_API}/validatingadmissionpolicies", policy)
+    await kube.create(f"{ADMISSION_API}/validatingadmissionpolicybindings", binding)
+    try:
+
+        async def in_force() -> bool:
+            return not await _label_leaves_complete(kube, probe, nw)
+
+        await fleet.wait_for(in_force, within=30, what="the label-holding admission policy in force")
+        yield
+    finally:
+        await kube.delete(f"{ADMISSION_API}/validatingadmissionpolicybindings/{name}")
+        await kube.delete(f"{ADMISSION_API}/validatingadmissionpolicies/{name}")
+
+        async def lifted() -> bool:
+            return await _label_leaves_complete(kube, probe, nw)
+
+        await fleet.wait_for(lifted, within=30, what="the label-holding admission policy gone")
+
+
+async def test_two_ordered_nodewrights_edited_together_keep_their_order(
+    cluster: ControlPlane,
+    operator: OperatorProcess,
+    kube: KubeClient,
+    unique: str,
+    invariants: InvariantMonitor,
+) -> None:
+    """hi (priority 1) and lo (priority 2) are complete; both are upgraded in one go (hi first). lo may
+    start on a node only once hi completed its *new* version there, however long hi's status label
+    keeps saying `complete` from the old one: here it is held by the API server until lo has shown
+    what it makes of it (its nodes wait for hi), and lo's pods are watched throughout."""
+    prefix = f"seqedit-{unique}"
+    hi, lo = f"hi-{unique}", f"lo-{unique}"
+    async with fleet_of(cluster, prefix, 2) as names:
+        await create_nodewright(
+            kube,
+            nodewright_manifest(
+                hi,
+                fleet_prefix=prefix,
+                packages={"base": package()},
+                priority=1,
+                interruptionBudget={"count": 1},
+            ),
+        )
+        await create_nodewright(
+            kube, nodewright_manifest(lo, fleet_prefix=prefix, packages={"app": package()}, priority=2)
+        )
+        await wait_statuses(kube, prefix, hi, "complete", within=90)
+        await wait_statuses(kube, prefix, lo, "complete", within=90)
+        async with PodCreations(kube, lo) as watch:
+            async with status_label_held(kube, hi, prefix=prefix, probe=names[0]):
+                await patch_nodewright(kube, hi, {"spec": {"packages": {"base": {"version": "1.1.0"}}}})
+                await patch_nodewright(kube, lo, {"spec": {"packages": {"app": {"version": "1.1.0"}}}})
+                hi_generation, lo_generation = await generation_of(kube, hi), await generation_of(kube, lo)
+
+                async def lo_decided() -> bool:
+                    if watch.created:
+                        return True  # lo started although hi has not even begun 1.1.0 anywhere
+                    status = ((await get_nodewright(kube, lo)) or {}).get("status") or {}
+                    waiting = [c for c in status.get("conditions", []) if c["type"] == "WaitingForNodeWright"]
+                    return any(
+                        c["status"] == "True" and c["observedGeneration"] == lo_generation for c in waiting
+                    )
+
+                await fleet.wait_for(lo_decided, within=60, what=f"{lo} started or waits for {hi}")
+                assert watch.created == [], (
+                    f"{lo} started while {hi} still had 1.1.0 to do everywhere (its label lagging)",
+                    watch.created,
+                )
+            hi_nodes = await wait_statuses(kube, prefix, hi, "complete", within=120, generation=hi_generation)
+            lo_nodes = await wait_statuses(kube, prefix, lo, "complete", within=120, generation=lo_generation)
+        hi_done = {n["metadata"]["name"]: completed_at(n, hi, "base", "1.1.0") for n in hi_nodes}
+        for node in lo_nodes:
+            name = node["metadata"]["name"]
+            assert state_of(node, lo).entry("app", "1.1.0") is not None, name
+            first = first_pods(watch, name)
+            assert first["app"] >= hi_done[name], (name, first, hi_done)
+        await delete_nodewright(kube, lo)
+        await delete_nodewright(kube, hi)
 
 
 async def test_pause_stops_new_starts_and_resume_continues_disable_blocks_nothing(

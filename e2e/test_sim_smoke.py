@@ -232,7 +232,7 @@ async def test_pdb_eviction(cluster: ControlPlane, client: KubeClient, unique: s
             )
 
         await fleet.wait_for(lambda: pdb_settled(strict.pdb or "", 0), within=20, what="strict PDB status")
-        # maxUnavailable needs the pods' controllerRef to resolve (the unreconciled ReplicaSet owner).
+        # maxUnavailable needs the pods' controllerRef to resolve (the unreconciled StatefulSet owner).
         await fleet.wait_for(lambda: pdb_settled(loose.pdb or "", 1), within=20, what="loose PDB status")
         assert await evict(client, ns, strict.pods[0]) == 429
 

@@ -448,3 +448,16 @@ async def test_the_api_server_keeps_the_digest_of_our_pods(kube: KubeClient, uni
             assert podspec.run_digest(bound) == podspec.run_digest(manifest)
         finally:
             await kube.delete(f"{PODS}/{manifest['metadata']['name']}", body={"gracePeriodSeconds": 0})
+    # A drift-check pod is created bound, with a deadline (activeDeadlineSeconds) that its signature binds.
+    check = podspec.build_drift_check_pod(
+        nw, [("tool", pkg, "1.2.3")], node=f"nowhere-{unique}", slot=1, options=options, basis="b/boot"
+    )
+    check["metadata"].pop("ownerReferences")
+    check["metadata"]["labels"]["nodewright.io/managed-by"] = f"digest-probe-{unique}"
+    stored = await kube.create(PODS, check)
+    try:
+        assert stored["spec"]["activeDeadlineSeconds"] == check["spec"]["activeDeadlineSeconds"] == 1800
+        assert podspec.run_spec_changes(check, stored) == []
+        assert podspec.run_digest(stored) == podspec.run_digest(check)
+    finally:
+        await kube.delete(f"{PODS}/{check['metadata']['name']}", body={"gracePeriodSeconds": 0})

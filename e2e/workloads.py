@@ -1,6 +1,6 @@
 """Training jobs under PodDisruptionBudgets that behave like real ones while the operator drains nodes.
 
-Nothing recreates evicted pods in the simulator (no ReplicaSet controller runs), so with
+Nothing recreates evicted pods in the simulator (no StatefulSet controller runs), so with
 `maxUnavailable: 1` the disruption controller would allow exactly one eviction ever: it expects
 `replicas` pods and one is gone for good. A real training job is rescheduled or shrinks; shrinking
 `replicas` to the live pods gives the next node its PDB slot once the evicted pod is gone, which keeps
@@ -27,7 +27,7 @@ SHRINK_INTERVAL = 0.5
 
 
 async def _shrink_once(kube: KubeClient, job: fleet.TrainingJob) -> None:
-    path = f"/apis/apps/v1/namespaces/{job.namespace}/replicasets/{job.name}"
+    path = f"/apis/apps/v1/namespaces/{job.namespace}/{fleet.OWNER_PLURAL}/{job.name}"
     listed = await kube.list_all(
         f"/api/v1/namespaces/{job.namespace}/pods",
         params={"labelSelector": f"{fleet.WORKLOAD_JOB_LABEL}={job.name}"},
@@ -38,7 +38,7 @@ async def _shrink_once(kube: KubeClient, job: fleet.TrainingJob) -> None:
         return
     await kube.merge_patch(path, {"spec": {"replicas": live}})
     if job.pdb:
-        # The disruption controller recomputes on pod and PDB events, not on ReplicaSet edits: touch
+        # The disruption controller recomputes on pod and PDB events, not on edits of the owner: touch
         # the PDB so the new expected count is used now.
         await kube.merge_patch(
             f"/apis/policy/v1/namespaces/{job.namespace}/poddisruptionbudgets/{job.pdb}",
@@ -47,7 +47,7 @@ async def _shrink_once(kube: KubeClient, job: fleet.TrainingJob) -> None:
 
 
 async def shrink_with_evictions(kube: KubeClient, job: fleet.TrainingJob) -> None:
-    """Keep the job's ReplicaSet replicas equal to its live pods, like a job that shrinks on eviction."""
+    """Keep the job's owner's replicas equal to its live pods, like a job that shrinks on eviction."""
     while True:
         with contextlib.suppress(ApiError, aiohttp.ClientError, TimeoutError, ConnectionError, ValueError):
             await _shrink_once(kube, job)

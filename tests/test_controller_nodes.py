@@ -34,7 +34,7 @@ from nodewright.kube.trim import trim_node, trim_pod
 from nodewright.kube.writethrough import WriteThrough
 from nodewright.observability.metrics import OperatorMetrics
 from nodewright.observability.tracing import RolloutTracer
-from nodewright.plan import podspec
+from nodewright.plan import podspec, sequencing
 from nodewright.plan.rollout import spec_fingerprint
 from nodewright.plan.rollout_input import effective_nodewright
 from tests.kubefake import FakeKube, pods_c
@@ -710,3 +710,93 @@ async def test_a_refused_package_pod_create_logs_its_intent_then_the_failure(
     (_, intent), (_, failed) = creates
     assert failed == {**intent, "error": failed["error"]} and refusal in failed["error"], failed
     assert "package pod created" not in recorder.events()
+
+
+async def test_an_earlier_nodewright_whose_label_lags_its_spec_edit_keeps_the_node_waiting(env: Env) -> None:
+    """`infra` (earlier by priority) was edited to 2.0.0 together with `nw`: n1 still says
+    `infra: complete` from 1.0.0 (its node controller has not planned n1 again), so `nw` starts nothing
+    there although it is admitted; once infra's state has completed 2.0.0 the next pass starts it."""
+    infra = nw_obj(priority=10)
+    infra["metadata"] = {**infra["metadata"], "name": "infra", "uid": "infra-uid"}
+    infra["spec"]["packages"] = {"base": {"version": "2.0.0", "image": "ghcr.io/x/base"}}
+    env.rt.nodewrights.upsert(infra)
+
+    def infra_done(version: str) -> dict[str, str]:
+        entry = PackageEntry("base", version, PackageStage.CONFIG, PackageState.COMPLETE)
+        return {constants.state_annotation("infra"): encode(NodeState(packages=(entry,)))}
+
+    lagging = node_obj({**env.admit(), **infra_done("1.0.0")})
+    lagging["metadata"]["labels"][constants.status_label("infra")] = "complete"
+    env.put_node(lagging)
+    await env.reconciler.reconcile("nw/n1")
+    assert env.pods() == []
+    assert constants.status_label("nw") not in env.node()["metadata"]["labels"], "untouched: waiting"
+    done = node_obj({**env.admit(), **infra_done("2.0.0")})
+    done["metadata"]["labels"][constants.status_label("infra")] = "complete"
+    env.put_node(done)
+    await env.reconciler.reconcile("nw/n1")
+    [pod] = env.pods()
+    assert pod["spec"]["nodeName"] == "n1"
+
+
+async def test_an_edit_of_an_earlier_nodewright_is_not_read_against_facts_cached_for_its_old_spec(
+    env: Env,
+) -> None:
+    """`infra` (`sequencing: all`) targets only n2, where it completed 1.0.0. The node controller has its
+    ordering facts cached (a second) when infra is edited to 2.0.0: n1 must wait at once, not start
+    because the cached facts still say infra is complete everywhere."""
+    infra = nw_obj(priority=10, sequencing="all", nodeSelectors={"matchLabels": {"pool": "b"}})
+    infra["metadata"] = {**infra["metadata"], "name": "infra", "uid": "infra-uid"}
+    infra["spec"]["packages"] = {"base": {"version": "1.0.0", "image": "ghcr.io/x/base"}}
+    env.rt.nodewrights.upsert(infra)
+    n2 = node_obj()
+    n2["metadata"].update(
+        name="n2", uid="n2-uid", labels={"pool": "b", constants.status_label("infra"): "complete"}
+    )
+    entry = PackageEntry("base", "1.0.0", PackageStage.CONFIG, PackageState.COMPLETE)
+    n2["metadata"]["annotations"] = {
+        constants.state_annotation("infra"): encode(NodeState(packages=(entry,)))
+    }
+    env.put_node(n2)
+    env.put_node(node_obj())
+    await env.reconciler.reconcile("nw/n1")  # not admitted: nothing starts, the facts are cached
+    assert env.pods() == []
+    edited = {**infra, "metadata": {**infra["metadata"], "generation": 2, "resourceVersion": "2"}}
+    edited["spec"] = {**infra["spec"], "packages": {"base": {"version": "2.0.0", "image": "ghcr.io/x/base"}}}
+    env.rt.nodewrights.upsert(edited)
+    env.put_node(node_obj(env.admit()))
+    await env.reconciler.reconcile("nw/n1")
+    assert env.pods() == [], "infra has 2.0.0 to do on n2"
+
+
+async def test_a_status_write_of_another_nodewright_does_not_rebuild_the_ordering_facts(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The facts cost O(nodes x NodeWrights): a new resourceVersion from a status write (every rollout
+    pass) must not rebuild them on every node reconcile; only spec, pause, disable and deletion do."""
+    built: list[int] = []
+    real = sequencing.facts_for
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        built.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sequencing, "facts_for", counting)
+    infra = nw_obj(priority=10)
+    infra["metadata"] = {**infra["metadata"], "name": "infra", "uid": "infra-uid"}
+    env.rt.nodewrights.upsert(infra)
+    env.put_node(node_obj())
+    await env.reconciler.reconcile("nw/n1")
+    env.rt.nodewrights.upsert(
+        {**infra, "metadata": {**infra["metadata"], "resourceVersion": "7"}, "status": {}}
+    )
+    await env.reconciler.reconcile("nw/n1")
+    assert len(built) == 1
+    paused = {
+        **infra["metadata"],
+        "resourceVersion": "8",
+        "annotations": {constants.ANNOTATION_PAUSE: "true"},
+    }
+    env.rt.nodewrights.upsert({**infra, "metadata": paused})
+    await env.reconciler.reconcile("nw/n1")
+    assert len(built) == 2

@@ -464,3 +464,70 @@ async def test_runtime_taint_held_names_the_nodes_it_holds(env: _Env) -> None:
     assert "n0, n1, n2, n3, n4 and 2 more" in message, message
     assert "free" not in message and "n5" not in message, message
     assert "resume or enable it" in message, message
+
+
+def _complete(nw: str, package: str, version: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(labels, annotations) of a node where `nw` completed `package` at `version`."""
+    entry = PackageEntry(package, version, PackageStage.CONFIG, PackageState.COMPLETE)
+    return (
+        {constants.status_label(nw): "complete"},
+        {constants.state_annotation(nw): encode(NodeState(packages=(entry,)))},
+    )
+
+
+def _lagging_infra(**spec: Any) -> dict[str, Any]:
+    """`infra`, earlier by priority, just edited to base 2.0.0 (every node still completed 1.0.0)."""
+    infra = nw_obj(nodeSelectors={"matchLabels": {"pool": "a"}}, priority=10, **spec)
+    infra["metadata"] = {**infra["metadata"], "name": "infra", "uid": "infra-uid", "generation": 2}
+    infra["spec"]["packages"] = {"base": {"version": "2.0.0", "image": "ghcr.io/x/base"}}
+    return infra
+
+
+async def test_a_later_nodewright_admits_no_node_where_an_earlier_one_lags_its_spec_edit(env: _Env) -> None:
+    """Both edited together: n0's label still says `infra: complete` from 1.0.0; n1 completed 2.0.0."""
+    env.put_nodewright(_lagging_infra())
+    env.put_nodewright(nw_obj(nodeSelectors={"matchLabels": {"pool": "a"}}))
+    for name, version in (("n0", "1.0.0"), ("n1", "2.0.0")):
+        node = _node(name)
+        labels, annotations = _complete("infra", "base", version)
+        node["metadata"]["labels"].update(labels)
+        node["metadata"]["annotations"] = annotations
+        env.put_node(node)
+    await env.reconciler.reconcile("nw")
+    admitted = {
+        name
+        for name in ("n0", "n1")
+        if admission_annotation("nw")
+        in ((env.kube.get(NODES_C, name) or {})["metadata"].get("annotations") or {})
+    }
+    assert admitted == {"n1"}
+    status = (env.kube.get(NW_C, "nw") or {})["status"]
+    assert status["waitingReasons"].get("WaitingForPriority") == 1, status["waitingReasons"]
+
+
+async def test_the_runtime_taint_stays_while_a_runtime_required_nodewright_lags_its_spec_edit(
+    env: _Env,
+) -> None:
+    """`nw` is complete on n0 and `infra` says `complete` there, but from before its edit: n0 is not
+    configured for infra's current spec, so it stays unschedulable; once infra completed 2.0.0 it is freed."""
+    env.put_nodewright(_lagging_infra(runtimeRequired=True))
+    env.put_nodewright(nw_obj(nodeSelectors={"matchLabels": {"pool": "a"}}, runtimeRequired=True))
+    taint = {"key": constants.DEFAULT_RUNTIME_REQUIRED_TAINT_KEY, "value": "true", "effect": "NoSchedule"}
+
+    def put(infra_version: str) -> None:
+        node = env.kube.get(NODES_C, "n0") or _node("n0")
+        node["spec"]["taints"] = [taint]
+        for labels, notes in (
+            _complete("nw", "tool", "1.0.0"),
+            _complete("infra", "base", infra_version),
+        ):
+            node["metadata"]["labels"].update(labels)
+            node["metadata"].setdefault("annotations", {}).update(notes)
+        env.put_node(node)
+
+    put("1.0.0")
+    await env.reconciler.reconcile("nw")
+    assert (env.kube.get(NODES_C, "n0") or {})["spec"].get("taints") == [taint]
+    put("2.0.0")
+    await env.reconciler.reconcile("nw")
+    assert not (env.kube.get(NODES_C, "n0") or {})["spec"].get("taints")

@@ -12,7 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nodewright.api.nodeobject import node_ready
+from nodewright.controller.pods import classify
 from nodewright.kube.trim import FrozenLabels, trim_node, trim_pod
+from nodewright.plan.stages import PodOutcome
 
 LABEL_KEYS = st.sampled_from(
     ["nvidia.com/gpu.product", "topology.kubernetes.io/zone", "nodewright.io/status.a", "x"]
@@ -133,6 +135,33 @@ def test_trim_pod() -> None:
     assert init["state"]["terminated"]["message"].endswith("mend")  # a log tail: its end says why
     assert t["status"]["containerStatuses"][0]["state"] == {"running": {}}
     assert t["status"]["phase"] == "Running"
+
+
+def test_a_trimmed_drift_check_pod_keeps_its_deadline_and_the_kubelet_s_reason_for_ending_it() -> None:
+    """A check the kubelet ended at its `activeDeadlineSeconds` has its running container killed (exit
+    137): only the pod's reason tells that apart from a check that failed, i.e. from drift."""
+    pod = {
+        "metadata": {"name": "nw-drift-n1-x", "namespace": "nodewright-system", "uid": "u"},
+        "spec": {
+            "nodeName": "n1", "activeDeadlineSeconds": 1800,
+            "initContainers": [
+                {"name": "tune-init", "image": "i"}, {"name": "tune-applycheck", "image": "a"},
+            ],
+            "containers": [{"name": "pause", "image": "pause:3"}],
+        },
+        "status": {
+            "phase": "Failed", "reason": "DeadlineExceeded",
+            "message": "Pod was active on the node longer than the specified deadline",
+            "initContainerStatuses": [
+                {"name": "tune-init", "state": {"terminated": {"exitCode": 0}}},
+                {"name": "tune-applycheck", "state": {"terminated": {"exitCode": 137, "reason": "Error"}}},
+            ],
+        },
+    }  # fmt: skip
+    t = trim_pod(pod)
+    assert trim_pod(t) == t
+    assert t["spec"]["activeDeadlineSeconds"] == 1800 and t["status"]["reason"] == "DeadlineExceeded"
+    assert classify(t)[0] is PodOutcome.DEADLINE
 
 
 LABEL_MAPS = st.dictionaries(LABEL_KEYS | st.text(max_size=8), st.text(max_size=8), max_size=6)

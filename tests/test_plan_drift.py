@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from hypothesis import given, settings
@@ -41,12 +42,20 @@ from nodewright.plan.node import (
     DrainFacts,
     DriftCheckPod,
     DriftInput,
+    Event,
     NodeInput,
     RequeueAfter,
     node_complete,
     plan_node,
 )
-from nodewright.plan.podspec import REPAIR_ENV, PodOptions, build_drift_check_pod, build_pod
+from nodewright.plan.podspec import (
+    REPAIR_ENV,
+    PodOptions,
+    build_drift_check_pod,
+    build_pod,
+    run_digest,
+    run_spec,
+)
 from nodewright.plan.stages import PodOutcome
 from tests.planfake import T0, FakeNode
 
@@ -459,3 +468,105 @@ def test_a_repair_of_a_reboot_package_reboots_again_with_its_own_interrupt_ident
     for rid in ids:  # the reference agent's contract: <owner>_<package>_<version>, split on "_"
         owner, package, version = rid.split("_")
         assert owner.startswith("nw-u-1-") and (package, version) == ("tune", "1.0.0")
+
+
+# -- a check pod's deadline ----------------------------------------------------------------------------
+
+
+def plan_at(nw: NodeWright, state: NodeState, drift_input: DriftInput, *, now: datetime) -> Any:
+    """Plan at `now` on a node whose cordon is observed and that has nothing to drain."""
+    return plan_node(
+        NodeInput(
+            nodewright=nw,
+            node=NodeFacts(name="n1", labels={}, boot_id="b0", unschedulable=True),
+            state=state,
+            pods=(),
+            now=now,
+            drain=DrainFacts(DrainSelection(evict=(), terminating=(), protected=())),
+            drift=drift_input,
+        )
+    )
+
+
+def test_a_check_pod_has_a_deadline_of_one_stage_timeout_per_package_bound_by_its_signature() -> None:
+    nw = nodewright(
+        pa=Package(version="1.0.0", image="x", stage_timeout="10m"), pb=Package(version="1.0.0", image="y")
+    )
+    checked = drift.check_plan(nw, complete_state(nw))
+    pod = build_drift_check_pod(nw, checked, node="n1", slot=7, options=PodOptions())
+    assert pod["spec"]["activeDeadlineSeconds"] == 600 + 1800, "pb: the default stageTimeout, 30m"
+    # What the pod runs includes its deadline: changing it on the pod makes it untrusted (docs/trust.md).
+    assert run_spec(pod)["activeDeadlineSeconds"] == 2400
+    longer = copy.deepcopy(pod)
+    longer["spec"]["activeDeadlineSeconds"] = 10**6
+    assert run_digest(longer) != run_digest(pod)
+
+
+def test_a_hung_check_pod_is_deleted_past_its_deadline_as_a_check_error_and_the_repair_then_starts() -> None:
+    nw = nodewright(DriftAction.REAPPLY)
+    state = repair_due(nw)  # admitted for a repair, which waits for the check pod to be gone
+    created = T0 - timedelta(hours=2)
+    hung = DriftCheckPod(
+        name="nw-drift-n1-x",
+        outcome=PodOutcome.RUNNING,
+        basis=basis(nw, state),
+        created=created,
+        deadline=600,
+    )
+    expires = created + timedelta(seconds=600 + drift.CHECK_GRACE)
+    waiting = plan_at(nw, state, DriftInput(pods=(hung,), slot=3), now=expires - timedelta(seconds=7))
+    assert not kinds(waiting, DeletePod) and not kinds(waiting, CreatePod)
+    assert waiting.drift_result is None
+    overran = plan_at(nw, state, DriftInput(pods=(hung,), slot=3), now=expires)
+    [delete] = kinds(overran, DeletePod)
+    assert delete.name == "nw-drift-n1-x" and "overran its deadline" in delete.reason, delete
+    assert overran.drift_result == "error", "counted as a check that could not run, not as drift"
+    [failed] = [e for e in kinds(overran, Event) if e.reason == "DriftCheckFailed"]
+    assert "11m after it was created" in failed.message and failed.type == "Warning", failed
+    assert overran.state.packages == state.packages, "no verdict: the drift marks are unchanged"
+    assert not kinds(overran, CreatePod), "the repair waits until the pod is gone"
+    gone = plan_at(nw, overran.state, DriftInput(slot=3), now=expires)
+    assert kinds(gone, CreatePod)
+
+
+def test_a_check_pod_without_a_deadline_is_given_the_one_its_packages_get_now() -> None:
+    # A check pod of an older operator version has no activeDeadlineSeconds; it must not hold forever.
+    nw = nodewright()
+    state = complete_state(nw)
+    created = T0 - timedelta(seconds=1800 + drift.CHECK_GRACE)
+    old = DriftCheckPod(
+        name="nw-drift-n1-x", outcome=PodOutcome.RUNNING, basis=basis(nw, state), created=created
+    )
+    p = plan_at(nw, state, DriftInput(pods=(old,), slot=3), now=T0)
+    assert [d.name for d in kinds(p, DeletePod)] == ["nw-drift-n1-x"] and p.drift_result == "error"
+    younger = replace(old, created=created + timedelta(seconds=1))
+    assert not kinds(plan_at(nw, state, DriftInput(pods=(younger,), slot=3), now=T0), DeletePod)
+
+
+def test_a_complete_node_with_a_running_check_is_planned_again_at_the_check_deadline() -> None:
+    # No pod event comes from a hung check: the planner asks to look again when it runs out.
+    nw = nodewright()
+    state = complete_state(nw)
+    running = DriftCheckPod(
+        name="nw-drift-n1-x", outcome=PodOutcome.RUNNING, basis=basis(nw, state), created=T0, deadline=600
+    )
+    p = plan_at(nw, state, DriftInput(pods=(running,), slot=3), now=T0)
+    assert p.status is Status.COMPLETE
+    assert [r.seconds for r in kinds(p, RequeueAfter)] == [600 + drift.CHECK_GRACE]
+
+
+def test_a_check_the_kubelet_ended_at_its_deadline_is_an_error_not_drift() -> None:
+    # The kubelet kills the check that was running: its container reads as failed, but the pod's reason
+    # (DeadlineExceeded, kept in the trimmed cache: tests/test_kube_trim.py) says why.
+    nw = nodewright(DriftAction.REAPPLY)
+    state = complete_state(nw)
+    killed = DriftCheckPod(
+        name="nw-drift-n1-x",
+        outcome=PodOutcome.DEADLINE,
+        failed_container="tune-configcheck",
+        message="Pod was active on the node longer than the specified deadline",
+        basis=basis(nw, state),
+    )
+    p = plan(nw, state, DriftInput(pods=(killed,), slot=3))
+    assert p.drift_result == "error" and not drift.drifted_entries(p.state, nw)
+    assert p.status is Status.COMPLETE and [d.name for d in kinds(p, DeletePod)] == ["nw-drift-n1-x"]

@@ -21,7 +21,9 @@ go mod edit -go="$(awk '/^go /{print $2; exit}' "$MOD")"
 GODBG=$(awk '/^godebug /{print $2; exit}' "$MOD"); if [ -n "$GODBG" ]; then go mod edit -godebug="$GODBG"; fi
 go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
   "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION" \
-  "k8s.io/kubernetes/cmd/kubectl@$K8S_VERSION"
+  "k8s.io/kubernetes/cmd/kubectl@$K8S_VERSION" \
+  "k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION" \
+  "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION"
 
 cd "$HERE/etcd"
 go mod init nodewright.local/controlplane/etcd

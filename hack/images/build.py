@@ -16,6 +16,11 @@ Each image is two layers:
    CPython 3.11, `pip install --target`) under /opt/nodewright/lib; agent: `nodewright/agent` alone under
    /opt/nodewright-agent (standard library only, see images/agent/Dockerfile).
 
+`package-base` is different: one layer with Debian's static busybox (hack/busybox/fetch.sh) as /bin/sh,
+mkdir, cp and the other applets, the base a package image needs on a real node (its init container
+copies the payload with the image's shell) and one that builds offline:
+`nodewright package build DIR --base build/images/package-base -o OUT` (docs/packages.md).
+
 Layers are reproducible: entries sorted, owner root, modification times SOURCE_DATE_EPOCH (default 0),
 gzip without a timestamp. The image config carries what the Dockerfiles say: entrypoint, default
 command, environment, user (operator/webhook 10001, agent 0). `--check` unpacks each layout and runs the
@@ -396,6 +401,33 @@ IMAGES = {
 }
 
 
+PACKAGE_BASE = "package-base"
+PACKAGE_BASE_IMAGE = Image(
+    PACKAGE_BASE,
+    [],
+    ["/bin/sh"],
+    ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+    "0:0",
+    "Static busybox: a base for NodeWright package images (nodewright package build --base)",
+)
+
+
+def busybox_layer(work: Path) -> Layer:
+    """Debian's static busybox as /bin/busybox with a link per applet (hack/busybox/fetch.sh)."""
+    found = run("bash", ROOT / "hack" / "busybox" / "fetch.sh").strip().splitlines()[-1]
+    tree = work / "busybox-tree"
+    (tree / "bin").mkdir(parents=True)
+    (tree / "tmp").mkdir(mode=0o1777)
+    shutil.copy2(found, tree / "bin" / "busybox")
+    applets = run(str(tree / "bin" / "busybox"), "--list").split()
+    for applet in applets:
+        if applet != "busybox":
+            (tree / "bin" / applet).symlink_to("busybox")
+    return Layer.write(
+        tree, work / "busybox-layer", comment=f"busybox ({Path(found).parent.name}, Debian's busybox-static)"
+    )
+
+
 # ----------------------------------------------------------------------------------------------------
 # Checking a layout
 
@@ -448,16 +480,32 @@ def check(out: Path, names: Iterable[str]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "images")
-    parser.add_argument("--only", default="operator,webhook,agent", help="comma-separated images")
+    parser.add_argument(
+        "--only", default="operator,webhook,agent,package-base", help="comma-separated images"
+    )
     parser.add_argument("--tag", default=None, help="ref name in index.json (default: the project version)")
     parser.add_argument("--check", action="store_true", help="run each entrypoint with --help (chroot, root)")
     args = parser.parse_args(argv)
     names = [n for n in args.only.split(",") if n]
-    unknown = set(names) - set(IMAGES)
+    unknown = set(names) - set(IMAGES) - {PACKAGE_BASE}
     if unknown:
-        parser.error(f"unknown image(s) {', '.join(sorted(unknown))}: choose from {', '.join(IMAGES)}")
+        parser.error(
+            f"unknown image(s) {', '.join(sorted(unknown))}: choose from {', '.join([*IMAGES, PACKAGE_BASE])}"
+        )
     tag = args.tag or re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)  # type: ignore[union-attr]
     started = time.monotonic()
+    if PACKAGE_BASE in names:
+        names.remove(PACKAGE_BASE)
+        with tempfile.TemporaryDirectory() as tmp:
+            layer = busybox_layer(Path(tmp))
+            digest = write_layout(args.out / PACKAGE_BASE, PACKAGE_BASE_IMAGE, [layer], tag=tag)
+            log(
+                f"{PACKAGE_BASE}: {args.out / PACKAGE_BASE} {digest} ({layer.size / 2**20:.1f} MiB compressed)"
+            )
+    if not names:
+        log(f"done in {time.monotonic() - started:.0f}s")
+        print(args.out)
+        return 0
     base = base_layer()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

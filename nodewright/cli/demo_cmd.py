@@ -2,7 +2,10 @@
 
 1. A fresh simulated control plane in `--dir` (default `.sim/demo`; one already running there is
    stopped first) — the binaries come from `make controlplane`.
-2. `--nodes` GPU nodes (default 240) in two zones; a few in each zone are labelled canaries
+2. Real nodes when the machine allows it (root and `make realnode`; `nodewright.cli.demo_real`): the
+   `--real-nodes` (default 2) first canaries are real kubelets with containerd in boxes, so the rollout
+   starts on nodes that really reboot; otherwise one line says why and every node is simulated.
+   `--nodes` GPU nodes (default 240) in two zones; a few in each zone are labelled canaries
    (`demo.nodewright.io/canary=true`). Training jobs with PodDisruptionBudgets on every other rack of 8
    nodes; every third job is protected by `podNonInterruptLabels`. They finish within about two
    minutes, so drains first wait for PDBs and protected pods, then go through.
@@ -44,6 +47,8 @@ from nodewright.cli import flags
 
 DEFAULT_DIR = Path(".sim") / "demo"
 NODEWRIGHT = "kernel-tuning"
+AGENT_IMAGE = "registry.local/nodewright/agent:sim"
+PAUSE_IMAGE = "registry.local/pause:sim"
 CANARY_LABEL = "demo.nodewright.io/canary"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 
@@ -77,6 +82,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="canary nodes whose package pods really run the tuning package against a node root"
         " (default: every canary)",
+    )
+    parser.add_argument(
+        "--real-nodes",
+        type=flags.int_at_least(0, at_most=4),
+        default=2,
+        help="canaries that are real nodes (kubelet + containerd in a box) when the machine allows it "
+        "(root, make realnode; default 2, 0 for none)",
     )
     parser.add_argument("--no-workloads", action="store_true", help="skip the training jobs and PDBs")
     parser.add_argument(
@@ -141,17 +153,22 @@ class Outcome:
 
 
 def run(args: argparse.Namespace) -> int:
+    from nodewright.cli import demo_real
     from nodewright.sim import binaries
     from nodewright.sim.controlplane import ControlPlane, ControlPlaneError
     from nodewright.sim.demo import DemoError
 
+    real_nodes = args.real_nodes
+    if real_nodes and (reason := demo_real.unavailable()) is not None:
+        say(f"real nodes: off, every node is simulated ({flags.one_line(reason)})")
+        real_nodes = 0
     try:
         with contextlib.suppress(ControlPlaneError):
             old = ControlPlane.load(args.dir)
             if old.running_pids():
                 print(f"stopping the demo cluster still running in {args.dir}", file=sys.stderr)
             old.down()
-        plane = ControlPlane.create(args.dir)
+        plane = ControlPlane.create(args.dir, real_nodes=real_nodes)
     except OSError as exc:
         return flags.fail("nodewright demo", f"--dir {args.dir}: cannot create it: {exc.strerror or exc}")
     except (binaries.BinariesMissingError, ControlPlaneError) as exc:
@@ -200,6 +217,7 @@ def say(text: str) -> None:
 
 
 async def _demo(args: argparse.Namespace, plane: Any) -> tuple[Outcome, Any]:
+    from nodewright.cli import demo_real
     from nodewright.sim.demo import (
         SAMPLES_DIR,
         NodeGroup,
@@ -211,6 +229,19 @@ async def _demo(args: argparse.Namespace, plane: Any) -> tuple[Outcome, Any]:
 
     kubeconfig: Path = plane.kubeconfig
     started = time.monotonic()
+    if plane.real_nodes:
+        real_names = await asyncio.to_thread(
+            demo_real.prepare,
+            plane,
+            canary_label=CANARY_LABEL,
+            agent_image=AGENT_IMAGE,
+            pause_image=PAUSE_IMAGE,
+        )
+        say(
+            f"real nodes: {', '.join(real_names)}: kubelet and containerd in a box each, canaries,"
+            f" pulling the agent and the tuning package from the registry {plane.registry}"
+            f" ({time.monotonic() - started:.1f}s)"
+        )
     canaries = min(args.canaries, args.nodes)
     real = canaries if args.real_packages is None else min(args.real_packages, canaries)
     layout = fleet_layout(args.nodes, canaries, real)
@@ -232,10 +263,7 @@ async def _demo(args: argparse.Namespace, plane: Any) -> tuple[Outcome, Any]:
         kubeconfig=kubeconfig,
         log_path=plane.dir / "logs" / "operator.log",
         namespace=plane.namespace,
-        extra_args=[
-            "--agent-image=registry.local/nodewright/agent:sim",
-            "--pause-image=registry.local/pause:sim",
-        ],
+        extra_args=[f"--agent-image={AGENT_IMAGE}", f"--pause-image={PAUSE_IMAGE}"],
     )
     operator.start()
     say(f"operator running (pid {operator.pid}, log {operator.log_path})")
@@ -247,6 +275,10 @@ async def _demo(args: argparse.Namespace, plane: Any) -> tuple[Outcome, Any]:
     evictions = await _evictions(kubeconfig)
     _summary(tracker, nw_obj, predicted, elapsed, evictions)
     _read_back(plane.dir / "roots")
+    for node in plane.real_node_names[:1]:
+        say(f"  read back from the real node {node} (its running kernel values, after its reboot):")
+        for line in demo_real.read_back(plane, node):
+            say(line)
     say(f"\npicture: {_picture(tracker, nw_obj, plane.dir / 'demo-rollout.png')}")
     if outcome.ok and not args.no_drift:
         outcome = await _drift(plane, operator)

@@ -1,10 +1,12 @@
-"""`nodewright sim up|down|status`: a local control plane with a simulated GPU fleet.
+"""`nodewright sim up|down|status|push`: a local control plane with a simulated GPU fleet.
 
 `up` generates certificates and a kubeconfig in `--dir`, starts etcd, kube-apiserver,
 kube-controller-manager, kwok, the rebooter and the simulated kubelet on free loopback ports, waits until
 each is healthy, creates the fleet (and optionally training-job workloads), prints the kubeconfig path and
 returns with the processes running. `--real-packages K` opts the first K nodes in to the simulated
 kubelet, which runs their pods' containers for real against `<dir>/roots/<node>/` (kwok plays the rest).
+`--real-nodes K` adds K real nodes (a real kubelet and containerd each, in a box; docs/simulator.md), a
+scheduler and the registry they pull from; `push` (or `up --push`) puts image layouts into that registry.
 `down` stops exactly the processes recorded in `--dir` and removes it. `status` says what runs, with the
 log tail of any component that died. Clusters in different `--dir`s are independent.
 """
@@ -23,6 +25,8 @@ from nodewright.cli import flags
 DEFAULT_DIR = Path(".sim") / "default"
 MAX_NODES = 99_999
 """Node names are `<prefix>-<index:05d>`: more nodes would make longer names than the prefix check allows."""
+MAX_REAL_NODES = 16
+"""Each real node costs about 130 MiB and a share of two cores; the lab network has room for 240."""
 
 
 def node_name_prefix(text: str) -> str:
@@ -32,6 +36,13 @@ def node_name_prefix(text: str) -> str:
     if len(text) > 63 - len("-00000"):
         raise argparse.ArgumentTypeError(f"{text!r} is longer than {63 - len('-00000')} characters")
     return text
+
+
+def layout_and_image(text: str) -> tuple[Path, str]:
+    layout, sep, image = text.partition("=")
+    if not sep or not layout or not image:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LAYOUT=IMAGE")
+    return existing_directory(layout), flags.image_reference(image)
 
 
 def existing_directory(text: str) -> Path:
@@ -66,6 +77,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the first K nodes run their pods for real (the simulated kubelet) instead of kwok (default 0)",
     )
     up.add_argument(
+        "--real-nodes",
+        type=flags.int_at_least(0, at_most=MAX_REAL_NODES),
+        default=0,
+        metavar="K",
+        help="also K real nodes: a real kubelet and containerd each, in a box of its own (needs root and "
+        "`make realnode`; docs/simulator.md)",
+    )
+    up.add_argument(
+        "--push",
+        action="append",
+        default=[],
+        metavar="LAYOUT=IMAGE",
+        type=layout_and_image,
+        help="push an OCI image layout to the real nodes' registry as IMAGE (repeatable; e.g. "
+        "build/images/agent=ghcr.io/nodewright/agent:0.1.0)",
+    )
+    up.add_argument(
         "--image-dir",
         type=existing_directory,
         action="append",
@@ -86,6 +114,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     down.add_argument("--dir", type=Path, default=DEFAULT_DIR)
     down.set_defaults(func=cmd_down)
 
+    push = commands.add_parser("push", help="push an OCI image layout to the real nodes' registry")
+    push.add_argument(
+        "layout", type=existing_directory, help="OCI image layout directory (make images, package build)"
+    )
+    push.add_argument("image", type=flags.image_reference, help="the reference real nodes pull it by")
+    push.add_argument("--dir", type=Path, default=DEFAULT_DIR)
+    push.set_defaults(func=cmd_push)
+
     status = commands.add_parser("status", help="show which components run")
     status.add_argument("--dir", type=Path, default=DEFAULT_DIR)
     status.set_defaults(func=cmd_status)
@@ -99,8 +135,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         return flags.fail(
             "nodewright sim up", f"--real-packages {args.real_packages} is more than --nodes {args.nodes}"
         )
+    if args.push and not args.real_nodes:
+        return flags.fail(
+            "nodewright sim up", "--push needs --real-nodes (only real nodes pull from the registry)"
+        )
     try:
-        plane = ControlPlane.create(args.dir, image_dirs=args.image_dir, agent_images=args.agent_image)
+        plane = ControlPlane.create(
+            args.dir, image_dirs=args.image_dir, agent_images=args.agent_image, real_nodes=args.real_nodes
+        )
     except OSError as err:
         return flags.fail("nodewright sim up", f"--dir {args.dir}: cannot create it: {err.strerror or err}")
     except (binaries.BinariesMissingError, ControlPlaneError) as err:
@@ -112,7 +154,16 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"sim up failed: {flags.one_line(err)}", file=sys.stderr)
         return 1
     print(f"control plane up in {seconds:.1f}s: {plane.server}", file=sys.stderr)
+    if plane.real_nodes:
+        print(
+            f"{plane.real_nodes} real node(s) Ready: {', '.join(plane.real_node_names)} "
+            f"(registry {plane.registry}; boxes in {plane.dir / 'realnodes' / 'nodes'})",
+            file=sys.stderr,
+        )
     try:
+        for layout, image in args.push:
+            digest = plane.push_image(layout, image)
+            print(f"pushed {layout} as {image} ({digest})", file=sys.stderr)
         if args.nodes:
             started = time.monotonic()
             names = asyncio.run(
@@ -152,6 +203,20 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_push(args: argparse.Namespace) -> int:
+    from nodewright.sim.controlplane import ControlPlane, ControlPlaneError
+    from nodewright.sim.registry import RegistryError
+
+    try:
+        plane = ControlPlane.load(args.dir)
+        digest = plane.push_image(args.layout, args.image)
+    except (ControlPlaneError, RegistryError) as err:
+        print(f"sim push failed: {flags.one_line(err)}", file=sys.stderr)
+        return 1
+    print(digest)
+    return 0
+
+
 def cmd_down(args: argparse.Namespace) -> int:
     from nodewright.sim.controlplane import ControlPlane, ControlPlaneError
 
@@ -184,6 +249,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  {name:<24} {state:<8} pid={entry['pid']} log={entry['log']}")
         if "log_tail" in entry:
             print("    " + entry["log_tail"].replace("\n", "\n    "))
+    for node, record in plane.real_node_status().items():
+        last = record.get("last_end") or "-"
+        print(f"  {node:<24} {record.get('state', '?'):<8} boots={record.get('boots')} last={last}")
     return 0 if all(e["running"] for e in report.values()) else 1
 
 

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final
 
@@ -163,6 +163,8 @@ CONDITION_MESSAGE_LIMIT: Final = 1024
 class _SequencingCache:
     built_at: float = -1e9
     facts: tuple[sequencing.NodeWrightFacts, ...] = ()
+    nodewrights: tuple[tuple[object, ...], ...] = ()  # what the facts read of each (`_ordering_inputs`)
+    completion: sequencing.CompletionMemo = field(default_factory=sequencing.CompletionMemo)
 
 
 @dataclass(frozen=True, slots=True)
@@ -673,6 +675,8 @@ class NodeReconciler:
                     message=message,
                     terminating=bool(meta.get("deletionTimestamp")),
                     basis=str(annotations.get(constants.POD_ANNOTATION_DRIFT_BASIS) or ""),
+                    created=_parse(meta.get("creationTimestamp")),
+                    deadline=_active_deadline(pod),
                 )
             )
         return DriftInput(
@@ -726,18 +730,21 @@ class NodeReconciler:
     def _sequencing_blocker(self, nw_name: str, node: JSON) -> str | None:
         """The earlier NodeWright keeping this node waiting, if any.
 
-        The facts are cached for a second, but this node's own completion is taken from its current
-        labels: the event that unblocks it (the earlier NodeWright completing here) is the very node
-        update that brought us here, and a stale cache would swallow it."""
+        The facts are cached for a second (and rebuilt at once when a NodeWright's spec, pause, disable
+        or deletion changed: an edit must not be read against the facts of the old spec), but this
+        node's own completion is taken from the node as it is now, for each NodeWright's current spec
+        (`sequencing.CompletionMemo`, the rule the facts use): the event that unblocks it (the earlier
+        NodeWright completing here) is the very node update that brought us here, and a stale cache
+        would swallow it."""
         facts = self._sequencing_facts()
         if nw_name not in {f.name for f in facts}:
             return None
         node_name = str(node["metadata"]["name"])
-        labels = node_labels(node)
         fresh = []
         for f in facts:
-            if node_name in f.targets:
-                done = labels.get(constants.status_label(f.name)) == Status.COMPLETE.value
+            model = self.rt.nodewright(f.name)[1] if node_name in f.targets else None
+            if model is not None:
+                done = self._sequencing.completion.complete_on(model, node)
                 f = replace(
                     f, complete_on=f.complete_on | {node_name} if done else f.complete_on - {node_name}
                 )
@@ -748,16 +755,18 @@ class NodeReconciler:
     def _sequencing_facts(self) -> tuple[sequencing.NodeWrightFacts, ...]:
         now = time.monotonic()
         cache = self._sequencing
-        if now - cache.built_at < SEQUENCING_FACTS_TTL:
-            return cache.facts
         objects = self.rt.nodewrights.objects()
+        read = tuple(_ordering_inputs(o) for o in objects)
+        if now - cache.built_at < SEQUENCING_FACTS_TTL and read == cache.nodewrights:
+            return cache.facts
+        cache.nodewrights, cache.built_at = read, now
         if len(objects) < 2:
-            cache.facts, cache.built_at = (), now  # a lone NodeWright waits for nobody
+            cache.facts = ()  # a lone NodeWright waits for nobody
             return cache.facts
         parsed = (self.rt.models.nodewright(obj)[0] for obj in objects)
         models = [model for model in parsed if model is not None]
-        facts = sequencing.facts_for(models, self.rt.nodes.objects())
-        cache.facts, cache.built_at = tuple(facts), now
+        facts = sequencing.facts_for(models, self.rt.nodes.objects(), memo=cache.completion)
+        cache.facts = tuple(facts)
         return cache.facts
 
     # ------------------------------------------------------------------------------------------------
@@ -1470,6 +1479,26 @@ def _parse(text: str | None) -> datetime | None:
         return parse_ts(text)
     except ValueError:
         return None
+
+
+def _ordering_inputs(nodewright: JSON) -> tuple[object, ...]:
+    """What the ordering facts read of a NodeWright object: its spec (generation), pause, disable and
+    deletion. Not its resourceVersion: every status write of the rollout changes that."""
+    meta = nodewright.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    return (
+        meta.get("name"),
+        meta.get("generation"),
+        bool(meta.get("deletionTimestamp")),
+        annotations.get(constants.ANNOTATION_PAUSE),
+        annotations.get(constants.ANNOTATION_DISABLE),
+    )
+
+
+def _active_deadline(pod: JSON) -> float | None:
+    """The pod's `activeDeadlineSeconds` (kept by `kube.trim.trim_pod`), None when it has none."""
+    value = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    return float(value) if isinstance(value, int) and value > 0 else None
 
 
 def _traced(admission: Admission | None) -> TracedAdmission | None:

@@ -19,8 +19,10 @@ reports each outcome, and how it is read here:
 - **Pull errors**: an init container `waiting` with `ErrImagePull`, `ImagePullBackOff`,
   `InvalidImageName` or `CreateContainerConfigError`; the planner turns them into a failed attempt only
   after a grace period, because registries hiccup.
-- **Deadline**: phase `Failed` with `status.reason == DeadlineExceeded` (activeDeadlineSeconds). The
-  trimmed cache does not keep `status.reason`, so in practice this shows as a plain failure.
+- **Deadline**: phase `Failed` with `status.reason == DeadlineExceeded` (activeDeadlineSeconds, which
+  drift-check pods have; the trimmed cache keeps `status.reason`). The kubelet kills the container
+  that was running, so this is read before any failed container: a check cut off by its deadline is
+  not a failing check.
 - Anything else (Pending, init containers running or `PodInitializing`) is still running.
 
 A pod with chained runs (`nodewright.io/chain`, `--chain-packages`) runs the init containers of each

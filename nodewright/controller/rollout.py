@@ -60,6 +60,7 @@ from nodewright.observability.metrics import (
     count_package_nodes,
     strategy_label,
 )
+from nodewright.plan import sequencing
 from nodewright.plan.configdiff import config_digest
 from nodewright.plan.node import is_disabled, is_paused
 from nodewright.plan.podspec import package_configmap_name as podspec_configmap_name
@@ -252,6 +253,9 @@ class RolloutReconciler:
         self._deletion_warned: dict[str, str] = {}  # NodeWright -> reason of the DeletionBlocked Event sent
         self._fingerprint: dict[str, str] = {}  # NodeWright -> spec fingerprint of the last pass
         self._pruned: dict[str, str] = {}  # NodeWright -> fingerprint whose old package ConfigMaps are gone
+        # Every NodeWright's completion per node, for ordering and the runtime-required taint: a node's
+        # state is decoded again only when its annotation text changed (`sequencing.CompletionMemo`).
+        self._completion = sequencing.CompletionMemo()
         self.configmaps = PackageConfigMaps(rt.client, namespace=rt.options.namespace)
 
     def settles_batch(self, name: str, node: str, labels: Mapping[str, str]) -> bool:
@@ -300,7 +304,7 @@ class RolloutReconciler:
         compute = time.monotonic() - started
         # Taints first: a new node must be tainted before its admission marks it as touched.
         taint_report = await taints.reconcile_runtime_taints(
-            rt, snap.nodewright, snap.matched, all_names=snap.inp.all_nodewrights
+            rt, snap.nodewright, snap.matched, all_names=snap.inp.all_nodewrights, completion=self._completion
         )
         started = time.monotonic()
         summary, status = self._status(snap, model, plan, taint_report)
@@ -384,6 +388,7 @@ class RolloutReconciler:
                 runtime_taint_key=rt.options.runtime_required_taint_key,
             ),
             entries=lambda ctx, objects: self._entries(name, ctx, objects),
+            completion=self._completion,
         )
         memo = self._memo[name].entries
         self._enqueue_strays(name, nodes, inp.entries)

@@ -2,10 +2,12 @@
 
 A NodeWright with `runtimeRequired: true` keeps its nodes tainted (operator flag
 `--runtime-required-taint`, default `nodewright.io/runtime-required=true:NoSchedule`) until *every*
-runtime-required NodeWright that targets the node is complete on that node; then the taint is removed
-from that node alone. With `autoTaintNewNodes`, matched nodes that NodeWright has never touched (no
-`nodewright.io/` annotation at all) get the taint, so a node that joins the cluster is not schedulable
-before it is configured (taint at kubelet registration is still the race-free way; this is the net).
+runtime-required NodeWright that targets the node is complete on that node for its current spec (the
+status label corrected by the state annotation, `plan.rollout.complete_for_spec`: a label still saying
+`complete` from before a spec edit does not count); then the taint is removed from that node alone.
+With `autoTaintNewNodes`, matched nodes that NodeWright has never touched (no `nodewright.io/`
+annotation at all) get the taint, so a node that joins the cluster is not schedulable before it is
+configured (taint at kubelet registration is still the race-free way; this is the net).
 
 The reference's trap: a paused or disabled runtime-required NodeWright that is incomplete keeps its
 nodes tainted forever, silently. Here the taint stays (removing it would let workloads land on
@@ -26,13 +28,14 @@ import structlog
 
 from nodewright.api import constants
 from nodewright.api.admission import ADMISSION_ANNOTATION_PREFIX
-from nodewright.api.models import NodeWright, Status
-from nodewright.api.nodeobject import node_annotations, node_labels
+from nodewright.api.models import NodeWright
+from nodewright.api.nodeobject import node_annotations
 from nodewright.controller.options import parse_taint
 from nodewright.controller.runtime import Runtime
 from nodewright.kube.resources import JSON, NODES
 from nodewright.plan.node import is_disabled, is_paused
 from nodewright.plan.rollout_input import matches_nodewright
+from nodewright.plan.sequencing import CompletionMemo
 
 log = structlog.get_logger("nodewright.taints")
 
@@ -57,10 +60,6 @@ def _never_touched(node: JSON) -> bool:
     )
 
 
-def _complete_on(nodewright: str, node: JSON) -> bool:
-    return node_labels(node).get(constants.status_label(nodewright)) == Status.COMPLETE.value
-
-
 async def _set_taints(
     rt: Runtime, node: JSON, taints: list[JSON], annotations: dict[str, str | None]
 ) -> None:
@@ -76,8 +75,15 @@ async def _set_taints(
 
 
 async def reconcile_runtime_taints(
-    rt: Runtime, nodewright: NodeWright, matched: Sequence[JSON], *, all_names: Sequence[str]
+    rt: Runtime,
+    nodewright: NodeWright,
+    matched: Sequence[JSON],
+    *,
+    all_names: Sequence[str],
+    completion: CompletionMemo,
 ) -> TaintReport:
+    """Remove the taint where every runtime-required NodeWright targeting the node is complete for its
+    current spec (`completion`, the rule ordering and the status use), taint untouched new nodes."""
     if not nodewright.spec.runtime_required:
         return TaintReport()
     key, value, effect = parse_taint(rt.options.runtime_required_taint)
@@ -93,7 +99,7 @@ async def reconcile_runtime_taints(
         node_name = str(node["metadata"]["name"])
         tainted = _has_taint(node, key, effect)
         targeting = [m for m in required if matches_nodewright(m, node)]
-        if tainted and all(_complete_on(m.metadata.name, node) for m in targeting):
+        if tainted and all(completion.complete_on(m, node) for m in targeting):
             remaining = [
                 t
                 for t in (node.get("spec") or {}).get("taints") or ()
@@ -103,13 +109,13 @@ async def reconcile_runtime_taints(
             removed += 1
             log.info("runtime-required taint removed", node=node_name)
             continue
-        if tainted and inactive and not _complete_on(nodewright.metadata.name, node):
+        if tainted and inactive and not completion.complete_on(nodewright, node):
             held.append(node_name)
         if (
             not tainted
             and nodewright.spec.auto_taint_new_nodes
             and _never_touched(node)
-            and not _complete_on(nodewright.metadata.name, node)
+            and not completion.complete_on(nodewright, node)
         ):
             taint: JSON = {"key": key, "effect": effect}
             if value is not None:

@@ -218,7 +218,9 @@ def _container_status(status: JSON) -> JSON:
 
 
 def trim_pod(pod: JSON) -> JSON:
-    """What the controller needs of a package pod: identity, ownership, node, containers, progress.
+    """What the controller needs of a package pod: identity, ownership, node, containers, progress
+    (and the pod's deadline and the kubelet's reason for ending it, `activeDeadlineSeconds` and
+    `status.reason`, which drift checks have).
 
     The rest of the spec is dropped, but the pod's signature binds all of it: the digest of what the
     pod runs (`plan.podspec.run_digest`) is computed here from the full object and kept under
@@ -242,7 +244,11 @@ def trim_pod(pod: JSON) -> JSON:
     }
     if spec.get("initContainers"):
         out_spec["initContainers"] = [_container(c) for c in spec["initContainers"]]
+    if isinstance(spec.get("activeDeadlineSeconds"), int):  # drift-check pods: when they are given up
+        out_spec["activeDeadlineSeconds"] = spec["activeDeadlineSeconds"]
     out_status: JSON = {"phase": _intern(str(status.get("phase") or "Pending"))}
+    if status.get("reason"):  # `DeadlineExceeded`: the kubelet ended the pod, no container failed by itself
+        out_status["reason"] = _intern(str(status["reason"]))
     for field in ("initContainerStatuses", "containerStatuses"):
         if status.get(field):
             out_status[field] = [_container_status(s) for s in status[field]]

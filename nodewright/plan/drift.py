@@ -17,7 +17,10 @@ interrupt. This module decides, without I/O and with time passed in:
 - **What counts as drift.** A check pod whose first failing container is `<pkg>-<mode>check` means
   that package drifted, with that check's log tail as the reason; the packages checked before it are
   clean, the ones after it unchecked (their previous result stands). A pod that could not run its
-  checks (image pull error, deadline) says nothing about drift.
+  checks (image pull error, deadline) says nothing about drift: it is a check `error`.
+- **A deadline.** A check pod holds back the node's stage pods while it exists, so it has one
+  (`activeDeadlineSeconds`: the packages' stage timeouts, `podspec.drift_check_deadline`); the kubelet
+  ends it then, and the operator deletes one still there `CHECK_GRACE` later (`check_expires`).
 - **Which results count.** A check pod carries its basis (`check_basis`): the last completed run of
   each package it checks and the node's bootID when it was created. Its result counts only while that
   basis still holds: a check that started before a run of a checked package (a repair, a config change)
@@ -34,17 +37,28 @@ import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Final
 
 from nodewright.api.models import DriftAction, DriftDetection, NodeWright, Package
 from nodewright.api.nodestate import NodeState, PackageEntry, PackageState
-from nodewright.plan.podspec import DRIFT_CHECK_MODES, drift_check_container, parse_duration_seconds
+from nodewright.plan.podspec import (
+    DRIFT_CHECK_MODES,
+    drift_check_container,
+    drift_check_deadline,
+    parse_duration_seconds,
+)
 
 MIN_INTERVAL: Final = 10.0
 """Seconds: shorter intervals are raised to this (a check pod takes seconds to run)."""
 DUE_RETRY: Final = 5.0
 """Seconds before a due node without a free check slot is looked at again."""
+CHECK_GRACE: Final = 60.0
+"""Seconds past a check pod's deadline, counted from its creation, before the operator deletes it. The
+kubelet counts `activeDeadlineSeconds` from when it picked the pod up and ends the pod itself; this
+catches the check it could not end (a kubelet down or cut off from the API server) and pods created
+without a deadline by an older operator version."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +140,17 @@ def check_plan(nw: NodeWright, state: NodeState) -> list[tuple[str, Package, str
         if entry is not None and entry.state is PackageState.COMPLETE:
             out.append((name, pkg, entry.version))
     return out
+
+
+def check_expires(nw: NodeWright, *, created: datetime, deadline: float | None) -> datetime:
+    """When the operator deletes a drift-check pod that is still there: `CHECK_GRACE` after its deadline
+    (`deadline`, its `activeDeadlineSeconds`; for a pod built without one, the deadline a check of the
+    NodeWright's checked packages gets now), counted from its creation. A check pod holds back the
+    node's stage pods while it exists, so a hung one must not hold them forever; it counts as an
+    `error` of the check (no verdict on drift)."""
+    if not deadline:
+        deadline = drift_check_deadline(nw.spec.packages[name] for name in checked_packages(nw))
+    return created + timedelta(seconds=deadline + CHECK_GRACE)
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,8 +62,9 @@ the host (`interrupt_run`: the agent's flags are keyed by it), and a reboot pod 
 stays Ready with its old bootID for `reboot_grace` did not reboot it: a failed attempt (`await_reboot`).
 
 Drift-check pods (`DriftInput`) are read and removed as soon as they end, whatever the node's state,
-and their result counts only on the basis they were made against (`observe_checks`); no stage pod
-starts while one exists on the node (`drift_check_running`).
+and their result counts only on the basis they were made against (`_observe_checks`); no stage pod
+starts while one exists on the node (`drift_check_running`), so one still there past its deadline is
+deleted as a check error (`_overran`).
 """
 
 from __future__ import annotations
@@ -172,6 +173,8 @@ class DriftCheckPod:
     message: str = ""
     terminating: bool = False
     basis: str = ""  # its `nodewright.io/drift-basis` annotation (`drift.CheckBasis`)
+    created: datetime | None = None  # its creationTimestamp
+    deadline: float | None = None  # its `activeDeadlineSeconds` (None: built without one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -596,6 +599,7 @@ class _Draft:
     drift_requeue: RequeueAfter | None = None
     drift_result: str | None = None
     drift_recheck: bool = False  # a host change is to be checked: keep the recorded bootID
+    check_expires: datetime | None = None  # when the running check pod is given up (if any)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1847,20 +1851,43 @@ def _observe_checks(c: _Ctx, d: _Draft) -> _Draft:
     repair). Its result counts only while the node is still what it was made against
     (`drift.void_reason`: no run of a checked package since it started, the same boot); a void
     check is removed without a verdict (after a reboot nobody asked for, the node stays due:
-    `drift_checks`). Check pods that have not ended are left alone; stage pods wait until every
-    check pod is gone (`drift_check_running`)."""
+    `drift_checks`). Check pods that have not ended are left alone until their deadline has
+    passed (`_overran`); stage pods wait until every check pod is gone (`drift_check_running`)."""
     facts = c.inp.drift
     if facts is None:
         return d
     for pod in facts.pods:
-        if pod.terminating or _check_running(pod):
+        if pod.terminating:
             continue
+        if _check_running(pod):
+            ended = _overran(c, d, pod)
+            if ended is None:
+                continue
+            pod = ended
         void = drift.void_reason(pod.basis, c.nw, d.state, boot_id=c.node.boot_id)
         if void is None:
             _read_drift_check(c, d, pod, drift.check_plan(c.nw, d.state))
             continue
         d.deletes.setdefault(pod.name, DeletePod(pod.name, f"drift check void: {void.value}"))
     return d
+
+
+def _overran(c: _Ctx, d: _Draft, pod: DriftCheckPod) -> DriftCheckPod | None:
+    """A running check pod past `drift.check_expires` (its deadline plus a grace the kubelet has to
+    end it): the pod as ended with outcome DEADLINE, to be read as a check `error` and deleted (it
+    holds back every stage pod of the node while it exists). None while it has time: the node is
+    planned again when it runs out (`check_expires`)."""
+    if pod.created is None:
+        return None
+    expires = drift.check_expires(c.nw, created=pod.created, deadline=pod.deadline)
+    if c.now < expires:
+        d.check_expires = min(expires, d.check_expires or expires)
+        _requeue(c, d, seconds_until(expires, c.now), f"deadline of drift check {pod.name}")
+        return None
+    limit = human_duration((expires - pod.created).total_seconds())
+    message = f"the check pod was still there {limit} after it was created (deadline and grace); deleted"
+    d.deletes[pod.name] = DeletePod(pod.name, f"drift check overran its deadline: {message}")
+    return replace(pod, outcome=PodOutcome.DEADLINE, message=message)
 
 
 def _drift_checks(c: _Ctx, d: _Draft, *, was_complete: bool) -> None:
@@ -1878,6 +1905,10 @@ def _drift_checks(c: _Ctx, d: _Draft, *, was_complete: bool) -> None:
     checked = drift.check_plan(c.nw, d.state)
     if any(_check_running(pod) for pod in facts.pods):
         _requeue(c, d, c.opts.poll_interval, "drift check running")
+        if d.check_expires is not None:  # a hung check ends no pod event: look again at its deadline
+            d.drift_requeue = RequeueAfter(
+                max(1.0, seconds_until(d.check_expires, c.now)), "drift check deadline"
+            )
         return
     old = c.inp.state or NodeState()
     recheck = None

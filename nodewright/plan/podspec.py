@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -341,6 +342,7 @@ flags say they already succeeded with these arguments (the agent contract's OVER
 DRIFT_CHECK_MODES: Final = ("apply-check", "config-check")
 """Read-only modes a drift check runs for every package (plus post-interrupt-check when the package has
 an interrupt: it reads the running values back)."""
+_DEFAULT_STAGE_TIMEOUT: Final = str(Package.model_fields["stage_timeout"].default)
 
 
 def transition_stages(stage: PackageStage) -> tuple[PackageStage, ...]:
@@ -515,6 +517,21 @@ def drift_check_container(package: str, mode: str) -> str:
     return _mode_container(package, mode)
 
 
+def drift_check_deadline(packages: Iterable[Package]) -> int:
+    """Seconds a drift-check pod may run (its `activeDeadlineSeconds`): one `stageTimeout` per package
+    it checks (default 30m each), added up, as a stage pod gets one per stage it runs.
+
+    A check pod holds back every stage pod of its NodeWright on the node until it is gone (`plan.node`),
+    so a check that hangs (a check step that never returns, a payload copy stuck on the host) must end:
+    the kubelet ends it at this deadline (phase `Failed`, reason `DeadlineExceeded`), and the operator
+    deletes one still there `plan.drift.CHECK_GRACE` seconds later (a kubelet that is down or cut off
+    ends nothing). Either way it is counted as a drift-check `error`, not as drift.
+    """
+    default = parse_duration_seconds(_DEFAULT_STAGE_TIMEOUT)
+    total = sum(parse_duration_seconds(p.stage_timeout) or default for p in packages)
+    return math.ceil(total or default)
+
+
 def build_drift_check_pod(
     nw: NodeWright,
     packages: Sequence[tuple[str, Package, str]],
@@ -531,7 +548,8 @@ def build_drift_check_pod(
     names the package and check (`drift_check_container`). No cordon, drain or interrupt is involved;
     the agent's check modes are read-only by contract. `basis` (`plan.drift.check_basis`: what the check
     is made against, the packages' last runs and the node's boot) goes on the pod as the annotation
-    `nodewright.io/drift-basis`: the result counts only while it still holds.
+    `nodewright.io/drift-basis`: the result counts only while it still holds. The pod has a deadline
+    (`activeDeadlineSeconds`, `drift_check_deadline`).
     """
     nw_name = nw.metadata.name
     volumes, mounts = _base_volumes(nw_name, node, options)
@@ -564,6 +582,7 @@ def build_drift_check_pod(
     if basis:
         annotations[constants.POD_ANNOTATION_DRIFT_BASIS] = basis
     spec = _pod_spec(nw, node, init, volumes, options, bound=True)
+    spec["activeDeadlineSeconds"] = drift_check_deadline(package for _, package, _ in packages)
     name = drift_check_name(nw_name, node, slot, digest, basis)
     return _pod(nw, name, node, labels=labels, annotations=annotations, spec=spec, options=options)
 

@@ -101,6 +101,7 @@ from nodewright.api.models import (
     NodeWright,
     Status,
 )
+from nodewright.api.nodestate import NodeState
 from nodewright.api.reasons import (
     Block,
     BudgetHeld,
@@ -120,6 +121,7 @@ from nodewright.api.reasons import (
     describe_waiting,
 )
 from nodewright.plan import batches, budgets, windows
+from nodewright.plan.node import node_complete
 from nodewright.plan.policy import Compartments, CompartmentSpec, NodeRef, resolve_compartments
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
@@ -210,6 +212,32 @@ def status_for_spec(label: Status | None, *, needs_work: bool) -> Status:
     if not needs_work and label is Status.IN_PROGRESS:
         return Status.COMPLETE
     return label
+
+
+def work_pending(nodewright: NodeWright, state: NodeState | None) -> bool:
+    """Whether the node's state (its decoded `nodewright.io/state.<nw>`, None when absent) has not
+    completed the NodeWright's current spec: package versions, configs, uninstalls and drift repairs
+    (`plan.node.node_complete`). A node without state has work pending unless the spec has no packages.
+    The `needs_work` of `status_for_spec` and `complete_for_spec`."""
+    if state is None:
+        return bool(nodewright.spec.packages)
+    return not node_complete(nodewright, state)
+
+
+def complete_for_spec(label: Status | None, *, needs_work: bool) -> bool:
+    """Whether the NodeWright counts as complete on a node for its *current* spec: the status label
+    corrected by the state (`status_for_spec`), a drifted node whose drift is only reported included
+    (drift is information; with `action: reapply` it has work pending until repaired).
+
+    The one answer to "is X complete on node N": the status roll-up counts these nodes complete
+    (`plan.status.report_for`), a later NodeWright starts on N only once every earlier one is
+    (`plan.sequencing`), and the runtime-required taint leaves N only once every runtime-required
+    NodeWright is (`controller.taints`). A label still saying `complete` from before a spec edit is not
+    enough for any of them.
+    """
+    if needs_work:
+        return False
+    return status_for_spec(label, needs_work=False) in (Status.COMPLETE, Status.DRIFTED)
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,7 +71,7 @@ from nodewright.api.reasons import (
 )
 from nodewright.plan import batches, selectors, sequencing
 from nodewright.plan.budgets import PoolNode, SharedBudget, pool_node, shared_for
-from nodewright.plan.node import is_disabled, is_paused, node_complete, untolerated_taints
+from nodewright.plan.node import is_disabled, is_paused, untolerated_taints
 from nodewright.plan.podspec import parse_duration_seconds
 from nodewright.plan.preview import RolloutPreview, preview_rollout
 from nodewright.plan.rollout import (
@@ -82,6 +82,7 @@ from nodewright.plan.rollout import (
     plan_rollout,
     spec_fingerprint,
     status_for_spec,
+    work_pending,
 )
 from nodewright.plan.stages import ts
 
@@ -230,9 +231,7 @@ def rollout_node(
     (`status_for_spec`: a node with pending work is never counted complete).
     """
     nodewright = ctx.nodewright
-    needs_work = state is None or not node_complete(nodewright, state)
-    if state is None and not nodewright.spec.packages:
-        needs_work = False
+    needs_work = work_pending(nodewright, state)
     label = node_status(node, ctx.name)
     return RolloutNode(
         name=node_name(node),
@@ -412,13 +411,15 @@ def rollout_input(
     options: RolloutOptions = DEFAULT_OPTIONS,
     entries: Entries | None = None,
     pool: Mapping[str, PoolNode] | None = None,
+    completion: sequencing.CompletionMemo | None = None,
 ) -> RolloutInput:
     """The rollout planner's input for `model` (as stored) from the cluster's objects (module docstring).
 
     `nodewrights` holds every NodeWright by name, `model` included (None: one whose spec fails
     validation: it holds no cordon of ours to know about, and orders nothing); `policies` the
     DeploymentPolicies by name (`PolicyInvalid` for one the operator refuses); `budgets` the
-    DisruptionBudgets whose slots count (`pool` their view of the nodes, when the caller keeps one).
+    DisruptionBudgets whose slots count (`pool` their view of the nodes, when the caller keeps one);
+    `completion` the caller's memo of decoded completions (`sequencing.CompletionMemo`), a cache only.
     """
     nodewright = effective_nodewright(model)
     models = [m for m in nodewrights.values() if m is not None]
@@ -431,7 +432,7 @@ def rollout_input(
         now=now,
     )
     derived = tuple((entries or derive_all)(ctx, nodes))
-    facts = tuple(sequencing.facts_for(models, nodes)) if len(nodewrights) > 1 else ()
+    facts = _facts(models, nodes, all_names=ctx.all_nodewrights, completion=completion)
     candidates = tuple(_with_priority(ctx.name, e.rollout, facts) for e in derived if e.rollout is not None)
     said = _annotated(model, ctx.fingerprint)
     return RolloutInput(
@@ -455,6 +456,20 @@ def rollout_input(
         inactive=ctx.inactive,
         all_nodewrights=ctx.all_nodewrights,
     )
+
+
+def _facts(
+    models: Sequence[NodeWright],
+    nodes: Sequence[JSON],
+    *,
+    all_names: Sequence[str],
+    completion: sequencing.CompletionMemo | None,
+) -> tuple[sequencing.NodeWrightFacts, ...]:
+    if len(all_names) < 2:
+        if completion is not None:
+            completion.keep(all_names)
+        return ()  # a lone NodeWright waits for nobody; the facts cost O(nodes) to build
+    return tuple(sequencing.facts_for(models, nodes, memo=completion))
 
 
 @dataclass(frozen=True, slots=True)

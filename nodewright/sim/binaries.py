@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "kwok")
+REAL_NODE_BINARIES = ("kubelet", "kube-scheduler")
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 _VERSIONS_ENV = _REPO_ROOT / "hack" / "controlplane" / "versions.env"
+_REALNODE_VERSIONS_ENV = _REPO_ROOT / "hack" / "realnode" / "versions.env"
 _ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
@@ -97,3 +99,31 @@ def locate(*, versions_env: Path = _VERSIONS_ENV, require_complete: bool = True)
             "run `make controlplane` (or `bash hack/controlplane/build.sh`) first"
         )
     return ControlPlaneBinaries(dir=directory)
+
+
+def realnode_cache_root(environ: dict[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    if env.get("NODEWRIGHT_REALNODE_CACHE"):
+        return Path(env["NODEWRIGHT_REALNODE_CACHE"]).expanduser()
+    xdg = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg).expanduser() / "nodewright" / "realnode"
+
+
+def locate_realnode(*, binaries: ControlPlaneBinaries | None = None) -> Path:
+    """The real nodes' base root directory of `hack/realnode/build.sh` (its `root/` and `pause`), with
+    the kubelet and kube-scheduler of the control plane; raises with the command that builds them."""
+    binaries = binaries or locate()
+    missing = [name for name in REAL_NODE_BINARIES if not os.access(binaries.dir / name, os.X_OK)]
+    if missing:
+        raise BinariesMissingError(
+            f"{' and '.join(missing)} not found in {binaries.dir}: run `make controlplane` "
+            "(it builds them with the control plane) first"
+        )
+    values = parse_versions_env(_REALNODE_VERSIONS_ENV.read_text(encoding="utf-8"), environ={})
+    directory = realnode_cache_root() / values["REALNODE_VERSION"] / controlplane_version()
+    if not (directory / ".complete").exists():
+        raise BinariesMissingError(
+            f"the real nodes' base root is not built ({directory} missing); run `make realnode` "
+            "(or `bash hack/realnode/build.sh`) first"
+        )
+    return directory

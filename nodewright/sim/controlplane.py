@@ -58,14 +58,21 @@ from typing import Any
 
 import yaml
 
-from nodewright.sim import binaries, pki
+from nodewright.sim import binaries, box, boxnet, fleet, pki, registry
 from nodewright.sim.kubelet_spec import REAL_PACKAGES_LABEL, check_safe_directory
 
 NAMESPACE = "nodewright-system"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kwok", "rebooter", "kubelet")
+# With real nodes (`real_nodes` > 0): a scheduler for the chart's Deployments, the registry the nodes pull
+# from, and the boxes themselves (nodewright.sim.realnodes), in this order after the others.
+REAL_NODE_COMPONENTS = ("kube-scheduler", "registry", "realnodes")
+REAL_NODE_PREFIX = "real-node"
+REAL_NODE_LABEL = "sim.nodewright.io/real-node"
+REAL_NODES_DIR = "realnodes"
+REGISTRY_DIR = "oci-registry"
 # The project's definition of kwok's Logs API (kwok.x-k8s.io/v1alpha1), served for the simulated kubelet.
 _KWOK_LOGS_CRD = "logs.kwok.x-k8s.io"
-_READY_FILES = {"rebooter": "rebooter.ready", "kubelet": "kubelet.ready"}
+_READY_FILES = {"rebooter": "rebooter.ready", "kubelet": "kubelet.ready", "realnodes": "realnodes.ready"}
 STATE_FILE = "state.json"
 _STATE_VERSION = 1
 # Seconds between SIGTERM and SIGKILL. kube-apiserver's graceful shutdown waits up to 60 s for open
@@ -80,7 +87,11 @@ _START_TIMEOUTS = {
     "kwok": 60.0,
     "rebooter": 30.0,
     "kubelet": 30.0,
+    "kube-scheduler": 60.0,
+    "registry": 30.0,
+    "realnodes": 60.0,
 }
+_REAL_NODES_READY_S = 120.0
 
 
 class ControlPlaneError(RuntimeError):
@@ -166,7 +177,23 @@ class ControlPlane:
     ports: dict[str, int]
     components: dict[str, ComponentState]
     namespace: str = NAMESPACE
+    real_nodes: int = 0
+    real_node_base: str = ""  # the base root directory of hack/realnode/build.sh
     _children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The components of this plane in start order."""
+        return COMPONENTS + (REAL_NODE_COMPONENTS if self.real_nodes else ())
+
+    @property
+    def real_node_names(self) -> list[str]:
+        return [real_node_name(i) for i in range(self.real_nodes)]
+
+    @property
+    def registry(self) -> str:
+        """`127.0.0.1:PORT` of the local registry (real nodes only)."""
+        return f"127.0.0.1:{self.ports['registry']}"
 
     # ------------------------------------------------------------------ paths and addresses
     @property
@@ -194,14 +221,20 @@ class ControlPlane:
         bins: binaries.ControlPlaneBinaries | None = None,
         image_dirs: Sequence[Path] = (),
         agent_images: Sequence[str] = (),
+        real_nodes: int = 0,
     ) -> ControlPlane:
         """Prepare `directory` (PKI, kubeconfig, stage file, command lines); nothing is started yet.
+
+        `real_nodes` adds that many real nodes (`real-node-0`, ...: a real kubelet and containerd each, in a
+        box of its own; `nodewright.sim.realnodes`), and with them a scheduler and a registry. They need
+        root and `make realnode`; a missing prerequisite raises ControlPlaneError naming it.
 
         `image_dirs` are extra directory registries and `agent_images` extra images that run our agent
         for the simulated kubelet (`<directory>/registry/` and the repository's `packages/` are always
         registries, and any image whose repository ends in `/agent` is the agent).
         """
         bins = bins or binaries.locate()
+        base = _real_node_prerequisites(bins) if real_nodes else None
         directory = directory.resolve()
         try:
             check_safe_directory(directory)  # the simulated kubelet maps paths into shell commands
@@ -220,11 +253,11 @@ class ControlPlane:
         directory.mkdir(parents=True, exist_ok=True)
         for sub in ("logs", "etcd", "kcm", "apiserver"):
             (directory / sub).mkdir(mode=0o700, exist_ok=True)
-        ports = {
-            name: free_port()
-            for name in ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kwok")
-        }
-        plane = cls(dir=directory, bin_dir=bins.dir, ports=ports, components={})
+        port_names = ["etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kwok"]
+        if real_nodes:
+            port_names += ["kube-scheduler", "registry"]
+        ports = {name: free_port() for name in port_names}
+        plane = cls(dir=directory, bin_dir=bins.dir, ports=ports, components={}, real_nodes=real_nodes)
         material = pki.generate(directory / "pki")
         pki.write_kubeconfig(
             plane.kubeconfig,
@@ -234,9 +267,11 @@ class ControlPlane:
             client_key=material.admin_key,
         )
         write_kwok_stages(directory / "kwok-stages.yaml")
+        if base is not None:
+            plane._prepare_real_nodes(base)
         plane.components = {
             name: plane._command(name, image_dirs=image_dirs, agent_images=agent_images)
-            for name in COMPONENTS
+            for name in plane.names
         }
         plane.save()
         return plane
@@ -256,8 +291,10 @@ class ControlPlane:
             ports={k: int(v) for k, v in raw["ports"].items()},
             components={name: ComponentState(**comp) for name, comp in raw["components"].items()},
             namespace=raw.get("namespace", NAMESPACE),
+            real_nodes=int(raw.get("real_nodes", 0)),
+            real_node_base=str(raw.get("real_node_base", "")),
         )
-        for name in COMPONENTS:  # a state written before a component existed: it is simply not running
+        for name in plane.names:  # a state written before a component existed: it is simply not running
             plane.components.setdefault(name, plane._command(name))
         return plane
 
@@ -269,6 +306,8 @@ class ControlPlane:
             "server": self.server,
             "kubeconfig": str(self.kubeconfig),
             "namespace": self.namespace,
+            "real_nodes": self.real_nodes,
+            "real_node_base": self.real_node_base,
             "ports": self.ports,
             "components": {name: vars(comp) for name, comp in self.components.items()},
         }
@@ -279,76 +318,140 @@ class ControlPlane:
     def _command(
         self, name: str, *, image_dirs: Sequence[Path] = (), agent_images: Sequence[str] = ()
     ) -> ComponentState:
+        builders: dict[str, Callable[[], list[str]]] = {
+            "etcd": self._etcd_argv,
+            "kube-apiserver": self._apiserver_argv,
+            "kube-controller-manager": self._kcm_argv,
+            "kwok": self._kwok_argv,
+            "rebooter": self._rebooter_argv,
+            "kubelet": lambda: self._kubelet_argv(image_dirs, agent_images),
+            "kube-scheduler": self._scheduler_argv,
+            "registry": self._registry_argv,
+            "realnodes": self._realnodes_argv,
+        }
+        if name not in builders:
+            raise ControlPlaneError(f"unknown component {name!r}; expected one of {', '.join(self.names)}")
+        return ComponentState(argv=builders[name](), log=str(self.dir / "logs" / f"{name}.log"))
+
+    def _etcd_argv(self) -> list[str]:
+        b, d, ports = self.bin_dir, self.dir, self.ports
+        client, peer = f"http://127.0.0.1:{ports['etcd']}", f"http://127.0.0.1:{ports['etcd-peer']}"
+        return [
+            str(b / "etcd"), "--name=sim", f"--data-dir={d / 'etcd' / 'data'}",
+            f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=sim={peer}", "--initial-cluster-state=new",
+            "--unsafe-no-fsync=true", "--quota-backend-bytes=8589934592", "--log-level=warn",
+        ]  # fmt: skip
+
+    def _apiserver_argv(self) -> list[str]:
         b, d, p, ports = self.bin_dir, self.dir, self.pki, self.ports
-        log = str(d / "logs" / f"{name}.log")
-        if name == "etcd":
-            client, peer = f"http://127.0.0.1:{ports['etcd']}", f"http://127.0.0.1:{ports['etcd-peer']}"
-            argv = [
-                str(b / "etcd"), "--name=sim", f"--data-dir={d / 'etcd' / 'data'}",
-                f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
-                f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
-                f"--initial-cluster=sim={peer}", "--initial-cluster-state=new",
-                "--unsafe-no-fsync=true", "--quota-backend-bytes=8589934592", "--log-level=warn",
-            ]  # fmt: skip
-        elif name == "kube-apiserver":
-            argv = [
-                str(b / "kube-apiserver"), f"--etcd-servers={self.etcd_url}",
-                "--bind-address=127.0.0.1", f"--secure-port={ports['kube-apiserver']}",
-                "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
-                f"--tls-cert-file={p.serving_crt}", f"--tls-private-key-file={p.serving_key}",
-                f"--client-ca-file={p.ca_crt}", f"--service-account-issuer={self.server}",
-                f"--service-account-key-file={p.sa_pub}", f"--service-account-signing-key-file={p.sa_key}",
-                "--service-cluster-ip-range=10.96.0.0/16", "--authorization-mode=RBAC",
+        argv = [
+            str(b / "kube-apiserver"), f"--etcd-servers={self.etcd_url}",
+            "--bind-address=127.0.0.1", f"--secure-port={ports['kube-apiserver']}",
+            "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+            f"--tls-cert-file={p.serving_crt}", f"--tls-private-key-file={p.serving_key}",
+            f"--client-ca-file={p.ca_crt}", f"--service-account-issuer={self.server}",
+            f"--service-account-key-file={p.sa_pub}", f"--service-account-signing-key-file={p.sa_key}",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--kubelet-preferred-address-types=InternalDNS,Hostname,InternalIP,ExternalDNS,ExternalIP",
+            "--allow-privileged=true", "--profiling=false", f"--cert-dir={d / 'apiserver'}",
+        ]  # fmt: skip
+        if not self.real_nodes:
+            return [
+                *argv,
+                "--authorization-mode=RBAC",
                 "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-                "--kubelet-preferred-address-types=InternalDNS,Hostname,InternalIP,ExternalDNS,ExternalIP",
-                "--allow-privileged=true", "--profiling=false", f"--cert-dir={d / 'apiserver'}",
+            ]
+        # Real nodes make it a cluster as users run one: pods get their ServiceAccount tokens (admission
+        # plugin on), kubelets are authorized as nodes, and the API server reaches kubelets and the
+        # webhook's endpoints through the real nodes' egress proxy (nodewright.sim.boxnet).
+        return [
+            *argv, "--authorization-mode=Node,RBAC", "--disable-admission-plugins=TaintNodesByCondition",
+            f"--kubelet-client-certificate={p.kubelet_client_crt}",
+            f"--kubelet-client-key={p.kubelet_client_key}",
+            f"--egress-selector-config-file={self.dir / REAL_NODES_DIR / 'egress-selector.yaml'}",
+            "--enable-aggregator-routing=true",
+        ]  # fmt: skip
+
+    def _kcm_argv(self) -> list[str]:
+        controllers = ["disruption-controller", "garbage-collector-controller", "namespace-controller",
+                       "serviceaccount-controller"]  # fmt: skip
+        if self.real_nodes:
+            # The chart's Deployments and its uninstall hook's Job, the webhook Service's endpoints and the
+            # CA bundle every pod's projected token volume mounts.
+            controllers += [
+                "deployment-controller", "replicaset-controller", "job-controller",
+                "ttl-after-finished-controller", "endpoints-controller", "endpointslice-controller",
+                "root-ca-certificate-publisher-controller", "pod-garbage-collector-controller",
             ]  # fmt: skip
-        elif name == "kube-controller-manager":
-            argv = [
-                str(b / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
-                f"--authentication-kubeconfig={self.kubeconfig}",
-                f"--authorization-kubeconfig={self.kubeconfig}",
-                "--controllers=disruption-controller,garbage-collector-controller,"
-                "namespace-controller,serviceaccount-controller",
-                "--leader-elect=false", "--bind-address=127.0.0.1",
-                f"--secure-port={ports['kube-controller-manager']}", f"--cert-dir={d / 'kcm'}",
-                "--authorization-always-allow-paths=/healthz,/readyz,/livez",
-                "--kube-api-qps=500", "--kube-api-burst=1000", "--profiling=false",
-            ]  # fmt: skip
-        elif name == "kwok":
-            argv = [
-                str(b / "kwok"), f"--kubeconfig={self.kubeconfig}",
-                "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-                f"--manage-nodes-with-label-selector={REAL_PACKAGES_LABEL}!=true", "--enable-crds=Logs",
-                "--cidr=10.0.0.0/16", "--node-ip=10.240.0.1", "--node-lease-duration-seconds=0", "--v=WARN",
-                f"--server-address=127.0.0.1:{ports['kwok']}", f"--config={d / 'kwok-stages.yaml'}",
-            ]  # fmt: skip
-        elif name == "rebooter":
-            argv = [
-                sys.executable, "-m", "nodewright.sim.rebooter", f"--kubeconfig={self.kubeconfig}",
-                f"--namespace={self.namespace}", f"--ready-file={d / 'rebooter.ready'}",
-            ]  # fmt: skip
-        elif name == "kubelet":
-            argv = [
-                sys.executable, "-m", "nodewright.sim.kubelet", f"--kubeconfig={self.kubeconfig}",
-                f"--dir={d}", f"--kwok-port={ports['kwok']}", f"--ready-file={d / 'kubelet.ready'}",
-                *(f"--image-dir={Path(p).resolve()}" for p in image_dirs),
-                *(f"--agent-image={image}" for image in agent_images),
-            ]  # fmt: skip
-        else:
-            raise ControlPlaneError(f"unknown component {name!r}; expected one of {', '.join(COMPONENTS)}")
-        return ComponentState(argv=argv, log=log)
+        return [
+            str(self.bin_dir / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}", f"--authorization-kubeconfig={self.kubeconfig}",
+            f"--controllers={','.join(controllers)}", f"--root-ca-file={self.pki.ca_crt}",
+            "--leader-elect=false", "--bind-address=127.0.0.1",
+            f"--secure-port={self.ports['kube-controller-manager']}", f"--cert-dir={self.dir / 'kcm'}",
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez",
+            "--kube-api-qps=500", "--kube-api-burst=1000", "--profiling=false",
+        ]  # fmt: skip
+
+    def _kwok_argv(self) -> list[str]:
+        return [
+            str(self.bin_dir / "kwok"), f"--kubeconfig={self.kubeconfig}",
+            "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            f"--manage-nodes-with-label-selector={REAL_PACKAGES_LABEL}!=true", "--enable-crds=Logs",
+            "--cidr=10.0.0.0/16", "--node-ip=10.240.0.1", "--node-lease-duration-seconds=0", "--v=WARN",
+            f"--server-address=127.0.0.1:{self.ports['kwok']}", f"--config={self.dir / 'kwok-stages.yaml'}",
+        ]  # fmt: skip
+
+    def _rebooter_argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", "nodewright.sim.rebooter", f"--kubeconfig={self.kubeconfig}",
+            f"--namespace={self.namespace}", f"--ready-file={self.dir / 'rebooter.ready'}",
+        ]  # fmt: skip
+
+    def _kubelet_argv(self, image_dirs: Sequence[Path], agent_images: Sequence[str]) -> list[str]:
+        d = self.dir
+        return [
+            sys.executable, "-m", "nodewright.sim.kubelet", f"--kubeconfig={self.kubeconfig}",
+            f"--dir={d}", f"--kwok-port={self.ports['kwok']}", f"--ready-file={d / 'kubelet.ready'}",
+            *(f"--image-dir={Path(p).resolve()}" for p in image_dirs),
+            *(f"--agent-image={image}" for image in agent_images),
+        ]  # fmt: skip
+
+    def _scheduler_argv(self) -> list[str]:
+        return [
+            str(self.bin_dir / "kube-scheduler"), f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}", f"--authorization-kubeconfig={self.kubeconfig}",
+            f"--config={self.dir / REAL_NODES_DIR / 'scheduler.yaml'}",
+            "--bind-address=127.0.0.1", f"--secure-port={self.ports['kube-scheduler']}",
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez", "--profiling=false",
+        ]  # fmt: skip
+
+    def _registry_argv(self) -> list[str]:
+        binary = Path(self.real_node_base) / "docker-registry"
+        return [str(binary), "serve", str(self.dir / REAL_NODES_DIR / "registry.yaml")]
+
+    def _realnodes_argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", "nodewright.sim.realnodes", f"--dir={self.dir / REAL_NODES_DIR}",
+            f"--ready-file={self.dir / 'realnodes.ready'}", f"--kubeconfig={self.kubeconfig}",
+        ]  # fmt: skip
 
     # ------------------------------------------------------------------ lifecycle
     def up(self) -> float:
         """Start every component in dependency order and wait until each is healthy; returns seconds."""
         started = time.monotonic()
         try:
-            for name in COMPONENTS:
+            for name in self.names:
                 self.start_component(name)
                 if name == "kube-apiserver":
                     self._ensure_namespace()
                     self._ensure_kwok_logs_crd()
+                elif name == "registry":
+                    self._push_sandbox_image()
+            if self.real_nodes:
+                self.wait_real_nodes_ready()
         except BaseException:
             self.down(remove=False)
             raise
@@ -401,12 +504,17 @@ class ControlPlane:
     def down(self, *, remove: bool = True) -> list[str]:
         """Stop all recorded processes (reverse start order); optionally delete the directory."""
         stopped = []
-        for name in reversed(COMPONENTS):
+        for name in reversed(self.names):
             comp = self.components.get(name)
             if comp is not None and comp.pid is not None and comp.alive():
                 stopped.append(name)
             if comp is not None:
                 self.kill_component(name)
+        if self.real_nodes:
+            # realnodes removes its boxes' cgroups when it stops; after a SIGKILL nobody has.
+            left = box.remove_cgroups(box.sim_id(self.dir))
+            if left:
+                raise ControlPlaneError(f"cgroups of the real nodes are still in use: {', '.join(left)}")
         if remove:
             self._remove_state()
         return stopped
@@ -414,7 +522,8 @@ class ControlPlane:
     def _remove_state(self) -> None:
         """Delete what `create` and the components wrote, then the directory itself if nothing else is in
         it: a `--dir` pointing at a directory with other content must not lose that content."""
-        for sub in ("etcd", "kcm", "apiserver", "logs", "pki", "roots", "kubelet", "registry"):
+        for sub in ("etcd", "kcm", "apiserver", "logs", "pki", "roots", "kubelet", "registry", REAL_NODES_DIR,
+                    REGISTRY_DIR):  # fmt: skip
             shutil.rmtree(self.dir / sub, ignore_errors=True)
         files = (STATE_FILE, STATE_FILE + ".tmp", "*.kubeconfig", "kwok-stages.yaml", *_READY_FILES.values())
         for pattern in files:
@@ -426,7 +535,7 @@ class ControlPlane:
     def status(self) -> dict[str, dict[str, Any]]:
         """Per component: running?, pid, log path, and the log tail of any that is not running."""
         report: dict[str, dict[str, Any]] = {}
-        for name in COMPONENTS:
+        for name in self.names:
             comp = self.components[name]
             alive = comp.alive()
             entry: dict[str, Any] = {"running": alive, "pid": comp.pid, "log": comp.log}
@@ -504,18 +613,102 @@ class ControlPlane:
         if name == "kube-apiserver":
             ctx = self._admin_ssl()
             return lambda: http_ok(f"{self.server}/readyz", ctx)
-        if name == "kube-controller-manager":
+        if name in ("kube-controller-manager", "kube-scheduler"):
             insecure = ssl.create_default_context()
             insecure.check_hostname = False
-            insecure.verify_mode = ssl.CERT_NONE  # KCM serves a self-signed cert from --cert-dir
-            port = self.ports["kube-controller-manager"]
+            insecure.verify_mode = ssl.CERT_NONE  # both serve a self-signed cert
+            port = self.ports[name]
             return lambda: http_ok(f"https://127.0.0.1:{port}/healthz", insecure)
         if name == "kwok":
             return lambda: http_ok(f"http://127.0.0.1:{self.ports['kwok']}/healthz")
+        if name == "registry":
+            return lambda: http_ok(f"http://{self.registry}/v2/", expect="{")
         if name in _READY_FILES:
             ready = self.dir / _READY_FILES[name]
             return ready.exists
         raise ControlPlaneError(f"unknown component {name!r}")
+
+    # ------------------------------------------------------------------ real nodes
+    def _prepare_real_nodes(self, base: Path) -> None:
+        """The boxes' spec, layer and disks, and the configuration of the scheduler, registry and egress."""
+        self.real_node_base = str(base)
+        root = self.dir / REAL_NODES_DIR
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(mode=0o700, parents=True)
+        nodes = tuple(
+            box.NodeSpec(name, i, box.labels_for(fleet_labels(name, i)))
+            for i, name in enumerate(self.real_node_names)
+        )
+        spec = box.BoxesSpec(
+            dir=root, base=base, sim_id=box.sim_id(self.dir), api_port=self.ports["kube-apiserver"],
+            registry_port=self.ports["registry"], nodes=nodes,
+        )  # fmt: skip
+        spec.save()
+        box.write_layer(spec.layer, plan=spec.plan)
+        for node in nodes:
+            box.provision(spec, node, material=self.pki)
+        (root / "egress-selector.yaml").write_text(
+            boxnet.egress_selector_config(root / "egress.sock"), encoding="utf-8"
+        )
+        (root / "scheduler.yaml").write_text(scheduler_config(self.kubeconfig), encoding="utf-8")
+        storage = self.dir / REGISTRY_DIR
+        storage.mkdir(mode=0o700, exist_ok=True)
+        registry_config = {
+            "version": 0.1,
+            "log": {"level": "warn"},
+            "storage": {"filesystem": {"rootdirectory": str(storage)}, "delete": {"enabled": True}},
+            "http": {"addr": self.registry},
+        }
+        (root / "registry.yaml").write_text(yaml.safe_dump(registry_config), encoding="utf-8")
+
+    def _push_sandbox_image(self) -> None:
+        """The pause image every pod sandbox starts from, under the name containerd asks for."""
+        layout = registry.binary_image_layout(
+            Path(self.real_node_base) / "pause", self.dir / REAL_NODES_DIR / "pause-image",
+            path="/pause", tag=SANDBOX_IMAGE.rsplit(":", 1)[1], user="65535:65535",
+        )  # fmt: skip
+        registry.push_layout(layout, registry=self.registry, reference=SANDBOX_IMAGE)
+
+    def real_node_status(self) -> dict[str, dict[str, Any]]:
+        """Per real node: its state, boots and how the last one ended (`realnodes`' status.json)."""
+        path = self.dir / REAL_NODES_DIR / "status.json"
+        try:
+            status: dict[str, dict[str, Any]] = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return status
+
+    def push_image(self, layout: Path, reference: str) -> str:
+        """Push an OCI image layout to this simulator's registry; real nodes pull it as `reference`."""
+        if not self.real_nodes:
+            raise ControlPlaneError("this simulator has no registry (it has no real nodes)")
+        return registry.push_layout(layout, registry=self.registry, reference=reference)
+
+    def wait_real_nodes_ready(self, *, within: float = _REAL_NODES_READY_S) -> None:
+        """Wait until every real node is registered and Ready (its kubelet and containerd up)."""
+        deadline = time.monotonic() + within
+        waiting = list(self.real_node_names)
+        while waiting:
+            waiting = [name for name in waiting if not self._node_ready(name)]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(
+                    f"real node(s) {', '.join(waiting)} not Ready after {within:.0f}s; see "
+                    f"{self.dir / REAL_NODES_DIR / 'nodes' / waiting[0] / 'upper/var/log/nodewright-box'}"
+                    "/kubelet.log and console.log beside upper/"
+                )
+            time.sleep(0.5)
+
+    def _node_ready(self, name: str) -> bool:
+        try:
+            node = self.api("GET", f"/api/v1/nodes/{name}")
+        except urllib.error.HTTPError as err:
+            if err.code == 404:
+                return False
+            raise
+        conditions = (node.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
     # ------------------------------------------------------------------ API helpers (sync, for tests and CLI)
     def api(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json") -> Any:
@@ -614,6 +807,82 @@ class ControlPlane:
         with urllib.request.urlopen(req, timeout=10) as resp:
             result: dict[str, Any] = json.loads(resp.read())
             return result
+
+
+SANDBOX_IMAGE = "registry.k8s.io/pause:3.10"
+
+
+def real_node_name(index: int) -> str:
+    return f"{REAL_NODE_PREFIX}-{index}"
+
+
+def fleet_labels(name: str, index: int) -> dict[str, str]:
+    """A real node's labels: the simulated fleet's GPU labels for its index, marked as a real node."""
+    labels = fleet.node_labels(name, index, profile="h100", fleet=REAL_NODE_PREFIX)
+    labels["type"] = "real"
+    labels[REAL_NODE_LABEL] = "true"
+    return labels
+
+
+def scheduler_config(kubeconfig: Path) -> str:
+    """kube-scheduler's configuration: the default profile, placing pods on real nodes only. The kwok
+    nodes beside them have nothing that could run a container (their pods are bound by name, not
+    scheduled), so every scheduled pod gets the added affinity `type != kwok`, as a cluster operator
+    keeps workloads off a pool with a scheduler-wide affinity."""
+    config = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "leaderElection": {"leaderElect": False},
+        "profiles": [
+            {
+                "schedulerName": "default-scheduler",
+                "pluginConfig": [
+                    {
+                        "name": "NodeAffinity",
+                        "args": {
+                            "addedAffinity": {
+                                "requiredDuringSchedulingIgnoredDuringExecution": {
+                                    "nodeSelectorTerms": [
+                                        {
+                                            "matchExpressions": [
+                                                {"key": "type", "operator": "NotIn", "values": ["kwok"]}
+                                            ]
+                                        }
+                                    ]
+                                }
+                            }
+                        },
+                    }
+                ],
+            }
+        ],
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def _real_node_prerequisites(bins: binaries.ControlPlaneBinaries) -> Path:
+    """The real nodes' base root, after checking what they need of this machine (one line each)."""
+    if os.geteuid() != 0:
+        raise ControlPlaneError(
+            "real nodes need root (namespaces, mounts, cgroups): run as root, or without --real-nodes"
+        )
+    for tool, package in (
+        ("unshare", "util-linux"),
+        ("nsenter", "util-linux"),
+        ("ip", "iproute2"),
+        ("mount", "mount"),
+    ):
+        if shutil.which(tool) is None:
+            raise ControlPlaneError(
+                f"real nodes need `{tool}`: install Debian's {package} (apt-get install {package})"
+            )
+    if not Path("/sys/fs/cgroup").is_dir():
+        raise ControlPlaneError("real nodes need the cgroup file system at /sys/fs/cgroup")
+    try:
+        return binaries.locate_realnode(binaries=bins)
+    except binaries.BinariesMissingError as err:
+        raise ControlPlaneError(str(err)) from None
 
 
 def write_kwok_stages(path: Path) -> Path:

@@ -15,13 +15,15 @@ operator that compares node taints with package tolerations. Pass `taint=True` t
 `real_packages=K` labels the first K nodes created `sim.nodewright.io/real-packages=true`: kwok leaves those
 nodes and their pods alone and the simulated kubelet (`nodewright.sim.kubelet`) runs their pods for real.
 
-Workloads are bare pods bound by `nodeName` (no scheduler runs) owned by a ReplicaSet that no controller
-reconciles (kube-controller-manager runs without the replicaset controller). The owner is what makes every
-PodDisruptionBudget form work: the disruption controller resolves a pod's controllerRef to find the
-expected pod count for `maxUnavailable` and percentage `minAvailable`; with bare pods only an integer
-`minAvailable` works (the others fail safe to zero disruptions allowed). kwok runs the pods: Running and
-Ready at once, then Succeeded after `sim.nodewright.io/run-for` / at `sim.nodewright.io/finish-at`, or
-Failed with `sim.nodewright.io/result: fail`; without them they run forever. See docs/simulator.md.
+Workloads are bare pods bound by `nodeName` owned by a StatefulSet that no controller reconciles
+(kube-controller-manager never runs the statefulset controller; with real nodes it runs the replicaset
+controller for the chart's Deployments, so a ReplicaSet owner would re-create evicted pods). The owner is
+what makes every PodDisruptionBudget form work: the disruption controller resolves a pod's controllerRef
+to find the expected pod count for `maxUnavailable` and percentage `minAvailable`; with bare pods only an
+integer `minAvailable` works (the others fail safe to zero disruptions allowed). kwok runs the pods:
+Running and Ready at once, then Succeeded after `sim.nodewright.io/run-for` / at
+`sim.nodewright.io/finish-at`, or Failed with `sim.nodewright.io/result: fail`; without them they run
+forever. See docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ ZONES = ("zone-a", "zone-b", "zone-c")
 REGION = "sim-region-1"
 NODES_PER_RACK = 8
 DEFAULT_CONCURRENCY = 48
+# The training jobs' owner: a StatefulSet, because no StatefulSet controller runs in the simulator, even
+# with real nodes (whose chart needs the ReplicaSet controller, which would re-create evicted pods).
+OWNER_KIND = "StatefulSet"
+OWNER_PLURAL = "statefulsets"
 
 WORKLOAD_APP_LABEL = "app"
 WORKLOAD_APP_VALUE = "training"
@@ -138,6 +144,11 @@ def zone_for(index: int) -> str:
 
 def node_name(name_prefix: str, index: int) -> str:
     return f"{name_prefix}-{index:05d}"
+
+
+def node_labels(name: str, index: int, *, profile: str, fleet: str) -> dict[str, str]:
+    """The labels of the fleet's node `index` (GFD, NFD, topology), e.g. for a real node joining the fleet."""
+    return _labels(name, index, profile_for(profile, index), fleet)
 
 
 def _labels(name: str, index: int, p: GpuProfile, fleet: str) -> dict[str, str]:
@@ -420,7 +431,7 @@ async def create_workloads(
       (or Fail with `result="fail"`); neither set: they run until deleted.
     - `protected`: adds the non-interrupt label (`protected_label`, default sim.nodewright.io/protected=true).
     - `min_available` / `max_unavailable`: a PodDisruptionBudget `<job>` selecting the job's pods.
-    The namespace is created if missing. Pods are owned by an unreconciled ReplicaSet `<job>` whose
+    The namespace is created if missing. Pods are owned by an unreconciled StatefulSet `<job>` whose
     replicas equal the pod count (see the module docstring); deleting it garbage-collects the pods.
     """
     if min_available is not None and max_unavailable is not None:
@@ -453,7 +464,7 @@ async def create_workloads(
     async with KubeClient(kubeconfig, max_in_flight=concurrency) as client:
         await client.create_or_exists("/api/v1/namespaces", {"metadata": {"name": namespace}})
         owner = await client.create(
-            f"/apis/apps/v1/namespaces/{namespace}/replicasets",
+            f"/apis/apps/v1/namespaces/{namespace}/{OWNER_PLURAL}",
             {
                 "metadata": {
                     "name": job,
@@ -469,7 +480,7 @@ async def create_workloads(
         )
         owner_ref = {
             "apiVersion": "apps/v1",
-            "kind": "ReplicaSet",
+            "kind": OWNER_KIND,
             "name": job,
             "uid": owner["metadata"]["uid"],
             "controller": True,
@@ -522,7 +533,7 @@ async def delete_workloads(kubeconfig: Path, job: TrainingJob) -> None:
     async with KubeClient(kubeconfig) as client:
         if job.pdb:
             await client.delete(f"/apis/policy/v1/namespaces/{job.namespace}/poddisruptionbudgets/{job.pdb}")
-        await client.delete(f"/apis/apps/v1/namespaces/{job.namespace}/replicasets/{job.name}")
+        await client.delete(f"/apis/apps/v1/namespaces/{job.namespace}/{OWNER_PLURAL}/{job.name}")
         await _bounded((client.delete(f"{base}/pods/{p}") for p in job.pods), DEFAULT_CONCURRENCY)
 
 

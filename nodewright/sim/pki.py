@@ -30,6 +30,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 _VALIDITY = dt.timedelta(days=365)
 _SERVING_DNS = ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local")  # fmt: skip
+# 127.0.0.1, and the `kubernetes` Service address (the first of --service-cluster-ip-range): the one
+# in-cluster clients (the kubelets and pods of real nodes) dial.
+_SERVING_IPS = ("127.0.0.1", "10.96.0.1")
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,14 @@ class Pki:
     @property
     def admin_key(self) -> Path:
         return self.dir / "admin.key"
+
+    @property
+    def kubelet_client_crt(self) -> Path:
+        return self.dir / "apiserver-kubelet-client.crt"
+
+    @property
+    def kubelet_client_key(self) -> Path:
+        return self.dir / "apiserver-kubelet-client.key"
 
     @property
     def sa_key(self) -> Path:
@@ -158,7 +169,7 @@ def generate(directory: Path) -> Pki:
 
     serving_key = _new_key()
     sans: list[x509.GeneralName] = [x509.DNSName(name) for name in _SERVING_DNS]
-    sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in _SERVING_IPS]
     serving = _sign(
         subject=_name("kube-apiserver"),
         public_key=serving_key.public_key(),
@@ -172,6 +183,8 @@ def generate(directory: Path) -> Pki:
     _write(pki.serving_crt, serving.public_bytes(serialization.Encoding.PEM), private=False)
 
     issue_client_cert(pki, "admin", user="nodewright-admin", groups=("system:masters",))
+    # kube-apiserver's identity towards kubelets (logs, exec): real nodes' kubelets trust this CA.
+    issue_client_cert(pki, "apiserver-kubelet-client", user="kube-apiserver-kubelet-client")
 
     sa_key = _new_key()
     _write(pki.sa_key, _key_pem(sa_key), private=True)

@@ -1,0 +1,3 @@
+module nodewright.local/realnode/pause
+
+go 1.26.0
