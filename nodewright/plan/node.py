@@ -763,7 +763,14 @@ class _Planner:
                 self.requeue(self.opts.poll_interval, "node not Ready after reboot")
                 return True
             if pod is not None:
-                self.delete(pod, "reboot completed")
+                # A pod from before the reboot may be started again by the kubelet that came back (a
+                # real one re-runs the init containers of a pod whose sandbox died), so its last status
+                # says nothing: the run goes on to post-interrupt only once the pod is gone.
+                if not pod.terminating:
+                    self.delete(pod, "reboot completed")
+                self.waiting.append("node rebooted, waiting for its interrupt pod to go")
+                self.requeue(self.opts.poll_interval, "interrupt pod of a completed reboot not gone")
+                return True
             self.events.append(
                 Event("NodeRebooted", f"boot id changed; {carrier.name}:{carrier.version} rebooted")
             )
