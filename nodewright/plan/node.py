@@ -892,7 +892,14 @@ def _reboot_check(
             _requeue(c, d, c.opts.poll_interval, "node not Ready after reboot")
             return True
         if pod is not None:
-            _delete(c, d, pod, "reboot completed")
+            # A pod from before the reboot may be started again by the kubelet that came back (a real
+            # one re-runs the init containers of a pod whose sandbox died), so its last status says
+            # nothing: the run goes on to post-interrupt only once the pod is gone.
+            if not pod.terminating:
+                _delete(c, d, pod, "reboot completed")
+            _hold(c, d, Hold.REBOOT, "node rebooted, waiting for its interrupt pod to go")
+            _requeue(c, d, c.opts.poll_interval, "interrupt pod of a completed reboot not gone")
+            return True
         d.events.append(
             Event(EventReason.NODE_REBOOTED, f"boot id changed; {carrier.name}:{carrier.version} rebooted")
         )
