@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 from nodewright.api.models import EnvVar, NodeWright, NodeWrightSpec, ObjectMeta, Package
 from nodewright.api.nodestate import PackageStage
+from nodewright.hostroot import boot, hostshims
 from nodewright.plan.podspec import PAYLOAD_DIR, PodOptions, build_pod
-from nodewright.sim import binaries, controlplane, hostshims, kubelet, kubelet_host, kubelet_spec
+from nodewright.sim import binaries, controlplane, kubelet, kubelet_host, kubelet_spec
 from nodewright.sim.kubelet_spec import (
     ContainerConfigError,
     ImageKind,
@@ -793,7 +794,7 @@ def test_boot_loads_persistent_settings_and_forgets_runtime_ones(tmp_path: Path)
         },
     }
     kubelet_host.boot_node(root, node_json)
-    assert kubelet_host.recorded_boot_id(root) == "b-1"
+    assert boot.recorded_boot_id(root) == "b-1"
     assert (root / "etc/hostname").read_text() == "n1\n"
     assert 'VERSION_ID="22.04"' in (root / "etc/os-release").read_text()
     hostshims.write_key(n, "vm.swappiness", "60")  # runtime only
@@ -808,7 +809,7 @@ def test_boot_loads_persistent_settings_and_forgets_runtime_ones(tmp_path: Path)
     (root / "etc/modules-load.d/gpu.conf").write_text("# gpu\nnvidia-peermem\n")
     node_json["status"]["nodeInfo"]["bootID"] = "b-2"
     kubelet_host.boot_node(root, node_json)
-    assert kubelet_host.recorded_boot_id(root) == "b-2"
+    assert boot.recorded_boot_id(root) == "b-2"
     assert hostshims.read_key(n, "vm.swappiness") is None
     assert hostshims.read_key(n, "vm.max_map_count") == "262144"
     assert (

@@ -29,7 +29,7 @@ this process does what a kubelet does instead, so package pods execute their rea
   creates per pod (named like the pod, owned by it, so the garbage collector removes them), one entry per
   container pointing at its current file (`previousLogsFile` after a restart).
 - **Host commands and reboots.** Every container's PATH starts with stand-ins for `reboot`, `sysctl`,
-  `systemctl`, `modprobe`, ... that act on the node's host root (`nodewright.sim.hostshims`). Our agent,
+  `systemctl`, `modprobe`, ... that act on the node's host root (`nodewright.hostroot.hostshims`). Our agent,
   running without chroot here (`NODEWRIGHT_AGENT_CHROOT=false`), does not run its interrupt commands but
   appends them to `<root><ROOT_DIR>/interrupts/requested.jsonl`; when a container exits, the node runs
   the commands it appended, through the same stand-ins, before anything else starts. A reboot (from
@@ -37,7 +37,7 @@ this process does what a kubelet does instead, so package pods execute their rea
   do: the pod's processes are stopped, the pod gets the condition `sim.nodewright.io/RebootPending=True`,
   and the rebooter takes the node NotReady, gives it a new bootID and finishes the pod. This kubelet then
   leaves that pod's status alone and boots the host root with the new bootID, and reports the kernel the
-  boot started (the boot loader's default, `nodewright.sim.kubelet_host`) as the node's
+  boot started (the boot loader's default, `nodewright.hostroot.boot`) as the node's
   `status.nodeInfo.kernelVersion`, as a kubelet reports the kernel it runs on. A reboot asked for by any
   other pod is refused: the requesting processes are killed (reported as failures). Every container also
   gets `NODEWRIGHT_HOST_TOOLS`, the directory of the node's stand-ins, for package steps that run a
@@ -79,8 +79,9 @@ from typing import Any, Final
 import aiohttp
 
 from nodewright.api import constants
+from nodewright.hostroot import boot, hostshims
 from nodewright.plan.podspec import parse_duration_seconds
-from nodewright.sim import fleet, hostshims, kubelet_host, kubelet_spec, kubelet_status
+from nodewright.sim import fleet, kubelet_host, kubelet_spec, kubelet_status
 from nodewright.sim.kubeapi import JSON, ApiError, KubeClient
 from nodewright.sim.kubelet_spec import REAL_PACKAGES_LABEL, ContainerConfigError, ImageKind, ImageNotFound
 from nodewright.sim.kubelet_status import ContainerRecord, Restart, Start
@@ -1082,7 +1083,7 @@ class NodeAgent:
         if boot_id == self.boot_id:
             return
         self.boot_id = boot_id
-        if kubelet_host.recorded_boot_id(self.root) != boot_id:
+        if boot.recorded_boot_id(self.root) != boot_id:
             log.info("node %s: booting its host root (bootID %s)", self.name, boot_id)
             kernel = await asyncio.to_thread(kubelet_host.boot_node, self.root, self.node)
             await self._report_kernel(kernel)
