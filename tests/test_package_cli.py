@@ -14,6 +14,8 @@ import inspect
 import io
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -23,6 +25,7 @@ from typing import Any
 import pytest
 
 from nodewright.cli.main import main
+from nodewright.hostroot import boot
 from nodewright.packaging import layout, localrun, oci
 from tests.agent_fixtures.hostroot import limit_resources
 from tests.packages_node import REPO
@@ -65,11 +68,27 @@ def test_init_validate_and_run_every_mode(
         code, out, err = _cli(capsys, "run", mode, str(package), "--root", str(root), *extra)
         return code, out + err
 
-    for mode in ("apply", "apply-check", "config", "config-check", "post-interrupt", "post-interrupt-check"):
+    for mode in ("apply", "apply-check", "config", "config-check"):
         code, text = run(mode, *config)
         assert code == 0, text
         assert f"{mode} of gpu-probe 0.1.0 succeeded (agent exit 0)" in text
         assert "no chroot (unprivileged mode)" in text
+    # The scaffold's interrupt is a reboot: its post-interrupt check reads the boot id back, and fails
+    # until the node has rebooted since the install.
+    code, text = run("post-interrupt-check", *config)
+    assert code == 1 and "the node has not rebooted since gpu-probe was installed" in text, text
+    code, text = run("interrupt", "--interrupt", "reboot")
+    assert code == 0 and "reboot: the root booted (boot id" in text, text
+    booted = (root / "proc/sys/kernel/random/boot_id").read_text().strip()
+    for mode in ("post-interrupt", "post-interrupt-check"):
+        code, text = run(mode, *config)
+        assert code == 0, text
+        assert f"{mode} of gpu-probe 0.1.0 succeeded (agent exit 0)" in text
+    assert f"post-interrupt ran after the reboot, in boot {booted}" in text
+    # A later reboot (what a drift check finds on a node rebooted since) still passes the check.
+    assert run("interrupt", "--interrupt", "reboot")[0] == 0
+    assert (root / "proc/sys/kernel/random/boot_id").read_text().strip() != booted
+    assert run("post-interrupt-check")[0] == 0
     assert (root / "etc/gpu-probe/conf.d/example.conf").read_text() == "level=3\n"
     assert (root / "etc/gpu-probe/defaults.conf").is_file(), "root_dir/ was laid over the root"
     state = root / "var/lib/skyhook/local"
@@ -233,7 +252,7 @@ def test_run_interrupt_records_the_commands_instead_of_running_them(
         capsys, "run", "interrupt", str(package), "--root", str(root), "--interrupt", "service",
         "--service", "containerd.service", "--service", "kubelet.service",
     )  # fmt: skip
-    assert code == 0 and "interrupt commands recorded, not run" in out
+    assert code == 0 and "interrupt commands recorded, not run on this machine" in out
     recorded = [
         json.loads(line) for line in (root / "var/lib/skyhook/local/interrupts/requested.jsonl").open()
     ]
@@ -242,7 +261,59 @@ def test_run_interrupt_records_the_commands_instead_of_running_them(
         ["systemctl", "restart", "containerd.service"],
         ["systemctl", "restart", "kubelet.service"],
     ]
-    assert {entry["resource_id"] for entry in recorded} == {"local-local-1_gpu-probe_0.1.0"}
+    [resource_id] = {entry["resource_id"] for entry in recorded}
+    assert re.fullmatch(r"local-local-1-\d{8}T\d{12}Z\.1_gpu-probe_0\.1\.0", resource_id), resource_id
+
+
+def test_run_interrupt_plays_the_nodes_part_on_the_root_as_the_simulator_does(
+    package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "node"
+    (root / "etc/sysctl.d").mkdir(parents=True)
+    (root / "etc/sysctl.d/90-probe.conf").write_text(
+        "vm.swappiness = 10\nnet.ipv4.tcp_rmem = 4096 131072 6291456\n"
+    )
+    (root / "etc/default").mkdir(parents=True)
+    (root / "etc/default/grub").write_text(
+        'GRUB_CMDLINE_LINUX="iommu=pt"\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\n'
+    )
+    (root / "proc/sys/vm").mkdir(parents=True)
+    (root / "proc/sys/vm/overcommit_memory").write_text("1\n")  # set at run time only: gone after a boot
+
+    def interrupt(*how: str) -> str:
+        code, out, err = _cli(capsys, "run", "interrupt", str(package), "--root", str(root), *how)
+        assert code == 0, out + err
+        return out
+
+    out = interrupt("--interrupt", "service", "--service", "containerd.service")
+    assert "systemctl restart containerd.service: done by the node's systemctl stand-in (exit 0)" in out
+    assert not (root / "proc/sys/vm/swappiness").exists(), "a service restart does not reload sysctls"
+    commands = (root / "var/log/nodewright-sim/commands.log").read_text()
+    assert "systemctl daemon-reload" in commands and "systemctl restart containerd.service" in commands
+
+    out = interrupt("--interrupt", "restartAllServices")
+    assert "service procps force-reload: done by the node's service stand-in" in out
+    assert (root / "proc/sys/vm/swappiness").read_text() == "10\n"
+
+    out = interrupt("--interrupt", "reboot")
+    assert "reboot: the root booted" in out, out
+    assert (root / "proc/sys/vm/swappiness").read_text() == "10\n"
+    assert (root / "proc/sys/net/ipv4/tcp_rmem").read_text() == "4096\t131072\t6291456\n", "procfs' tabs"
+    assert not (root / "proc/sys/vm/overcommit_memory").exists(), "a runtime-only value does not survive"
+    assert (root / "proc/cmdline").read_text() == "root=/dev/sda1 ro iommu=pt quiet\n"
+    assert boot.recorded_boot_id(root) in out
+
+    # The same boot as the simulator's nodes: one rule, one place.
+    simulated = tmp_path / "simulated"
+    shutil.copytree(root / "etc", simulated / "etc")
+    boot.boot(simulated, boot.BootFacts(boot_id="b"))
+    for path in ("proc/sys/vm/swappiness", "proc/sys/net/ipv4/tcp_rmem", "proc/cmdline", "proc/1/mountinfo"):
+        assert (simulated / path).read_text() == (root / path).read_text(), path
+
+    # noop runs nothing; the package pod's reboot under --chroot is the root's own business (not simulated).
+    before = boot.recorded_boot_id(root)
+    out = interrupt("--interrupt", "noop")
+    assert boot.recorded_boot_id(root) == before
 
 
 def test_staging_copies_the_payload_as_the_package_pod_does(package: Path, tmp_path: Path) -> None:
@@ -289,6 +360,8 @@ def test_a_local_run_uses_the_operators_names() -> None:
     identity = layout.Identity()
     assert identity.copy_dir("demo", "1.0.0") == podspec.copy_dir(nw, "demo", "1.0.0", options)
     assert identity.resource_id("demo", "1.0.0") == podspec.resource_id(nw, "demo", "1.0.0")
+    run = podspec.interrupt_run("2025-01-31T12:00:00Z", 2)
+    assert identity.resource_id("demo", "1.0.0", run) == podspec.resource_id(nw, "demo", "1.0.0", run)
     operator_env = {e["name"]: e["value"] for e in podspec._agent_env(nw, "demo", "1.0.0", 0, options)}
     request = localrun.RunRequest(mode="apply", package_dir=Path("."), root=Path("/tmp/x"))
     local_env = localrun.agent_environment(request, "demo", "1.0.0", machine={})

@@ -44,6 +44,7 @@ Standard library only: each stand-in is a tiny script that imports this module.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -529,6 +530,28 @@ def _hostname(node: Node) -> str:
         return (node.root / "etc" / "hostname").read_text(encoding="utf-8").strip() or "node"
     except OSError:
         return "node"
+
+
+def recorded_commands(path: Path, offset: int = 0) -> list[list[str]]:
+    """The commands an unprivileged agent appended to its requests file (`<root><state dir>/interrupts/
+    requested.jsonl`, one JSON object with a `command` list per line) after `offset` bytes; lines that
+    are not such an object are skipped."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except OSError:
+        return []
+    commands = []
+    for line in data.decode(errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        command = entry.get("command") if isinstance(entry, dict) else None
+        if isinstance(command, list) and command:
+            commands.append([str(part) for part in command])
+    return commands
 
 
 def main(program: str, args: Sequence[str], *, root: str, state: str) -> int:

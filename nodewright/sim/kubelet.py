@@ -63,7 +63,6 @@ import contextlib
 import dataclasses
 import datetime as dt
 import ipaddress
-import json
 import logging
 import os
 import shutil
@@ -737,11 +736,8 @@ class PodWorker:
     async def _run_host_requests(self, rc: RunningContainer) -> None:
         """What the node itself does for commands an unprivileged agent recorded instead of running
         (its interrupts): a reboot is handed to the rebooter, the rest run through the stand-ins."""
-        entries = await asyncio.to_thread(_read_requests, rc.requests, rc.requests_offset)
-        for entry in entries:
-            argv = [str(a) for a in entry.get("command") or []]
-            if not argv:
-                continue
+        commands = await asyncio.to_thread(hostshims.recorded_commands, rc.requests, rc.requests_offset)
+        for argv in commands:
             program, args = os.path.basename(argv[0]), argv[1:]
             if hostshims.is_reboot(program, args):
                 if self.is_interrupt_pod():
@@ -757,12 +753,9 @@ class PodWorker:
             log.info(
                 "node %s: running %s for pod %s/%s", self.node.name, " ".join(argv), self.namespace, self.name
             )
-            if program in hostshims.PROGRAMS:
-                await asyncio.to_thread(
-                    hostshims.main, program, args, root=str(self.node.root), state=str(self.node.state)
-                )
-            else:
-                hostshims.Node(self.node.root, self.node.state).record(program, args)
+            await asyncio.to_thread(
+                hostshims.main, program, args, root=str(self.node.root), state=str(self.node.state)
+            )
 
     async def _enforce_timeouts(self) -> None:
         now = time.monotonic()
@@ -945,23 +938,6 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
-
-
-def _read_requests(path: Path, offset: int) -> list[JSON]:
-    """The JSON lines appended to `path` after `offset` (bad lines skipped)."""
-    try:
-        with path.open("rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
-    except OSError:
-        return []
-    entries = []
-    for line in data.decode(errors="replace").splitlines():
-        with contextlib.suppress(ValueError):
-            entry = json.loads(line)
-            if isinstance(entry, dict):
-                entries.append(entry)
-    return entries
 
 
 def _prepare_host_path(root: Path, source: kubelet_spec.HostPathVolume, name: str) -> None:
