@@ -13,10 +13,11 @@ this process does what a kubelet does instead, so package pods execute their rea
   host root (`nodewright.sim.kubelet_host`). Removing the label gives the node back to kwok (pods then
   running here are abandoned: switch nodes while they are idle).
 - **Pods.** Per node, a list and watch of the pods bound to it (`spec.nodeName`), like a kubelet's. A
-  pod's containers run as `nodewright.sim.kubelet_spec` describes (images mapped to package directories or
-  our agent, mounts mapped into the node's host root and a per-pod directory, env resolved). Init
-  containers run one after another, then the main containers together; the `pause` container "runs"
-  without a process. Each start, exit, restart and failure is reported as the kubelet reports it
+  pod's containers run as `nodewright.sim.kubelet_spec` describes (images mapped to package directories,
+  to OCI image layouts, unpacked once per manifest digest like a pull, or to our agent; mounts mapped
+  into the node's host root and a per-pod directory; env resolved). Init containers run one after
+  another, then the main containers together; the `pause` container "runs" without a process. Each
+  start, exit, restart and failure is reported as the kubelet reports it
   (`nodewright.sim.kubelet_status`), with one status patch per transition. A container gets at most
   `--container-timeout` seconds (then SIGTERM and SIGKILL, exit code from the signal, a message saying
   why); `activeDeadlineSeconds` is honoured. A node that is not Ready (rebooting) starts nothing.
@@ -49,7 +50,8 @@ this process does what a kubelet does instead, so package pods execute their rea
 
 State on disk, under `--dir` (the simulator's directory): `roots/<node>/` (host roots),
 `kubelet/nodes/<node>/` (stand-ins, reboot request), `kubelet/pods/<ns>_<pod>_<uid>/` (volumes, image
-payload copies, logs, scratch; removed with the pod), `registry/` (a directory registry tests may fill).
+payload copies, logs, scratch; removed with the pod), `kubelet/images/<manifest digest>/` (payloads
+unpacked from OCI image layouts), `registry/` (a directory registry tests may fill).
 
 Run as `python -m nodewright.sim.kubelet --kubeconfig K --dir D [--kwok-port P] [--image-dir D]...
 [--agent-image REF]... [--container-timeout S] [--ready-file F]`; it exits cleanly on SIGTERM/SIGINT.
@@ -79,6 +81,7 @@ import aiohttp
 
 from nodewright.api import constants
 from nodewright.hostroot import boot, hostshims
+from nodewright.packaging import oci
 from nodewright.plan.podspec import parse_duration_seconds
 from nodewright.sim import fleet, kubelet_host, kubelet_spec, kubelet_status
 from nodewright.sim.kubeapi import JSON, ApiError, KubeClient
@@ -129,6 +132,11 @@ class KubeletConfig:
     def registry(self) -> Path:
         """The simulator's own directory registry (tests drop package directories here)."""
         return self.directory / "registry"
+
+    @property
+    def image_store(self) -> Path:
+        """Payloads unpacked from OCI image layouts, one directory per manifest digest."""
+        return self.directory / "kubelet" / "images"
 
     def node_root(self, node: str) -> Path:
         return self.directory / "roots" / node
@@ -547,9 +555,15 @@ class PodWorker:
                 agent_images=self.config.agent_images,
                 registries=self.config.registries,
                 is_dir=Path.is_dir,
+                is_layout=_is_layout,
             )
+            if image.kind is ImageKind.LAYOUT:
+                image = await asyncio.to_thread(pull_layout, self.config.image_store, image)
         except ImageNotFound as err:
             self._retry_later(index, "ErrImagePull", str(err))
+            return
+        except (oci.BuildError, OSError) as err:  # a layout that cannot be unpacked: the pull failed
+            self._retry_later(index, "ErrImagePull", f"image {container.get('image')!r}: {err}")
             return
         try:
             spec = await self._prepare(index, container, image)
@@ -940,6 +954,40 @@ def _size(path: Path) -> int:
         return 0
 
 
+def _is_layout(path: Path) -> bool:
+    return (path / oci.OCI_LAYOUT_FILE).is_file()
+
+
+def pull_layout(store: Path, image: kubelet_spec.ResolvedImage) -> kubelet_spec.ResolvedImage:
+    """The payload of an OCI layout's image (`nodewright package build`'s output), unpacked once per
+    manifest digest into `store` as a runtime pulls an image once; raises oci.BuildError saying why not."""
+    assert image.directory is not None and image.ref is not None
+    ref = image.ref
+    opened = oci.open_layout(
+        image.directory,
+        ref=None if ref.digest else ref.tag or None,
+        digest=ref.digest or None,
+        where=f"image layout {image.directory}",
+    )
+    assert opened.manifest_digest is not None
+    payload = store / opened.manifest_digest.removeprefix("sha256:")
+    if payload.is_dir():
+        return kubelet_spec.ResolvedImage(ImageKind.DIRECTORY, payload)
+    store.mkdir(parents=True, exist_ok=True)
+    partial = store / f".{payload.name}.partial-{uuid.uuid4().hex}"
+    try:
+        oci.extract_payload(opened, partial)
+        try:
+            partial.rename(payload)
+        except OSError:
+            if not payload.is_dir():  # not another pod's pull of the same image that won the race
+                raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    log.info("pulled %s from %s into %s", opened.manifest_digest, image.directory, payload)
+    return kubelet_spec.ResolvedImage(ImageKind.DIRECTORY, payload)
+
+
 def _prepare_host_path(root: Path, source: kubelet_spec.HostPathVolume, name: str) -> None:
     path = root / source.path.lstrip("/")
     kind = source.type
@@ -1319,7 +1367,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--dir", required=True, help="the simulator's directory (roots/, kubelet/, images/)")
     parser.add_argument("--kwok-port", type=int, default=None, help="kwok's server port (serves pods/log)")
-    parser.add_argument("--image-dir", action="append", default=[], help="extra directory registry")
+    parser.add_argument(
+        "--image-dir",
+        action="append",
+        default=[],
+        help="extra directory registry (package directories or OCI image layouts)",
+    )
     parser.add_argument("--agent-image", action="append", default=[], help="image that runs our agent")
     parser.add_argument(
         "--container-timeout",
