@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib.util
 import inspect
 import io
 import json
@@ -24,9 +25,12 @@ from typing import Any
 
 import pytest
 
+from nodewright.api.models import NodeWright, NodeWrightSpec, ObjectMeta, Package
+from nodewright.api.nodestate import PackageStage
 from nodewright.cli.main import main
 from nodewright.hostroot import boot
 from nodewright.packaging import layout, localrun, oci
+from nodewright.plan import podspec
 from tests.agent_fixtures.hostroot import limit_resources
 from tests.packages_node import REPO
 
@@ -455,6 +459,80 @@ def test_build_on_scratch_writes_a_verifiable_oci_layout(
         extracted = tar.extractfile("skyhook-package/config.json")
         assert extracted is not None
         assert extracted.read() == (package / "config.json").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def package_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The busybox base `make images` writes (build/images/package-base), built here as it does."""
+    out = tmp_path_factory.mktemp("images")
+    result = subprocess.run(
+        [sys.executable, str(REPO / "hack/images/build.py"), "--only", "package-base", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, f"hack/images/build.py --only package-base failed:\n{result.stderr}"
+    return out / "package-base"
+
+
+def _image_build_module() -> Any:
+    spec = importlib.util.spec_from_file_location("nodewright_image_build", REPO / "hack/images/build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # its dataclasses look their module up
+    spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[spec.name]
+
+
+def test_the_offline_route_init_validate_build_on_the_package_base(
+    package_base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/packages.md's route with no registry and no Docker: init, validate, build onto the busybox
+    base of `make images`; the image then does what a package pod's copy step does on a real node."""
+    package = tmp_path / "first-package"
+    assert _cli(capsys, "init", "first-package", "--dir", str(package))[0] == 0
+    code, out, _ = _cli(capsys, "validate", str(package))
+    assert code == 0 and out.endswith("first-package 0.1.0 is valid (0 warnings)\n"), out
+    image = tmp_path / "images" / "first-package"
+    image.parent.mkdir()
+    code, out, err = _cli(capsys, "build", str(package), "--base", str(package_base), "-o", str(image))
+    assert code == 0 and "warning" not in (out + err).lower(), out + err
+    base = oci.open_layout(package_base, where="package-base")
+    built = oci.open_layout(image, ref="0.1.0", where="the package image")
+    assert built.layers[:-1] == base.layers, "the base's busybox layer, then the payload"
+    assert built.config["config"]["Cmd"] == ["/bin/sh"], "the base's config is kept"
+    route = (
+        "nodewright package build . --base <checkout>/build/images/package-base -o /tmp/images/first-package"
+    )
+    assert route in (package / "README.md").read_text(), "the scaffold's README gives this route"
+    assert "build/images/package-base" in (package / "Dockerfile").read_text()
+    if os.geteuid() != 0:
+        pytest.skip("running the image's copy step chrooted into its root filesystem needs root")
+    # The package pod's init container, as the operator builds it, run in the image's root file system.
+    rootfs = tmp_path / "rootfs"
+    _image_build_module().unpack(image, rootfs)
+    package_spec = Package(version="0.1.0", image="registry.example.com/packages/first-package")
+    nw = NodeWright(
+        metadata=ObjectMeta(name="first", uid="uid-1", generation=1),
+        spec=NodeWrightSpec(packages={"first-package": package_spec}),
+    )
+    options = podspec.PodOptions()
+    pod = podspec.build_pod(
+        nw, package_spec, package_name="first-package", version="0.1.0", stage=PackageStage.APPLY,
+        node="n1", attempt=1, node_order=0, options=options,
+    )  # fmt: skip
+    [copy] = [c for c in pod["spec"]["initContainers"] if c["name"] == "first-package-init"]
+    env = {"PATH": "/bin", **{e["name"]: e["value"] for e in copy["env"]}}
+    (rootfs / options.host_root_mount.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [shutil.which("chroot") or "/usr/sbin/chroot", str(rootfs), *copy["command"], *copy["args"]],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    copied = rootfs / options.host_root_mount.lstrip("/") / env["SKYHOOK_DIR"].lstrip("/")
+    assert (copied / "config.json").read_bytes() == (package / "config.json").read_bytes()
+    assert os.access(copied / "skyhook_dir/post_interrupt_check.sh", os.X_OK)
 
 
 def test_build_is_reproducible(package: Path, tmp_path: Path) -> None:
