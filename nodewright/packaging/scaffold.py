@@ -264,6 +264,7 @@ hack/images/build.py --only package-base`) writes a busybox base, `build/images/
 package image is that base plus the payload under `/skyhook-package`, as an OCI image layout:
 
 ```bash
+mkdir -p /tmp/images
 nodewright package build . --base <checkout>/build/images/package-base -o /tmp/images/@NAME@
 ```
 
