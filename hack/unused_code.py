@@ -21,7 +21,7 @@ ALLOWED = {
     "__call__": "a Protocol's call signature",
     "_receive_metrics": "OpenTelemetry's MetricReader hook",
     "writable": "the io.RawIOBase protocol",
-    "user_kubeconfig": "sim/controlplane.py: the simulator's real-node work (lead) is to use it",
+    "readable": "the io.RawIOBase protocol",
 }
 
 
