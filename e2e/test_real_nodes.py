@@ -250,7 +250,7 @@ async def test_helm_upgrade_rolls_the_operator_and_webhook(
     async def rolled() -> bool:
         pods = (await kube.list_all(f"/api/v1/namespaces/{NAMESPACE}/pods"))["items"]
         live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-        operators = [p for p in live if p["spec"]["containers"][0]["args"][:1] == ["operator"]]
+        operators = [p for p in live if p["spec"]["containers"][0].get("args", [])[:1] == ["operator"]]
         return len(operators) == 2 and all(
             "--log-level=debug" in p["spec"]["containers"][0]["args"] for p in operators
         )

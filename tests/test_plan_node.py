@@ -22,6 +22,7 @@ from nodewright.api.models import (
     Toleration,
     Uninstall,
 )
+from nodewright.api.nodeobject import NodeFacts, Taint
 from nodewright.api.nodestate import (
     Admission,
     NodeState,
@@ -38,11 +39,9 @@ from nodewright.plan.node import (
     CreatePod,
     DeletePod,
     Drain,
-    NodeFacts,
     NodeInput,
     PlanOptions,
     RequeueAfter,
-    Taint,
     Uncordon,
     WaitForProtectedPods,
     plan_node,
@@ -228,6 +227,27 @@ def test_interrupt_flow_cordon_wait_drain_reboot_uncordon() -> None:
         PackageStage.POST_INTERRUPT,
     ]
     assert node.reboots == 1 and not node.unschedulable
+
+
+def test_post_interrupt_waits_until_the_interrupt_pod_of_a_completed_reboot_is_gone() -> None:
+    """A real kubelet that comes back from the reboot starts the old interrupt pod's init containers
+    again: its status from before the reboot says nothing, so post-interrupt waits until it is gone
+    (found on real nodes: the invariant monitor's I9 saw both pods of the package at once)."""
+    node = FakeNode(reboot_nw(), lose_pods_on_reboot=False, reboot_delay_ticks=1)
+    while node.reboots == 0 or not node.ready:
+        node.step()
+    (interrupt,) = [p for p in node.pods.values() if p.summary.stage == PackageStage.INTERRUPT]
+    # The new kubelet runs it again (RUNNING), then it is deleted and terminates for a while.
+    interrupt.summary = replace(interrupt.summary, outcome=PodOutcome.RUNNING)
+    plan = node.plan()
+    assert not creates(plan)
+    assert [a.name for a in plan.actions if isinstance(a, DeletePod)] == [interrupt.summary.name]
+    interrupt.summary = replace(interrupt.summary, terminating=True, outcome=PodOutcome.SUCCEEDED)
+    plan = node.plan()
+    assert not creates(plan) and not any(isinstance(a, DeletePod) for a in plan.actions)
+    assert "interrupt pod" in plan.condition.message
+    del node.pods[interrupt.summary.name]
+    assert [c.stage for c in creates(node.plan())] == [PackageStage.POST_INTERRUPT]
 
 
 def test_drain_waits_for_terminating_pods() -> None:
@@ -553,7 +573,7 @@ def test_plan_is_deterministic_and_idempotent(steps: int, interrupt: bool) -> No
     for c in creates(again):
         entry = again.state.entry(c.package, c.version)
         assert entry is not None and entry.attempts == c.attempt
-    started = {"PackageStarted", "StageStarted", "Interrupt", "NodeComplete"}
+    started = {"PackageStarted", "InterruptStarted", "NodeComplete"}  # one vocabulary (api.events)
     assert not [a for a in again.actions if getattr(a, "reason", "") in started]
     assert again.state == first.state
 

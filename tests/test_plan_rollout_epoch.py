@@ -16,6 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, note, settings
 from hypothesis import strategies as st
 
+from nodewright.api.admission import Admission
 from nodewright.api.models import (
     DeploymentPolicy,
     DeploymentPolicySpec,
@@ -32,7 +33,7 @@ from nodewright.api.models import (
 )
 from nodewright.api.nodestate import NodeState, PackageEntry, PackageStage, PackageState
 from nodewright.plan.node import CreatePod, StateRuns, state_runs
-from nodewright.plan.rollout import Admission, RolloutNode, status_for_spec
+from nodewright.plan.rollout import RolloutNode, status_for_spec
 from nodewright.plan.rollout_epoch import (
     RolloutEpoch,
     current_nodes,

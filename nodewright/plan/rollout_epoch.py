@@ -19,10 +19,11 @@ controller plans a fingerprint other than the persisted one, and then starts abo
 on the nodes (`epoch_for`); a status without a fingerprint (never written, or lost) starts no new epoch,
 so the admissions on the nodes keep counting as before.
 
-Every planner input leaves the older admissions out (`current_nodes`): a node that carries one is,
-for the current rollout, a node without admission -- pending when it has work, done when not,
-carry-over while it runs -- exactly as after any spec change. The controller, `kubectl nodewright
-why` and `nodewright plan` build their input through it, so they agree.
+The planner input leaves the older admissions out (`current_nodes`, applied by
+`plan.rollout_input.rollout_input`, which the controller, `kubectl nodewright why` and `nodewright plan`
+all build their input with): a node that carries one is, for the current rollout, a node without
+admission -- pending when it has work, done when not, carry-over while it runs -- exactly as after any
+spec change.
 
 Admissions that never started their node (not consumed, nothing running there) are dead once the
 rollout they belong to is no longer the current one: the rollout controller removes them
@@ -36,8 +37,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from nodewright.api.admission import Admission
 from nodewright.api.models import NodeWrightStatus, Status
-from nodewright.plan.rollout import Admission, RolloutNode
+from nodewright.plan.rollout import RolloutNode
 
 
 @dataclass(frozen=True, slots=True)
