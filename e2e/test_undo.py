@@ -221,15 +221,20 @@ async def test_undo_of_a_gitops_managed_nodewright_is_refused_unless_forced(
     cluster: ControlPlane, operator_factory: Any, kube: KubeClient, unique: str, invariants: InvariantMonitor
 ) -> None:
     """Argo CD (label) or Flux (label) manages the NodeWright: `undo` refuses with one line that names
-    the tool and says to revert in git, and writes nothing; `--force` goes back anyway."""
+    the tool and says to revert in git, and writes nothing; `--force` goes back anyway, here while v2
+    is still in flight on a node (budget 1: never two nodes in progress, I1)."""
     prefix = nw = f"undo-gitops-{unique}"
     async with grouped_fleet(cluster, prefix, [Group("gpu", 2, {"count": 1}, CANARY)]):
         operator_factory()
         argo = {"argocd.argoproj.io/instance": "fleet-drivers"}
-        manifest = nodewright_manifest(nw, fleet_prefix=prefix, packages={"tool": package("1.0.0")})
+        manifest = nodewright_manifest(
+            nw, fleet_prefix=prefix, packages={"tool": package("1.0.0")}, interruptionBudget={"count": 1}
+        )
         await create_nodewright(kube, {**manifest, "metadata": {**manifest["metadata"], "labels": argo}})
         await wait_statuses(kube, prefix, nw, "complete", within=90)
-        await patch_nodewright(kube, nw, {"spec": {"packages": {"tool": package("2.0.0")}}})
+        # v2's stages are slow, so the undo below comes while v2 is in flight on a node: the node goes
+        # back while its upgrade pod of v2 is still being wound down, and holds its slot until then.
+        await patch_nodewright(kube, nw, {"spec": {"packages": {"tool": package("2.0.0", duration="6s")}}})
 
         async def two_revisions() -> list[tuple[int, str]] | None:
             found = await revisions(kube, cluster, nw)
@@ -250,6 +255,7 @@ async def test_undo_of_a_gitops_managed_nodewright_is_refused_unless_forced(
         obj = await get_nodewright(kube, nw)
         assert obj is not None and obj["spec"]["packages"]["tool"]["version"] == "2.0.0", "nothing written"
 
+        await wait_statuses(kube, prefix, nw, "in_progress", within=60, count=1)
         forced = await plugin(cluster, "undo", nw, "--force", "-y")
         assert forced.returncode == 0, forced.stderr
         obj = await get_nodewright(kube, nw)

@@ -7,7 +7,7 @@ reads; the writes go through `KubeClient` to `FakeKube` and are asserted there.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -320,6 +320,11 @@ def test_deletion_spec_keeps_only_uninstalls_and_work_in_flight() -> None:
             PackageEntry("flying", "2.0.0", PackageStage.APPLY, PackageState.IN_PROGRESS),
         )
     )
+    assert sorted(_deletion_spec(effective, state).spec.packages) == ["flying", "gone"]
+    # A run of another version left in progress when the spec moved on (A -> B -> A): inert, not in
+    # flight; keeping its package held the deletion forever.
+    inert = PackageEntry("stays", "0.9.0", PackageStage.UPGRADE, PackageState.IN_PROGRESS)
+    state = replace(state, packages=(*state.packages, inert))
     assert sorted(_deletion_spec(effective, state).spec.packages) == ["flying", "gone"]
 
 

@@ -128,6 +128,7 @@ from nodewright.plan.node import (
     PlanOptions,
     RequeueAfter,
     Uncordon,
+    entry_in_spec,
     is_paused,
     plan_node,
 )
@@ -295,7 +296,7 @@ class NodeReconciler:
             return ctx
         plan, selection = await self._plan(key, ctx)
         step = self._step(key, ctx, plan, selection)
-        if ctx.deleting and self._settled(plan, ctx.summaries, ctx.inp.drift):
+        if ctx.deleting and self._settled(plan, ctx.summaries, ctx.inp.drift, ctx.inp.nodewright):
             # Nothing left to do for a leaving NodeWright: release the node instead of writing status
             # (a status written now would hold the finalizer forever).
             await self._cleanup(
@@ -1199,15 +1200,18 @@ class NodeReconciler:
     # Leaving nodes
 
     @staticmethod
-    def _settled(plan: NodePlan, pods: Sequence[PodSummary], drift_input: DriftInput | None) -> bool:
+    def _settled(
+        plan: NodePlan, pods: Sequence[PodSummary], drift_input: DriftInput | None, spec: NodeWright
+    ) -> bool:
         """Deletion: nothing of this NodeWright runs or is due on the node, and no drift-check pod is
         left there (the plan removes an ended one; released first, nothing would: the NodeWright's
-        finalizer waits for its pods)."""
+        finalizer waits for its pods). A run of a version the deletion `spec` does not hold is an
+        inert marker (its pod, if any, is among `pods`): it never ends, so it does not hold the node."""
         if pods or (drift_input is not None and drift_input.pods) or plan.status != Status.COMPLETE:
             return False
         if any(isinstance(a, (CreatePod, Drain)) for a in plan.actions):
             return False
-        return not any(e.state in ACTIVE_STATES for e in plan.state.packages)
+        return not any(e.state in ACTIVE_STATES and entry_in_spec(spec, e) for e in plan.state.packages)
 
     async def _unselected(
         self, key: str, model: NodeWright, node: JSON, stored: NodeState | None, pods: Sequence[JSON]
@@ -1422,7 +1426,11 @@ def _deletion_spec(effective: NodeWright, state: NodeState, pods: Sequence[JSON]
     for name, pkg in effective.spec.packages.items():
         entries = state.entries_for(name)
         uninstall = bool(pkg.uninstall and pkg.uninstall.enabled and pkg.uninstall.apply)
-        in_flight = name in carried or any(e.state in ACTIVE_STATES for e in entries)
+        # Only a run of the spec's version is in flight: an entry of another version left in progress
+        # when the spec moved on (A -> B -> A, an undo) is an inert marker that never ends.
+        in_flight = name in carried or any(
+            e.state in ACTIVE_STATES and entry_in_spec(effective, e) for e in entries
+        )
         if (uninstall and entries) or in_flight:
             keep[name] = pkg
     spec = effective.spec.model_copy(update={"packages": keep})
