@@ -24,7 +24,7 @@ from nodewright.api.models import (
     Strategy,
 )
 from nodewright.api.reasons import CORDONED_BY_SOMEONE_ELSE as CORDONED
-from nodewright.api.reasons import NOT_READY, WaitReason
+from nodewright.api.reasons import NOT_READY, Unavailable, WaitReason
 from nodewright.plan import budgets, topology
 from nodewright.plan.rollout import Phase, RolloutNode, RolloutPlan, phase_of, plan_rollout
 from tests.test_plan_rollout import FP, NOW, Sim, exp, fixed, lin, nodewright, policy
@@ -202,7 +202,8 @@ def topologies(draw: st.DrawFn) -> tuple[list[RolloutNode], DeploymentPolicy, se
     names = [n.name for n in nodes]
     done = draw(st.sets(st.sampled_from(names), max_size=len(nodes) // 3))
     carry = draw(st.sets(st.sampled_from(names), max_size=3)) - done
-    down = draw(st.dictionaries(st.sampled_from(names), st.sampled_from([NOT_READY, CORDONED]), max_size=3))
+    kinds: list[Unavailable] = [NOT_READY, CORDONED]
+    down = draw(st.dictionaries(st.sampled_from(names), st.sampled_from(kinds), max_size=3))
     nodes = [
         replace(n, needs_work=False, status=Status.COMPLETE)
         if n.name in done
