@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,13 +20,17 @@ from nodewright.api.models import Compartment as PolicyCompartment
 from nodewright.api.models import (
     DeploymentPolicy,
     LabelSelector,
+    NodeWright,
     PolicyBudget,
     Status,
     Strategy,
 )
 from nodewright.api.reasons import CORDONED_BY_SOMEONE_ELSE as CORDONED
 from nodewright.api.reasons import NOT_READY, Unavailable, WaitReason
+from nodewright.cli.plugin import explain
+from nodewright.cli.plugin.cluster import ClusterState
 from nodewright.plan import budgets, topology
+from nodewright.plan.preview import preview_rollout, render_table
 from nodewright.plan.rollout import Phase, RolloutNode, RolloutPlan, phase_of, plan_rollout
 from tests.test_plan_rollout import FP, NOW, Sim, exp, fixed, lin, nodewright, policy
 
@@ -302,3 +307,70 @@ def test_topology_properties(
     assert all(
         n.admission is not None for n in sim.nodes.values() if n.needs_work or n.status is Status.ERRORING
     )
+
+
+# ----------------------------------------------------------------------------------------------------
+# What `plan` and `why` show
+
+
+def test_plan_preview_shows_batches_in_domains() -> None:
+    preview = preview_rollout(
+        nodewright(deployment_policy="pol"),
+        policy=rack_policy(PolicyBudget(count=1)),
+        nodes=racks(2, 3),
+        fingerprint=FP,
+        now=NOW,
+    )
+    gpu = next(c for c in preview.compartments if c.name == "gpu")
+    assert [b.domains for b in gpu.batches] == [("r0",), ("r1",)]
+    assert gpu.budget == "count 1 of example.com/rack domains"
+    assert gpu.batches_text == "1,1 domains (2,3 nodes)"
+    table = render_table(preview)
+    assert "1,1 domains (2,3 nodes)" in table
+    doc = preview.to_json()
+    gpu_doc = next(c for c in doc["compartments"] if c["name"] == "gpu")
+    assert gpu_doc["topologyKey"] == RACK and gpu_doc["batches"][1]["domains"] == ["r1"]
+
+
+def test_why_names_the_domain_and_its_nodes() -> None:
+    def node(name: str, rack: str, i: int) -> dict[str, object]:
+        return {
+            "metadata": {
+                "name": name,
+                "resourceVersion": str(100 + i),
+                "creationTimestamp": f"2026-01-01T00:00:{i:02d}Z",
+                "labels": {**GPU, RACK: rack},
+                "annotations": {},
+            },
+            "spec": {},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        }
+
+    nodes = [node("a1", "r0", 1), node("a2", "r0", 2), node("b1", "r1", 3)]
+    nw = {
+        "apiVersion": "nodewright.io/v1alpha1",
+        "kind": "NodeWright",
+        "metadata": {"name": "nw", "uid": "uid-nw", "generation": 1},
+        "spec": {
+            "nodeSelectors": {"matchLabels": GPU},
+            "packages": {"tool": {"version": "1.0.0", "image": "ghcr.io/example/tool"}},
+            "deploymentPolicy": "pol",
+        },
+    }
+    pol = rack_policy(PolicyBudget(count=1))
+    st_ = ClusterState(
+        nodes=nodes,
+        nodewright_objects=[nw],
+        nodewrights={"nw": NodeWright.model_validate(nw)},
+        invalid={},
+        policies={"pol": pol},
+        policy_objects={"pol": pol.to_json_dict()},
+        now=datetime(2026, 3, 1, 12, 0, tzinfo=UTC),
+    )
+    analysis = explain.analyse(st_, "nw")
+    admitted = explain.explain(analysis, "a1")
+    assert admitted.domain == "r0"
+    assert "topology domain r0: admitted, cordoned and drained as one with a2" in admitted.details
+    waiting = explain.explain(analysis, "b1")
+    assert waiting.to_json()["domain"] == "r1"
+    assert "topology domain r1: admitted, cordoned and drained as one (its only node)" in waiting.details

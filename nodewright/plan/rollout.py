@@ -845,7 +845,7 @@ def _compartment_plan(
         name=name,
         status=status,
         strategy=spec.strategy.describe() if spec.strategy else "none (batch = ceiling)",
-        budget=spec.budget.describe(),
+        budget=spec.budget.describe() + (f" of {spec.topology_key} domains" if spec.topology_key else ""),
         used_by_others=len(slots.others),
         open_batch=state.current_batch if (settled.batch or selection.picked) else None,
         batch_evaluated=settled.outcome,

@@ -34,7 +34,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 from nodewright.api.reasons import BudgetHeld
-from nodewright.plan import budgets
 
 
 class Labelled(Protocol):
@@ -46,6 +45,26 @@ class Labelled(Protocol):
 
 
 N = TypeVar("N", bound=Labelled)
+
+
+class Budget(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+B = TypeVar("B", bound=Budget)
+
+
+class Ledger(Protocol[B]):
+    """The free slots of shared DisruptionBudgets during a plan (`plan.budgets.Ledger`)."""
+
+    def full_for(self, nodes: Iterable[str]) -> B | None: ...
+
+    def take(self, node: str) -> None: ...
+
+    def refuse(self, budget: B) -> None: ...
+
+    def message(self, budget: B) -> str: ...
 
 
 def domain_of(key: str, name: str, labels: Mapping[str, str]) -> str:
@@ -102,7 +121,7 @@ def node_domains(key: str, nodes: Iterable[N]) -> dict[str, str]:
 
 
 def pick_domains(
-    ledger: budgets.Ledger, units: Sequence[tuple[N, ...]], *, size: int, nodes: int | None = None
+    ledger: Ledger[B], units: Sequence[tuple[N, ...]], *, size: int, nodes: int | None = None
 ) -> tuple[list[tuple[N, ...]], dict[str, BudgetHeld]]:
     """Up to `size` domains in order (until they hold `nodes` nodes, when given: a domain that grew
     since its batch was planned is still admitted whole), skipping a
