@@ -665,7 +665,14 @@ def _select(
         if spec.topology_key is not None:
             domains = ctx.compartments.domains.get(name, 0)
             selection = _open_domains(
-                ctx, spec, state, slots=slots, total=total, ceiling=ceiling, domains=domains
+                ctx,
+                spec,
+                spec.topology_key,
+                state,
+                slots=slots,
+                total=total,
+                ceiling=ceiling,
+                domains=domains,
             )
         else:
             selection = _open_batch(
@@ -682,6 +689,7 @@ def _select(
 def _open_domains(
     ctx: _Context,
     spec: CompartmentSpec,
+    key: str,
     state: BatchState,
     *,
     slots: _Slots,
@@ -691,8 +699,7 @@ def _open_domains(
 ) -> _Selection:
     """Open a batch of whole domains: the strategy's size in domains (progress still in nodes), within
     the free domains, each domain admitted in one pass (`plan.topology`). `wanted` is in domains."""
-    assert spec.topology_key is not None
-    units = topology.group(spec.topology_key, slots.candidates)
+    units = topology.group(key, slots.candidates)
     raw = batches.strategy_batch_size(spec.strategy, state, total=total, ceiling=ceiling, cap=domains)
     size = batches.next_batch_size(
         spec.strategy, state, total=total, remaining=len(units), ceiling=ceiling, free=slots.free, cap=domains
@@ -733,7 +740,9 @@ def _waiting(
     """Why each pending member not admitted by this plan waits."""
     planned = {n.name for n in selection.planned}
     budget_full = (
-        _domains_budget_full(ctx, name, spec, state, settled, slots, selection, total=len(members))
+        _domains_budget_full(
+            ctx, name, spec, spec.topology_key, state, settled, slots, selection, total=len(members)
+        )
         if spec.topology_key is not None
         else _budget_full_nodes(ctx, name, spec, state, settled, slots, selection, total=len(members))
     )
@@ -784,6 +793,7 @@ def _domains_budget_full(
     ctx: _Context,
     name: str,
     spec: CompartmentSpec,
+    key: str,
     state: BatchState,
     settled: _Settled,
     slots: _Slots,
@@ -793,8 +803,6 @@ def _domains_budget_full(
 ) -> set[str]:
     """`BudgetFull` of a topology compartment, in domains: the candidate domains the strategy wants in
     the current batch beyond the free domains (`_budget_full` for nodes)."""
-    assert spec.topology_key is not None
-    key = spec.topology_key
     planned = {n.name for n in selection.planned}
     rest = [n for n in slots.candidates if n.name not in planned and n.name not in selection.shared]
     units = topology.group(key, rest)
