@@ -100,6 +100,14 @@ class WaitReason(StrEnum):
     SOAKING = "Soaking"
     AWAITING_APPROVAL = "AwaitingApproval"
     DISRUPTION_BUDGET = "DisruptionBudget"
+    HEALTH_GATE = "HealthGate"
+
+
+class HaltReason(StrEnum):
+    """Why a compartment halted (the `Halted` condition's reason); only a batch-state reset resumes it."""
+
+    FAILURE_THRESHOLD = "FailureThresholdReached"
+    HEALTH_GATE = "HealthGateFailed"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -353,7 +361,42 @@ class Deferred:
         return f"taken into {where}; its admission is written in the next pass"
 
 
-Pacing = Gate | Soak | WindowClosed
+class GateOutcome(StrEnum):
+    """What a health gate saw: passed, failed (a value beyond its threshold, a node condition True), or
+    unknown (it could not be evaluated: Prometheus unreachable, no sample, the Secret missing)."""
+
+    PASSED = "Passed"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class GateHeld:
+    """A health gate holds the compartment's next batch after batch `batch`: `outcome` None means it was
+    not evaluated yet; otherwise `query` (as asked) gave `value` (None: no value), `detail` says more.
+    `halt_at` is when the compartment halts if the gate still does not pass."""
+
+    compartment: str
+    batch: int
+    gate: str
+    query: str
+    outcome: GateOutcome | None
+    value: str | None
+    detail: str
+    halt_at: datetime
+
+    def describe(self) -> str:
+        where = f"health gate {self.gate!r} after batch {self.batch} of {self.compartment!r}"
+        if self.outcome is None:
+            seen = "is being evaluated"
+        elif self.outcome is GateOutcome.UNKNOWN:
+            seen = f"could not be evaluated ({self.detail}); query {self.query}"
+        else:
+            seen = f"fails: {self.query} = {self.value}" + (f" ({self.detail})" if self.detail else "")
+        return f"{where} {seen}; halts at {_ts(self.halt_at)} unless it passes"[:BLOCK_TEXT]
+
+
+Pacing = Gate | Soak | WindowClosed | GateHeld
 """Time or a person holds a compartment's next batch."""
 WaitDetail = Block | Unavailable | Predecessor | Pacing | BudgetHeld | Deferred | PolicyUnusable
 
@@ -386,6 +429,8 @@ def detail_label(detail: WaitDetail | None) -> str | None:
         return detail.budget
     if isinstance(detail, PolicyNotFound | PolicyInvalid):
         return detail.policy_name
+    if isinstance(detail, GateHeld):
+        return detail.gate
     if isinstance(detail, Gate | Soak | WindowClosed | Deferred) or detail is None:
         return None
     return detail.describe()

@@ -35,13 +35,15 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 from nodewright.api.admission import Admission
 from nodewright.api.models import BatchState, CompartmentStatus, DeploymentPolicy, NodeWright, Status
-from nodewright.api.reasons import PolicyInvalid, WaitReason, detail_label
+from nodewright.api.reasons import GateOutcome, PolicyInvalid, WaitReason, detail_label
 from nodewright.plan.budgets import SharedBudget
+from nodewright.plan.gates import GateCheck, GateResult
 from nodewright.plan.rollout import Phase, RolloutNode, RolloutPlan, phase_of, plan_rollout
 from nodewright.plan.stages import ts
 
@@ -159,6 +161,7 @@ def simulate_rollout(
     statuses = dict(compartment_statuses or {})
     approved = dict(approvals or {})
     plans: list[RolloutPlan] = []
+    passed: dict[str, dict[str, GateResult]] = {}  # a successful rollout's health gates pass
     for _ in range(max_steps):
         plan = plan_rollout(
             nodewright,
@@ -174,7 +177,11 @@ def simulate_rollout(
             approvals=approved,
             next_order_hint=next_order_hint,
             admission_limit=admission_limit,
+            gate_results=passed,
         )
+        if plan.gate_checks:
+            passed.update(_gates_pass(plan.gate_checks, at=now))
+            continue
         plans.append(plan)
         statuses = dict(plan.compartment_statuses)
         approved = {k: v for k, v in approved.items() if k not in plan.approvals_applied}
@@ -189,6 +196,20 @@ def simulate_rollout(
             break
         fleet = {name: _finish(node, plan, fingerprint, outcome) for name, node in fleet.items()}
     return Simulation(tuple(plans), tuple(fleet.values()), statuses)
+
+
+def _gates_pass(checks: Sequence[GateCheck], *, at: str) -> dict[str, dict[str, GateResult]]:
+    """Every due health gate passing, as the controller would record it (the preview assumes success)."""
+    moment = datetime.fromisoformat(at.replace("Z", "+00:00"))
+    return {
+        c.compartment: {
+            g.name: GateResult(
+                g.name, c.batch, GateOutcome.PASSED, g.describe_query(c.nodes), None, "", moment
+            )
+            for g in c.gates
+        }
+        for c in checks
+    }
 
 
 def preview_rollout(
