@@ -39,6 +39,7 @@ RECHECK_SECONDS = 10.0
 DEFAULT_TIMEOUT_SECONDS = 600.0
 """A gate's `timeout` when unset: 10 minutes after the soak ends."""
 NODES_PLACEHOLDER = "$NODES"
+_REGEX_SPECIAL = re.compile(r"[^A-Za-z0-9_-]")  # node names are DNS subdomains: only "." needs escaping
 
 
 class GateKind(Enum):
@@ -179,7 +180,7 @@ def decide(
 def render_query(template: str, nodes: Sequence[str]) -> str:
     """`template` with `$NODES` replaced by an alternation of the node names, escaped for a PromQL
     double-quoted string holding a RE2 regex (Prometheus anchors `=~` matchers at both ends)."""
-    alternation = "|".join(re.escape(n).replace("\\", "\\\\") for n in sorted(nodes))
+    alternation = "|".join(_REGEX_SPECIAL.sub(r"\\\\\g<0>", n) for n in sorted(nodes))
     return template.replace(NODES_PLACEHOLDER, alternation)
 
 
