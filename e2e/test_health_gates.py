@@ -28,6 +28,8 @@ from aiohttp import web
 
 from e2e import operator_fixture
 from e2e.invariants import InvariantMonitor
+from e2e.test_plugin import plugin_json, why
+from e2e.test_plugin_why import until_reason
 from e2e.operator_fixture import (
     NAMESPACE,
     create_nodewright,
@@ -173,9 +175,10 @@ async def gated_policy(kube: KubeClient, name: str, secret: str, url: str) -> As
             "comparison": "<",
             "threshold": "1",
         },
-        "timeout": "20s",
+        # Long enough for `kubectl nodewright why` to see the hold on a loaded machine.
+        "timeout": "45s",
     }
-    npd = {"name": "npd", "nodeCondition": {"type": "GpuXidError"}, "timeout": "20s"}
+    npd = {"name": "npd", "nodeCondition": {"type": "GpuXidError"}, "timeout": "45s"}
     default = {
         "budget": {"count": 1},
         "strategy": {"fixed": {"initialBatch": 1}},
@@ -233,6 +236,9 @@ async def test_a_failing_gate_halts_the_compartment_before_the_next_batch(
                     ),
                 )
                 await wait_statuses(kube, prefix, nw, "complete", within=120, count=1)
+                waiting = sorted(set(names) - set(admitted(await nodes_of(kube, prefix), nw)))[0]
+                held = await until_reason(cluster, waiting, nw, "HealthGate", within=60)
+                assert "health gate 'xid'" in held["summary"] and "= 5" in held["summary"], held
 
                 async def halted() -> JSON | None:
                     return halted_condition(await get_nodewright(kube, nw))
@@ -263,6 +269,12 @@ async def test_a_failing_gate_halts_the_compartment_before_the_next_batch(
 
                 event = await fleet.wait_for(halt_event, within=30, what="CompartmentHalted event")
                 assert "health gate 'xid'" in event["message"], event
+                answer = await why(cluster, waiting, nw)
+                assert answer["reason"] == "CompartmentHalted", answer
+                assert "health gate" in answer["summary"], answer
+                shown = await plugin_json(cluster, "status", nw)
+                [halt] = shown["halts"]
+                assert "health gate 'xid'" in halt["message"] and "= 5" in halt["message"], halt
                 await delete_nodewright(kube, nw, within=120)
 
 

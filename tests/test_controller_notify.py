@@ -692,7 +692,9 @@ def test_a_halt_is_reported_only_when_the_persisted_status_was_not_halted_yet() 
     )
     from nodewright.api.reasons import HaltReason
 
-    halted = Halt("__default__", HaltReason.FAILURE_THRESHOLD, ("n1",), 1, "compartment '__default__' halted: n1 failed")
+    halted = Halt(
+        "__default__", HaltReason.FAILURE_THRESHOLD, ("n1",), 1, "compartment '__default__' halted: n1 failed"
+    )
     from dataclasses import replace
 
     plan = replace(plan, halts=(halted,))

@@ -282,3 +282,22 @@ def test_the_preview_assumes_gates_pass() -> None:
         nodewright(), policy=policy(prom_gate()), nodes=nodes(), fingerprint=FP, now=ts(T0)
     )
     assert all(not n.needs_work for n in sim.nodes)
+
+
+def test_results_kept_in_the_status_are_read_back_so_why_sees_the_failing_value() -> None:
+    pol = policy(prom_gate(timeout="1m"))
+    fleet, statuses = first_batch_done(pol)
+    at = T0 + timedelta(seconds=30)
+    settled = plan(pol, fleet, statuses, at)
+    query = 'sum(xid_errors{node=~"n0"})'
+    failing = {DEFAULT: {"xid": GateResult("xid", 1, GateOutcome.FAILED, query, "4", "4 is not < 1", at)}}
+    held = plan(pol, fleet, settled.compartment_statuses, at, failing)
+    # What the next pass (or `kubectl nodewright why`) reads from the stored status: the same result.
+    assert gates.from_statuses(held.compartment_statuses) == failing
+    again = plan(pol, fleet, held.compartment_statuses, at, gates.from_statuses(held.compartment_statuses))
+    assert [w.message for w in again.waiting] == [w.message for w in held.waiting]
+    assert f"{query} = 4" in again.waiting[0].message
+    # Once halted, the halted nodes' reason names the gate, the query and the value too.
+    halted = plan(pol, fleet, again.compartment_statuses, at + timedelta(minutes=1), failing)
+    assert {w.reason for w in halted.waiting} == {WaitReason.COMPARTMENT_HALTED}
+    assert "health gate 'xid'" in halted.waiting[0].message and "= 4" in halted.waiting[0].message

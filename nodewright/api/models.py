@@ -1033,6 +1033,30 @@ _GATE_NAMES_RULE = CelRule(
 )
 
 
+class GateOutcome(StrEnum):
+    """What a health gate saw: passed, failed (a value beyond its threshold, a node condition True), or
+    unknown (it could not be evaluated: Prometheus unreachable, no sample, the Secret missing)."""
+
+    PASSED = "Passed"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+
+class GateStatus(_Model):
+    """The latest result of a health gate after the batch that settled last (read back by the planner,
+    so `kubectl nodewright why` and a restarted operator see what the gate saw)."""
+
+    gate: str = _req("Name of the gate.")
+    batch: int = _req("The batch it was evaluated after.")
+    outcome: GateOutcome = _req("Passed, Failed or Unknown (could not be evaluated).", strict=False)
+    query: Annotated[str, Field(max_length=GATE_QUERY_MAX + 1024)] = _req(
+        "The query as asked (node names substituted), or the node condition."
+    )
+    value: str | None = _text("The deciding value (unset: none).")
+    detail: Annotated[str, Field(max_length=512)] = _text("What was wrong, for people.", default="")
+    evaluated_at: str = _req("When it was evaluated (RFC 3339).", json_schema_extra={"format": "date-time"})
+
+
 class GateHalt(_Model):
     """The health gate that halted the compartment, with what it saw."""
 
@@ -1113,6 +1137,9 @@ class CompartmentStatus(_Model):
     awaiting_approval: int | None = _text(
         "The batch whose gate (pauseAfterBatch) waits for approval: `nodewright approve <nw> --compartment"
         " <name>`."
+    )
+    health_gates: list[GateStatus] | None = _text(
+        "The latest results of the health gates after the batch that settled last."
     )
 
 

@@ -26,6 +26,7 @@ from enum import StrEnum
 from typing import ClassVar
 
 from nodewright.api import constants
+from nodewright.api.models import GateOutcome as GateOutcome
 from nodewright.api.nodeobject import Taint
 
 BLOCK_TEXT = 300
@@ -361,15 +362,6 @@ class Deferred:
         return f"taken into {where}; its admission is written in the next pass"
 
 
-class GateOutcome(StrEnum):
-    """What a health gate saw: passed, failed (a value beyond its threshold, a node condition True), or
-    unknown (it could not be evaluated: Prometheus unreachable, no sample, the Secret missing)."""
-
-    PASSED = "Passed"
-    FAILED = "Failed"
-    UNKNOWN = "Unknown"
-
-
 @dataclass(frozen=True, slots=True)
 class GateHeld:
     """A health gate holds the compartment's next batch after batch `batch`: `outcome` None means it was
@@ -397,8 +389,22 @@ class GateHeld:
 
 
 Pacing = Gate | Soak | WindowClosed | GateHeld
+
+
+@dataclass(frozen=True, slots=True)
+class HaltedByGate:
+    """The compartment is halted by a health gate; `message` names the gate, the query and the value."""
+
+    message: str
+
+    def describe(self) -> str:
+        return self.message[:BLOCK_TEXT]
+
+
 """Time or a person holds a compartment's next batch."""
-WaitDetail = Block | Unavailable | Predecessor | Pacing | BudgetHeld | Deferred | PolicyUnusable
+WaitDetail = (
+    Block | Unavailable | Predecessor | Pacing | BudgetHeld | Deferred | PolicyUnusable | HaltedByGate
+)
 
 
 def describe_waiting(reason: WaitReason, detail: WaitDetail | None, compartment: str | None) -> str:
@@ -412,6 +418,8 @@ def describe_waiting(reason: WaitReason, detail: WaitDetail | None, compartment:
     if reason is WaitReason.NODE_UNAVAILABLE and detail is not None:
         return f"node unavailable: {detail.describe()}"
     if reason is WaitReason.COMPARTMENT_HALTED:
+        if detail is not None:
+            return detail.describe()
         return f"compartment {compartment!r} is halted; reset to resume"
     if reason is WaitReason.BUDGET_FULL:
         return f"compartment {compartment!r} has no free slot"
@@ -431,6 +439,8 @@ def detail_label(detail: WaitDetail | None) -> str | None:
         return detail.policy_name
     if isinstance(detail, GateHeld):
         return detail.gate
+    if isinstance(detail, HaltedByGate):
+        return None
     if isinstance(detail, Gate | Soak | WindowClosed | Deferred) or detail is None:
         return None
     return detail.describe()

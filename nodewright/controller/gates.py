@@ -190,6 +190,15 @@ class GateResults:
     def of(self, nodewright: str) -> Mapping[str, Mapping[str, GateResult]]:
         return self._results.get(nodewright, {})
 
+    def merged(
+        self, nodewright: str, persisted: Mapping[str, Mapping[str, GateResult]]
+    ) -> dict[str, dict[str, GateResult]]:
+        """The results persisted in the status, overridden by those evaluated since (kept here)."""
+        out = {name: dict(results) for name, results in persisted.items()}
+        for name, results in self.of(nodewright).items():
+            out.setdefault(name, {}).update(results)
+        return out
+
     def record(self, nodewright: str, compartment: str, results: Mapping[str, GateResult]) -> None:
         self._results.setdefault(nodewright, {}).setdefault(compartment, {}).update(results)
 

@@ -306,7 +306,9 @@ class RolloutReconciler:
         if plan is not None and plan.gate_checks:
             # Health gates are due: evaluate them (each with a deadline) and plan with their results.
             await self.gate_results.evaluate_due(self.gate_evaluator, name, plan.gate_checks, now=snap.now)
-            snap = replace(snap, inp=snap.inp.with_gate_results(self.gate_results.of(name)))
+            snap = replace(
+                snap, inp=snap.inp.with_gate_results(self.gate_results.merged(name, snap.inp.gate_results))
+            )
             plan = await self._secure(snap)
         if plan is None:
             return Result(requeue_after=BUDGET_RETRY)  # budget writers kept conflicting: nothing written
@@ -404,7 +406,7 @@ class RolloutReconciler:
         self._enqueue_strays(name, nodes, inp.entries)
         selected = [memo[e.name] for e in inp.entries if e.rollout is not None]
         return _Snapshot(
-            inp=inp.with_gate_results(self.gate_results.of(name)),
+            inp=inp.with_gate_results(self.gate_results.merged(name, inp.gate_results)),
             nodes=nodes,
             matched=[n for n, e in zip(nodes, inp.entries, strict=True) if e.matched],
             views=[e.view for e in selected if e.view is not None],

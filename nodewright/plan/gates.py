@@ -27,10 +27,10 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import Enum
 
-from nodewright.api.models import GateComparison, GateHalt, HealthGate
+from nodewright.api.models import CompartmentStatus, GateComparison, GateHalt, GateStatus, HealthGate
 from nodewright.api.reasons import GateHeld, GateOutcome
 from nodewright.plan.windows import parse_duration
 
@@ -231,3 +231,34 @@ def judge_conditions(
     more = f" and {len(with_condition) - 10} more" if len(with_condition) > 10 else ""
     detail = f"on {shown}{more}"
     return GateResult(gate.name, batch, GateOutcome.FAILED, query, str(len(with_condition)), detail, at)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Results kept in the compartment status (what `why`, `status` and a restarted operator read back)
+
+
+def to_status(result: GateResult) -> GateStatus:
+    return GateStatus(
+        gate=result.gate,
+        batch=result.batch,
+        outcome=result.outcome,
+        query=result.query,
+        value=result.value,
+        detail=result.detail[:512],
+        evaluated_at=result.evaluated_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    )
+
+
+def from_statuses(statuses: Mapping[str, CompartmentStatus]) -> dict[str, dict[str, GateResult]]:
+    """The gate results persisted in the compartment statuses (unreadable times are dropped)."""
+    out: dict[str, dict[str, GateResult]] = {}
+    for name, status in statuses.items():
+        for kept in status.health_gates or ():
+            try:
+                at = datetime.fromisoformat(kept.evaluated_at.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+            at = at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+            result = GateResult(kept.gate, kept.batch, kept.outcome, kept.query, kept.value, kept.detail, at)
+            out.setdefault(name, {})[kept.gate] = result
+    return out

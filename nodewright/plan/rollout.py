@@ -99,6 +99,7 @@ from nodewright.api.models import (
     CompartmentStatus,
     DeploymentPolicy,
     GateHalt,
+    GateStatus,
     NodeWright,
     Status,
 )
@@ -110,6 +111,7 @@ from nodewright.api.reasons import (
     Deferred,
     Gate,
     GateHeld,
+    HaltedByGate,
     HaltReason,
     Pacing,
     PolicyInvalid,
@@ -686,6 +688,7 @@ def _waiting(
             n,
             compartment=name,
             halted=state.should_stop,
+            halted_by=HaltedByGate(_gate_halt(name, state.gate_halt).message) if state.gate_halt else None,
             budget_full=n.name in budget_full,
             pacing=None if settled.batch else pacing.reason,
             shared=selection.shared.get(n.name),
@@ -711,7 +714,7 @@ def _compartment_plan(
     ceiling = ctx.compartments.ceiling(name)
     pending = bool(slots.candidates) and not settled.batch
     in_progress = len(slots.holding) + len(selection.picked)
-    status = _compartment_status(ctx, state, members, phases, ceiling, in_progress, pacing, pending)
+    status = _compartment_status(ctx, state, members, phases, ceiling, in_progress, pacing, pending, name)
     message = _slots_message(in_progress + len(slots.others), ceiling, len(slots.others))
     if pacing.reason and pending:
         message += f"; {pacing.reason[1].describe()}"
@@ -747,6 +750,7 @@ def _compartment_status(
     in_progress: int,
     pacing: _Pacing,
     pending: bool,
+    name: str,
 ) -> CompartmentStatus:
     complete = sum(phases[n.name] in _COMPLETE for n in members)
     window, soak = pacing.window, pacing.soak_until
@@ -763,7 +767,15 @@ def _compartment_status(
         soak_until=_ts(soak) if soak is not None else None,
         soak_remaining_seconds=_remaining(soak, ctx.moment) if soak is not None else None,
         awaiting_approval=pacing.gate if pacing.gate is not None and pending else None,
+        health_gates=_gate_statuses(ctx, name, state),
     )
+
+
+def _gate_statuses(ctx: _Context, name: str, state: BatchState) -> list[GateStatus] | None:
+    """The gate results of the batch that settled last, for the status (read back by `rollout_input`)."""
+    results = ctx.gate_results.get(name, {})
+    kept = [gates.to_status(r) for _, r in sorted(results.items()) if r.batch == state.last_settled_batch]
+    return kept or None
 
 
 def _evaluate(
@@ -1091,6 +1103,7 @@ def _why_waiting(
     *,
     compartment: str,
     halted: bool,
+    halted_by: HaltedByGate | None = None,
     budget_full: bool,
     pacing: tuple[WaitReason, Pacing] | None = None,
     shared: BudgetHeld | None = None,
@@ -1110,7 +1123,7 @@ def _why_waiting(
     if node.waiting_for_priority:
         return waiting(WaitReason.WAITING_FOR_PRIORITY, Predecessor(node.waiting_for_priority))
     if halted:
-        return waiting(WaitReason.COMPARTMENT_HALTED)
+        return waiting(WaitReason.COMPARTMENT_HALTED, halted_by)
     if pacing is not None:
         return waiting(*pacing)
     if shared is not None:

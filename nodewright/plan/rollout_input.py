@@ -71,7 +71,7 @@ from nodewright.api.reasons import (
 )
 from nodewright.plan import batches, selectors, sequencing
 from nodewright.plan.budgets import PoolNode, SharedBudget, pool_node, shared_for
-from nodewright.plan.gates import GateResult
+from nodewright.plan.gates import GateResult, from_statuses
 from nodewright.plan.node import is_disabled, is_paused, untolerated_taints
 from nodewright.plan.podspec import parse_duration_seconds
 from nodewright.plan.preview import RolloutPreview, preview_rollout
@@ -462,6 +462,7 @@ def rollout_input(
         facts=facts,
         inactive=ctx.inactive,
         all_nodewrights=ctx.all_nodewrights,
+        gate_results=from_statuses(said.compartment_statuses),
     )
 
 
