@@ -28,8 +28,6 @@ from aiohttp import web
 
 from e2e import operator_fixture
 from e2e.invariants import InvariantMonitor
-from e2e.test_plugin import plugin_json, why
-from e2e.test_plugin_why import until_reason
 from e2e.operator_fixture import (
     NAMESPACE,
     create_nodewright,
@@ -40,6 +38,8 @@ from e2e.operator_fixture import (
     package,
     wait_statuses,
 )
+from e2e.test_plugin import plugin_json, why
+from e2e.test_plugin_why import until_reason
 from nodewright.sim import fleet
 from nodewright.sim.controlplane import ControlPlane, free_port
 from nodewright.sim.kubeapi import JSON, KubeClient
