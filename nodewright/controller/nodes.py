@@ -76,7 +76,6 @@ from nodewright.api.nodestate import Admission as StateAdmission
 from nodewright.api.nodestate import (
     MalformedNodeState,
     NodeState,
-    PackageEntry,
     PackageStage,
     PackageState,
     encode,
@@ -1354,19 +1353,6 @@ def _failed_chained_run(summary: PodSummary) -> tuple[str, str, PackageStage, in
         done = run_completed_stages(run.progress, run.stages, succeeded=False)
         if len(done) < len(run.stages):
             return run.package, run.version, run.stages[len(done)], 1
-    return None
-
-
-def _attempt_pod(pods: Sequence[PodSummary], entry: PackageEntry) -> PodSummary | None:
-    """The pod of `entry`'s current attempt, if it was among the pods the pass read."""
-    for pod in pods:
-        if (
-            pod.package == entry.name
-            and pod.version == entry.version
-            and pod.stage is entry.stage
-            and pod.attempt == entry.attempts
-        ):
-            return pod
     return None
 
 
