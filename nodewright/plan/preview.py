@@ -161,15 +161,14 @@ def simulate_rollout(
     statuses = dict(compartment_statuses or {})
     approved = dict(approvals or {})
     plans: list[RolloutPlan] = []
-    passed: dict[str, dict[str, GateResult]] = {}  # a successful rollout's health gates pass
     for _ in range(max_steps):
-        plan = plan_rollout(
+        plan = _plan_passing_gates(
             nodewright,
             policy=policy,
             nodes=list(fleet.values()),
             compartment_statuses=statuses,
             fingerprint=fingerprint,
-            now=now,
+            at=now,
             paused=paused,
             disabled=disabled,
             shared_budgets=shared_budgets,
@@ -177,11 +176,7 @@ def simulate_rollout(
             approvals=approved,
             next_order_hint=next_order_hint,
             admission_limit=admission_limit,
-            gate_results=passed,
         )
-        if plan.gate_checks:
-            passed.update(_gates_pass(plan.gate_checks, at=now))
-            continue
         plans.append(plan)
         statuses = dict(plan.compartment_statuses)
         approved = {k: v for k, v in approved.items() if k not in plan.approvals_applied}
@@ -196,6 +191,14 @@ def simulate_rollout(
             break
         fleet = {name: _finish(node, plan, fingerprint, outcome) for name, node in fleet.items()}
     return Simulation(tuple(plans), tuple(fleet.values()), statuses)
+
+
+def _plan_passing_gates(nodewright: NodeWright, *, at: str, **inputs: Any) -> RolloutPlan:
+    """`plan_rollout` with every health gate due passing: a successful rollout's gates pass."""
+    plan = plan_rollout(nodewright, now=at, **inputs)
+    if plan.gate_checks:
+        plan = plan_rollout(nodewright, now=at, gate_results=_gates_pass(plan.gate_checks, at=at), **inputs)
+    return plan
 
 
 def _gates_pass(checks: Sequence[GateCheck], *, at: str) -> dict[str, dict[str, GateResult]]:

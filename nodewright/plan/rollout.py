@@ -428,9 +428,7 @@ def plan_rollout(
     NodeWrights and other causes disrupt in them (`plan.budgets`): a node of a pool with no free slot is
     not admitted (reason `DisruptionBudget`), and the batch takes the next candidates instead.
     `admission_limit` caps the admissions of each compartment in this plan (the module docstring, "Long
-    batches"); the nodes it defers are reported in `CompartmentPlan.deferred`. `gate_results` maps a
-    compartment to its health gates' latest results (`plan.gates`); the gates due are named in
-    `CompartmentPlan.gate_check`.
+    batches"); the nodes it defers: `CompartmentPlan.deferred`. `gate_results`: health gate results.
     """
     if admission_limit is not None and admission_limit < 1:
         raise ValueError(f"admission_limit must be at least 1, got {admission_limit}")
