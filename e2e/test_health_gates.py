@@ -239,6 +239,22 @@ async def test_a_failing_gate_halts_the_compartment_before_the_next_batch(
                 waiting = sorted(set(names) - set(admitted(await nodes_of(kube, prefix), nw)))[0]
                 held = await until_reason(cluster, waiting, nw, "HealthGate", within=60)
                 assert "health gate 'xid'" in held["summary"] and "= 5" in held["summary"], held
+                label = f'nodewright="{nw}"'
+
+                async def holding() -> bool:
+                    async with (
+                        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
+                        session.get(f"http://127.0.0.1:{operator.metrics_port}/metrics") as resp,
+                    ):
+                        text = await resp.text()
+                    return any(
+                        line.startswith("nodewright_health_gate_holding{")
+                        and label in line
+                        and line.split()[-1] in ("1", "1.0")
+                        for line in text.splitlines()
+                    )
+
+                await fleet.wait_for(holding, within=30, what="nodewright_health_gate_holding 1")
 
                 async def halted() -> JSON | None:
                     return halted_condition(await get_nodewright(kube, nw))

@@ -838,6 +838,7 @@ class RolloutReconciler:
                 ),
                 halted=cplan.halt is not None,
                 window_active=cplan.status.window_active is not False,
+                gate_holding=cplan.health_gate is not None,
             )
             for cname, cplan in plan.compartments.items()
         ]
