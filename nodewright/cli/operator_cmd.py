@@ -165,9 +165,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     flags.add_switch(
         parser,
         "--chain-packages",
-        default=False,
+        default=_DEFAULTS.chain_packages,
         help="run the installs of packages that depend only on another package's run in that package's"
-        " pod, after it (one pod and two node writes for a dependency chain; docs/benchmarks.md)",
+        " pod, after it (one pod and two node writes for a dependency chain; docs/benchmarks.md); on by"
+        " default, --no-chain-packages gives every package its own pods",
     )
     flags.add_switch(
         parser,
