@@ -44,11 +44,12 @@ generate: venv ## regenerate CRD YAML (manifests/crds, helm) from the pydantic m
 	$(PY) -m nodewright.webhook.configs > manifests/webhook/webhook-configurations.yaml
 
 .PHONY: lint
-lint: venv ## ruff, mypy --strict, import-linter
+lint: venv ## ruff, mypy --strict, import-linter, unused code
 	$(VENV)/bin/ruff check nodewright tests e2e benchmarks
 	$(VENV)/bin/ruff format --check nodewright tests e2e benchmarks
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(PY) hack/unused_code.py
 	$(PY) -m nodewright.api.crdgen --check
 
 .PHONY: unit

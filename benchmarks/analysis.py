@@ -288,7 +288,7 @@ def minimum_writes(
     - per pod: 1 pod create and 1 pod delete (a package pod's pause container never exits, so the pod
       must be removed), and 1 binding that places the created pod on its node together with its seal
       over its uid (the uid exists only once the pod does, and the pod must not run unsealed; see
-      `controller.context.PodSigner`). One pod runs every stage of a transition up to the next
+      `controller.signing.PodSigner`). One pod runs every stage of a transition up to the next
       interrupt (an install: apply and config in one pod), so an install without interrupt is 1 pod;
     - state annotation writes: the start of a node's work must be durable before the first pod exists
       (1 write: all root packages start together once admitted), and every pod's end is a durable

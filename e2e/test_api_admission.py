@@ -89,13 +89,11 @@ class _WebhookThread:
             self._loop.close()
 
     async def _main(self) -> None:
-        from kubernetes_asyncio import client, config
-
-        from nodewright.webhook.facts import KubeFacts
+        from nodewright.kube.config import load_kubeconfig
+        from nodewright.webhook.facts import KubeFacts, webhook_client
 
         self._stop = asyncio.Event()
-        await config.load_kube_config(config_file=self.kubeconfig)
-        async with client.ApiClient() as api:
+        async with webhook_client(load_kubeconfig(self.kubeconfig)) as api:
             ctx = server_ssl_context(self.bundle.cert, self.bundle.key)
             runner, self.port = await start_webhook_server(
                 KubeFacts(api), ssl_context=ctx, host="127.0.0.1", port=0

@@ -41,7 +41,8 @@ from e2e.operator_fixture import (
     status_of,
     wait_statuses,
 )
-from nodewright.sim import fleet, hostshims
+from nodewright.hostroot import hostshims
+from nodewright.sim import fleet
 from nodewright.sim.controlplane import ControlPlane
 from nodewright.sim.kubeapi import JSON, KubeClient
 from tests.packages_node import Node, efa_devices, efa_installer_tarball

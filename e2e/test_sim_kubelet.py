@@ -32,8 +32,9 @@ from e2e.operator_fixture import (
 from nodewright.api import constants
 from nodewright.api.models import EnvVar, NodeWright, NodeWrightSpec, ObjectMeta, Package
 from nodewright.api.nodestate import PackageStage
+from nodewright.hostroot import boot
 from nodewright.plan.podspec import PodOptions, build_pod
-from nodewright.sim import fleet, kubelet_host
+from nodewright.sim import fleet
 from nodewright.sim.controlplane import ControlPlane, process_running
 from nodewright.sim.kubeapi import JSON, ApiError, KubeClient
 from nodewright.sim.rebooter import REBOOT_SECONDS_ANNOTATION
@@ -75,7 +76,7 @@ async def nodes(cluster: ControlPlane, client: KubeClient, unique: str) -> Async
         annotations_extra={REBOOT_SECONDS_ANNOTATION: "0.5"},
     )
     root = cluster.dir / "roots" / real
-    await fleet.wait_for(lambda: _exists(root / kubelet_host.BOOT_ID_PATH), within=20, what=f"{real} booted")
+    await fleet.wait_for(lambda: _exists(root / boot.BOOT_ID_PATH), within=20, what=f"{real} booted")
     yield Nodes(real=real, normal=normal, root=root)
     for node in (real, normal):
         listed = await client.list_all("/api/v1/pods", params={"fieldSelector": f"spec.nodeName={node}"})
@@ -427,7 +428,7 @@ async def test_a_reboot_interrupt_goes_through_the_rebooter(
 
 
 async def _boot_id_is(root: Path, expected: str) -> bool:
-    return kubelet_host.recorded_boot_id(root) == expected
+    return boot.recorded_boot_id(root) == expected
 
 
 async def test_an_operator_package_pod_runs_the_agent_against_the_node_root(
@@ -539,7 +540,7 @@ async def test_an_operator_rollout_with_a_reboot_runs_the_package_for_real(
             root = cluster.dir / "roots" / node
             assert (root / f"etc/sysctl.d/90-{name}.conf").read_text() == "vm.swappiness = 17\n"
             rebooted = await boot_id(kube, node)
-            assert rebooted != boot_ids[node] and kubelet_host.recorded_boot_id(root) == rebooted
+            assert rebooted != boot_ids[node] and boot.recorded_boot_id(root) == rebooted
             assert (root / "proc/sys/vm/swappiness").read_text() == "17\n"  # loaded at boot
             history = json.loads((root / f"var/lib/skyhook/{nw}/history/{name}.json").read_text())
             assert history["current-version"] == "1.0.0"

@@ -6,7 +6,7 @@ NodeWright status (compartment batch state). Each node is a `FakeNode` (tests/pl
 the kubelet: pods finish per a scripted fate, reboots change the bootID, evicted pods terminate.
 
 One `round()` is what the operator does in a few seconds:
-- a rollout pass: `controller.rollout.rollout_node` derives each node's view from its objects (the
+- a rollout pass: `plan.rollout_input.derive_node` derives each node's view from its objects (the
   controller's own code), `plan_rollout` decides; the status is written, then the admissions (the
   controller's order);
 - a node pass per node: the node controller's rules (an admission is handed to the planner only when it
@@ -39,6 +39,7 @@ from datetime import timedelta
 from typing import Any
 
 from nodewright.api import constants
+from nodewright.api.admission import Admission, decode_admission, encode_admission
 from nodewright.api.models import (
     CompartmentStatus,
     DeploymentPolicy,
@@ -48,22 +49,14 @@ from nodewright.api.models import (
     Status,
 )
 from nodewright.api.nodestate import Admission as StateAdmission
-from nodewright.api.nodestate import NodeState, decode, encode
-from nodewright.controller.budgets import pool_node
-from nodewright.controller.context import decode_admission, encode_admission
-from nodewright.controller.rollout import rollout_node
+from nodewright.api.nodestate import NodeState, encode
+from nodewright.api.reasons import WaitReason
 from nodewright.plan import budgets as budget_plan
+from nodewright.plan.budgets import pool_node
 from nodewright.plan.node import CreatePod, PlanOptions
 from nodewright.plan.policy import Compartments, NodeRef, resolve_compartments
-from nodewright.plan.rollout import (
-    Admission,
-    Phase,
-    RolloutPlan,
-    WaitReason,
-    phase_of,
-    plan_rollout,
-    spec_fingerprint,
-)
+from nodewright.plan.rollout import Phase, RolloutPlan, phase_of, plan_rollout, spec_fingerprint
+from nodewright.plan.rollout_input import derive_node, node_context
 from nodewright.plan.stages import PodOutcome, RetryPolicy, ts
 from tests.planfake import T0, FakeNode
 
@@ -176,23 +169,12 @@ class Fleet:
     # -- the two controllers -------------------------------------------------------------------------
 
     def rollout_views(self) -> list[Any]:
+        ctx = node_context(self.nodewright, now=self.now)
         out = []
         for name in self.names:
-            obj = self.node_object(name)
-            text = obj["metadata"]["annotations"].get(
-                constants.state_annotation(self.nodewright.metadata.name)
-            )
-            state = decode(text) if text is not None else None
-            out.append(
-                rollout_node(
-                    self.nodewright,
-                    obj,
-                    state=state,
-                    runtime_taint_key=constants.DEFAULT_RUNTIME_REQUIRED_TAINT_KEY,
-                    all_nodewrights=[self.nodewright.metadata.name],
-                    now=self.now,
-                )
-            )
+            rnode = derive_node(ctx, self.node_object(name)).entry.rollout
+            assert rnode is not None, f"{name} is selected"
+            out.append(rnode)
         return out
 
     def rollout_plan(self, shared: Sequence[budget_plan.SharedBudget] = ()) -> RolloutPlan:

@@ -5,32 +5,25 @@
 environment, the agent unprivileged unless `chroot=True`).
 
 `Node.boot` is what a reboot does to the files a package reads back, so that post-interrupt checks
-have something real to compare: `/proc/sys` is emptied and the sysctl files are loaded in `sysctl
---system` order (values with several fields are written tab-separated, as procfs prints them);
-`/proc/cmdline` is rebuilt from `/etc/default/grub` and `/etc/default/grub.d/*.cfg` sourced by `/bin/sh`
-(as update-grub does); `w` lines of `/etc/tmpfiles.d/*.conf` are written to the files of the root that
-match (systemd-tmpfiles at boot); `/proc/1/mountinfo` lists `/` and every bind mount of an enabled
-`.mount` unit or a `bind` line of `/etc/fstab` (systemd mounting them at boot).
+have something real to compare: the one simulated boot, `nodewright.hostroot.boot` (`/proc/sys` from
+the sysctl files, `/proc/cmdline` from GRUB's defaults, tmpfiles `w` lines, `/proc/1/mountinfo` from the
+bind mounts), which the simulator and `nodewright package run interrupt` use too.
 """
 
 from __future__ import annotations
 
-import glob
 import io
-import shutil
-import subprocess
 import sys
 import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nodewright.hostroot import boot, hostshims
 from nodewright.packaging import layout, localrun
-from nodewright.sim import hostshims
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = REPO / "packages"
-SYSCTL_DIRS = ("etc/sysctl.d", "run/sysctl.d", "usr/local/lib/sysctl.d", "usr/lib/sysctl.d", "lib/sysctl.d")
 
 
 @dataclass(frozen=True)
@@ -49,6 +42,7 @@ class Node:
     root: Path
     scratch: Path
     env: dict[str, str] = field(default_factory=dict)
+    boots: int = 0
 
     def path(self, host_path: str) -> Path:
         return self.root / host_path.lstrip("/")
@@ -112,75 +106,14 @@ class Node:
 
     # The simulated boot
 
-    def boot(self, *, kernel: str = "6.8.0-nodewright") -> None:
-        self._load_sysctl()
-        self.write(
-            "/proc/cmdline", f"BOOT_IMAGE=/boot/vmlinuz-{kernel} root=/dev/sda1 ro {self.grub_cmdline()}\n"
-        )
-        self._apply_tmpfiles()
-        self._mount_table()
-
-    def _load_sysctl(self) -> None:
-        shutil.rmtree(self.path("/proc/sys"), ignore_errors=True)
-        chosen: dict[str, Path] = {}
-        for directory in SYSCTL_DIRS:
-            for path in sorted(self.path(directory).glob("*.conf")):
-                chosen.setdefault(path.name, path)
-        files = [chosen[name] for name in sorted(chosen)]
-        if self.path("/etc/sysctl.conf").is_file():
-            files.append(self.path("/etc/sysctl.conf"))
-        for path in files:
-            for raw in path.read_text().splitlines():
-                line = raw.strip()
-                if not line or line[0] in "#;" or "=" not in line:
-                    continue
-                key, _, value = line.partition("=")
-                self.write(
-                    "/proc/sys/" + key.strip().lstrip("-").replace(".", "/"), "\t".join(value.split()) + "\n"
-                )
+    def boot(self, *, kernel: str = "6.8.0-nodewright") -> str:
+        """A reboot of the node (`nodewright.hostroot.boot`, the simulator's and `package run`'s boot);
+        returns the kernel it booted."""
+        self.boots += 1
+        return boot.boot(self.root, boot.BootFacts(boot_id=f"boot-{self.boots}", image_kernel=kernel))
 
     def grub_cmdline(self) -> str:
-        files = [self.path("/etc/default/grub"), *sorted(self.path("/etc/default/grub.d").glob("*.cfg"))]
-        present = [str(f) for f in files if f.is_file()]
-        script = "".join(f'. "${i + 1}"\n' for i in range(len(present)))
-        script += 'printf "%s %s" "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT"\n'
-        result = subprocess.run(
-            ["/bin/sh", "-ec", script, "grub", *present],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-        return " ".join(result.stdout.split())
-
-    def _apply_tmpfiles(self) -> None:
-        for config in sorted(self.path("/etc/tmpfiles.d").glob("*.conf")):
-            for raw in config.read_text().splitlines():
-                fields = raw.split(None, 6)
-                if len(fields) == 7 and fields[0] == "w":
-                    for target in glob.glob(str(self.root) + fields[1]):
-                        Path(target).write_text(fields[6] + "\n")
-
-    def _mount_table(self) -> None:
-        points = ["/"]
-        wants = self.path("/etc/systemd/system/local-fs.target.wants")
-        for link in sorted(wants.glob("*.mount")) if wants.is_dir() else []:
-            unit = self.path(str(link.readlink()))
-            settings = dict(
-                line.split("=", 1) for line in unit.read_text().splitlines() if "=" in line and line[0] != "#"
-            )
-            if "bind" in settings.get("Options", "").split(","):
-                points.append(settings["Where"])
-        if self.path("/etc/fstab").is_file():
-            for raw in self.path("/etc/fstab").read_text().splitlines():
-                fields = raw.split()
-                if len(fields) >= 4 and not fields[0].startswith("#") and "bind" in fields[3].split(","):
-                    points.append(fields[1])
-        lines = [
-            f"{20 + n} 1 8:1 {'/' if p == '/' else '/data'} {p} rw,relatime shared:1 - ext4 /dev/sda1 rw"
-            for n, p in enumerate(points)
-        ]
-        self.write("/proc/1/mountinfo", "\n".join(lines) + "\n")
+        return boot.grub_cmdline(self.root)
 
 
 def node(tmp_path: Path) -> Node:

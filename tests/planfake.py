@@ -31,6 +31,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from nodewright.api.models import InterruptType, NodeWright
+from nodewright.api.nodeobject import NodeFacts, Taint
 from nodewright.api.nodestate import (
     Admission,
     NodeState,
@@ -48,12 +49,10 @@ from nodewright.plan.node import (
     CreatePod,
     DeletePod,
     DrainFacts,
-    NodeFacts,
     NodeInput,
     NodePlan,
     PlanOptions,
     RequeueAfter,
-    Taint,
     Uncordon,
     plan_node,
 )

@@ -3,8 +3,7 @@
 Hardened pods run with `readOnlyRootFilesystem` and mount a writable /tmp only if someone thought of it.
 The processes load TLS material (a kubeconfig's client certificate, the webhook's serving pair) through
 `nodewright.kube.config.load_pem_chain`, which needs no temporary directory on Linux; where one is still
-needed (kubernetes_asyncio writes a kubeconfig's embedded certificates to temporary files) the process
-ends with one line naming what is missing and exit status 2, never a traceback.
+needed the process ends with one line naming what is missing and exit status 2, never a traceback.
 
 The processes run as real subprocesses with Python's temporary-directory candidates replaced by a
 directory that does not exist: exactly what `tempfile` meets when $TMPDIR, /tmp and /var/tmp are all
@@ -26,7 +25,7 @@ import yaml
 
 from nodewright.kube import config as kubeconfig
 from nodewright.kube.config import NoTempDir, load_kubeconfig, load_pem_chain
-from tests.test_cli_operator import NOBODY, assert_clean, free_port, run_to_exit, running, write_kubeconfig
+from tests.test_cli_operator import NOBODY, assert_clean, free_port, running, write_kubeconfig
 from tests.test_cli_webhook import write_pair
 
 MISSING = "/nonexistent/nodewright-no-tmp"
@@ -128,12 +127,20 @@ async def test_webhook_serves_its_cert_dir_without_a_tempdir(tmp_path: Path) -> 
     assert_clean(exited.stderr)
 
 
-async def test_webhook_says_which_tempdir_its_kubeconfig_needs(tmp_path: Path) -> None:
+async def test_webhook_with_a_client_certificate_kubeconfig_needs_no_tempdir(tmp_path: Path) -> None:
+    """The webhook talks to the API server through the project's one client (`nodewright.kube`), which
+    loads a kubeconfig's embedded certificates from memory: like the operator, it needs no temporary
+    directory (kubernetes_asyncio, which it used before, wrote them to temporary files)."""
     kc = client_cert_kubeconfig(tmp_path / "kc", write_pair(tmp_path / "tls"), "https://127.0.0.1:1")
-    exited = await run_to_exit(without_tempdir("webhook", "--bind-address=127.0.0.1", f"--kubeconfig={kc}"))
-    assert exited.code == 2, exited.stderr
-    assert len(exited.lines) == 1, exited.stderr
-    line = exited.lines[0]
-    assert line.startswith(f"nodewright webhook: kubeconfig {kc}"), line
-    assert "no writable temporary directory" in line and MISSING in line and "/tmp" in line
+    argv = without_tempdir(
+        "webhook", "--bind-address=127.0.0.1", f"--port={free_port()}", f"--kubeconfig={kc}"
+    )
+    async with running(argv) as hook:
+
+        def attempts() -> list[dict[str, Any]]:
+            return [e for e in hook.events() if str(e.get("event", "")).startswith("API server unreachable")]
+
+        await hook.wait_for(lambda: bool(attempts()), within=30, what="the first API server attempt")
+        exited = await hook.terminate()
+    assert exited.code == 0, exited.stderr
     assert_clean(exited.stderr)

@@ -11,10 +11,10 @@ from typing import Any
 import yaml
 
 from nodewright.api import constants
+from nodewright.api.admission import Admission, admission_annotation, encode_admission
 from nodewright.api.models import DeploymentPolicy, NodeWright, Status
 from nodewright.cli import demo_cmd, plan_cmd
-from nodewright.controller.context import admission_annotation, encode_admission
-from nodewright.plan.rollout import Admission, spec_fingerprint
+from nodewright.plan.rollout import spec_fingerprint
 from nodewright.sim.fleet import node_manifest
 
 SAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "samples"

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
+from nodewright.api.admission import admission_annotation
 from nodewright.controller.budgets import SharedBudgets
-from nodewright.controller.context import Runtime, admission_annotation
 from nodewright.controller.rollout import RolloutReconciler
+from nodewright.controller.runtime import Runtime
 from nodewright.kube.client import KubeClient
 from nodewright.kube.informer import Informer
 from nodewright.kube.resources import DISRUPTIONBUDGETS, NODES, NODEWRIGHTS, PODS
@@ -132,7 +133,7 @@ def test_pool_nodes_with_nothing_in_progress_share_one_empty_set() -> None:
     """The pool cache holds one PoolNode per node: at 10,000 nodes two fresh empty frozensets each
     would be 4 MiB of nothing."""
     from nodewright.api import constants
-    from nodewright.controller.budgets import pool_node
+    from nodewright.plan.budgets import pool_node
 
     def node(name: str, **labels: str) -> dict[str, Any]:
         return {"metadata": {"name": name, "labels": labels}, "spec": {}, "status": {"conditions": []}}

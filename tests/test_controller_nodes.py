@@ -14,32 +14,29 @@ from typing import Any
 import pytest
 
 from nodewright.api import constants
+from nodewright.api.admission import Admission, admission_annotation, encode_admission
+from nodewright.api.modelcache import ModelCache
 from nodewright.api.models import NodeWright
+from nodewright.api.nodeobject import node_facts
 from nodewright.api.nodestate import NodeState, PackageEntry, PackageStage, PackageState, decode, encode
+from nodewright.api.timing import Timing, update_timing
 from nodewright.controller import nodes as nodes_module
-from nodewright.controller.context import (
-    EventRecorder,
-    ModelCache,
-    OperatorOptions,
-    PodExpectations,
-    PodSigner,
-    Runtime,
-    WriteThrough,
-    admission_annotation,
-    effective_nodewright,
-    encode_admission,
-)
-from nodewright.controller.drainer import Timing, update_timing
+from nodewright.controller.expectations import PodExpectations
 from nodewright.controller.logstore import KeptLog, kept_logs, store_name
-from nodewright.controller.nodes import NodeReconciler, _deletion_spec, node_facts
+from nodewright.controller.nodes import NodeReconciler, _deletion_spec
+from nodewright.controller.options import OperatorOptions
+from nodewright.controller.runtime import EventRecorder, Runtime
+from nodewright.controller.signing import PodSigner
 from nodewright.kube.client import KubeClient
 from nodewright.kube.informer import Informer
 from nodewright.kube.resources import DEPLOYMENTPOLICIES, NODES, NODEWRIGHTS, PODS
 from nodewright.kube.trim import trim_node, trim_pod
+from nodewright.kube.writethrough import WriteThrough
 from nodewright.observability.metrics import OperatorMetrics
 from nodewright.observability.tracing import RolloutTracer
 from nodewright.plan import podspec, sequencing
-from nodewright.plan.rollout import Admission, spec_fingerprint
+from nodewright.plan.rollout import spec_fingerprint
+from nodewright.plan.rollout_input import effective_nodewright
 from tests.kubefake import FakeKube, pods_c
 
 NS = "nodewright-system"
@@ -364,7 +361,7 @@ def test_node_facts_from_trimmed_node() -> None:
 
 
 def test_timing_keeps_the_drain_skip_memory_across_uncordon_and_round_trips() -> None:
-    from nodewright.plan.node import DrainSkip
+    from nodewright.api.timing import DrainSkip
 
     skip = DrainSkip(at=NOW, message="drain timed out after 5s (policy skip): team/web-0")
     t = Timing(cordoned_at=NOW, draining_since=NOW).with_drain_skip(skip)

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from nodewright.api.admission import Admission
 from nodewright.api.models import (
     CompartmentStatus,
     NodeWright,
@@ -27,7 +28,7 @@ from nodewright.controller import notify
 from nodewright.controller.notify import Notice, Notifier, RolloutNotifications, Sink
 from nodewright.kube.resources import NotFound
 from nodewright.observability.metrics import OperatorMetrics
-from nodewright.plan.rollout import Admission, RolloutNode, plan_rollout, spec_fingerprint
+from nodewright.plan.rollout import RolloutNode, plan_rollout, spec_fingerprint
 from tests.test_obs_metrics import value
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

@@ -17,13 +17,14 @@ from typing import Any
 
 import pytest
 
+from nodewright.api.reasons import PolicyInvalid, WaitReason
 from nodewright.controller.rollout import RolloutReconciler
 from nodewright.kube.client import KubeClient
 from nodewright.kube.informer import Informer
 from nodewright.kube.resources import NODES, NODEWRIGHTS, PODS
 from nodewright.kube.trim import trim_node
-from nodewright.plan.policy import PolicyInvalid, resolve_compartments
-from nodewright.plan.rollout import WaitReason, plan_rollout
+from nodewright.plan.policy import resolve_compartments
+from nodewright.plan.rollout import plan_rollout
 from nodewright.plan.status import aggregate_status
 from tests.kubefake import FakeKube
 from tests.test_controller_nodes import NS, make_runtime, nw_obj

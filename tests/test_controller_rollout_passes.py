@@ -14,21 +14,21 @@ from typing import Any
 import pytest
 
 from nodewright.api import constants
+from nodewright.api.admission import Admission, admission_annotation
 from nodewright.api.models import Status
 from nodewright.api.nodestate import NodeState, PackageEntry, PackageStage, PackageState, encode
 from nodewright.controller import rollout as rollout_mod
-from nodewright.controller.context import (
-    Runtime,
-    admission_annotation,
-)
 from nodewright.controller.rollout import RolloutReconciler
+from nodewright.controller.runtime import Runtime
 from nodewright.kube.client import KubeClient
 from nodewright.kube.informer import Informer
 from nodewright.kube.resources import NODES, NODEWRIGHTS, PODS
 from nodewright.kube.trim import trim_node
 from nodewright.observability.metrics import count_package_nodes
 from nodewright.plan import podspec
-from nodewright.plan.rollout import Admission, NewAdmission, RolloutNode, RolloutPlan
+from nodewright.plan import rollout_input as rollout_input_mod
+from nodewright.plan.rollout import NewAdmission, RolloutNode, RolloutPlan
+from nodewright.plan.rollout_input import NodeEntry
 from nodewright.plan.status import NodeReport, PackageReport
 from tests.kubefake import FakeKube
 from tests.test_controller_nodes import NS, make_runtime, nw_obj
@@ -76,13 +76,13 @@ async def env() -> AsyncIterator[_Env]:
 
 async def test_only_changed_nodes_are_derived_again(env: _Env, monkeypatch: pytest.MonkeyPatch) -> None:
     derived: list[str] = []
-    original = rollout_mod.rollout_node
+    original = rollout_input_mod.rollout_node
 
-    def counting(nodewright: Any, node: Any, **kwargs: Any) -> Any:
+    def counting(ctx: Any, node: Any, **kwargs: Any) -> Any:
         derived.append(str(node["metadata"]["name"]))
-        return original(nodewright, node, **kwargs)
+        return original(ctx, node, **kwargs)
 
-    monkeypatch.setattr(rollout_mod, "rollout_node", counting)
+    monkeypatch.setattr(rollout_input_mod, "rollout_node", counting)
     env.put_nodewright(nw_obj(nodeSelectors={"matchLabels": {"pool": "a"}}))
     for i in range(5):
         env.put_node(_node(f"n{i}"))
@@ -333,12 +333,13 @@ async def test_the_memo_keeps_no_decoded_state_and_shares_equal_package_reports(
     entries = env.reconciler._memo["nw"].entries
     assert sorted(entries) == ["n0", "n1", "n2"]
     for entry in entries.values():
-        assert entry.view is not None and entry.rollout is not None and entry.report is not None
+        rnode = entry.entry.rollout
+        assert entry.view is not None and rnode is not None and entry.report is not None
         assert not hasattr(entry.view, "state")
-        assert entry.rollout.labels is entry.view.node["metadata"]["labels"], "labels are not copied"
+        assert rnode.labels is entry.view.node["metadata"]["labels"], "labels are not copied"
         held = _reachable(entry, skip={id(entry.view.node)})
         decoded = [o for o in held if isinstance(o, NodeState | PackageEntry)]
-        assert decoded == [], f"{entry.rollout.name}: the memo holds decoded state {decoded}"
+        assert decoded == [], f"{rnode.name}: the memo holds decoded state {decoded}"
     complete = [entries[n].report for n in ("n0", "n1")]
     assert complete[0] is not None and complete[1] is not None
     assert complete[0].packages is complete[1].packages, "equal package reports are one object"
@@ -358,7 +359,9 @@ def test_the_shared_reports_stay_bounded_by_what_the_entries_use() -> None:
     kept = (PackageReport(name="tool", version="1.0", stage="config", state="complete"),)
     memo.entries = {
         "n0": rollout_mod._NodeEntry(
-            "1", matched=True, report=NodeReport(name="n0", status=Status.COMPLETE, packages=kept)
+            "1",
+            NodeEntry("n0", matched=True),
+            report=NodeReport(name="n0", status=Status.COMPLETE, packages=kept),
         )
     }
     memo.prune_shared()

@@ -1,7 +1,8 @@
-"""Unit tests of the rollout controller's pure helpers (merge patches, availability, blocking)."""
+"""Unit tests of the rollout pass's pure helpers (merge patches, availability, blocking)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from hypothesis import given
@@ -10,9 +11,11 @@ from hypothesis import strategies as st
 from nodewright.api import constants
 from nodewright.api.models import NodeWright
 from nodewright.api.nodestate import NodeState, encode
+from nodewright.api.reasons import Activity
 from nodewright.controller.budgets import merge_patch
-from nodewright.controller.rollout import blocked_reason, unavailable_reason
+from nodewright.plan.rollout_input import NodeContext, blocked, node_context, unavailable
 
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),
     lambda children: st.dictionaries(st.text(max_size=4), children, max_size=4),
@@ -60,19 +63,29 @@ def _node(
     }
 
 
+def _ctx(names: list[str], inactive: dict[str, Activity] | None = None) -> NodeContext:
+    return node_context(_nodewright(), now=NOW, all_nodewrights=names, inactive=inactive)
+
+
+def unavailable_reason(node: Any, *, own: NodeState | None, names: list[str], **kw: Any) -> str | None:
+    """The description of `unavailable` (what people read; the code is the record's type)."""
+    found = unavailable(_ctx(names, **kw), node, own=own)
+    return found.describe() if found is not None else None
+
+
 def test_unavailable_reasons() -> None:
-    assert unavailable_reason(_node(), own=None, all_nodewrights=["a"]) is None
-    assert unavailable_reason(_node(unschedulable=True), own=None, all_nodewrights=["a"]) == (
+    assert unavailable_reason(_node(), own=None, names=["a"]) is None
+    assert unavailable_reason(_node(unschedulable=True), own=None, names=["a"]) == (
         "cordoned by someone else"
     )
-    assert unavailable_reason(_node(ready=False), own=None, all_nodewrights=["a"]) == "NotReady"
+    assert unavailable_reason(_node(ready=False), own=None, names=["a"]) == "NotReady"
     ours = NodeState(cordoned=True)
-    assert unavailable_reason(_node(unschedulable=True), own=ours, all_nodewrights=["a"]) is None
+    assert unavailable_reason(_node(unschedulable=True), own=ours, names=["a"]) is None
     other = _node(unschedulable=True, annotations={constants.state_annotation("b"): encode(ours)})
-    assert unavailable_reason(other, own=None, all_nodewrights=["a", "b"]) == "cordoned by NodeWright 'b'"
-    paused = unavailable_reason(other, own=None, all_nodewrights=["a", "b"], inactive={"b": "paused"})
+    assert unavailable_reason(other, own=None, names=["a", "b"]) == "cordoned by NodeWright 'b'"
+    paused = unavailable_reason(other, own=None, names=["a", "b"], inactive={"b": Activity.PAUSED})
     assert paused is not None and "'b', which is paused" in paused and "until resumed" in paused
-    disabled = unavailable_reason(other, own=None, all_nodewrights=["a", "b"], inactive={"b": "disabled"})
+    disabled = unavailable_reason(other, own=None, names=["a", "b"], inactive={"b": Activity.DISABLED})
     assert disabled is not None and "'b', which is disabled" in disabled
 
 
@@ -83,6 +96,11 @@ def _nodewright(tolerations: list[dict[str, str]] | None = None) -> NodeWright:
     return NodeWright.model_validate(
         {"apiVersion": constants.API_VERSION, "kind": "NodeWright", "metadata": {"name": "nw"}, "spec": spec}
     )
+
+
+def blocked_reason(nodewright: NodeWright, node: Any, *, runtime_taint_key: str) -> str | None:
+    found = blocked(node_context(nodewright, now=NOW, runtime_taint_key=runtime_taint_key), node)
+    return found.describe() if found is not None else None
 
 
 def test_blocked_reasons() -> None:

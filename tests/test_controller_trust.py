@@ -18,13 +18,9 @@ import pytest
 
 from nodewright.api import constants
 from nodewright.api.nodestate import PackageStage, PackageState, decode
-from nodewright.controller.context import (
-    POD_ANNOTATION_SEAL,
-    POD_ANNOTATION_SIGNATURE,
-    PodExpectations,
-    UntrustedReason,
-)
+from nodewright.controller.expectations import PodExpectations
 from nodewright.controller.nodes import NodeReconciler
+from nodewright.controller.signing import POD_ANNOTATION_SEAL, POD_ANNOTATION_SIGNATURE, UntrustedReason
 from nodewright.controller.trust import UNTRUSTED_DELETE_GRACE, PodMutatedOnCreate
 from nodewright.kube.trim import trim_node, trim_pod
 from nodewright.plan import podspec

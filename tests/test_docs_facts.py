@@ -15,7 +15,7 @@ from functools import cache
 from pathlib import Path
 
 from nodewright.controller import logstore
-from nodewright.controller.context import SIGNING_SECRET_NAME
+from nodewright.controller.signing import SIGNING_SECRET_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]

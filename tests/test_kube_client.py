@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from aiohttp import web
 
 from nodewright.kube.client import EvictionOutcome, KubeClient, PatchType
 from nodewright.kube.clock import FakeClock
+from nodewright.kube.config import ClusterConfig
+from nodewright.kube.credentials import StaticToken
 from nodewright.kube.resources import JSON, LEASES, NODES, ApiError, Conflict, Gone, NotFound, TooManyRequests
 from tests.kubefake import LEASES_C, NODES_C, FakeKube, WatchScript, node, pods_c, status_body
 from tests.kubeutil import RequestRecorder
@@ -229,3 +232,35 @@ async def test_watch_error_event_raises(kube: FakeKube, client: KubeClient) -> N
         async with client.watch(NODES, resource_version="1") as stream:
             async for _ in stream:
                 pass
+
+
+async def test_a_text_read_for_its_tail_keeps_the_end_of_one_huge_line() -> None:
+    """`tailLines` bounds lines, not bytes: a package that prints one 8 MiB line is read in bounded
+    memory, and what is kept is that line's end, where a step says why it failed."""
+
+    async def log(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await resp.prepare(request)
+        for _ in range(128):
+            await resp.write(b"x" * 65536)
+        await resp.write(b" step failed: disk full\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/api/v1/namespaces/ns/pods/p/log", log)
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    c = KubeClient(
+        ClusterConfig(server=url, ssl_context=None, auth=StaticToken("t")), metrics=RequestRecorder()
+    )
+    try:
+        path = "/api/v1/namespaces/ns/pods/p/log"
+        tail = await c.get_text(path, params={"tailLines": "20"}, keep_last=4096)
+        whole = await c.get_text(path)
+    finally:
+        await c.close()
+        await runner.cleanup()
+    assert len(tail) == 4096 and tail.endswith(" step failed: disk full\n")
+    assert len(whole) == 128 * 65536 + len(" step failed: disk full\n")

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nodewright.api.nodeobject import node_ready
 from nodewright.controller.pods import classify
-from nodewright.kube.trim import FrozenLabels, node_ready, trim_node, trim_pod
+from nodewright.kube.trim import FrozenLabels, trim_node, trim_pod
 from nodewright.plan.stages import PodOutcome
 
 LABEL_KEYS = st.sampled_from(

@@ -22,14 +22,17 @@ from typing import Any
 import pytest
 
 from nodewright.api import constants
+from nodewright.api.admission import Admission
 from nodewright.api.models import CompartmentStatus, DeploymentPolicy, NodeWright, Status
+from nodewright.api.reasons import condition_reason
+from nodewright.api.timing import Timing
 from nodewright.controller import rollout as rollout_mod
 from nodewright.controller.configmaps import PackageConfigMaps
-from nodewright.controller.drainer import Timing
 from nodewright.controller.logstore import MAX_STORE_CHARS, KeptLog, bounded_data, kept_logs, store_name
 from nodewright.observability.metrics import CompartmentSnapshot, strategy_label
 from nodewright.observability.tracing import gate_spans
-from nodewright.plan.rollout import Admission, RolloutNode, plan_rollout, spec_fingerprint
+from nodewright.plan import rollout_input
+from nodewright.plan.rollout import RolloutNode, plan_rollout, spec_fingerprint
 from tests.test_controller_nodes import nw_obj
 from tests.test_controller_rollout_passes import NW_C, _Env, _node, env
 
@@ -118,12 +121,15 @@ def test_budget_full_is_reported_while_the_batch_is_open() -> None:
 
 
 def test_protected_and_pdb_blocked_nodes_are_counted() -> None:
-    def view(name: str, reason: str, message: str = "", status: Status = Status.IN_PROGRESS) -> Any:
+    def view(
+        name: str, reason: str, message: str = "", status: Status = Status.IN_PROGRESS, refused: bool = False
+    ) -> Any:
         node = {
             "metadata": {"name": name},
             "status": {"conditions": [{"type": "nodewright.io/nw", "reason": reason, "message": message}]},
         }
-        return rollout_mod._NodeView(node=node, status=status)
+        condition = condition_reason(reason)
+        return rollout_mod._NodeView(node=node, status=status, condition=condition, evictions_refused=refused)
 
     plan = plan_rollout(
         NodeWright.model_validate(nw_obj()),
@@ -135,20 +141,25 @@ def test_protected_and_pdb_blocked_nodes_are_counted() -> None:
     )
     views = [
         view("a", "WaitingForProtectedPods"),
-        view("b", "Draining", "draining: 1 pod(s) left (ns/p) (eviction blocked: ns/p: PDB web)"),
+        view(
+            "b", "Draining", "draining: 1 pod(s) left (ns/p) (eviction blocked: ns/p: PDB web)", refused=True
+        ),
         view("c", "DrainTimeout", "draining: drain timeout 5m exceeded (policy wait); 1 pod(s) left (ns/q)"),
         view("d", "Draining", "draining: 2 pod(s) left (ns/x, ns/y)"),  # evictions going through: not held
         view(
             "e", "DrainTimeout", "released", status=Status.BLOCKED
         ),  # skip policy: released, counted elsewhere
     ]
-    assert rollout_mod.waiting_counts(plan, views, "nw") == {"DrainBlocked": 2, "ProtectedPods": 1}
+    assert rollout_mod.waiting_counts(plan, views) == {"DrainBlocked": 2, "ProtectedPods": 1}
 
 
 def test_reset_annotation_takes_compartments() -> None:
-    assert rollout_mod.parse_reset_annotation("true") == (True, frozenset())
-    assert rollout_mod.parse_reset_annotation(" zone-a, canary ") == (False, frozenset({"zone-a", "canary"}))
-    assert rollout_mod.parse_reset_annotation("") == (False, frozenset())
+    assert rollout_input.parse_reset_annotation("true") == (True, frozenset())
+    assert rollout_input.parse_reset_annotation(" zone-a, canary ") == (
+        False,
+        frozenset({"zone-a", "canary"}),
+    )
+    assert rollout_input.parse_reset_annotation("") == (False, frozenset())
     halted = CompartmentStatus.model_validate(
         {
             "matched": 3,
@@ -156,7 +167,7 @@ def test_reset_annotation_takes_compartments() -> None:
             "batchState": {"currentBatch": 4, "consecutiveFailures": 2, "shouldStop": True},
         }
     )
-    reset = rollout_mod.reset_compartments({"a": halted, "b": halted}, frozenset({"a", "zzz"}))
+    reset = rollout_input.reset_compartments({"a": halted, "b": halted}, frozenset({"a", "zzz"}))
     assert reset["a"].batch_state is not None and not reset["a"].batch_state.should_stop
     assert reset["a"].batch_state.current_batch == 4 and reset["a"].batch_state.consecutive_failures == 0
     assert reset["b"] == halted
@@ -311,5 +322,5 @@ def test_a_reboot_is_reported_as_node_rebooted_once() -> None:
         a for p in node.plans for a in p.actions if isinstance(a, Event) and a.reason == "NodeRebooted"
     ]
     assert len(rebooted) == 1 and node.reboots == 1
-    reason = catalogue.for_plan_event(rebooted[0].reason, rebooted[0].type)
-    assert reason is catalogue.Reason.NODE_REBOOTED and catalogue.info(reason).also_on_nodewright
+    reason = rebooted[0].reason
+    assert reason is catalogue.EventReason.NODE_REBOOTED and catalogue.info(reason).also_on_nodewright

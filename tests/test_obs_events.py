@@ -16,7 +16,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "observability.md"
 
 def test_catalogue_covers_every_reason_once() -> None:
     reasons = [info.reason for info in ev.CATALOGUE]
-    assert sorted(reasons) == sorted(ev.Reason)
+    assert sorted(reasons) == sorted(ev.EventReason)
     assert len(reasons) == len(set(reasons))
     for info in ev.CATALOGUE:
         assert re.fullmatch(r"[A-Z][A-Za-z]+", info.reason.value)
@@ -122,7 +122,7 @@ def test_naive_time_rejected() -> None:
 
 def test_every_reason_is_documented() -> None:
     text = DOCS.read_text()
-    for reason in ev.Reason:
+    for reason in ev.EventReason:
         assert f"`{reason.value}`" in text, reason
 
 
@@ -146,42 +146,37 @@ def test_the_docs_table_is_the_catalogue() -> None:
     assert documented == expected
 
 
-def _plan_event_names() -> set[tuple[str, str]]:
-    """Every `Event("Name", ..., "Type")` the plan layer can emit, read from its source."""
+def _plan_event_reasons() -> list[str]:
+    """The reason of every `Event(...)` the plan layer can emit, read from its source (`EventReason.X`)."""
     import ast
 
-    found: set[tuple[str, str]] = set()
+    found: list[str] = []
     for path in (Path(ev.__file__).resolve().parents[1] / "plan").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Event":
-                args = node.args
-                if args and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str):
-                    kind = "Normal"
-                    if len(args) > 2 and isinstance(args[2], ast.Constant):
-                        kind = str(args[2].value)
-                    found.add((args[0].value, kind))
+                first = node.args[0] if node.args else None
+                assert isinstance(first, ast.Attribute) and isinstance(first.value, ast.Name), ast.dump(node)
+                assert first.value.id == "EventReason", ast.dump(node)
+                found.append(first.attr)
     return found
 
 
-def test_every_plan_event_maps_onto_the_catalogue_with_its_type() -> None:
-    names = _plan_event_names()
-    assert {"StageStarted", "Reboot", "NodeRebooted", "DrainTimeout", "Cordon"} <= {n for n, _ in names}
-    for name, kind in names:
-        reason = ev.for_plan_event(name, kind)
-        assert reason is not None, f"plan event {name!r} is not in the catalogue"
-        assert ev.event_type(reason).value == kind, (name, kind, reason)
-    # The defects of issue 16: no undocumented StageStarted, reboots are NodeRebooted (and reach the
-    # NodeWright too).
-    assert ev.for_plan_event("StageStarted", "Normal") is ev.Reason.PACKAGE_STARTED
-    assert ev.for_plan_event("Reboot", "Normal") is ev.Reason.NODE_REBOOTED
-    assert ev.info(ev.Reason.NODE_REBOOTED).also_on_nodewright
-    assert ev.for_plan_event("PackageRetry", "Warning") is ev.Reason.PACKAGE_FAILED
-    assert ev.for_plan_event("PackageRetry", "Normal") is ev.Reason.PACKAGE_RETRIED
+def test_every_plan_event_is_a_catalogue_reason() -> None:
+    """One vocabulary: the plan layer names its Events with the catalogue's codes (no name to translate)."""
+    reasons = _plan_event_reasons()
+    assert {"PACKAGE_STARTED", "NODE_REBOOTED", "NODE_DRAIN_TIMEOUT", "NODE_CORDONED"} <= set(reasons)
+    assert set(reasons) <= set(ev.EventReason.__members__)
+    # The defects of issue 16: reboots are NodeRebooted (and reach the NodeWright too).
+    assert ev.info(ev.EventReason.NODE_REBOOTED).also_on_nodewright
+    from nodewright.plan.node import Event
+
+    assert Event(ev.EventReason.PACKAGE_FAILED, "x").type == "Warning"
+    assert Event(ev.EventReason.PACKAGE_RETRIED, "x").type == "Normal"
 
 
 def test_controllers_record_only_catalogue_reasons() -> None:
     """Every `events.record(reason=...)` in the controllers names a catalogue reason (a string literal
-    that is a reason, or `<catalogue>.Reason.X.value`, or a spec built by the catalogue)."""
+    that is a reason, or `<catalogue>.EventReason.X.value`, or a spec built by the catalogue)."""
     import ast
 
     root = Path(ev.__file__).resolve().parents[1] / "controller"
@@ -198,7 +193,6 @@ def test_controllers_record_only_catalogue_reasons() -> None:
                 if keyword.arg == "reason" and isinstance(keyword.value, ast.Attribute):
                     inner = keyword.value.value
                     if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Attribute):
-                        assert inner.value.attr == "Reason" and inner.attr in ev.Reason.__members__, ast.dump(
-                            inner
-                        )
-    assert literals <= {r.value for r in ev.Reason}, literals - {r.value for r in ev.Reason}
+                        assert inner.value.attr == "EventReason", ast.dump(inner)
+                        assert inner.attr in ev.EventReason.__members__, ast.dump(inner)
+    assert literals <= {r.value for r in ev.EventReason}, literals - {r.value for r in ev.EventReason}

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from nodewright.controller.context import EventRecorder as OperatorRecorder
+from nodewright.controller.runtime import EventRecorder as OperatorRecorder
 from nodewright.observability import events as ev
 from nodewright.observability.recorder import EventRecorder
 
@@ -211,3 +211,17 @@ async def test_the_recorder_remembers_as_many_series_as_client_go_and_forgets_th
     assert (sink.creates, sink.patches) == (ev.MAX_REMEMBERED + 2, 1)
     assert sum(sink.counts().values()) == ev.MAX_REMEMBERED + 3
     await rec.close()
+
+
+async def test_a_node_event_names_its_nodewright_in_the_related_object() -> None:
+    """`kubectl nodewright why NODE NW` selects a node's Events by the NodeWright they are for: the
+    Event's `related` object, never its message."""
+    sink = Sink()
+    rec = recorder(sink)
+    await rec.record(kind="Node", name="n1", uid=None, reason="NodeCordoned", message="[nw] x", related="nw")
+    await rec.record(kind="Node", name="n1", uid=None, reason="NodeCordoned", message="[other] x")
+    await rec.close(grace=1.0)
+    related = sorted(str((e.get("related") or {}).get("name")) for e in sink.events.values())
+    assert related == ["None", "nw"]
+    [ours] = [e for e in sink.events.values() if e.get("related")]
+    assert ours["related"] == {"apiVersion": "nodewright.io/v1alpha1", "kind": "NodeWright", "name": "nw"}

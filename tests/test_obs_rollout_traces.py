@@ -20,20 +20,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from nodewright.api import constants
-from nodewright.controller.context import PodExpectations
-from nodewright.controller.drainer import Timing, read_timing
+from nodewright.api.timing import Timing, TracedAdmission, read_timing
+from nodewright.controller.expectations import PodExpectations
 from nodewright.controller.nodes import NodeReconciler
 from nodewright.kube.client import KubeClient
 from nodewright.kube.informer import Informer
 from nodewright.kube.resources import NODES, NODEWRIGHTS, PODS
 from nodewright.kube.trim import trim_node, trim_pod
-from nodewright.observability.tracing import (
-    ROOT_SPAN_NAME,
-    RolloutEnd,
-    RolloutTracer,
-    TracedAdmission,
-    trace_step,
-)
+from nodewright.observability.tracing import ROOT_SPAN_NAME, RolloutEnd, RolloutTracer, trace_step
 from nodewright.plan import podspec
 from tests.kubefake import FakeKube
 from tests.test_controller_nodes import (

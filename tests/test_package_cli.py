@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib.util
 import inspect
 import io
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -22,8 +25,12 @@ from typing import Any
 
 import pytest
 
+from nodewright.api.models import NodeWright, NodeWrightSpec, ObjectMeta, Package
+from nodewright.api.nodestate import PackageStage
 from nodewright.cli.main import main
+from nodewright.hostroot import boot
 from nodewright.packaging import layout, localrun, oci
+from nodewright.plan import podspec
 from tests.agent_fixtures.hostroot import limit_resources
 from tests.packages_node import REPO
 
@@ -65,11 +72,27 @@ def test_init_validate_and_run_every_mode(
         code, out, err = _cli(capsys, "run", mode, str(package), "--root", str(root), *extra)
         return code, out + err
 
-    for mode in ("apply", "apply-check", "config", "config-check", "post-interrupt", "post-interrupt-check"):
+    for mode in ("apply", "apply-check", "config", "config-check"):
         code, text = run(mode, *config)
         assert code == 0, text
         assert f"{mode} of gpu-probe 0.1.0 succeeded (agent exit 0)" in text
         assert "no chroot (unprivileged mode)" in text
+    # The scaffold's interrupt is a reboot: its post-interrupt check reads the boot id back, and fails
+    # until the node has rebooted since the install.
+    code, text = run("post-interrupt-check", *config)
+    assert code == 1 and "the node has not rebooted since gpu-probe was installed" in text, text
+    code, text = run("interrupt", "--interrupt", "reboot")
+    assert code == 0 and "reboot: the root booted (boot id" in text, text
+    booted = (root / "proc/sys/kernel/random/boot_id").read_text().strip()
+    for mode in ("post-interrupt", "post-interrupt-check"):
+        code, text = run(mode, *config)
+        assert code == 0, text
+        assert f"{mode} of gpu-probe 0.1.0 succeeded (agent exit 0)" in text
+    assert f"post-interrupt ran after the reboot, in boot {booted}" in text
+    # A later reboot (what a drift check finds on a node rebooted since) still passes the check.
+    assert run("interrupt", "--interrupt", "reboot")[0] == 0
+    assert (root / "proc/sys/kernel/random/boot_id").read_text().strip() != booted
+    assert run("post-interrupt-check")[0] == 0
     assert (root / "etc/gpu-probe/conf.d/example.conf").read_text() == "level=3\n"
     assert (root / "etc/gpu-probe/defaults.conf").is_file(), "root_dir/ was laid over the root"
     state = root / "var/lib/skyhook/local"
@@ -233,7 +256,7 @@ def test_run_interrupt_records_the_commands_instead_of_running_them(
         capsys, "run", "interrupt", str(package), "--root", str(root), "--interrupt", "service",
         "--service", "containerd.service", "--service", "kubelet.service",
     )  # fmt: skip
-    assert code == 0 and "interrupt commands recorded, not run" in out
+    assert code == 0 and "interrupt commands recorded, not run on this machine" in out
     recorded = [
         json.loads(line) for line in (root / "var/lib/skyhook/local/interrupts/requested.jsonl").open()
     ]
@@ -242,7 +265,59 @@ def test_run_interrupt_records_the_commands_instead_of_running_them(
         ["systemctl", "restart", "containerd.service"],
         ["systemctl", "restart", "kubelet.service"],
     ]
-    assert {entry["resource_id"] for entry in recorded} == {"local-local-1_gpu-probe_0.1.0"}
+    [resource_id] = {entry["resource_id"] for entry in recorded}
+    assert re.fullmatch(r"local-local-1-\d{8}T\d{12}Z\.1_gpu-probe_0\.1\.0", resource_id), resource_id
+
+
+def test_run_interrupt_plays_the_nodes_part_on_the_root_as_the_simulator_does(
+    package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "node"
+    (root / "etc/sysctl.d").mkdir(parents=True)
+    (root / "etc/sysctl.d/90-probe.conf").write_text(
+        "vm.swappiness = 10\nnet.ipv4.tcp_rmem = 4096 131072 6291456\n"
+    )
+    (root / "etc/default").mkdir(parents=True)
+    (root / "etc/default/grub").write_text(
+        'GRUB_CMDLINE_LINUX="iommu=pt"\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\n'
+    )
+    (root / "proc/sys/vm").mkdir(parents=True)
+    (root / "proc/sys/vm/overcommit_memory").write_text("1\n")  # set at run time only: gone after a boot
+
+    def interrupt(*how: str) -> str:
+        code, out, err = _cli(capsys, "run", "interrupt", str(package), "--root", str(root), *how)
+        assert code == 0, out + err
+        return out
+
+    out = interrupt("--interrupt", "service", "--service", "containerd.service")
+    assert "systemctl restart containerd.service: done by the node's systemctl stand-in (exit 0)" in out
+    assert not (root / "proc/sys/vm/swappiness").exists(), "a service restart does not reload sysctls"
+    commands = (root / "var/log/nodewright-sim/commands.log").read_text()
+    assert "systemctl daemon-reload" in commands and "systemctl restart containerd.service" in commands
+
+    out = interrupt("--interrupt", "restartAllServices")
+    assert "service procps force-reload: done by the node's service stand-in" in out
+    assert (root / "proc/sys/vm/swappiness").read_text() == "10\n"
+
+    out = interrupt("--interrupt", "reboot")
+    assert "reboot: the root booted" in out, out
+    assert (root / "proc/sys/vm/swappiness").read_text() == "10\n"
+    assert (root / "proc/sys/net/ipv4/tcp_rmem").read_text() == "4096\t131072\t6291456\n", "procfs' tabs"
+    assert not (root / "proc/sys/vm/overcommit_memory").exists(), "a runtime-only value does not survive"
+    assert (root / "proc/cmdline").read_text() == "root=/dev/sda1 ro iommu=pt quiet\n"
+    assert f"boot id {boot.recorded_boot_id(root)}," in out
+
+    # The same boot as the simulator's nodes: one rule, one place.
+    simulated = tmp_path / "simulated"
+    shutil.copytree(root / "etc", simulated / "etc")
+    boot.boot(simulated, boot.BootFacts(boot_id="b"))
+    for path in ("proc/sys/vm/swappiness", "proc/sys/net/ipv4/tcp_rmem", "proc/cmdline", "proc/1/mountinfo"):
+        assert (simulated / path).read_text() == (root / path).read_text(), path
+
+    # noop runs nothing on the node.
+    before = boot.recorded_boot_id(root)
+    interrupt("--interrupt", "noop")
+    assert boot.recorded_boot_id(root) == before
 
 
 def test_staging_copies_the_payload_as_the_package_pod_does(package: Path, tmp_path: Path) -> None:
@@ -289,6 +364,8 @@ def test_a_local_run_uses_the_operators_names() -> None:
     identity = layout.Identity()
     assert identity.copy_dir("demo", "1.0.0") == podspec.copy_dir(nw, "demo", "1.0.0", options)
     assert identity.resource_id("demo", "1.0.0") == podspec.resource_id(nw, "demo", "1.0.0")
+    run = podspec.interrupt_run("2025-01-31T12:00:00Z", 2)
+    assert identity.resource_id("demo", "1.0.0", run) == podspec.resource_id(nw, "demo", "1.0.0", run)
     operator_env = {e["name"]: e["value"] for e in podspec._agent_env(nw, "demo", "1.0.0", 0, options)}
     request = localrun.RunRequest(mode="apply", package_dir=Path("."), root=Path("/tmp/x"))
     local_env = localrun.agent_environment(request, "demo", "1.0.0", machine={})
@@ -382,6 +459,80 @@ def test_build_on_scratch_writes_a_verifiable_oci_layout(
         extracted = tar.extractfile("skyhook-package/config.json")
         assert extracted is not None
         assert extracted.read() == (package / "config.json").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def package_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The busybox base `make images` writes (build/images/package-base), built here as it does."""
+    out = tmp_path_factory.mktemp("images")
+    result = subprocess.run(
+        [sys.executable, str(REPO / "hack/images/build.py"), "--only", "package-base", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, f"hack/images/build.py --only package-base failed:\n{result.stderr}"
+    return out / "package-base"
+
+
+def _image_build_module() -> Any:
+    spec = importlib.util.spec_from_file_location("nodewright_image_build", REPO / "hack/images/build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # its dataclasses look their module up
+    spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[spec.name]
+
+
+def test_the_offline_route_init_validate_build_on_the_package_base(
+    package_base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/packages.md's route with no registry and no Docker: init, validate, build onto the busybox
+    base of `make images`; the image then does what a package pod's copy step does on a real node."""
+    package = tmp_path / "first-package"
+    assert _cli(capsys, "init", "first-package", "--dir", str(package))[0] == 0
+    code, out, _ = _cli(capsys, "validate", str(package))
+    assert code == 0 and out.endswith("first-package 0.1.0 is valid (0 warnings)\n"), out
+    image = tmp_path / "images" / "first-package"
+    image.parent.mkdir()
+    code, out, err = _cli(capsys, "build", str(package), "--base", str(package_base), "-o", str(image))
+    assert code == 0 and "warning" not in (out + err).lower(), out + err
+    base = oci.open_layout(package_base, where="package-base")
+    built = oci.open_layout(image, ref="0.1.0", where="the package image")
+    assert built.layers[:-1] == base.layers, "the base's busybox layer, then the payload"
+    assert built.config["config"]["Cmd"] == ["/bin/sh"], "the base's config is kept"
+    route = (
+        "nodewright package build . --base <checkout>/build/images/package-base -o /tmp/images/first-package"
+    )
+    assert route in (package / "README.md").read_text(), "the scaffold's README gives this route"
+    assert "build/images/package-base" in (package / "Dockerfile").read_text()
+    if os.geteuid() != 0:
+        pytest.skip("running the image's copy step chrooted into its root filesystem needs root")
+    # The package pod's init container, as the operator builds it, run in the image's root file system.
+    rootfs = tmp_path / "rootfs"
+    _image_build_module().unpack(image, rootfs)
+    package_spec = Package(version="0.1.0", image="registry.example.com/packages/first-package")
+    nw = NodeWright(
+        metadata=ObjectMeta(name="first", uid="uid-1", generation=1),
+        spec=NodeWrightSpec(packages={"first-package": package_spec}),
+    )
+    options = podspec.PodOptions()
+    pod = podspec.build_pod(
+        nw, package_spec, package_name="first-package", version="0.1.0", stage=PackageStage.APPLY,
+        node="n1", attempt=1, node_order=0, options=options,
+    )  # fmt: skip
+    [copy] = [c for c in pod["spec"]["initContainers"] if c["name"] == "first-package-init"]
+    env = {"PATH": "/bin", **{e["name"]: e["value"] for e in copy["env"]}}
+    (rootfs / options.host_root_mount.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [shutil.which("chroot") or "/usr/sbin/chroot", str(rootfs), *copy["command"], *copy["args"]],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    copied = rootfs / options.host_root_mount.lstrip("/") / env["SKYHOOK_DIR"].lstrip("/")
+    assert (copied / "config.json").read_bytes() == (package / "config.json").read_bytes()
+    assert os.access(copied / "skyhook_dir/post_interrupt_check.sh", os.X_OK)
 
 
 def test_build_is_reproducible(package: Path, tmp_path: Path) -> None:

@@ -115,11 +115,16 @@ def test_shell(host: Node) -> None:
 def test_the_scaffold(host: Node, tmp_path: Path) -> None:
     package = tmp_path / "scaffolded"
     scaffold.create("scaffolded", package)
-    (host.scratch).mkdir(parents=True, exist_ok=True)
-    host.write("/proc/sys/kernel/random/boot_id", "0d2c6d1e\n")
+    config = {"example.conf": "level=3\n"}
+    host.boot()
+    for mode in ("apply", "apply-check", "config", "config-check"):
+        host.ok(mode, package, config, chroot=True)
+    host.fails("post-interrupt-check", package, config, chroot=True)  # no reboot since the install yet
+    host.boot()  # the package's interrupt: a reboot
     for mode in ("post-interrupt", "post-interrupt-check"):
-        host.ok(mode, package, {"example.conf": "level=3\n"}, chroot=True)
-    _lifecycle(host, package, {"example.conf": "level=3\n"}, boot=False)
+        host.ok(mode, package, config, chroot=True)
+    for mode in ("uninstall", "uninstall-check"):
+        host.ok(mode, package, config, chroot=True)
 
 
 # The node's own commands, as shell scripts inside the busybox root: on a node the agent chroots into the

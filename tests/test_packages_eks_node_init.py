@@ -3,7 +3,7 @@
 Each root is an Amazon Linux 2023 or an Ubuntu EKS image as far as the package can tell: its
 /etc/os-release, the image's kernel (booted by the simulator's boot, `nodewright.sim.kubelet_host`),
 and the node's commands as the simulator's stand-ins (`dnf`, `apt-get`, `grubby`, `update-grub`,
-`modprobe`, `uname`: `nodewright.sim.hostshims`), given to the steps as NODEWRIGHT_HOST_TOOLS. AWS's
+`modprobe`, `uname`: `nodewright.hostroot.hostshims`), given to the steps as NODEWRIGHT_HOST_TOOLS. AWS's
 EFA installer is a stand-in tarball on the node (`efa-installer: file:///...`), EFA devices are sysfs
 entries. Every check is shown failing once its part of the change is undone behind its back.
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from nodewright.sim import hostshims, kubelet_host
+from nodewright.hostroot import hostshims
+from nodewright.sim import kubelet_host
 from tests.packages_node import PACKAGES, Node, efa_devices, efa_installer_tarball, host_tools, node
 
 PACKAGE = "eks-node-init"

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nodewright.api.admission import Admission
 from nodewright.api.models import (
     DeploymentPolicy,
     DeploymentPolicySpec,
@@ -28,9 +29,10 @@ from nodewright.api.models import (
     Status,
     Strategy,
 )
+from nodewright.api.reasons import CORDONED_BY_SOMEONE_ELSE, WaitReason, detail_label
 from nodewright.plan import budgets
 from nodewright.plan.budgets import PoolNode, SharedBudget, slot_update
-from nodewright.plan.rollout import Admission, RolloutNode, WaitReason, plan_rollout
+from nodewright.plan.rollout import RolloutNode, plan_rollout
 
 NOW = "2025-01-01T00:00:00Z"
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -147,7 +149,7 @@ def test_a_full_pool_holds_its_nodes_and_the_batch_takes_the_next_candidates() -
     )
     assert [a.node for a in plan.admissions] == ["b1", "b2"]
     why = {w.node: w for w in plan.waiting}
-    assert why["a2"].reason is WaitReason.DISRUPTION_BUDGET and why["a2"].detail == "pool-a"
+    assert why["a2"].reason is WaitReason.DISRUPTION_BUDGET and detail_label(why["a2"].detail) == "pool-a"
     assert why["a1"].reason is WaitReason.DISRUPTION_BUDGET
     assert "x (slot of NodeWright 'drivers')" in why["a2"].message
     assert plan.budget_refusals == ("pool-a",)
@@ -171,7 +173,7 @@ def test_an_already_disrupted_node_costs_no_slot() -> None:
 
 
 def replace_unavailable(node: RolloutNode) -> RolloutNode:
-    return replace(node, unavailable_reason="cordoned by someone else", may_start_while_unavailable=True)
+    return replace(node, unavailable=CORDONED_BY_SOMEONE_ELSE)
 
 
 def test_own_nodes_in_flight_take_slots_and_waiters_ahead_take_the_free_ones() -> None:

@@ -74,7 +74,7 @@ def test_a_failure_in_a_chained_run_keeps_what_finished_and_retries_from_there()
     # pa finished and pb's apply too: the retry is pb's config, attempt 2, with pc after it.
     assert (retry.package, retry.stage, retry.attempt) == ("pb", PackageStage.CONFIG, 2)
     assert retry.chain == (("pc", "1.0.0", PackageStage.APPLY),)
-    retried = events(node.plans, "PackageRetry")
+    retried = events(node.plans, "PackageFailed")  # the attempt failed and will be retried
     assert len(retried) == 1 and retried[0].startswith("pb:1.0.0: attempt 1/3 of config failed"), retried
 
 

@@ -21,6 +21,7 @@ from nodewright.api.models import (
     Package,
     Status,
 )
+from nodewright.api.nodeobject import NodeFacts
 from nodewright.api.nodestate import (
     Admission,
     NodeState,
@@ -42,7 +43,6 @@ from nodewright.plan.node import (
     DriftCheckPod,
     DriftInput,
     Event,
-    NodeFacts,
     NodeInput,
     RequeueAfter,
     node_complete,

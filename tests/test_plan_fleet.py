@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from nodewright.api import constants
+from nodewright.api.admission import encode_admission
 from nodewright.api.models import (
     DeploymentPolicy,
     DeploymentPolicySpec,
@@ -47,7 +48,6 @@ from nodewright.api.models import (
     Strategy,
 )
 from nodewright.cli import plan_cmd
-from nodewright.controller.context import encode_admission
 from nodewright.plan.node import CreatePod
 from nodewright.plan.preview import SnapshotCheck, preview_rollout
 from nodewright.plan.stages import ts

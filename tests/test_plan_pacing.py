@@ -14,7 +14,7 @@ from nodewright.api.models import (
     ObjectMeta,
     PolicyDefault,
 )
-from nodewright.plan.rollout import WaitReason
+from nodewright.api.reasons import WaitReason
 from nodewright.plan.stages import parse_ts, ts
 from tests.fleetsim import Fleet
 from tests.planfake import T0

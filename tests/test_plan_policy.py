@@ -25,11 +25,11 @@ from nodewright.api.models import (
     PolicyDefault,
     Strategy,
 )
+from nodewright.api.reasons import PolicyNotFound
 from nodewright.plan.policy import (
     BudgetSpec,
     Compartments,
     NodeRef,
-    PolicyNotFound,
     StrategyKind,
     ceiling_for,
     reset_on_completion,

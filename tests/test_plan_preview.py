@@ -8,6 +8,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nodewright.api.admission import Admission
 from nodewright.api.models import (
     BatchState,
     CompartmentStatus,
@@ -23,6 +24,7 @@ from nodewright.api.models import (
     Status,
     Strategy,
 )
+from nodewright.api.reasons import IGNORE_LABEL
 from nodewright.plan.preview import (
     SnapshotCheck,
     batch_sequences,
@@ -33,7 +35,7 @@ from nodewright.plan.preview import (
     simulate_rollout,
     unwritten_admissions,
 )
-from nodewright.plan.rollout import Admission, RolloutNode
+from nodewright.plan.rollout import RolloutNode
 
 NOW = "2025-01-01T00:00:00Z"
 
@@ -58,7 +60,7 @@ def nodes(n: int) -> list[RolloutNode]:
 def test_preview_e1_and_outputs() -> None:
     exp = Strategy(exponential=ExponentialStrategy(initial_batch=1))
     fleet = nodes(10)
-    fleet[9] = replace(fleet[9], blocked_reason="ignore label")
+    fleet[9] = replace(fleet[9], blocked=IGNORE_LABEL)
     preview = preview_rollout(
         nw(deployment_policy="p"),
         policy=pol(exp, PolicyBudget(percent=100)),
@@ -73,9 +75,9 @@ def test_preview_e1_and_outputs() -> None:
     assert json.loads(json.dumps(data)) == data
     assert data["compartments"][0]["batchSizes"] == [1, 2, 4, 2]
     blockers = {b.reason: b for b in preview.blockers}
-    assert blockers["Blocked(ignore label)"].examples == ("n09",)
+    assert blockers[f"Blocked({IGNORE_LABEL.describe()})"].examples == ("n09",)
     table = render_table(preview)
-    assert "__default__" in table and "1,2,4,2" in table and "Blocked(ignore label)" in table
+    assert "__default__" in table and "1,2,4,2" in table and f"Blocked({IGNORE_LABEL.describe()})" in table
 
 
 def test_preview_policy_not_found() -> None:

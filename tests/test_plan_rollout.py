@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from nodewright.api import constants
+from nodewright.api.admission import Admission
 from nodewright.api.models import (
     Budget,
     CompartmentStatus,
@@ -33,13 +34,20 @@ from nodewright.api.models import (
     Strategy,
 )
 from nodewright.api.models import Compartment as PolicyCompartment
+from nodewright.api.nodeobject import Taint
+from nodewright.api.reasons import (
+    CORDONED_BY_SOMEONE_ELSE,
+    IGNORE_LABEL,
+    NOT_READY,
+    Predecessor,
+    UntoleratedTaints,
+    WaitReason,
+)
 from nodewright.plan.policy import Compartments, NodeRef, resolve_compartments
 from nodewright.plan.rollout import (
-    Admission,
     Phase,
     RolloutNode,
     RolloutPlan,
-    WaitReason,
     phase_of,
     pick_key,
     plan_rollout,
@@ -305,8 +313,8 @@ def test_e7_overlap_prefers_fixed_then_smaller_ceiling_then_name() -> None:
 
 def test_unavailable_nodes_count_against_the_ceiling() -> None:
     nodes = fleet(6)
-    nodes[5] = replace(nodes[5], unavailable_reason="NotReady")
-    nodes[4] = replace(nodes[4], unavailable_reason="cordoned by someone else", needs_work=False)
+    nodes[5] = replace(nodes[5], unavailable=NOT_READY)
+    nodes[4] = replace(nodes[4], unavailable=CORDONED_BY_SOMEONE_ELSE, needs_work=False)
     sim = Sim(nodewright(deployment_policy="pol"), policy(fixed(3), PolicyBudget(count=3)), {})
     sim.nodes = {n.name: n for n in nodes}
     first = sim.plan()
@@ -420,7 +428,7 @@ def test_policy_not_found_selects_nothing_and_keeps_batch_state() -> None:
 
 def test_blocked_and_priority_nodes_are_skipped_with_reasons() -> None:
     nodes = fleet(4)
-    nodes[0] = replace(nodes[0], blocked_reason="taint gpu=bad:NoSchedule not tolerated")
+    nodes[0] = replace(nodes[0], blocked=UntoleratedTaints((Taint("gpu", "NoSchedule", "bad"),)))
     nodes[1] = replace(nodes[1], waiting_for_priority="drivers")
     result = plan_rollout(
         nodewright(interruption_budget=Budget(count=1)),
@@ -434,7 +442,7 @@ def test_blocked_and_priority_nodes_are_skipped_with_reasons() -> None:
     by_node = {w.node: w for w in result.waiting}
     assert by_node["node-000"].reason is WaitReason.BLOCKED
     assert by_node["node-001"].reason is WaitReason.WAITING_FOR_PRIORITY
-    assert by_node["node-001"].detail == "drivers"
+    assert by_node["node-001"].detail == Predecessor("drivers")
 
 
 def test_admitted_node_that_becomes_blocked_is_released_and_settles_its_batch() -> None:
@@ -442,9 +450,7 @@ def test_admitted_node_that_becomes_blocked_is_released_and_settles_its_batch() 
     sim.nodes = {n.name: n for n in fleet(4)}
     first = sim.plan()
     sim.apply(first)
-    sim.nodes["node-000"] = replace(
-        sim.nodes["node-000"], status=Status.BLOCKED, blocked_reason="ignore label"
-    )
+    sim.nodes["node-000"] = replace(sim.nodes["node-000"], status=Status.BLOCKED, blocked=IGNORE_LABEL)
     sim.nodes["node-001"] = replace(sim.nodes["node-001"], status=Status.COMPLETE, needs_work=False)
     second = sim.plan()
     assert second.releases == ("node-000",)

@@ -15,8 +15,9 @@ from nodewright.api.models import (
     Status,
 )
 from nodewright.api.nodestate import NodeState, PackageEntry, PackageStage, PackageState, encode
-from nodewright.controller.rollout import rollout_node
+from nodewright.api.timing import parse_ts
 from nodewright.plan.rollout import RolloutNode, plan_rollout
+from nodewright.plan.rollout_input import derive_node, node_context
 from nodewright.plan.status import (
     MAX_EXAMPLES,
     OWNED_CONDITIONS,
@@ -199,7 +200,9 @@ def test_ready_only_when_every_node_completed_this_spec(
             "spec": {},
             "status": {"conditions": [{"type": "Ready", "status": "True"}]},
         }
-        rnode = rollout_node(model, obj, state=state, runtime_taint_key="k", all_nodewrights=["nw"])
+        derived = derive_node(node_context(model, now=parse_ts(T0), runtime_taint_key="k"), obj).entry
+        assert derived.rollout is not None
+        rnode = derived.rollout
         reports_.append(report_for(rnode.name, rnode.status, needs_work=rnode.needs_work))
         converged.append(done_version == spec_version)
         if done_version == spec_version:

@@ -47,10 +47,13 @@ def test_the_tracker_times_protected_waits_and_batch_starts() -> None:
 
 
 def test_evictions_are_summed_from_the_event_series() -> None:
+    related = {"related": {"kind": "NodeWright", "name": "kernel-tuning"}}
+    other = {"related": {"kind": "NodeWright", "name": "other"}}
     events = [
-        {"reason": "NodeDraining", "count": 3, "message": "Evicting 2 pod(s) for [kernel-tuning]"},
-        {"reason": "NodeDraining", "count": 1, "message": "Evicting 5 pod(s) for [other]"},
+        {"reason": "NodeDraining", "count": 3, "message": "Evicting 2 pod(s) for [kernel-tuning]", **related},
+        {"reason": "NodeDraining", "count": 1, "message": "Evicting 5 pod(s) for [other]", **other},
         {
+            **related,
             "reason": "NodeDrainBlocked",
             "count": 4,
             "message": "Drain for [kernel-tuning] blocked by sim-workloads/p: Cannot evict pod as it would"

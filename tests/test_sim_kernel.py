@@ -1,16 +1,17 @@
 """The simulated node's kernel: the package-manager and boot-loader stand-ins and the booted kernel.
 
-`nodewright.sim.hostshims` stands in for dnf/yum/apt-get/grubby/uname on simulated nodes, acting on the
-node's root; `nodewright.sim.kubelet_host.boot_node` starts the boot loader's default kernel and writes
-it where `uname -r` reads it. A node-init package pins a kernel with them and reads it back after the
-reboot (tests/test_packages_eks_node_init.py, e2e/test_packages_real.py).
+`nodewright.hostroot.hostshims` stands in for dnf/yum/apt-get/grubby/uname on simulated nodes, acting on
+the node's root; `nodewright.sim.kubelet_host.boot_node` (`nodewright.hostroot.boot`) starts the boot
+loader's default kernel and writes it where `uname -r` reads it. A node-init package pins a kernel with
+them and reads it back after the reboot (tests/test_packages_eks_node_init.py, e2e/test_packages_real.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from nodewright.sim import hostshims, kubelet_host
+from nodewright.hostroot import boot, hostshims
+from nodewright.sim import kubelet_host
 from nodewright.sim.kubeapi import JSON
 
 IMAGE = "5.15.0-1063-nvidia"
@@ -86,7 +87,7 @@ def test_apt_installs_a_kernel_and_grubs_default_entry_boots_it(tmp_path: Path) 
     (root / "etc/default/grub.d/zz-pin.cfg").write_text(
         f'GRUB_DEFAULT="Advanced options for Ubuntu>Ubuntu, with Linux {pinned}"\n'
     )
-    assert kubelet_host.grub_default(root) == f"Advanced options for Ubuntu>Ubuntu, with Linux {pinned}"
+    assert boot.grub_default(root) == f"Advanced options for Ubuntu>Ubuntu, with Linux {pinned}"
     assert kubelet_host.boot_node(root, _node("b-3")) == pinned
     (root / "etc/default/grub.d/zz-pin.cfg").write_text('GRUB_DEFAULT="Ubuntu, with Linux 9.9.9-1-aws"\n')
     assert kubelet_host.boot_node(root, _node("b-4")) == IMAGE, "an entry for a kernel not installed"

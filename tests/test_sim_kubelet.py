@@ -1,14 +1,18 @@
 """The simulated kubelet's pure parts: image mapping, environment, volumes and path mapping, container
 states, phase and next steps, resuming from a reported status; and its host-side helpers (CRI logs,
-process trees, the command stand-ins, the simulated boot)."""
+process trees, the command stand-ins, the simulated boot, pulling OCI image layouts)."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import io
+import json
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -19,8 +23,10 @@ from hypothesis import strategies as st
 
 from nodewright.api.models import EnvVar, NodeWright, NodeWrightSpec, ObjectMeta, Package
 from nodewright.api.nodestate import PackageStage
+from nodewright.hostroot import boot, hostshims
+from nodewright.packaging import layout, oci, scaffold
 from nodewright.plan.podspec import PAYLOAD_DIR, PodOptions, build_pod
-from nodewright.sim import binaries, controlplane, hostshims, kubelet, kubelet_host, kubelet_spec
+from nodewright.sim import binaries, controlplane, kubelet, kubelet_host, kubelet_spec
 from nodewright.sim.kubelet_spec import (
     ContainerConfigError,
     ImageKind,
@@ -138,6 +144,107 @@ def test_package_images_map_to_directories_tag_first(tmp_path: Path) -> None:
     assert resolve("ghcr.io/org/tuning:1.1.0") == first / "tuning" / "1.1.0"
     with pytest.raises(ImageNotFound, match=r"kdump.*looked for"):
         resolve("ghcr.io/org/kdump:1.0.0")
+
+
+def _layout_of(tmp_path: Path, name: str, version: str, output: Path) -> Path:
+    """A package built by `nodewright package build` (on scratch) into the OCI layout `output`."""
+    package = tmp_path / f"src-{name}-{version}"
+    scaffold.create(name, package)
+    config = json.loads((package / "config.json").read_text())
+    (package / "config.json").write_text(json.dumps({**config, "package_version": version}))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    oci.build(package, base="scratch", output=output)
+    return package
+
+
+def test_oci_layouts_in_a_registry_are_pulled_as_their_payload(tmp_path: Path) -> None:
+    """`nodewright package build -o <registry>/<name>` is an image the simulated kubelet runs: the tag
+    picks the image, the payload at /skyhook-package is unpacked once per manifest digest."""
+    registry, store = tmp_path / "registry", tmp_path / "store"
+    package = _layout_of(tmp_path, "probe", "0.1.0", registry / "probe")
+
+    def pull(reference: str) -> Path:
+        image = resolve_image(
+            reference,
+            agent_images=(),
+            registries=[registry],
+            is_dir=Path.is_dir,
+            is_layout=kubelet._is_layout,
+        )
+        assert image.kind is ImageKind.LAYOUT and image.directory is not None and image.ref is not None
+        assert image.directory.parent == registry or image.directory.name == image.ref.tag
+        pulled = kubelet.pull_layout(store, image)
+        assert pulled.kind is ImageKind.DIRECTORY and pulled.directory is not None
+        return pulled.directory
+
+    payload = pull("registry.example.com/packages/probe:0.1.0")
+    expected = {e.relative for e in layout.payload_entries(package)}
+    assert {str(p.relative_to(payload)) for p in payload.rglob("*")} == expected
+    assert (payload / "config.json").read_bytes() == (package / "config.json").read_bytes()
+    assert os.access(payload / "skyhook_dir" / "apply.sh", os.X_OK), "modes as built"
+    assert [p.name for p in store.iterdir()] == [payload.name], "one unpacked copy per manifest digest"
+    assert pull("registry.example.com/packages/probe:0.1.0") == payload
+
+    index = json.loads((registry / "probe" / "index.json").read_text())
+    digest = index["manifests"][0]["digest"]
+    assert pull(f"registry.example.com/packages/probe:0.1.0@{digest}") == payload
+    with pytest.raises(oci.BuildError, match=r"no image named '0\.2\.0' in .*probe \(names: 0\.1\.0\)"):
+        pull("registry.example.com/packages/probe:0.2.0")
+    with pytest.raises(oci.BuildError, match=r"no image with the digest sha256:0+"):
+        pull(f"registry.example.com/packages/probe@sha256:{'0' * 64}")
+
+    # <registry>/<name>/<tag>/ first, as for payload directories; a rebuilt layout is a new pull.
+    _layout_of(tmp_path, "probe", "0.2.0", registry / "probe" / "0.2.0")
+    newer = pull("registry.example.com/packages/probe:0.2.0")
+    assert newer != payload and '"0.2.0"' in (newer / "config.json").read_text()
+
+
+def test_a_layout_whose_payload_would_leave_its_directory_is_refused(tmp_path: Path) -> None:
+    registry, store = tmp_path / "registry", tmp_path / "store"
+    _layout_of(tmp_path, "probe", "0.1.0", registry / "probe")
+    blobs = registry / "probe" / "blobs" / "sha256"
+    index = json.loads((registry / "probe" / "index.json").read_text())
+    manifest_path = blobs / index["manifests"][0]["digest"].removeprefix("sha256:")
+    manifest = json.loads(manifest_path.read_bytes())
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        link = tarfile.TarInfo("skyhook-package/escape")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc"
+        tar.addfile(link)
+        data = b"owned\n"
+        entry = tarfile.TarInfo("skyhook-package/escape/passwd")
+        entry.size = len(data)
+        tar.addfile(entry, io.BytesIO(data))
+    layer = raw.getvalue()
+    digest = f"sha256:{hashlib.sha256(layer).hexdigest()}"
+    (blobs / digest.removeprefix("sha256:")).write_bytes(layer)
+    manifest["layers"].append({"mediaType": oci.MEDIA_LAYER_GZIP, "digest": digest, "size": len(layer)})
+    config_path = blobs / manifest["config"]["digest"].removeprefix("sha256:")
+    config = json.loads(config_path.read_bytes())
+    config["rootfs"]["diff_ids"].append(digest)  # the check counts them; the value is not verified here
+    config_bytes = oci.canonical_json(config)
+    config_digest = f"sha256:{hashlib.sha256(config_bytes).hexdigest()}"
+    (blobs / config_digest.removeprefix("sha256:")).write_bytes(config_bytes)
+    manifest["config"] = {**manifest["config"], "digest": config_digest, "size": len(config_bytes)}
+    manifest_bytes = oci.canonical_json(manifest)
+    manifest_digest = f"sha256:{hashlib.sha256(manifest_bytes).hexdigest()}"
+    (blobs / manifest_digest.removeprefix("sha256:")).write_bytes(manifest_bytes)
+    index["manifests"][0].update(digest=manifest_digest, size=len(manifest_bytes))
+    (registry / "probe" / "index.json").write_bytes(oci.canonical_json(index))
+
+    image = resolve_image(
+        "probe:0.1.0",
+        agent_images=(),
+        registries=[registry],
+        is_dir=Path.is_dir,
+        is_layout=kubelet._is_layout,
+    )
+    with pytest.raises(
+        oci.BuildError, match="'skyhook-package/escape/passwd' goes through a symlink; refused"
+    ):
+        kubelet.pull_layout(store, image)
+    assert not (store / manifest_digest.removeprefix("sha256:")).exists()
+    assert list(store.iterdir()) == [], "a failed pull leaves nothing behind"
 
 
 def test_repository_packages_are_the_last_registry(tmp_path: Path) -> None:
@@ -793,7 +900,7 @@ def test_boot_loads_persistent_settings_and_forgets_runtime_ones(tmp_path: Path)
         },
     }
     kubelet_host.boot_node(root, node_json)
-    assert kubelet_host.recorded_boot_id(root) == "b-1"
+    assert boot.recorded_boot_id(root) == "b-1"
     assert (root / "etc/hostname").read_text() == "n1\n"
     assert 'VERSION_ID="22.04"' in (root / "etc/os-release").read_text()
     hostshims.write_key(n, "vm.swappiness", "60")  # runtime only
@@ -808,7 +915,7 @@ def test_boot_loads_persistent_settings_and_forgets_runtime_ones(tmp_path: Path)
     (root / "etc/modules-load.d/gpu.conf").write_text("# gpu\nnvidia-peermem\n")
     node_json["status"]["nodeInfo"]["bootID"] = "b-2"
     kubelet_host.boot_node(root, node_json)
-    assert kubelet_host.recorded_boot_id(root) == "b-2"
+    assert boot.recorded_boot_id(root) == "b-2"
     assert hostshims.read_key(n, "vm.swappiness") is None
     assert hostshims.read_key(n, "vm.max_map_count") == "262144"
     assert (

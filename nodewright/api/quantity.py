@@ -48,7 +48,3 @@ def parse_quantity(text: str) -> Decimal:
     if suffix in _DECIMAL:
         return value * _DECIMAL[suffix]
     return value.scaleb(int(suffix[1:]))
-
-
-def is_quantity(text: str) -> bool:
-    return _QUANTITY.match(text.strip()) is not None

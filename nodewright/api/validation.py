@@ -38,7 +38,6 @@ fetches them first and the rules stay unit-testable.
 from __future__ import annotations
 
 import fnmatch
-import json
 import re
 import types
 import typing
@@ -887,7 +886,3 @@ def package_name_patch(obj: Any) -> list[dict[str, Any]]:
 
 def _escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
-
-
-def dumps_problems(result: ValidationResult) -> str:
-    return json.dumps({"errors": [str(e) for e in result.errors], "warnings": result.warnings}, indent=2)

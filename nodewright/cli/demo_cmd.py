@@ -419,8 +419,8 @@ def evictions_from(events: Sequence[Mapping[str, Any]], nodewright: str) -> Evic
     budgets: set[str] = set()
     for event in events:
         message = str(event.get("message") or "")
-        if not message.startswith(f"[{nodewright}]") and f"[{nodewright}]" not in message:
-            continue
+        if (event.get("related") or {}).get("name") != nodewright:
+            continue  # node Events name their NodeWright in the related object
         count = int(event.get("count") or 1)
         if event.get("reason") == "NodeDraining" and (found := EVICTING.search(message)):
             out.evicted += int(found.group(1)) * count

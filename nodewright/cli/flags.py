@@ -304,7 +304,7 @@ def image_reference(text: str) -> str:
 def taint(text: str) -> str:
     """`key[=value]:Effect` with a valid label key and value (what the API server accepts on a node)."""
     from nodewright.api.validation import label_key_problem, label_value_problem
-    from nodewright.controller.context import parse_taint
+    from nodewright.controller.options import parse_taint
 
     try:
         key, value, _effect = parse_taint(text)

@@ -29,13 +29,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nodewright.cli import flags
 from nodewright.cli.flags import UsageError
-from nodewright.controller.context import OperatorOptions
+from nodewright.controller.options import OperatorOptions
 
 if TYPE_CHECKING:
     from nodewright.controller.manager import Manager
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
     from nodewright.observability.tracing import RolloutTracer
 
 PROG = "nodewright operator"
-_DEFAULTS = OperatorOptions()
 LEASE_JITTER_FACTOR = 1.2
 """client-go's leader-election JitterFactor: the renew deadline must exceed 1.2 retry periods."""
 PROBE_TIMEOUT = 10.0
@@ -55,12 +55,6 @@ PROBE_TIMEOUT = 10.0
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("operator", help="run the NodeWright operator (controller manager)")
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster config)")
-    parser.add_argument(
-        "--namespace",
-        type=flags.dns_label,
-        default="nodewright-system",
-        help="namespace of the package pods and the Lease (must exist)",
-    )
     flags.add_switch(
         parser,
         "--leader-elect",
@@ -121,84 +115,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="auto", choices=["auto", "json", "console"])
     parser.add_argument(
-        "--agent-image",
-        type=flags.image_reference,
-        default=_DEFAULTS.agent_image,
-        help="image of the stage agent",
-    )
-    parser.add_argument(
-        "--pause-image",
-        type=flags.image_reference,
-        default=_DEFAULTS.pause_image,
-        help="main container image",
-    )
-    parser.add_argument(
-        "--runtime-required-taint",
-        type=flags.taint,
-        default=_DEFAULTS.runtime_required_taint,
-        help="taint (key[=value]:Effect) kept on nodes until runtime-required NodeWrights complete",
-    )
-    parser.add_argument(
-        "--copy-dir-root",
-        type=flags.absolute_path,
-        default=_DEFAULTS.copy_dir_root,
-        help="host directory packages are copied to",
-    )
-    parser.add_argument(
-        "--log-root",
-        type=flags.absolute_path,
-        default=_DEFAULTS.log_root,
-        help="host directory of stage logs",
-    )
-    parser.add_argument(
-        "--reboot-timeout",
-        type=flags.positive_float,
-        default=_DEFAULTS.reboot_timeout,
-        help="seconds a node may take to come back from a reboot before it is reported erroring",
-    )
-    flags.add_switch(
-        parser,
-        "--reapply-on-reboot",
-        default=False,
-        help="re-run every package after a reboot (immutable OS images)",
-    )
-    flags.add_switch(
-        parser,
-        "--chain-packages",
-        default=_DEFAULTS.chain_packages,
-        help="run the installs of packages that depend only on another package's run in that package's"
-        " pod, after it (one pod and two node writes for a dependency chain; docs/benchmarks.md); on by"
-        " default, --no-chain-packages gives every package its own pods",
-    )
-    flags.add_switch(
-        parser,
-        "--allow-force-drain",
-        default=True,
-        help="let drain.policy force delete pods (needs pod delete in all namespaces); when off, such"
-        " drains keep evicting and report why",
-    )
-    flags.add_switch(
-        parser,
-        "--keep-succeeded-logs",
-        default=False,
-        help="keep the log tail of succeeded stage attempts too (failed ones are always kept, for"
-        " `kubectl nodewright package logs`)",
-    )
-    parser.add_argument(
-        "--drift-checks",
-        type=flags.int_at_least(1),
-        default=_DEFAULTS.drift_check_limit,
-        help="drift-check pods in flight at once across all NodeWrights (driftDetection); keeps checking a"
-        " large fleet light for the API server and the nodes",
-    )
-    parser.add_argument(
-        "--admissions-per-pass",
-        type=flags.int_at_least(1),
-        default=_DEFAULTS.admissions_per_pass,
-        help="node admissions a rollout pass writes per compartment; a bigger batch is admitted over the"
-        " next passes, so a large batch does not hold up the other compartments' hand-overs",
-    )
-    parser.add_argument(
         "--notify-url-secret",
         metavar="SECRET/KEY",
         default=None,
@@ -218,13 +134,47 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="events the cluster-wide sink gets (default all): RolloutStarted, BatchSettled, NodeFailed,"
         " CompartmentHalted, DrainBlocked, RolloutCompleted",
     )
-    parser.add_argument(
-        "--resync-seconds",
-        type=flags.float_at_least(1.0),
-        default=_DEFAULTS.resync_seconds,
-        help="seconds between re-checks of a NodeWright with nothing in flight",
-    )
+    add_option_flags(parser)
     parser.set_defaults(func=run)
+
+
+KINDS: dict[str, Callable[[str], Any]] = {
+    "dns_label": flags.dns_label,
+    "image": flags.image_reference,
+    "taint": flags.taint,
+    "path": flags.absolute_path,
+    "positive_float": flags.positive_float,
+    "float_at_least_1": flags.float_at_least(1.0),
+    "int_at_least_1": flags.int_at_least(1),
+}
+"""How each kind of `OperatorOptions` value is read from the command line (`switch`: --x / --no-x)."""
+
+
+def add_option_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per `OperatorOptions` field, from its definition (`controller.options.option`)."""
+    for spec in dataclasses.fields(OperatorOptions):
+        meta = spec.metadata
+        text = f"{meta['help']} (default {_shown(spec.default)}: {meta['why']})"
+        if meta["kind"] == "switch":
+            flags.add_switch(parser, meta["flag"], default=bool(spec.default), help=text)
+        else:
+            parser.add_argument(meta["flag"], type=KINDS[meta["kind"]], default=spec.default, help=text)
+
+
+def options_from(args: argparse.Namespace) -> OperatorOptions:
+    """The `OperatorOptions` the flags of `add_option_flags` give."""
+    return OperatorOptions(
+        **{
+            spec.name: getattr(args, spec.metadata["flag"].removeprefix("--").replace("-", "_"))
+            for spec in dataclasses.fields(OperatorOptions)
+        }
+    )
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -371,9 +321,9 @@ async def run_operator(args: argparse.Namespace, rt: OperatorRuntime) -> int:
     import structlog
 
     from nodewright.api import constants
-    from nodewright.controller.context import SIGNING_SECRET_NAME, PodSigner
     from nodewright.controller.notify import parse_cluster_sink
     from nodewright.controller.operator import Operator, load_signing_key
+    from nodewright.controller.signing import SIGNING_SECRET_NAME, PodSigner
 
     log = structlog.get_logger("nodewright.operator")
     namespace = args.namespace
@@ -416,22 +366,7 @@ async def run_operator(args: argparse.Namespace, rt: OperatorRuntime) -> int:
             raise UsageError(str(exc)) from None
         operator = Operator(
             rt.manager,
-            options=OperatorOptions(
-                namespace=namespace,
-                agent_image=args.agent_image,
-                pause_image=args.pause_image,
-                runtime_required_taint=args.runtime_required_taint,
-                copy_dir_root=args.copy_dir_root,
-                log_root=args.log_root,
-                reboot_timeout=args.reboot_timeout,
-                reapply_on_reboot=args.reapply_on_reboot,
-                chain_packages=args.chain_packages,
-                resync_seconds=args.resync_seconds,
-                allow_force_drain=args.allow_force_drain,
-                keep_succeeded_logs=args.keep_succeeded_logs,
-                drift_check_limit=args.drift_checks,
-                admissions_per_pass=args.admissions_per_pass,
-            ),
+            options=options_from(args),
             metrics=rt.metrics,
             tracer=rt.tracer,
             signer=PodSigner(key),

@@ -9,7 +9,8 @@
 `init` scaffolds a package that passes its own checks; `validate` reports everything the agent or a
 package pod would refuse, all at once (exit 1 if anything is wrong); `run` stages the package under a
 directory standing for a node's root as a package pod does and runs one agent mode on it (exit code:
-the agent's); `build` writes the package image as an OCI image layout that skopeo, crane or oras can
+the agent's), and after the interrupt mode plays the node's part on the root (a reboot boots it, as a
+simulated node boots); `build` writes the package image as an OCI image layout that skopeo, crane or oras can
 push. The work is in `nodewright.packaging` (see its modules); this module parses flags and prints.
 Nothing of the operator's client stack is imported, so the command starts quickly.
 """
@@ -114,7 +115,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--interrupt",
         choices=sorted(INTERRUPT_TYPES),
         metavar="TYPE",
-        help="the interrupt mode's interrupt: reboot, service, restartAllServices or noop",
+        help="the interrupt mode's interrupt: reboot (the root then boots), service, restartAllServices or "
+        "noop",
     )
     run.add_argument("--service", action="append", default=[], help="a unit for --interrupt service")
     run.add_argument(
@@ -224,7 +226,12 @@ def run_run(args: argparse.Namespace) -> int:
         f"  step logs: {result.log_dir}"
     )
     if args.mode == "interrupt" and not args.chroot:
-        print(f"  interrupt commands recorded, not run: {result.state_dir}/interrupts/requested.jsonl")
+        print(
+            f"  interrupt commands recorded, not run on this machine: {result.state_dir}/"
+            f"{localrun.REQUESTS_FILE}; the node's part, played on the root:"
+        )
+        for action in result.node_actions:
+            print(f"    {' '.join(action.command)}: {action.effect}")
     return result.code
 
 

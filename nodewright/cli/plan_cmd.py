@@ -4,21 +4,15 @@
     nodewright plan <name> [--kubeconfig K] [-o table|json]
 
 The command reads (GET/LIST only, through `nodewright.kube`) the nodes, the DeploymentPolicy the
-NodeWright names (unless given with `--policy` or in the `-f` file), every NodeWright (for priorities)
-and, for a NodeWright that already exists, its persisted compartment statuses. Each matched node becomes
-a `RolloutNode` the way the rollout controller sees it:
-
-- `status` from the node label `nodewright.io/status.<nw>` (absent: waiting, or complete without work);
-- `needs_work` from the state annotation `nodewright.io/state.<nw>` (absent: work pending; a malformed
-  state counts as pending work and is reported);
-- `admission` from the annotation `nodewright.io/batch.<nw>`;
-- `unavailable_reason`: cordoned by someone else (or another NodeWright), or NotReady;
-- `blocked_reason`: the ignore label, or taints the NodeWright's pods do not tolerate;
-- `waiting_for_priority`: an enabled NodeWright ordered before this one (priority, name) that targets
-  the node and is not complete there (per node, or everywhere for `sequencing: all`).
-
-Shared DisruptionBudgets are read too: nodes of a pool with no free slot wait with reason
-`DisruptionBudget`, which names who holds the slots (`controller.budgets.shared_for`).
+NodeWright names (unless given with `--policy` or in the `-f` file), every NodeWright (for priorities and
+cordons), the DisruptionBudgets and, for a NodeWright that already exists, its persisted status. From
+these the rollout planner's input is built by the constructor the rollout controller uses
+(`plan.rollout_input.rollout_input`): each matched node as the controller sees it (status label, pending
+work, admission, who holds it, what blocks it -- an unreadable state annotation counts blocked, as in the
+controller --, the earlier NodeWright it waits for), the resets, approvals, pause and disable
+annotations, the order counter, what the shared DisruptionBudgets leave it (nodes of a pool with no free
+slot wait with reason `DisruptionBudget`, which names who holds the slots) and the operator's default
+admissions per pass.
 
 The NodeWright status and the nodes are read in separate requests while the operator keeps writing, so
 they are read as one moment (`read_snapshot`): the NodeWrights, the nodes, the NodeWrights again, until
@@ -28,7 +22,7 @@ that stay unwritten for a second belong to members released or deleted since, an
 are. After `READ_DEADLINE` seconds of a rollout that never stands still the last read is used, with a
 note.
 
-Then `preview_rollout` (the planner itself, replayed until every node has finished) gives matched nodes
+Then `RolloutInput.preview()` (the planner itself, replayed until every node has finished) gives matched nodes
 and ceilings per compartment, the batch sequence if every node succeeds, and what blocks right now.
 Protected pods and PodDisruptionBudgets are not evaluated here (they only delay a drain; they do not
 change the batch sequence).
@@ -51,17 +45,26 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic import ValidationError
 
 from nodewright.api import constants
-from nodewright.api.models import CompartmentStatus, DeploymentPolicy, NodeWright, NodeWrightStatus, Status
-from nodewright.api.nodestate import MalformedNodeState, NodeState, decode
+from nodewright.api.admission import Admission
+from nodewright.api.modelcache import ModelCache
+from nodewright.api.models import CompartmentStatus, DeploymentPolicy, NodeWright, NodeWrightStatus
+from nodewright.api.nodeobject import node_admission
+from nodewright.api.reasons import PolicyInvalid
 from nodewright.api.validation import model_errors
 from nodewright.cli import flags
 from nodewright.cli.plugin import common
 from nodewright.plan import preview as preview_mod
-from nodewright.plan import selectors, sequencing
-from nodewright.plan.node import is_disabled, is_paused
-from nodewright.plan.policy import PolicyInvalid
+from nodewright.plan.budgets import parse_budgets
 from nodewright.plan.preview import SnapshotCheck, check_snapshot
-from nodewright.plan.rollout import Admission, RolloutNode, spec_fingerprint
+from nodewright.plan.rollout import RolloutNode
+from nodewright.plan.rollout_input import (
+    DEFAULT_ADMISSIONS_PER_PASS,
+    RolloutOptions,
+    derive_node,
+    node_context,
+    rollout_input,
+)
+from nodewright.plan.stages import ts
 
 if TYPE_CHECKING:
     from nodewright.kube.client import KubeClient
@@ -76,61 +79,18 @@ class PlanInputError(Exception):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Pure part: node objects -> rollout nodes -> report
-
-
-def _labels(node: Mapping[str, Any]) -> dict[str, str]:
-    return dict((node.get("metadata") or {}).get("labels") or {})
-
-
-def _annotations(node: Mapping[str, Any]) -> dict[str, str]:
-    return dict((node.get("metadata") or {}).get("annotations") or {})
-
-
-def node_status(node: Mapping[str, Any], nodewright: str) -> Status | None:
-    """The node's status label for `nodewright`; None when absent or not a known status."""
-    value = _labels(node).get(constants.status_label(nodewright))
-    try:
-        return Status(value) if value else None
-    except ValueError:
-        return None
-
-
-def node_state(node: Mapping[str, Any], nodewright: str) -> tuple[NodeState | None, str | None]:
-    text = _annotations(node).get(constants.state_annotation(nodewright))
-    if text is None:
-        return None, None
-    try:
-        return decode(text), None
-    except MalformedNodeState as exc:
-        return None, str(exc)
+# Pure part: cluster objects -> the rollout planner's input -> report
 
 
 def rollout_node(
-    nw: NodeWright,
-    node: JSON,
-    *,
-    runtime_taint_key: str = DEFAULT_RUNTIME_TAINT_KEY,
-    all_nodewrights: Sequence[str] = (),
-    waiting_for_priority: str | None = None,
+    nw: NodeWright, node: JSON, *, now: datetime | None = None
 ) -> tuple[RolloutNode, str | None]:
-    """The node as the rollout controller sees it, and the state decoding error if any.
-
-    Same derivation as `RolloutReconciler._entry` and `_with_priority`, built from the controller's own
-    helpers (imported here so that `nodewright --help` does not load the client stack).
-    """
-    from nodewright.controller.rollout import rollout_node as controller_view
-
-    state, error = node_state(node, nw.metadata.name)
-    view = controller_view(
-        nw,
-        dict(node),
-        state=state,
-        runtime_taint_key=runtime_taint_key,
-        all_nodewrights=all_nodewrights,
-        waiting_for_priority=waiting_for_priority,
-    )
-    return view, error
+    """One selected node as the rollout controller sees it (`plan.rollout_input.derive_node`), and why
+    its state annotation does not decode (None: it does)."""
+    entry = derive_node(node_context(nw, now=now or datetime.now(UTC)), node).entry
+    if entry.rollout is None:
+        raise ValueError(f"NodeWright {nw.metadata.name!r} does not select node {node['metadata']['name']!r}")
+    return entry.rollout, entry.state_error
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,68 +135,65 @@ def build_report(
     now: datetime | None = None,
     runtime_taint_key: str = DEFAULT_RUNTIME_TAINT_KEY,
     budget_objects: Sequence[JSON] = (),
+    invalid_nodewrights: Sequence[str] = (),
+    admission_limit: int | None = DEFAULT_ADMISSIONS_PER_PASS,
 ) -> PlanReport:
     """Predict the rollout of `nw` over `nodes` (all cluster nodes; matching happens here), within the
-    shared DisruptionBudgets `budget_objects` as they are now."""
-    from nodewright.controller.budgets import shared_for
-
-    stamp = (now or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    name = nw.metadata.name
-    matched = [n for n in nodes if selectors.matches(nw.spec.node_selectors, _labels(n))]
-    others = [o for o in all_nodewrights if o.metadata.name != name]
-    facts = sequencing.facts_for([*others, nw], nodes)
-    rollout_nodes: list[RolloutNode] = []
-    malformed: list[str] = []
-    for node in matched:
-        node_name = str(node["metadata"]["name"])
-        blocker = sequencing.blocking(facts, target=name, node=node_name)
-        rnode, error = rollout_node(
-            nw,
-            dict(node),
-            runtime_taint_key=runtime_taint_key,
-            all_nodewrights=[f.name for f in facts],
-            waiting_for_priority=None if blocker is None else blocker.name,
-        )
-        if error is not None:
-            malformed.append(node_name)
-        rollout_nodes.append(rnode)
-    paused, disabled = is_paused(nw), is_disabled(nw)
-    result = preview_mod.preview_rollout(
-        nw,
-        policy=policy,
-        nodes=rollout_nodes,
-        fingerprint=spec_fingerprint(nw),
-        now=stamp,
-        compartment_statuses=compartment_statuses,
-        paused=paused,
-        disabled=disabled,
-        shared_budgets=shared_for(
-            name, budget_objects, [dict(n) for n in nodes], matched=[n.name for n in rollout_nodes]
-        ),
+    shared DisruptionBudgets `budget_objects` as they are now, from the input the rollout controller
+    builds (`plan.rollout_input`). `nw` carries its persisted status (or `compartment_statuses` stand
+    for it); `all_nodewrights` are the other NodeWrights, `invalid_nodewrights` those the operator
+    refuses."""
+    model = _with_statuses(nw, compartment_statuses)
+    nodewrights: dict[str, NodeWright | None] = dict.fromkeys(invalid_nodewrights)
+    nodewrights.update({o.metadata.name: o for o in all_nodewrights})
+    nodewrights[model.metadata.name] = model
+    inp = rollout_input(
+        model,
+        nodes=nodes,
+        nodewrights=nodewrights,
+        policies=_policies(policy),
+        now=now or datetime.now(UTC),
+        budgets=parse_budgets(budget_objects),
+        options=RolloutOptions(admission_limit=admission_limit, runtime_taint_key=runtime_taint_key),
     )
-    counts = Counter(n.status.value for n in rollout_nodes)
+    malformed = inp.malformed
     notes: list[str] = []
-    if paused:
+    if inp.paused:
         notes.append(f"paused ({constants.ANNOTATION_PAUSE}): no node starts until the annotation is removed")
-    if disabled:
+    if inp.disabled:
         notes.append(f"disabled ({constants.ANNOTATION_DISABLE}): nodes are left alone")
-    if not matched:
+    if not inp.nodes:
         notes.append("nodeSelectors match no node")
     if malformed:
         notes.append(
-            f"{len(malformed)} node(s) with an unreadable state annotation (treated as pending work)"
+            f"{len(malformed)} node(s) with an unreadable state annotation (counted blocked: nothing starts"
+            " on them until the annotation is fixed or removed)"
         )
     return PlanReport(
-        preview=result,
-        fingerprint=spec_fingerprint(nw),
-        now=stamp,
+        preview=inp.preview(),
+        fingerprint=inp.fingerprint,
+        now=ts(inp.now),
         exists=exists,
-        paused=paused,
-        disabled=disabled,
-        node_statuses=dict(counts),
+        paused=inp.paused,
+        disabled=inp.disabled,
+        node_statuses=dict(Counter(n.status.value for n in inp.nodes)),
         malformed_states=tuple(sorted(malformed)[: preview_mod.MAX_EXAMPLES]),
         notes=tuple(notes),
     )
+
+
+def _with_statuses(nw: NodeWright, statuses: Mapping[str, CompartmentStatus] | None) -> NodeWright:
+    """`nw` with `statuses` as its persisted compartment statuses (when given)."""
+    if statuses is None:
+        return nw
+    status = (nw.status or NodeWrightStatus()).model_copy(update={"compartment_statuses": dict(statuses)})
+    return nw.model_copy(update={"status": status})
+
+
+def _policies(policy: DeploymentPolicy | PolicyInvalid | None) -> dict[str, DeploymentPolicy | PolicyInvalid]:
+    if isinstance(policy, PolicyInvalid):
+        return {policy.policy_name: policy}
+    return {policy.metadata.name: policy} if policy is not None else {}
 
 
 def render(report: PlanReport, *, wide: bool = False) -> str:
@@ -348,7 +305,6 @@ def _status_of(objects: Sequence[JSON], name: str) -> NodeWrightStatus | None:
 
 
 def _admissions(nodes: Sequence[JSON], name: str) -> list[Admission]:
-    from nodewright.controller.context import node_admission  # lazy: see `rollout_node`
 
     return [a for a in (node_admission(n, name) for n in nodes) if a is not None]
 
@@ -423,6 +379,7 @@ class Inputs:
     exists: bool
     budget_objects: list[JSON] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    invalid_nodewrights: list[str] = field(default_factory=list)
 
 
 class _ApiReads:
@@ -490,22 +447,27 @@ async def read_inputs(
         budget_objects = (await client.list(DISRUPTIONBUDGETS)).items
     except NotFound:
         budget_objects = []  # CRD not installed (an older release): no shared budget to respect
+    cache = ModelCache()
     all_nws: list[NodeWright] = []
+    invalid: list[str] = []
     for obj in listed_nws:
-        try:
-            all_nws.append(NodeWright.model_validate(obj))
-        except ValueError:
-            continue  # an invalid object cannot block anyone: the controller skips it too
+        model, _ = cache.nodewright(obj)
+        if model is not None:
+            all_nws.append(model)
+        else:
+            invalid.append(str(obj["metadata"]["name"]))  # it orders nothing; its cordons count as others'
     existing = next((n for n in all_nws if n.metadata.name == name), None)
     nw = file_nw or existing
     if nw is None:
         raise NotFoundError(f"NodeWright {name!r} not found (give -f to plan one that is not applied)")
+    if file_nw is not None and existing is not None:
+        # Applying a file to an existing NodeWright keeps its persisted status (a separate subresource).
+        nw = file_nw.model_copy(update={"status": existing.status})
     policy = await _policy(client, nw, file_policies)
     statuses = dict((existing.status.compartment_statuses or {}) if existing and existing.status else {})
-    # Applying a file to an existing NodeWright keeps its persisted status (a separate subresource).
     all_nws = [n for n in all_nws if n.metadata.name != nw.metadata.name] + [nw]
     notes = [_moving_note(snapshot)] if snapshot.moving else []
-    return Inputs(nw, policy, nodes, all_nws, statuses, existing is not None, budget_objects, notes)
+    return Inputs(nw, policy, nodes, all_nws, statuses, existing is not None, budget_objects, notes, invalid)
 
 
 async def _policy(
@@ -514,7 +476,6 @@ async def _policy(
     """The NodeWright's DeploymentPolicy: from the files, else the cluster; None when it has none or it
     does not exist (the preview reports PolicyNotFound, like the controller); a stored policy the
     operator refuses blocks the rollout (PolicyInvalid), and is predicted so."""
-    from nodewright.controller.context import ModelCache
     from nodewright.kube.resources import DEPLOYMENTPOLICIES, NotFound
 
     wanted = nw.spec.deployment_policy
@@ -576,6 +537,7 @@ async def _plan(session: common.Session, files: tuple[NodeWright | None, list[De
         compartment_statuses=inputs.compartment_statuses,
         exists=inputs.exists,
         budget_objects=inputs.budget_objects,
+        invalid_nodewrights=inputs.invalid_nodewrights,
     )
     report = replace(report, notes=(*report.notes, *inputs.notes))
     if session.args.output == "json":

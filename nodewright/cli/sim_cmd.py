@@ -98,7 +98,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=existing_directory,
         action="append",
         default=[],
-        help="directory registry of package images for the simulated kubelet (repeatable; <dir>/registry "
+        help="directory registry of package images for the simulated kubelet: <name>/ or <name>/<tag>/ is an "
+        "OCI image layout (nodewright package build -o) or a package directory (repeatable; <dir>/registry "
         "and the repository's packages/ are always searched)",
     )
     up.add_argument(

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from nodewright.kube.client import KubeClient
 
 PROG = "nodewright uninstall"
-SIGNING_SECRET: Final = "nodewright-operator-signing-key"  # controller.context.SIGNING_SECRET_NAME
+SIGNING_SECRET: Final = "nodewright-operator-signing-key"  # controller.signing.SIGNING_SECRET_NAME
 POLL_SECONDS: Final = 1.0
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")

@@ -29,10 +29,15 @@ import contextlib
 import signal
 import ssl
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodewright.cli import flags
 from nodewright.cli.flags import UsageError
+
+if TYPE_CHECKING:
+    from nodewright.kube.client import KubeClient
+    from nodewright.kube.config import ClusterConfig
+    from nodewright.kube.resources import ApiError
 
 PROG = "nodewright webhook"
 
@@ -109,50 +114,30 @@ def load_cert_dir(directory: Path) -> tuple[bytes, bytes]:
     return pair[0], pair[1]
 
 
-async def _load_kube_config(kubeconfig: Path | None) -> str:
-    """Check the settings with our own loader (it names the bad field), then load them into
-    kubernetes_asyncio's default configuration; returns the server URL."""
-    from kubernetes_asyncio import config
-
-    from nodewright.kube.config import (
-        ConfigError,
-        load_incluster,
-        load_kubeconfig,
-        no_temp_dir_message,
-        temp_dir_missing,
-    )
+def _load_kube_config(kubeconfig: Path | None) -> ClusterConfig:
+    """The cluster settings (kubeconfig, else in-cluster), checked by the project's loader, which names
+    the bad field."""
+    from nodewright.kube.config import ConfigError, load_incluster, load_kubeconfig
 
     try:
-        checked = load_kubeconfig(kubeconfig) if kubeconfig else load_incluster()
+        return load_kubeconfig(kubeconfig) if kubeconfig else load_incluster()
     except ConfigError as exc:
         hint = "" if kubeconfig else " (pass --kubeconfig, or run in a cluster)"
         raise UsageError(f"{exc}{hint}") from None
-    try:
-        if kubeconfig:
-            await config.load_kube_config(config_file=str(kubeconfig))
-        else:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except (config.ConfigException, OSError, ValueError) as exc:
-        # kubernetes_asyncio writes embedded certificates and keys to temporary files.
-        missing = temp_dir_missing()
-        problem = no_temp_dir_message(missing) if missing is not None else flags.one_line(exc)
-        raise UsageError(f"{checked.source}: {problem}") from None
-    return checked.server
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from kubernetes_asyncio import client
-
-    from nodewright.webhook.facts import KubeFacts
+    from nodewright.webhook.facts import KubeFacts, webhook_client
     from nodewright.webhook.server import server_ssl_context, start_webhook_server
 
     served = load_cert_dir(args.cert_dir) if args.cert_dir else None
-    server = await _load_kube_config(args.kubeconfig)
+    config = _load_kube_config(args.kubeconfig)
+    server = config.server
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with client.ApiClient() as api, contextlib.AsyncExitStack() as stack:
+    async with webhook_client(config) as api, contextlib.AsyncExitStack() as stack:
         cert_manager = None
         if served is None:
             # The port opens only with a certificate (the readiness probe is the open port), but a
@@ -190,14 +175,18 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 async def _managed_certificates(
-    args: argparse.Namespace, api: Any, server: str, stop: asyncio.Event
+    args: argparse.Namespace, api: KubeClient, server: str, stop: asyncio.Event
 ) -> tuple[Any, Any] | None:
     """Wait for the API server, check the configurations exist, load or create the serving pair."""
     import aiohttp
-    from kubernetes_asyncio import client
-    from kubernetes_asyncio.client.exceptions import ApiException
 
     from nodewright.controller.manager import until_reachable
+    from nodewright.kube.resources import (
+        MUTATINGWEBHOOKCONFIGURATIONS,
+        VALIDATINGWEBHOOKCONFIGURATIONS,
+        ApiError,
+        NotFound,
+    )
     from nodewright.webhook import certs, configs
 
     ips, names = _split_hosts(args.cert_host)
@@ -210,21 +199,19 @@ async def _managed_certificates(
         validating_config=configs.VALIDATING_NAME,
         mutating_config=configs.MUTATING_NAME,
     )
-    admission = client.AdmissionregistrationV1Api(api)
 
     async def start() -> certs.CertBundle:
-        validating = ("ValidatingWebhookConfiguration", admission.read_validating_webhook_configuration)
-        mutating = ("MutatingWebhookConfiguration", admission.read_mutating_webhook_configuration)
-        for (kind, read), name in ((validating, configs.VALIDATING_NAME), (mutating, configs.MUTATING_NAME)):
+        for resource, name in (
+            (VALIDATINGWEBHOOKCONFIGURATIONS, configs.VALIDATING_NAME),
+            (MUTATINGWEBHOOKCONFIGURATIONS, configs.MUTATING_NAME),
+        ):
             try:
-                await read(name, _request_timeout=certs.REQUEST_TIMEOUT_S)
-            except ApiException as exc:
-                if exc.status == 404:
-                    raise UsageError(
-                        f"{kind} {name} not found: apply manifests/webhook/webhook-configurations.yaml"
-                        " (or install the Helm chart), or serve your own certificate with --cert-dir"
-                    ) from None
-                raise
+                await api.get(resource, name)
+            except NotFound:
+                raise UsageError(
+                    f"{resource.kind} {name} not found: apply manifests/webhook/webhook-configurations.yaml"
+                    " (or install the Helm chart), or serve your own certificate with --cert-dir"
+                ) from None
         return await manager.ensure()
 
     work = asyncio.ensure_future(until_reachable(start, what="webhook certificate", server=server))
@@ -239,7 +226,7 @@ async def _managed_certificates(
         return None
     try:
         return work.result(), manager
-    except ApiException as exc:
+    except ApiError as exc:
         raise UsageError(_explain(exc, args)) from None
     except aiohttp.ClientConnectorCertificateError as exc:
         raise UsageError(
@@ -271,16 +258,11 @@ def _split_hosts(hosts: list[str]) -> tuple[list[str], list[str]]:
     return ips, names
 
 
-def _explain(exc: Any, args: argparse.Namespace) -> str:
-    """One line for an API answer (kubernetes_asyncio `ApiException`) that retrying will not change."""
-    import json
-
-    try:
-        body = json.loads(exc.body or "{}")
-    except ValueError:
-        body = {}
-    details = body.get("details") if isinstance(body, dict) else None
-    message = flags.one_line(body.get("message") if isinstance(body, dict) else exc.reason)
+def _explain(exc: ApiError, args: argparse.Namespace) -> str:
+    """One line for an API answer that retrying will not change."""
+    body = exc.body if isinstance(exc.body, dict) else {}
+    details = body.get("details")
+    message = flags.one_line(exc.message or exc.reason)
     if exc.status == 404 and isinstance(details, dict) and details.get("kind") == "namespaces":
         return (
             f"namespace {args.namespace!r} does not exist: create it (kubectl create namespace"

@@ -33,22 +33,15 @@ from typing import Any
 import pydantic
 import structlog
 
-from nodewright.api import constants
-from nodewright.api.models import DisruptionBudget, DisruptionBudgetStatus, Status
-from nodewright.controller.context import (
-    Runtime,
-    WriteThrough,
-    node_admission,
-    node_annotations,
-    node_labels,
-    try_node_state,
-)
+from nodewright.api.models import DisruptionBudget, DisruptionBudgetStatus
+from nodewright.api.nodeobject import node_admission
+from nodewright.controller.runtime import Runtime
 from nodewright.kube.informer import Informer
 from nodewright.kube.resources import DISRUPTIONBUDGETS, JSON, Conflict, NotFound
-from nodewright.kube.trim import node_ready
 from nodewright.kube.workqueue import Result
+from nodewright.kube.writethrough import WriteThrough
 from nodewright.plan import budgets
-from nodewright.plan.budgets import BudgetView, PoolNode, SharedBudget
+from nodewright.plan.budgets import BudgetView, PoolNode, SharedBudget, pool_node
 from nodewright.plan.node import is_disabled, is_paused
 from nodewright.plan.rollout import Phase, RolloutNode, RolloutPlan, phase_of
 
@@ -61,42 +54,6 @@ NODE_EVENT_DELAY = 2.0
 """Node events reach the budget controller coalesced: its pass reads every node of the pool."""
 
 _HOLDS = frozenset({Phase.ACTIVE, Phase.CARRYOVER})
-# `frozenset(<empty iterable>)` is a new 216-byte object each time (CPython has no empty-frozenset
-# singleton): the pool cache keeps two per node, so nodes with nothing to say share this one.
-_NONE: frozenset[str] = frozenset()
-
-
-def _shared_when_empty(items: frozenset[str]) -> frozenset[str]:
-    return items or _NONE
-
-
-def pool_node(node: JSON) -> PoolNode:
-    """What a budget reads from a node object (trimmed or full)."""
-    labels = node_labels(node)
-    in_progress = _shared_when_empty(
-        frozenset(
-            key[len(constants.STATUS_LABEL_PREFIX) :]
-            for key, value in labels.items()
-            if key.startswith(constants.STATUS_LABEL_PREFIX) and value == Status.IN_PROGRESS.value
-        )
-    )
-    unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
-    cordoned: set[str] = set()
-    if unschedulable:  # only then does it matter who cordoned; decoding every node would cost O(fleet)
-        for key in node_annotations(node):
-            if key.startswith(constants.STATE_ANNOTATION_PREFIX):
-                nodewright = key[len(constants.STATE_ANNOTATION_PREFIX) :]
-                state, _ = try_node_state(node, nodewright)
-                if state is not None and state.cordoned:
-                    cordoned.add(nodewright)
-    return PoolNode(
-        name=str(node["metadata"]["name"]),
-        labels=labels,
-        unschedulable=unschedulable,
-        ready=node_ready(node),
-        in_progress_for=in_progress,
-        cordoned_by=_shared_when_empty(frozenset(cordoned)),
-    )
 
 
 def merge_patch(old: Any, new: Any) -> Any:
@@ -118,6 +75,17 @@ def merge_patch(old: Any, new: Any) -> Any:
 class _Parsed:
     resource_version: str
     model: DisruptionBudget | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Known:
+    """What a rollout pass knows of its nodes when it secures its slots."""
+
+    matched: frozenset[str]
+    holding: frozenset[str]  # its nodes in progress (ACTIVE, CARRYOVER)
+    admission_at: Mapping[str, str]  # node -> when its admission was written
+    nodes: tuple[str, ...]  # every node of the cluster
+    now: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,62 +171,22 @@ class SharedBudgets:
         replan: Callable[[Sequence[SharedBudget]], RolloutPlan],
     ) -> Secured | None:
         """Plan with the budgets' headroom and record the slots; None when writers kept conflicting."""
-        matched = {n.name for n in rollout_nodes}
-        holding = {n.name for n in rollout_nodes if phase_of(n, fingerprint=fingerprint) in _HOLDS}
-        admission_at = {
-            str(node["metadata"]["name"]): adm.at
-            for node in nodes
-            if (adm := node_admission(node, nodewright)) is not None
-        }
-        known = [str(node["metadata"]["name"]) for node in nodes]
+        known = _Known(
+            matched=frozenset(n.name for n in rollout_nodes),
+            holding=frozenset(
+                n.name for n in rollout_nodes if phase_of(n, fingerprint=fingerprint) in _HOLDS
+            ),
+            admission_at={
+                str(node["metadata"]["name"]): adm.at
+                for node in nodes
+                if (adm := node_admission(node, nodewright)) is not None
+            },
+            nodes=tuple(str(node["metadata"]["name"]) for node in nodes),
+            now=now,
+        )
         for attempt in range(ATTEMPTS):
-            pool = self.pool_nodes(nodes)
-            # Nodes it no longer selects but still works on (a pod finishing) keep their slots too.
-            mine = holding | {
-                n.name for n in pool.values() if n.name not in matched and nodewright in n.in_progress_for
-            }
-            relevant = [
-                v
-                for v in self.views(pool)
-                if v.members & matched
-                or nodewright in v.waiting
-                or any(nodewright in holders for holders in v.slots.values())
-            ]
-            shared = [v.for_nodewright(nodewright, pool) for v in relevant if v.members & matched]
-            plan = replan(shared)
-            if not relevant:
-                self._fresh.pop(nodewright, None)
-                return Secured(plan)
-            admitted = {a.node for a in plan.admissions}
-            since = min(
-                (v.waiting[nodewright] for v in relevant if nodewright in v.waiting),
-                default=None,
-                key=budgets.parse_time,
-            )
-            written: list[str] = []
             try:
-                for current in sorted(relevant, key=lambda v: v.name):
-                    fresh = {
-                        node for budget, node in self._fresh.get(nodewright, ()) if budget == current.name
-                    }
-                    update = budgets.slot_update(
-                        current,
-                        nodewright,
-                        holding=mine | admitted,
-                        admission_at=admission_at,
-                        refused=current.name in plan.budget_refusals,
-                        now=now,
-                        waiting_since=since,
-                        fresh=fresh - admitted,
-                        known_nodes=known,
-                    )
-                    if not update.changes(current):
-                        continue
-                    await self._write_slots(current, update)
-                    written.append(current.name)
-                    taken = self._fresh.setdefault(nodewright, set())
-                    taken.difference_update((current.name, n) for n in update.released)
-                    taken.update((current.name, n) for n in update.acquired if n in admitted)
+                return await self._attempt(nodewright, nodes, known, replan)
             except Conflict as exc:
                 log.info(
                     "DisruptionBudget changed while planning; planning again",
@@ -267,9 +195,72 @@ class SharedBudgets:
                     error=str(exc)[:200],
                 )
                 await self._refresh(exc)
-                continue
-            return Secured(plan, tuple(written))
         return None
+
+    async def _attempt(
+        self,
+        nodewright: str,
+        nodes: Sequence[JSON],
+        known: _Known,
+        replan: Callable[[Sequence[SharedBudget]], RolloutPlan],
+    ) -> Secured:
+        """Plan with the budgets as known now and write the slots that changed (Conflict: a writer won)."""
+        pool = self.pool_nodes(nodes)
+        # Nodes it no longer selects but still works on (a pod finishing) keep their slots too.
+        mine = known.holding | {
+            n.name for n in pool.values() if n.name not in known.matched and nodewright in n.in_progress_for
+        }
+        relevant = [
+            v
+            for v in self.views(pool)
+            if v.members & known.matched
+            or nodewright in v.waiting
+            or any(nodewright in holders for holders in v.slots.values())
+        ]
+        plan = replan(budgets.shared_from_views(nodewright, relevant, pool, known.matched))
+        if not relevant:
+            self._fresh.pop(nodewright, None)
+            return Secured(plan)
+        written = await self._write_updates(nodewright, relevant, plan, known, mine)
+        return Secured(plan, tuple(written))
+
+    async def _write_updates(
+        self,
+        nodewright: str,
+        relevant: Sequence[BudgetView],
+        plan: RolloutPlan,
+        known: _Known,
+        mine: frozenset[str] | set[str],
+    ) -> list[str]:
+        """Each budget's slots and waiting entry after the plan, written where they changed."""
+        admitted = {a.node for a in plan.admissions}
+        since = min(
+            (v.waiting[nodewright] for v in relevant if nodewright in v.waiting),
+            default=None,
+            key=budgets.parse_time,
+        )
+        written: list[str] = []
+        for current in sorted(relevant, key=lambda v: v.name):
+            fresh = {node for budget, node in self._fresh.get(nodewright, ()) if budget == current.name}
+            update = budgets.slot_update(
+                current,
+                nodewright,
+                holding=mine | admitted,
+                admission_at=known.admission_at,
+                refused=current.name in plan.budget_refusals,
+                now=known.now,
+                waiting_since=since,
+                fresh=fresh - admitted,
+                known_nodes=known.nodes,
+            )
+            if not update.changes(current):
+                continue
+            await self._write_slots(current, update)
+            written.append(current.name)
+            taken = self._fresh.setdefault(nodewright, set())
+            taken.difference_update((current.name, n) for n in update.released)
+            taken.update((current.name, n) for n in update.acquired if n in admitted)
+        return written
 
     def admitted(self, nodewright: str) -> None:
         """The pass wrote its admissions: the slots it took are used now (released by the usual rules)."""
@@ -378,22 +369,3 @@ class SharedBudgets:
     def waiting_nodewrights(obj: JSON) -> list[str]:
         """The NodeWrights a budget's status says wait for a slot (their rollouts go first on a change)."""
         return sorted(((obj.get("status") or {}).get("waiting") or {}).keys())
-
-
-def shared_for(
-    nodewright: str, budget_objects: Iterable[JSON], nodes: Iterable[JSON], *, matched: Iterable[str]
-) -> list[SharedBudget]:
-    """What the budgets leave `nodewright` from listed objects (for `nodewright plan` and `why`, which
-    plan like the rollout controller without its caches); invalid budgets are skipped, as there."""
-    pool = {n.name: n for n in (pool_node(node) for node in nodes)}
-    selected = set(matched)
-    out: list[SharedBudget] = []
-    for obj in budget_objects:
-        try:
-            model = DisruptionBudget.model_validate(obj)
-        except pydantic.ValidationError:
-            continue
-        current = budgets.view(model, pool.values())
-        if current.members & selected:
-            out.append(current.for_nodewright(nodewright, pool))
-    return out

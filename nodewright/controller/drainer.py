@@ -18,149 +18,28 @@ Kubernetes behaviour handled here:
   `--allow-force-drain=false` (the Helm chart's default, `drain.allowForce`) keeps evicting instead and
   reports `FORCE_DISALLOWED` among the refusals, so the DrainBlocked condition says why it does not force.
 
-`protected_since` / `draining_since` (for `interruptWait.timeout` and `drain.timeout`) must survive an
-operator restart, or a restart would silently extend every timeout. They are persisted in the node
-annotation `nodewright.io/timing.<nw>` (written by the node controller in the same patch as the state
-annotation, so there is no extra write), together with `cordoned_at` (the start of the maintenance
-window, for the `nodewright_maintenance_seconds` histogram) and the drain-skip memory (`s`, `m`:
-when and why `drain.policy: skip` released the node, see `plan.node.DrainSkip`) and, with tracing on,
-the admission whose node-rollout trace is open (`t`, `observability.tracing.TracedAdmission`: so the
-trace's root is emitted once, also when the rollout is abandoned). The state annotation
-itself has a strict schema shared with the rollout controller; these are the node controller's
-private bookkeeping, so they live next to it rather than in it. Eviction refusal messages are kept
-in memory only: they are re-learnt by the next eviction attempt.
+The timestamps that must survive an operator restart (`protected_since`, `draining_since`, the
+drain-skip memory, ...) live in the node's timing annotation, whose codec is `api.timing`. Eviction
+refusal messages are kept in memory only: they are re-learnt by the next eviction attempt.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
-from datetime import datetime
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Final
 
 import structlog
 
-from nodewright.api import constants
 from nodewright.kube.client import EvictionOutcome, EvictionResult, KubeClient
 from nodewright.kube.resources import JSON, PODS, ApiError, NotFound, TooManyRequests
-from nodewright.observability.tracing import TracedAdmission
-from nodewright.plan.node import DrainSkip
-from nodewright.plan.stages import parse_ts, ts
 
 log = structlog.get_logger("nodewright.controller.drainer")
 
-TIMING_ANNOTATION_PREFIX: Final = f"{constants.PREFIX}timing."
 FORCE_DISALLOWED: Final = (
     "drain.policy force is not allowed by this operator (--allow-force-drain=false, Helm value"
     " drain.allowForce): pods are evicted, honouring PodDisruptionBudgets"
 )
-SKIP_MESSAGE_LIMIT: Final = 512
-
-
-def timing_annotation(nodewright: str) -> str:
-    return f"{TIMING_ANNOTATION_PREFIX}{nodewright}"
-
-
-@dataclass(frozen=True, slots=True)
-class Timing:
-    """The node controller's persisted timestamps for one NodeWright on one node."""
-
-    cordoned_at: datetime | None = None
-    protected_since: datetime | None = None
-    draining_since: datetime | None = None
-    skipped_at: datetime | None = None  # drain.policy skip released the node then (plan.node.DrainSkip)
-    skip_message: str = ""
-    trace: TracedAdmission | None = None  # the admission whose rollout trace is open (or ended last)
-
-    @property
-    def empty(self) -> bool:
-        return self.encode() is None
-
-    @property
-    def drain_skip(self) -> DrainSkip | None:
-        return DrainSkip(self.skipped_at, self.skip_message) if self.skipped_at is not None else None
-
-    def with_drain_skip(self, skip: DrainSkip | None) -> Timing:
-        if skip is None:
-            return replace(self, skipped_at=None, skip_message="")
-        return replace(self, skipped_at=skip.at, skip_message=skip.message[:SKIP_MESSAGE_LIMIT])
-
-    def encode(self) -> str | None:
-        """Compact JSON; None when empty (the annotation is then removed)."""
-        doc: dict[str, Any] = {
-            k: ts(v)
-            for k, v in (
-                ("c", self.cordoned_at),
-                ("p", self.protected_since),
-                ("d", self.draining_since),
-                ("s", self.skipped_at),
-            )
-            if v is not None
-        }
-        if self.skipped_at is not None and self.skip_message:
-            doc["m"] = self.skip_message
-        if self.trace is not None:
-            doc["t"] = self.trace.encode()
-        return json.dumps(doc, sort_keys=True, separators=(",", ":")) if doc else None
-
-    @staticmethod
-    def decode(text: str | None) -> Timing:
-        """Lenient: a missing or unreadable value is an empty Timing (it only ever delays a timeout)."""
-        if not text:
-            return Timing()
-        try:
-            doc = json.loads(text)
-            if not isinstance(doc, dict):
-                return Timing()
-            values = {
-                k: parse_ts(v) for k, v in doc.items() if k in ("c", "p", "d", "s") and isinstance(v, str)
-            }
-            message = doc.get("m")
-        except ValueError:
-            return Timing()
-        return Timing(
-            values.get("c"),
-            values.get("p"),
-            values.get("d"),
-            values.get("s"),
-            message if isinstance(message, str) and values.get("s") is not None else "",
-            TracedAdmission.decode(doc.get("t")),
-        )
-
-
-def read_timing(annotations: Mapping[str, str], nodewright: str) -> Timing:
-    return Timing.decode(annotations.get(timing_annotation(nodewright)))
-
-
-def update_timing(
-    timing: Timing,
-    *,
-    now: datetime,
-    cordoning: bool,
-    uncordoning: bool,
-    protected: bool | None,
-    evicting: bool,
-    drained: bool | None,
-) -> Timing:
-    """The timestamps after this plan. `protected`/`drained` are None when no drain facts were built.
-
-    The drain-skip memory is not touched here: it follows the plan (`Timing.with_drain_skip`)."""
-    if uncordoning:
-        return Timing(skipped_at=timing.skipped_at, skip_message=timing.skip_message, trace=timing.trace)
-    t = timing
-    if cordoning and t.cordoned_at is None:
-        t = replace(t, cordoned_at=now)
-    if protected is not None:
-        if protected and t.protected_since is None:
-            t = replace(t, protected_since=now)
-        elif not protected:
-            t = replace(t, protected_since=None)
-    if evicting and t.draining_since is None:
-        t = replace(t, draining_since=now)
-    elif drained:
-        t = replace(t, draining_since=None)
-    return t
 
 
 @dataclass(frozen=True, slots=True)

@@ -365,7 +365,9 @@ class LogStore:
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/log"
         params = {"container": container, "tailLines": str(LOG_TAIL_LINES)}
         try:
-            return await self._client.get_text(path, params=params, timeout=self._deadline)
+            return await self._client.get_text(
+                path, params=params, timeout=self._deadline, keep_last=MAX_LOG_CHARS * 4
+            )
         except (TimeoutError, aiohttp.ClientError, OSError, ApiError) as exc:
             log.debug("pod log unavailable", pod=f"{namespace}/{name}", container=container, error=str(exc))
             return ""

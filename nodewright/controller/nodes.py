@@ -63,31 +63,28 @@ import aiohttp
 import structlog
 
 from nodewright.api import constants
+from nodewright.api.admission import Admission, admission_annotation, encode_admission
 from nodewright.api.models import NodeWright, Status
+from nodewright.api.nodeobject import (
+    node_admission,
+    node_annotations,
+    node_facts,
+    node_labels,
+    node_state,
+)
 from nodewright.api.nodestate import Admission as StateAdmission
 from nodewright.api.nodestate import (
     MalformedNodeState,
     NodeState,
-    PackageEntry,
     PackageStage,
     PackageState,
     encode,
     truncate_error,
 )
+from nodewright.api.reasons import NodeConditionReason
+from nodewright.api.timing import Timing, TracedAdmission, read_timing, timing_annotation, update_timing
 from nodewright.controller.configmaps import PackageConfigMaps
-from nodewright.controller.context import (
-    Runtime,
-    admission_annotation,
-    effective_nodewright,
-    encode_admission,
-    matches_nodewright,
-    node_admission,
-    node_annotations,
-    node_labels,
-    node_state,
-    split_node_key,
-)
-from nodewright.controller.drainer import Drainer, Timing, read_timing, timing_annotation, update_timing
+from nodewright.controller.drainer import Drainer
 from nodewright.controller.drift import DriftScheduler
 from nodewright.controller.logstore import LogStore
 from nodewright.controller.pods import (
@@ -97,17 +94,16 @@ from nodewright.controller.pods import (
     needs_log_tail,
     summarize_with_logs,
 )
+from nodewright.controller.runtime import Runtime, split_node_key
 from nodewright.controller.trust import BindRefused, PodTrust, is_drift_check
 from nodewright.kube.client import PatchType, metadata_applied
 from nodewright.kube.resources import JSON, NODES, ApiError, Conflict, NotFound
-from nodewright.kube.trim import node_ready
 from nodewright.kube.workqueue import Result
 from nodewright.observability import events as catalogue
 from nodewright.observability.tracing import (
     IDLE,
     NodeRollout,
     RolloutEnd,
-    TracedAdmission,
     TraceStep,
     describe_end,
     gate_spans,
@@ -127,30 +123,29 @@ from nodewright.plan.node import (
     DriftInput,
     Event,
     NodeCondition,
-    NodeFacts,
     NodeInput,
     NodePlan,
     PlanOptions,
     RequeueAfter,
-    Taint,
     Uncordon,
     is_paused,
     plan_node,
 )
-from nodewright.plan.rollout import Admission, spec_fingerprint
+from nodewright.plan.rollout import spec_fingerprint
+from nodewright.plan.rollout_input import effective_nodewright, matches_nodewright
 from nodewright.plan.stages import (
     ACTIVE_STATES,
     INTERRUPT_STAGES,
     FailureCause,
     PodOutcome,
     PodSummary,
-    StageProgress,
     completed_stages,
     failed_stage,
     parse_ts,
     run_completed_stages,
     ts,
 )
+from nodewright.plan.transitions import Retried
 
 log = structlog.get_logger("nodewright.controller.nodes")
 
@@ -196,10 +191,48 @@ class _PassContext:
 
 
 @dataclass(frozen=True, slots=True)
-class _Done:
-    """The pass ended early with this outcome (see `_pass`)."""
+class Done:
+    """Nothing more to do for this key until an event brings it back."""
 
-    outcome: tuple[bool, float | None] | None
+
+@dataclass(frozen=True, slots=True)
+class Again:
+    """Plan again at once (after our own cordon, or a write conflict: the node is read afresh)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Later:
+    """Look again after `seconds` (None: on the next event only)."""
+
+    seconds: float | None = None
+
+
+PassOutcome = Done | Again | Later
+"""How one plan-and-actuate pass ended (the node controller's `Result`, as controller-runtime's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _NodeWrite:
+    """One pass's write to its node: label and annotation changes (None deletes), the cordon, the
+    condition, and the resourceVersion it must still have (when it carries the state)."""
+
+    name: str
+    labels: dict[str, str | None]
+    annotations: dict[str, str | None]
+    unschedulable: bool | None
+    condition: JSON | None
+    version: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """What a pass derives from its plan before writing: the cordon change, the rollout trace step and
+    the timing annotation after the plan."""
+
+    cordon: bool
+    uncordon: bool
+    trace: TraceStep
+    timing: Timing
 
 
 class NodeReconciler:
@@ -244,36 +277,24 @@ class NodeReconciler:
         if not nw_name or not node_name:
             log.warning("malformed node key", key=key)
             return None
-        requeue: float | None = None
         for _ in range(MAX_PASSES):
             outcome = await self._pass(key, nw_name, node_name)
-            if outcome is None:
+            if isinstance(outcome, Done):
                 return None
-            again, after = outcome
-            if after is not None:
-                requeue = after if requeue is None else min(requeue, after)
-            if not again:
-                break
-            requeue = None  # the next pass decides afresh
-        else:
-            requeue = AGAIN_SOON  # still more to do (e.g. repeated write conflicts): never drop the key
-        return Result(requeue_after=requeue) if requeue is not None else None
+            if isinstance(outcome, Later):
+                return Result(requeue_after=outcome.seconds) if outcome.seconds is not None else None
+        # Still more to do (e.g. repeated write conflicts): never drop the key.
+        return Result(requeue_after=AGAIN_SOON)
 
-    async def _pass(self, key: str, nw_name: str, node_name: str) -> tuple[bool, float | None] | None:
-        """One plan-and-actuate pass: (plan again now?, requeue after), or None when done for good."""
+    async def _pass(self, key: str, nw_name: str, node_name: str) -> PassOutcome:
+        """One plan-and-actuate pass (module docstring)."""
         ctx = await self._read(key, nw_name, node_name)
-        if ctx is None:
-            self.drainer.forget(key)
-            return None
-        if isinstance(ctx, _Done):
-            return ctx.outcome
+        if not isinstance(ctx, _PassContext):
+            if isinstance(ctx, Done):
+                self.drainer.forget(key)
+            return ctx
         plan, selection = await self._plan(key, ctx)
-        cordon = any(isinstance(a, Cordon) for a in plan.actions)
-        uncordon = any(isinstance(a, Uncordon) for a in plan.actions) and ctx.cordoned_by_us
-        trace = self._trace_step(ctx, plan)
-        new_timing = self._next_timing(
-            key, ctx, plan, selection, cordon=cordon, uncordon=uncordon, trace=trace
-        )
+        step = self._step(key, ctx, plan, selection)
         if ctx.deleting and self._settled(plan, ctx.summaries, ctx.inp.drift):
             # Nothing left to do for a leaving NodeWright: release the node instead of writing status
             # (a status written now would hold the finalizer forever).
@@ -286,50 +307,20 @@ class NodeReconciler:
                 trace_end=(ctx.model, RolloutEnd.DELETED),
             )
             self.drainer.forget(key)
-            return None
+            return Done()
         previous_status = node_labels(ctx.node).get(constants.status_label(nw_name))
         try:
-            node = await self._write(ctx, plan, cordon, uncordon, new_timing)
+            node = await self._write(ctx, plan, step.cordon, step.uncordon, step.timing)
         except Conflict:
             # The node changed since it was read (someone wiped or edited our state, the rollout
             # admitted it, ...): never write a state planned from an older node. Read it afresh and
             # plan again from what it says now.
             await self._refresh_node(node_name)
-            return True, None
+            return Again()
         if node is None:
             self.drainer.forget(key)
-            return None
-        if plan.drift_result is not None:
-            self.rt.metrics.domain.count_drift_check(nodewright=nw_name, result=plan.drift_result)
-        await self._keep_stopped(ctx, plan)
-        self._observe(
-            ctx.model,
-            node_name,
-            ctx.stored,
-            plan,
-            trace,
-            ctx.timing,
-            uncordon,
-            ctx.now,
-            new_timing=new_timing,
-            cordoned=cordon,
-            pods=ctx.summaries,
-        )
-        if (
-            plan.status is Status.BLOCKED
-            and plan.condition.reason == "Blocked"
-            and previous_status != Status.BLOCKED.value
-        ):
-            # Skipped for a reason on the node (ignore label, untolerated taint, ...): say so once.
-            blocked = catalogue.node_blocked(nw_name, plan.condition.message)
-            await self.rt.events.record(
-                kind="Node",
-                name=node_name,
-                uid=node["metadata"].get("uid"),
-                reason=blocked.reason.value,
-                message=blocked.message,
-                event_type=blocked.type.value,
-            )
+            return Done()
+        await self._after_write(ctx, plan, step, node, previous_status)
         requeue = await self._execute(key, ctx.model, ctx.inp.nodewright, node, plan, ctx.now)
         if ctx.inp.sequencing_blocker and ctx.admission is not None:
             # Admitted but held by an earlier NodeWright (admitted before that one appeared, or a
@@ -338,7 +329,43 @@ class NodeReconciler:
             poll = self.plan_options.poll_interval
             requeue = poll if requeue is None else min(requeue, poll)
         # After our own cordon the overlay already shows the node unschedulable: go on right away.
-        return cordon, requeue
+        return Again() if step.cordon else Later(requeue)
+
+    def _step(
+        self, key: str, ctx: _PassContext, plan: NodePlan, selection: drain_mod.DrainSelection | None
+    ) -> _Step:
+        cordon = any(isinstance(a, Cordon) for a in plan.actions)
+        uncordon = any(isinstance(a, Uncordon) for a in plan.actions) and ctx.cordoned_by_us
+        trace = self._trace_step(ctx, plan)
+        timing = self._next_timing(key, ctx, plan, selection, cordon=cordon, uncordon=uncordon, trace=trace)
+        return _Step(cordon, uncordon, trace, timing)
+
+    async def _after_write(
+        self, ctx: _PassContext, plan: NodePlan, step: _Step, node: JSON, previous_status: str | None
+    ) -> None:
+        """What follows the state write: drift-check results counted, stopped attempts' logs kept, the
+        plan's transitions as metrics and spans, and a node newly blocked said once."""
+        nw_name = ctx.model.metadata.name
+        if plan.drift_result is not None:
+            self.rt.metrics.domain.count_drift_check(nodewright=nw_name, result=plan.drift_result)
+        await self._keep_stopped(ctx, plan)
+        self._observe(ctx, plan, step)
+        if (
+            plan.status is Status.BLOCKED
+            and plan.condition.reason is NodeConditionReason.BLOCKED
+            and previous_status != Status.BLOCKED.value
+        ):
+            # Skipped for a reason on the node (ignore label, untolerated taint, ...): say so once.
+            blocked = catalogue.node_blocked(nw_name, plan.condition.message)
+            await self.rt.events.record(
+                kind="Node",
+                name=ctx.inp.node.name,
+                uid=node["metadata"].get("uid"),
+                reason=blocked.reason.value,
+                message=blocked.message,
+                event_type=blocked.type.value,
+                related=nw_name,
+            )
 
     async def _report_malformed(
         self, key: str, model: NodeWright, node: JSON, exc: MalformedNodeState
@@ -357,7 +384,7 @@ class NodeReconciler:
             kind="Node",
             name=node_name,
             uid=node["metadata"].get("uid"),
-            reason=catalogue.Reason.STATE_MALFORMED.value,
+            reason=catalogue.EventReason.STATE_MALFORMED.value,
             message=f"[{nw_name}] state annotation left untouched: {exc}",
         )
         condition = _condition_body(
@@ -365,7 +392,7 @@ class NodeReconciler:
             NodeCondition(
                 type=constants.node_condition_type(nw_name),
                 status="False",
-                reason="StateMalformed",
+                reason=NodeConditionReason.STATE_MALFORMED,
                 message=(
                     f"annotation {constants.state_annotation(nw_name)} cannot be read ({exc}); nothing is"
                     " done on this node until it is fixed. Restore it, or delete it to start this node"
@@ -389,26 +416,26 @@ class NodeReconciler:
         if labels:
             self.rt.enqueue_rollout(nw_name)
 
-    async def _read(self, key: str, nw_name: str, node_name: str) -> _PassContext | _Done | None:
-        """Everything one pass plans from, from the caches; None when there is nothing to do for good."""
+    async def _read(self, key: str, nw_name: str, node_name: str) -> _PassContext | PassOutcome:
+        """Everything one pass plans from, from the caches; or how the pass ends without a plan."""
         rt = self.rt
         raw, model, error = rt.nodewright(nw_name)
         if raw is not None and model is None and (raw.get("metadata") or {}).get("deletionTimestamp"):
-            return _Done(await self._release_for_invalid_deletion(key, nw_name, node_name))
+            return await self._release_for_invalid_deletion(key, nw_name, node_name)
         if raw is None or model is None:
             # Gone (finalizer released: nodes already cleaned) or invalid (the rollout controller reports
             # the validation error on the object): leave nodes alone.
             if error:
                 log.debug("nodewright invalid, node left alone", nodewright=nw_name, error=error)
-            return None
+            return Done()
         node = rt.node(node_name)
         if node is None:
-            return None
+            return Done()
         try:
             stored = node_state(node, nw_name)
         except MalformedNodeState as exc:
             await self._report_malformed(key, model, node, exc)
-            return _Done(None)
+            return Later()
         deleting = bool(model.metadata.deletion_timestamp)
         effective = effective_nodewright(model)
         trusted = self._package_pods(node_name, model)
@@ -416,7 +443,7 @@ class NodeReconciler:
         pods_raw = [p for p in trusted if not is_drift_check(p)]
         checks = [p for p in trusted if is_drift_check(p)]
         if not deleting and not matches_nodewright(model, node):
-            return _Done(await self._unselected(key, model, node, stored, trusted))
+            return await self._unselected(key, model, node, stored, trusted)
         plan_nw = _deletion_spec(effective, stored or NodeState(), pods_raw) if deleting else effective
         summaries = [*await self._summaries(pods_raw, plan_nw, stored), *self._refused_pods(node_name)]
         admission = node_admission(node, nw_name)
@@ -484,7 +511,7 @@ class NodeReconciler:
             evicting=any(isinstance(a, Drain) for a in plan.actions),
             drained=None if selection is None else selection.drained,
         ).with_drain_skip(plan.drain_skip)
-        timing = replace(timing, trace=trace.persisted)
+        timing = replace(timing, trace=trace.persisted, drain_blocked=plan.drain_blocked)
         if plan.drain_skipped:
             # Released after a drain timeout (policy skip): the next admission starts a fresh drain timer.
             timing = replace(timing, draining_since=None)
@@ -766,54 +793,69 @@ class NodeReconciler:
             unschedulable = True
         elif uncordon:
             unschedulable = False
-        untouched = _untouched(ctx, plan)
-        condition = None if untouched else _condition_body(node, plan.condition, ctx.now)
+        condition = None if _untouched(ctx, plan) else _condition_body(node, plan.condition, ctx.now)
         if not labels and not annotations and unschedulable is None and condition is None:
             return node
         guarded = (
             constants.state_annotation(nw_name) in annotations or admission_annotation(nw_name) in annotations
         )
         version = str(node["metadata"].get("resourceVersion") or "") or None if guarded else None
+        change = _NodeWrite(name, labels, annotations, unschedulable, condition, version)
         try:
             if unschedulable is None and self._metadata_via_status:
-                updated = await self.rt.client.patch_node_status_metadata(
-                    name,
-                    labels=labels or None,
-                    annotations=annotations or None,
-                    conditions=[condition] if condition is not None else (),
-                    resource_version=version,
-                )
-                if not metadata_applied(updated, labels=labels, annotations=annotations):
-                    log.warning(
-                        "the API server ignored metadata in a nodes/status patch;"
-                        " writing node metadata and conditions separately from now on",
-                        node=name,
-                    )
-                    self._metadata_via_status = False
-                    updated = await self.rt.client.patch_node_metadata(
-                        name,
-                        labels=labels or None,
-                        annotations=annotations or None,
-                        resource_version=_resource_version(updated),
-                    )
+                updated = await self._write_via_status(change)
             else:
-                if labels or annotations or unschedulable is not None:
-                    updated = await self.rt.client.patch_node_metadata(
-                        name,
-                        labels=labels or None,
-                        annotations=annotations or None,
-                        unschedulable=unschedulable,
-                        resource_version=version,
-                    )
-                    self.rt.node_view.record(updated)
-                if condition is not None:
-                    updated = await self.rt.client.patch_node_conditions(name, [condition])
+                updated = await self._write_separately(change)
         except NotFound:
             return None
         self.rt.node_view.record(updated)
         if constants.status_label(nw_name) in labels:
             self.rt.enqueue_rollout(nw_name)
         return self.rt.node(name) or updated
+
+    async def _write_via_status(self, change: _NodeWrite) -> JSON:
+        """One strategic merge patch on `nodes/status` with the metadata and the condition; if the API
+        server drops the metadata there, the metadata again as its own patch, and that way from now on."""
+        client = self.rt.client
+        labels, annotations = change.labels, change.annotations
+        updated = await client.patch_node_status_metadata(
+            change.name,
+            labels=labels or None,
+            annotations=annotations or None,
+            conditions=[change.condition] if change.condition is not None else (),
+            resource_version=change.version,
+        )
+        if metadata_applied(updated, labels=labels, annotations=annotations):
+            return updated
+        log.warning(
+            "the API server ignored metadata in a nodes/status patch;"
+            " writing node metadata and conditions separately from now on",
+            node=change.name,
+        )
+        self._metadata_via_status = False
+        return await client.patch_node_metadata(
+            change.name,
+            labels=labels or None,
+            annotations=annotations or None,
+            resource_version=_resource_version(updated),
+        )
+
+    async def _write_separately(self, change: _NodeWrite) -> JSON:
+        """The metadata (with the cordon) as a merge patch, then the condition as its own patch."""
+        updated: JSON | None = None
+        if change.labels or change.annotations or change.unschedulable is not None:
+            updated = await self.rt.client.patch_node_metadata(
+                change.name,
+                labels=change.labels or None,
+                annotations=change.annotations or None,
+                unschedulable=change.unschedulable,
+                resource_version=change.version,
+            )
+            self.rt.node_view.record(updated)
+        if change.condition is not None:
+            updated = await self.rt.client.patch_node_conditions(change.name, [change.condition])
+        assert updated is not None, "a write with nothing to write is returned before"
+        return updated
 
     @staticmethod
     def _metadata_changes(
@@ -851,29 +893,7 @@ class NodeReconciler:
         requeue: list[float] = []
         for action in plan.actions:
             if isinstance(action, Drain):
-                report = await self.drainer.evict(key, action.pods, force=action.force)
-                if report.evicted:
-                    spec = catalogue.node_draining(model.metadata.name, len(report.evicted))
-                    await rt.events.record(
-                        kind="Node",
-                        name=node_name,
-                        uid=node_uid,
-                        reason=spec.reason.value,
-                        message=spec.message,
-                    )
-                if report.any_blocked:
-                    spec = catalogue.node_drain_blocked(model.metadata.name, "; ".join(report.blocked[:3]))
-                    await rt.events.record(
-                        kind="Node",
-                        name=node_name,
-                        uid=node_uid,
-                        reason=spec.reason.value,
-                        message=spec.message,
-                        event_type="Warning",
-                    )
-                    requeue.append(DRAIN_BLOCKED_POLL)
-                else:
-                    requeue.append(DRAIN_POLL)
+                requeue.append(await self._drain(key, model.metadata.name, node_name, node_uid, action))
             elif isinstance(action, DeletePod):
                 await self._delete_pod(node_name, action)
             elif isinstance(action, BindPod):
@@ -901,6 +921,33 @@ class NodeReconciler:
             elif isinstance(action, RequeueAfter):
                 requeue.append(action.seconds)
         return min(requeue) if requeue else None
+
+    async def _drain(self, key: str, nw_name: str, node_name: str, node_uid: Any, action: Drain) -> float:
+        """Evict (or delete) the pods; Events for what went and what was refused; seconds to look again."""
+        report = await self.drainer.evict(key, action.pods, force=action.force)
+        if report.evicted:
+            spec = catalogue.node_draining(nw_name, len(report.evicted))
+            await self.rt.events.record(
+                kind="Node",
+                name=node_name,
+                uid=node_uid,
+                reason=spec.reason.value,
+                message=spec.message,
+                related=nw_name,
+            )
+        if not report.any_blocked:
+            return DRAIN_POLL
+        spec = catalogue.node_drain_blocked(nw_name, "; ".join(report.blocked[:3]))
+        await self.rt.events.record(
+            kind="Node",
+            name=node_name,
+            uid=node_uid,
+            reason=spec.reason.value,
+            message=spec.message,
+            event_type="Warning",
+            related=nw_name,
+        )
+        return DRAIN_BLOCKED_POLL
 
     async def _delete_pod(self, node_name: str, action: DeletePod) -> None:
         if self._refused.pop((node_name, action.name), None) is not None:
@@ -1039,18 +1086,20 @@ class NodeReconciler:
 
     async def _event(self, model: NodeWright, node_name: str, node_uid: Any, event: Event) -> None:
         nw_name = model.metadata.name
-        # One list of reasons (observability.events): the plan's event names map onto the catalogue,
-        # which also says the type and whether the NodeWright gets it too (its rollout history).
-        known = catalogue.for_plan_event(event.reason, event.type)
-        if known is None:
-            log.warning("plan event missing from the catalogue", reason=event.reason)
-        reason = known.value if known is not None else event.reason
-        event_type = catalogue.event_type(known).value if known is not None else event.type
+        # One vocabulary (`api.events`): the plan names the reason, the catalogue says its type and
+        # whether the NodeWright gets it too (its rollout history).
+        reason, event_type = event.reason.value, event.type
         message = f"[{nw_name}] {event.message}"
         await self.rt.events.record(
-            kind="Node", name=node_name, uid=node_uid, reason=reason, message=message, event_type=event_type
+            kind="Node",
+            name=node_name,
+            uid=node_uid,
+            reason=reason,
+            message=message,
+            event_type=event_type,
+            related=nw_name,
         )
-        if known is not None and catalogue.info(known).also_on_nodewright:
+        if catalogue.info(event.reason).also_on_nodewright:
             await self.rt.events.record(
                 kind=constants.KIND_NODEWRIGHT,
                 name=nw_name,
@@ -1069,40 +1118,32 @@ class NodeReconciler:
         self._warned.add(marker)
         log.warning(message, key=key)
         await self.rt.events.record(
-            kind=kind, name=name, uid=uid, reason=reason, message=message, event_type="Warning"
+            kind=kind,
+            name=name,
+            uid=uid,
+            reason=reason,
+            message=message,
+            event_type="Warning",
+            related=split_node_key(key)[0] if kind == "Node" else None,
         )
 
     # ------------------------------------------------------------------------------------------------
     # Metrics and traces
 
-    def _observe(
-        self,
-        model: NodeWright,
-        node_name: str,
-        stored: NodeState | None,
-        plan: NodePlan,
-        trace: TraceStep,
-        timing: Timing,
-        uncordon: bool,
-        now: datetime,
-        *,
-        new_timing: Timing | None = None,
-        cordoned: bool = False,
-        pods: Sequence[PodSummary] = (),
-    ) -> None:
-        rt = self.rt
-        nw_name = model.metadata.name
-        domain = rt.metrics.domain
-        old = stored or NodeState()
-        rollout = _rollout_ref(model, node_name, trace.spans_into)
-        if rollout is not None and new_timing is not None:
-            # The node gate (cordon, protected pods, drain, uncordon) as spans, like the stages.
+    def _observe(self, ctx: _PassContext, plan: NodePlan, step: _Step) -> None:
+        """The plan's transitions as metrics and spans: the node gate's spans (from the timing annotation
+        before and after), each stage attempt that ended and each retry the planner reports
+        (`plan.transitions`), the maintenance window, and the root of every trace this pass ended."""
+        rt, domain, nw_name = self.rt, self.rt.metrics.domain, ctx.model.metadata.name
+        node_name, now = ctx.inp.node.name, ctx.now
+        rollout = _rollout_ref(ctx.model, node_name, step.trace.spans_into)
+        if rollout is not None:
             for span in gate_spans(
-                timing,
-                new_timing,
+                ctx.timing,
+                step.timing,
                 now=now,
-                cordoned=cordoned,
-                uncordoned=uncordon,
+                cordoned=step.cordon,
+                uncordoned=step.uncordon,
                 drain_skipped=plan.drain_skipped,
             ):
                 rt.tracer.stage_finished(
@@ -1112,86 +1153,37 @@ class NodeReconciler:
                     finished_at=span.finished_at,
                     error=span.error,
                 )
-
-        def stage_ended(
-            entry: PackageEntry, stage: str, started: datetime, finished: datetime, error: str | None
-        ) -> None:
-            """One stage attempt ended (done, or failed): its duration and its span."""
-            seconds = max(0.0, (finished - started).total_seconds())
+        for moved in plan.transitions:
+            if isinstance(moved, Retried):
+                domain.count_retry(nodewright=nw_name, package=moved.package, version=moved.version)
+                continue
             domain.observe_stage_duration(
-                nodewright=nw_name, package=entry.name, stage=stage, seconds=seconds
+                nodewright=nw_name, package=moved.package, stage=moved.stage, seconds=moved.seconds
             )
             if rollout is not None:
                 rt.tracer.stage_finished(
                     rollout,
-                    stage=stage,
-                    started_at=started,
-                    finished_at=finished,
-                    package=entry.name,
-                    version=entry.version,
-                    error=error,
+                    stage=moved.stage,
+                    started_at=moved.started,
+                    finished_at=moved.finished,
+                    package=moved.package,
+                    version=moved.version,
+                    error=moved.error,
                 )
+        if step.uncordon and ctx.timing.cordoned_at is not None:
+            seconds = (now - ctx.timing.cordoned_at).total_seconds()
+            domain.observe_maintenance(nodewright=nw_name, seconds=seconds)
+        self._end_traces(ctx.model, node_name, step.trace, now)
 
-        def run_ended(
-            entry: PackageEntry,
-            progress: Sequence[StageProgress],
-            started: datetime,
-            new: PackageEntry | None,
-            error: str | None,
-        ) -> bool:
-            """Each stage of one run in a pod as its own span; True when the run stopped before its end."""
-            for part in progress:
-                # Kubelet times, kept inside what this operator saw (a node's clock may be off).
-                end = min(part.finished or now, now)
-                begin = min(part.started or started, end)
-                if part.done:
-                    stage_ended(entry, part.stage.value, begin, end, None)
-                    continue
-                if error is not None and new is not None and new.stage is part.stage:
-                    stage_ended(entry, part.stage.value, begin, end, error)
-                return True
-            return False
-
-        for entry in old.packages:
-            if entry.state != PackageState.IN_PROGRESS:
-                continue
-            new = plan.state.entry(entry.name, entry.version)
-            started = _parse(entry.started) or now
-            finished = new is None or new.stage != entry.stage or new.state == PackageState.COMPLETE
-            failed = new is not None and (
-                new.state == PackageState.ERRORING
-                or (new.retry_at is not None and (entry.retry_at is None or new.stage != entry.stage))
-            )
-            if failed and new is not None and new.retry_at is not None:
-                domain.count_retry(nodewright=nw_name, package=entry.name, version=entry.version)
-            if not (finished or failed):
-                continue
-            error = (new.error or "failed") if failed and new is not None else None
-            pod = _attempt_pod(pods, entry)
-            if pod is not None and pod.progress:
-                # One pod ran several stages: each gets its own span and duration, timed by its init
-                # containers; the stage it failed in (if any) carries the error. Chained runs follow,
-                # as long as the runs before them completed.
-                if run_ended(entry, pod.progress, started, new, error):
-                    continue
-                for run in pod.chain:
-                    chained = plan.state.entry(run.package, run.version)
-                    run_error = chained.error if chained is not None and chained.error else None
-                    as_entry = PackageEntry(run.package, run.version, run.stage, PackageState.IN_PROGRESS)
-                    if run_ended(as_entry, run.progress, started, chained, run_error):
-                        break
-                continue
-            stage_ended(entry, entry.stage.value, started, now, None if finished and not failed else error)
-        if uncordon and timing.cordoned_at is not None:
-            domain.observe_maintenance(nodewright=nw_name, seconds=(now - timing.cordoned_at).total_seconds())
+    def _end_traces(self, model: NodeWright, node_name: str, trace: TraceStep, now: datetime) -> None:
+        """The root of every trace this pass ended (after its stage spans): settled under its admission,
+        or abandoned; once, since the write that records it went through."""
         for end in trace.ended:
-            # The root of every trace this pass ended (after its stage spans): settled under its
-            # admission, or abandoned; once, since the write that records it went through.
             ref = _rollout_ref(model, node_name, end.admission)
             if ref is None:
                 continue
             settled = end.outcome in (RolloutEnd.COMPLETE, RolloutEnd.FAILED)
-            rt.tracer.node_rollout_finished(
+            self.rt.tracer.node_rollout_finished(
                 ref,
                 finished_at=now,
                 packages={n: p.version for n, p in model.spec.packages.items()} if settled else None,
@@ -1215,7 +1207,7 @@ class NodeReconciler:
 
     async def _unselected(
         self, key: str, model: NodeWright, node: JSON, stored: NodeState | None, pods: Sequence[JSON]
-    ) -> tuple[bool, float | None] | None:
+    ) -> PassOutcome:
         for pod in pods:
             meta = pod.get("metadata") or {}
             ended = classify(pod)[0] is not PodOutcome.RUNNING
@@ -1228,7 +1220,7 @@ class NodeReconciler:
                 )
         if pods:
             # Work of ours is still running there: let it end (the pod's events bring us back).
-            return False, self.plan_options.poll_interval
+            return Later(self.plan_options.poll_interval)
         await self._cleanup(
             node,
             model.metadata.name,
@@ -1237,23 +1229,21 @@ class NodeReconciler:
             trace_end=(model, RolloutEnd.UNSELECTED),
         )
         self.drainer.forget(key)
-        return None
+        return Done()
 
-    async def _release_for_invalid_deletion(
-        self, key: str, nw_name: str, node_name: str
-    ) -> tuple[bool, float | None] | None:
+    async def _release_for_invalid_deletion(self, key: str, nw_name: str, node_name: str) -> PassOutcome:
         """A NodeWright with an invalid spec is being deleted: nothing can be planned, so once none of
         its pods runs on the node, let go of the node entirely (see `RolloutReconciler`)."""
         node = self.rt.node(node_name)
         if node is None:
-            return None
+            return Done()
         running = [
             p
             for p in self.rt.pods.by_index("node", node_name)
             if node_labels(p).get(constants.POD_LABEL_NODEWRIGHT) == nw_name
         ]
         if running:
-            return False, self.plan_options.poll_interval
+            return Later(self.plan_options.poll_interval)
         try:
             state = node_state(node, nw_name)
         except MalformedNodeState:
@@ -1261,7 +1251,7 @@ class NodeReconciler:
         # (An unreadable state cannot say whether we cordoned the node: a cordon then stays.)
         await self._cleanup(node, nw_name, state, cordoned=bool(state and state.cordoned), forget_state=True)
         self.drainer.forget(key)
-        return None
+        return Done()
 
     async def _cleanup(
         self,
@@ -1287,63 +1277,56 @@ class NodeReconciler:
         finalizer, and nothing of ours may be left behind by then.
         """
         name = str(node["metadata"]["name"])
-        condition_type = constants.node_condition_type(nw_name)
-        if _condition_of(node, condition_type) is not None:
-            try:
-                updated = await self.rt.client.patch(
-                    NODES,
-                    name,
-                    # Strategic merge: conditions merge by `type`; `$patch: delete` removes that element.
-                    {"status": {"conditions": [{"type": condition_type, "$patch": "delete"}]}},
-                    patch_type=PatchType.STRATEGIC,
-                    subresource="status",
-                )
-            except NotFound:
-                return
-            self.rt.node_view.record(updated)
-            node = self.rt.node(name) or updated
-        labels = node_labels(node)
-        annotations = node_annotations(node)
-        status_key = constants.status_label(nw_name)
-        state_key = constants.state_annotation(nw_name)
-        patch_labels: dict[str, str | None] = {}
-        patch_annotations: dict[str, str | None] = {}
-        if status_key in labels:
-            patch_labels[status_key] = None
-        if timing_annotation(nw_name) in annotations:
-            patch_annotations[timing_annotation(nw_name)] = None
-        kept = replace(state, admission=None, cordoned=False, interrupt_at=None) if state else None
-        if forget_state or kept is None or not kept.packages:
-            if state_key in annotations and (forget_state or kept is not None):
-                patch_annotations[state_key] = None
-            if forget_state and admission_annotation(nw_name) in annotations:
-                patch_annotations[admission_annotation(nw_name)] = None
-        elif encode(kept) != annotations.get(state_key):
-            patch_annotations[state_key] = encode(kept)
+        without = await self._remove_condition(node, nw_name)
+        if without is None:
+            return
+        node = without
+        labels, annotations = _release_changes(node, nw_name, state, forget_state=forget_state)
         unschedulable = False if cordoned else None
+        if not (labels or annotations or unschedulable is not None):
+            return
         # Writing a state (not deleting it) must not resurrect an older one: guard it like `_write`.
-        guarded = patch_annotations.get(state_key) is not None
-        if patch_labels or patch_annotations or unschedulable is not None:
-            try:
-                updated = await self.rt.client.patch_node_metadata(
-                    name,
-                    labels=patch_labels or None,
-                    annotations=patch_annotations or None,
-                    unschedulable=unschedulable,
-                    resource_version=_resource_version(node) if guarded else None,
-                )
-            except NotFound:
-                return
-            except Conflict:
-                await self._refresh_node(name)
-                self.rt.enqueue_node(nw_name, name)
-                return
-            self.rt.node_view.record(updated)
-            if patch_labels:
-                self.rt.enqueue_rollout(nw_name)
-            log.info("node released by nodewright", node=name, nodewright=nw_name, uncordoned=cordoned)
-            if trace_end is not None and timing_annotation(nw_name) in patch_annotations:
-                self._end_abandoned_trace(name, read_timing(annotations, nw_name), *trace_end)
+        guarded = annotations.get(constants.state_annotation(nw_name)) is not None
+        try:
+            updated = await self.rt.client.patch_node_metadata(
+                name,
+                labels=labels or None,
+                annotations=annotations or None,
+                unschedulable=unschedulable,
+                resource_version=_resource_version(node) if guarded else None,
+            )
+        except NotFound:
+            return
+        except Conflict:
+            await self._refresh_node(name)
+            self.rt.enqueue_node(nw_name, name)
+            return
+        self.rt.node_view.record(updated)
+        if labels:
+            self.rt.enqueue_rollout(nw_name)
+        log.info("node released by nodewright", node=name, nodewright=nw_name, uncordoned=cordoned)
+        if trace_end is not None and timing_annotation(nw_name) in annotations:
+            self._end_abandoned_trace(name, read_timing(node_annotations(node), nw_name), *trace_end)
+
+    async def _remove_condition(self, node: JSON, nw_name: str) -> JSON | None:
+        """The node without our condition (None: the node is gone). Strategic merge: conditions merge
+        by `type`; `$patch: delete` removes that element and leaves the kubelet's alone."""
+        name = str(node["metadata"]["name"])
+        condition_type = constants.node_condition_type(nw_name)
+        if _condition_of(node, condition_type) is None:
+            return node
+        try:
+            updated = await self.rt.client.patch(
+                NODES,
+                name,
+                {"status": {"conditions": [{"type": condition_type, "$patch": "delete"}]}},
+                patch_type=PatchType.STRATEGIC,
+                subresource="status",
+            )
+        except NotFound:
+            return None
+        self.rt.node_view.record(updated)
+        return self.rt.node(name) or updated
 
     def _end_abandoned_trace(self, node: str, timing: Timing, model: NodeWright, outcome: RolloutEnd) -> None:
         traced = timing.trace
@@ -1373,17 +1356,25 @@ def _failed_chained_run(summary: PodSummary) -> tuple[str, str, PackageStage, in
     return None
 
 
-def _attempt_pod(pods: Sequence[PodSummary], entry: PackageEntry) -> PodSummary | None:
-    """The pod of `entry`'s current attempt, if it was among the pods the pass read."""
-    for pod in pods:
-        if (
-            pod.package == entry.name
-            and pod.version == entry.version
-            and pod.stage is entry.stage
-            and pod.attempt == entry.attempts
-        ):
-            return pod
-    return None
+def _release_changes(
+    node: JSON, nw_name: str, state: NodeState | None, *, forget_state: bool
+) -> tuple[dict[str, str | None], dict[str, str | None]]:
+    """The label and annotation changes that let go of a node (`NodeReconciler._cleanup`)."""
+    labels, annotations = node_labels(node), node_annotations(node)
+    status_key, state_key = constants.status_label(nw_name), constants.state_annotation(nw_name)
+    patch_labels: dict[str, str | None] = {status_key: None} if status_key in labels else {}
+    patch_annotations: dict[str, str | None] = {}
+    if timing_annotation(nw_name) in annotations:
+        patch_annotations[timing_annotation(nw_name)] = None
+    kept = replace(state, admission=None, cordoned=False, interrupt_at=None) if state else None
+    if forget_state or kept is None or not kept.packages:
+        if state_key in annotations and (forget_state or kept is not None):
+            patch_annotations[state_key] = None
+        if forget_state and admission_annotation(nw_name) in annotations:
+            patch_annotations[admission_annotation(nw_name)] = None
+    elif encode(kept) != annotations.get(state_key):
+        patch_annotations[state_key] = encode(kept)
+    return patch_labels, patch_annotations
 
 
 def _resource_version(node: JSON) -> str | None:
@@ -1405,25 +1396,6 @@ def _untouched(ctx: _PassContext, plan: NodePlan) -> bool:
     """
     current = node_labels(ctx.node).get(constants.status_label(ctx.model.metadata.name))
     return ctx.stored is None and current is None and plan.status is Status.WAITING
-
-
-def node_facts(node: JSON) -> NodeFacts:
-    spec = node.get("spec") or {}
-    info = (node.get("status") or {}).get("nodeInfo") or {}
-    taints = tuple(
-        Taint(key=str(t.get("key") or ""), effect=str(t.get("effect") or ""), value=t.get("value"))
-        for t in spec.get("taints") or []
-    )
-    return NodeFacts(
-        name=str(node["metadata"]["name"]),
-        labels=dict(node_labels(node)),
-        taints=taints,
-        unschedulable=bool(spec.get("unschedulable")),
-        ready=node_ready(node),
-        boot_id=str(info.get("bootID") or ""),
-        kernel=str(info.get("kernelVersion") or ""),
-        os_image=str(info.get("osImage") or ""),
-    )
 
 
 def _deletion_spec(effective: NodeWright, state: NodeState, pods: Sequence[JSON] = ()) -> NodeWright:

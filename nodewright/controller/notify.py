@@ -65,7 +65,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import structlog
 
-from nodewright.api.models import NodeWright, NotificationEvent, NotificationFormat, Status
+from nodewright.api.models import NodeWright, NodeWrightStatus, NotificationEvent, NotificationFormat, Status
 from nodewright.kube.resources import SECRETS, ApiError, NotFound
 from nodewright.observability import events
 from nodewright.observability.events import EventSpec
@@ -400,9 +400,6 @@ class Notifier:
             self._retiring[worker] = task
             log.info("notification sink removed; stopping its worker", sink=name)
 
-    def sent_before(self, sink: Sink, key: str) -> bool:
-        return (sink.name, key) in self._seen
-
     def circuit(self, sink: str) -> Circuit | None:
         """The circuit state of a sink (None: no worker for it)."""
         worker = self._sinks.get(sink)
@@ -663,6 +660,99 @@ def drain_blocked_due(sinks: Sequence[Sink], blocked_for: float) -> list[Sink]:
 # What a rollout pass tells the sinks
 
 
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    """One rollout pass of one NodeWright, as the notices it gives (`RolloutNotifications.after_pass`)."""
+
+    notifier: Notifier
+    name: str
+    sinks: Sequence[Sink]
+    now: datetime
+    fingerprint: str
+    plan: RolloutPlan
+    ours: Sequence[RolloutNode]  # nodes admitted for the current spec
+    persisted: NodeWrightStatus | None
+    conditions: Mapping[str, str]
+
+    def send(
+        self,
+        event: NotificationEvent,
+        message: str,
+        key: str,
+        *,
+        compartment: str | None = None,
+        node: str | None = None,
+        to: Sequence[Sink] | None = None,
+    ) -> None:
+        stamp = self.now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        notice = Notice(event, self.name, message, key, stamp, compartment=compartment, node=node)
+        self.notifier.notify(notice, self.sinks if to is None else to)
+
+    def started(self) -> None:
+        if self.plan.admissions and not self.ours:
+            self.send(
+                NotificationEvent.ROLLOUT_STARTED,
+                f"rollout started: {len(self.plan.admissions)} node(s) admitted into the first batch(es)",
+                f"{self.name}/{self.fingerprint}/started",
+            )
+
+    def batches_settled(self) -> None:
+        for cname, cplan in sorted(self.plan.compartments.items()):
+            outcome = cplan.batch_evaluated
+            if outcome is None or not outcome.evaluated:
+                continue
+            number = outcome.state.current_batch - 1
+            members = [
+                n
+                for n in self.ours
+                if n.admission and n.admission.compartment == cname and n.admission.batch == number
+            ]
+            failed = sum(phase_of(n, fingerprint=self.fingerprint) is Phase.FAILED for n in members)
+            verdict = "failed" if outcome.failed else "succeeded"
+            self.send(
+                NotificationEvent.BATCH_SETTLED,
+                f"batch {number} of compartment {cname!r} settled and {verdict}:"
+                f" {len(members) - failed} succeeded, {failed} failed",
+                f"{self.name}/{self.fingerprint}/{cname}/batch/{number}",
+                compartment=cname,
+            )
+
+    def halts(self) -> None:
+        before = (self.persisted.compartment_statuses or {}) if self.persisted is not None else {}
+        for halt in self.plan.halts:
+            previous = before.get(halt.compartment)
+            if previous is not None and previous.halted:
+                continue  # halted before this pass (also before a restart): told then
+            batch = previous.batch_state.current_batch if previous and previous.batch_state else 0
+            self.send(
+                NotificationEvent.COMPARTMENT_HALTED,
+                halt.message,
+                f"{self.name}/{self.fingerprint}/{halt.compartment}/halted/{batch}",
+                compartment=halt.compartment,
+            )
+
+    def failed_nodes(self) -> None:
+        for node in self.ours:
+            if phase_of(node, fingerprint=self.fingerprint) is Phase.FAILED and node.admission is not None:
+                self.send(
+                    NotificationEvent.NODE_FAILED,
+                    self.conditions.get(node.name) or "attempts exhausted",
+                    f"{self.name}/{self.fingerprint}/{node.name}/failed/{node.admission.at}",
+                    compartment=node.admission.compartment,
+                    node=node.name,
+                )
+
+    def completed(self, status: Status | None) -> None:
+        old = self.persisted.status if self.persisted is not None else None
+        if status is Status.COMPLETE and old is not Status.COMPLETE:
+            total = sum(c.status.matched for c in self.plan.compartments.values())
+            self.send(
+                NotificationEvent.ROLLOUT_COMPLETED,
+                f"rollout complete on {total} node(s)",
+                f"{self.name}/{self.fingerprint}/complete",
+            )
+
+
 class RolloutNotifications:
     """Derives a rollout pass's notices (module docstring) and hands them to the `Notifier`."""
 
@@ -693,95 +783,38 @@ class RolloutNotifications:
         drain cannot progress now (an eviction refused, or the drain timeout passed)."""
         name = model.metadata.name
         sinks = sinks_of(model, self.cluster_sink)
-        blocked = set(drain_blocked)
         if not sinks:
             self.forget(name)
             return
         self.notifier.keep(name, (s.name for s in sinks))
-        stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        ours = tuple(n for n in nodes if n.admission is not None and n.admission.fingerprint == fingerprint)
+        told = _Pass(self.notifier, name, sinks, now, fingerprint, plan, ours, model.status, conditions)
+        told.started()
+        told.batches_settled()
+        told.halts()
+        told.failed_nodes()
+        self._drain_blocked(told, nodes, set(drain_blocked))
+        told.completed(status)
 
-        def send(
-            event: NotificationEvent,
-            message: str,
-            key: str,
-            *,
-            compartment: str | None = None,
-            node: str | None = None,
-            to: Sequence[Sink] = sinks,
-        ) -> None:
-            notice = Notice(event, name, message, key, stamp, compartment=compartment, node=node)
-            self.notifier.notify(notice, to)
-
-        persisted = model.status
-        ours = [n for n in nodes if n.admission is not None and n.admission.fingerprint == fingerprint]
-        if plan.admissions and not ours:
-            count = len(plan.admissions)
-            send(
-                NotificationEvent.ROLLOUT_STARTED,
-                f"rollout started: {count} node(s) admitted into the first batch(es)",
-                f"{name}/{fingerprint}/started",
-            )
-        for cname, cplan in sorted(plan.compartments.items()):
-            outcome = cplan.batch_evaluated
-            if outcome is not None and outcome.evaluated:
-                number = outcome.state.current_batch - 1
-                members = [
-                    n
-                    for n in ours
-                    if n.admission and n.admission.compartment == cname and n.admission.batch == number
-                ]
-                failed = sum(phase_of(n, fingerprint=fingerprint) is Phase.FAILED for n in members)
-                verdict = "failed" if outcome.failed else "succeeded"
-                send(
-                    NotificationEvent.BATCH_SETTLED,
-                    f"batch {number} of compartment {cname!r} settled and {verdict}:"
-                    f" {len(members) - failed} succeeded, {failed} failed",
-                    f"{name}/{fingerprint}/{cname}/batch/{number}",
-                    compartment=cname,
-                )
-        before = (persisted.compartment_statuses or {}) if persisted is not None else {}
-        for halt in plan.halts:
-            previous = before.get(halt.compartment)
-            if previous is not None and previous.halted:
-                continue  # halted before this pass (also before a restart): told then
-            batch = previous.batch_state.current_batch if previous and previous.batch_state else 0
-            send(
-                NotificationEvent.COMPARTMENT_HALTED,
-                halt.message,
-                f"{name}/{fingerprint}/{halt.compartment}/halted/{batch}",
-                compartment=halt.compartment,
-            )
-        for node in ours:
-            if phase_of(node, fingerprint=fingerprint) is Phase.FAILED and node.admission is not None:
-                send(
-                    NotificationEvent.NODE_FAILED,
-                    conditions.get(node.name) or "attempts exhausted",
-                    f"{name}/{fingerprint}/{node.name}/failed/{node.admission.at}",
-                    compartment=node.admission.compartment,
-                    node=node.name,
-                )
+    def _drain_blocked(self, told: _Pass, nodes: Sequence[RolloutNode], blocked: set[str]) -> None:
+        """Nodes whose drain stays blocked longer than a sink's `drainBlockedAfter` (timed from the first
+        pass that found them blocked)."""
+        name, now = told.name, told.now
         admitted = {n.name: n.admission for n in nodes if n.admission is not None}
         for key in [k for k in self._drain_since if k[0] == name and k[1] not in blocked]:
             del self._drain_since[key]
         for node_name in sorted(blocked):
             since = self._drain_since.setdefault((name, node_name), now)
-            due = drain_blocked_due(sinks, (now - since).total_seconds())
+            due = drain_blocked_due(told.sinks, (now - since).total_seconds())
             adm = admitted.get(node_name)
             if due:
                 minutes = int((now - since).total_seconds() // 60)
-                send(
+                why = told.conditions.get(node_name) or "eviction refused"
+                told.send(
                     NotificationEvent.DRAIN_BLOCKED,
-                    f"drain blocked for {minutes} min: {conditions.get(node_name) or 'eviction refused'}",
+                    f"drain blocked for {minutes} min: {why}",
                     f"{name}/{node_name}/drain-blocked/{adm.at if adm else ''}",
                     compartment=adm.compartment if adm else None,
                     node=node_name,
                     to=due,
                 )
-        old = persisted.status if persisted is not None else None
-        if status is Status.COMPLETE and old is not Status.COMPLETE:
-            total = sum(c.status.matched for c in plan.compartments.values())
-            send(
-                NotificationEvent.ROLLOUT_COMPLETED,
-                f"rollout complete on {total} node(s)",
-                f"{name}/{fingerprint}/complete",
-            )

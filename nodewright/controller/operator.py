@@ -33,26 +33,19 @@ from typing import Any
 import structlog
 
 from nodewright.api import constants
+from nodewright.api.admission import admission_annotation
+from nodewright.api.modelcache import ModelCache
 from nodewright.api.models import policy_status
+from nodewright.api.nodeobject import node_ready
 from nodewright.controller.budgets import NODE_EVENT_DELAY, SharedBudgets
-from nodewright.controller.context import (
-    SIGNING_SECRET_NAME,
-    EventRecorder,
-    ModelCache,
-    OperatorOptions,
-    PodExpectations,
-    PodSigner,
-    Runtime,
-    WriteThrough,
-    admission_annotation,
-    matches_nodewright,
-    node_key,
-    split_node_key,
-)
-from nodewright.controller.manager import Controller, Manager
+from nodewright.controller.expectations import PodExpectations
+from nodewright.controller.manager import Manager
 from nodewright.controller.nodes import NodeReconciler
 from nodewright.controller.notify import Notifier, RolloutNotifications, Sink
-from nodewright.controller.rollout import RolloutReconciler, blocked_reason
+from nodewright.controller.options import OperatorOptions
+from nodewright.controller.rollout import RolloutReconciler
+from nodewright.controller.runtime import EventRecorder, Runtime, node_key, split_node_key
+from nodewright.controller.signing import SIGNING_SECRET_NAME, PodSigner
 from nodewright.kube.client import KubeClient
 from nodewright.kube.resources import (
     DEPLOYMENTPOLICIES,
@@ -65,13 +58,15 @@ from nodewright.kube.resources import (
     Conflict,
     NotFound,
 )
-from nodewright.kube.trim import node_ready, trim_node, trim_pod
+from nodewright.kube.trim import trim_node, trim_pod
 from nodewright.kube.workqueue import Result
+from nodewright.kube.writethrough import WriteThrough
 from nodewright.observability import events
 from nodewright.observability.metrics import OperatorMetrics
 from nodewright.observability.tracing import RolloutTracer
 from nodewright.plan import podspec
 from nodewright.plan.node import is_disabled, is_paused
+from nodewright.plan.rollout_input import blocked, matches_nodewright, node_context
 
 log = structlog.get_logger("nodewright.operator")
 
@@ -157,33 +152,7 @@ class Operator:
     ) -> None:
         client = manager.client
         self.manager = manager
-        nodewrights = manager.informer(NODEWRIGHTS)
-        policies = manager.informer(DEPLOYMENTPOLICIES)
-        nodes = manager.informer(NODES, transform=trim_node)
-        pods = manager.informer(
-            PODS,
-            namespace=options.namespace,
-            label_selector=f"{constants.POD_OWNER_LABEL}={constants.POD_OWNER_VALUE}",
-            transform=trim_pod,
-        )
-        # By the node the pod is for: stage pods are created unbound and bound by the operator later.
-        pods.add_index("node", lambda pod: [podspec.pod_node(pod)])
-        self.rt = Runtime(
-            client=client,
-            options=options,
-            nodewrights=nodewrights,
-            policies=policies,
-            nodes=nodes,
-            pods=pods,
-            models=ModelCache(),
-            node_view=WriteThrough(nodes, trim_node),
-            nodewright_view=WriteThrough(nodewrights),
-            signer=signer,
-            metrics=metrics,
-            tracer=tracer,
-            events=EventRecorder(event_client or client, clock=lambda: self.rt.clock(), instance=instance),
-            pod_expectations=PodExpectations(trim_pod),
-        )
+        self.rt = self._runtime(manager, options, metrics, tracer, signer, event_client or client, instance)
         self.budgets = SharedBudgets(self.rt, manager.informer(DISRUPTIONBUDGETS))
         # Per-sink queues and workers: one hanging webhook costs only its own notices (controller.notify).
         self.notifier = Notifier(client, options.namespace, metrics=metrics, warn=self._notification_warning)
@@ -203,6 +172,44 @@ class Operator:
         self.rt.enqueue_node = lambda nw, node: self.node.queue.add(node_key(nw, node))
         self.rt.enqueue_node_after = lambda nw, node, s: self.node.queue.add_after(node_key(nw, node), s)
         self._wire_events()
+
+    def _runtime(
+        self,
+        manager: Manager,
+        options: OperatorOptions,
+        metrics: OperatorMetrics,
+        tracer: RolloutTracer,
+        signer: PodSigner,
+        event_client: KubeClient,
+        instance: str,
+    ) -> Runtime:
+        """The informers (trimmed caches) and the shared runtime of the reconcilers."""
+        nodewrights = manager.informer(NODEWRIGHTS)
+        nodes = manager.informer(NODES, transform=trim_node)
+        pods = manager.informer(
+            PODS,
+            namespace=options.namespace,
+            label_selector=f"{constants.POD_OWNER_LABEL}={constants.POD_OWNER_VALUE}",
+            transform=trim_pod,
+        )
+        # By the node the pod is for: stage pods are created unbound and bound by the operator later.
+        pods.add_index("node", lambda pod: [podspec.pod_node(pod)])
+        return Runtime(
+            client=manager.client,
+            options=options,
+            nodewrights=nodewrights,
+            policies=manager.informer(DEPLOYMENTPOLICIES),
+            nodes=nodes,
+            pods=pods,
+            models=ModelCache(),
+            node_view=WriteThrough(nodes, trim_node),
+            nodewright_view=WriteThrough(nodewrights),
+            signer=signer,
+            metrics=metrics,
+            tracer=tracer,
+            events=EventRecorder(event_client, clock=lambda: self.rt.clock(), instance=instance),
+            pod_expectations=PodExpectations(trim_pod),
+        )
 
     # -- event mapping -----------------------------------------------------------------------------
 
@@ -255,27 +262,9 @@ class Operator:
         self.rollout.watch(rt.policies, policy_keys)
         self.policy.watch(rt.policies)
 
-        def node_added(node: JSON) -> None:
-            for key in self._node_keys(node):
-                self.node.queue.add(key)
-            for key in self._names():
-                self._rollout_soon(key)
-
-        def node_updated(old: JSON, new: JSON) -> None:
-            keys = set(self._node_keys(old)) | set(self._node_keys(new))
-            for key in keys:
-                self.node.queue.add(key)
-            names = self._names()
-            if _rollout_relevant(old, new, names):
-                node_name = str(_meta(new).get("name"))
-                labels = _meta(new).get("labels") or {}
-                for nw in {split_node_key(k)[0] for k in keys}:
-                    if self.rollouts.settles_batch(nw, node_name, labels):
-                        self.rollout.queue.add(nw)  # the next batch waits for exactly this event
-                    else:
-                        self._rollout_soon(nw)
-
-        rt.nodes.add_handler(on_add=node_added, on_update=node_updated, on_delete=node_added)
+        rt.nodes.add_handler(
+            on_add=self._node_added, on_update=self._node_updated, on_delete=self._node_added
+        )
 
         def pod_keys(pod: JSON) -> list[str]:
             labels = _meta(pod).get("labels") or {}
@@ -290,6 +279,28 @@ class Operator:
             on_delete=expectations.observed_delete,
         )
         self.node.watch(rt.pods, pod_keys)
+
+    def _node_added(self, node: JSON) -> None:
+        """A node appeared or went: its node keys, and a (debounced) pass of every rollout."""
+        for key in self._node_keys(node):
+            self.node.queue.add(key)
+        for key in self._names():
+            self._rollout_soon(key)
+
+    def _node_updated(self, old: JSON, new: JSON) -> None:
+        """Its node keys; the rollouts it matters to, at once when it settles the last node of a batch."""
+        keys = set(self._node_keys(old)) | set(self._node_keys(new))
+        for key in keys:
+            self.node.queue.add(key)
+        if not _rollout_relevant(old, new, self._names()):
+            return
+        node_name = str(_meta(new).get("name"))
+        labels = _meta(new).get("labels") or {}
+        for nw in {split_node_key(k)[0] for k in keys}:
+            if self.rollouts.settles_batch(nw, node_name, labels):
+                self.rollout.queue.add(nw)  # the next batch waits for exactly this event
+            else:
+                self._rollout_soon(nw)
 
     def _wire_budgets(self) -> None:
         budgets = self.budgets.informer
@@ -335,7 +346,13 @@ class Operator:
         keys = (constants.state_annotation(name), admission_annotation(name))
         label = constants.status_label(name)
         quiet = model is not None and not is_paused(model) and not is_disabled(model)
-        taint_key = self.rt.options.runtime_required_taint_key
+        ctx = (
+            node_context(
+                model, now=self.rt.clock(), runtime_taint_key=self.rt.options.runtime_required_taint_key
+            )
+            if model is not None
+            else None
+        )
         for node in self.rt.nodes.objects():
             meta = _meta(node)
             annotations = meta.get("annotations") or {}
@@ -343,7 +360,7 @@ class Operator:
             if not ours:
                 if model is None or not matches_nodewright(model, node):
                     continue
-                if quiet and blocked_reason(model, node, runtime_taint_key=taint_key) is None:
+                if quiet and ctx is not None and blocked(ctx, node) is None:
                     continue
             self.node.queue.add(node_key(name, str(meta.get("name"))))
 
@@ -375,7 +392,3 @@ class Operator:
             return None
         await self.rt.client.patch_status(DEPLOYMENTPOLICIES, name, {"status": desired})
         return None
-
-
-def registered_controllers(operator: Operator) -> list[Controller]:
-    return [operator.rollout, operator.node, operator.policy, operator.budget]

@@ -73,6 +73,8 @@ LOG_TAIL_LINES: Final = 20
 LOG_DEADLINE: Final = 3.0
 LOG_RETRY_PAUSE: Final = 0.5
 MAX_LOG_CHARS: Final = 1500
+# What is read of a failed container's log (its end): enough for the last lines at any width.
+LOG_READ_BYTES: Final = 64 * 1024
 _LOG_CACHE_SIZE: Final = 512
 _WORK_STAGES: Final = {s.value: s for s in PackageStage if s not in INTERRUPT_STAGES}
 
@@ -316,7 +318,9 @@ class PodLogs:
         while True:
             remaining = deadline - loop.time()
             try:
-                body = await self._client.get_text(path, params=params, timeout=max(0.1, remaining))
+                body = await self._client.get_text(
+                    path, params=params, timeout=max(0.1, remaining), keep_last=LOG_READ_BYTES
+                )
                 error = ""
             except (TimeoutError, aiohttp.ClientError, OSError, ApiError) as exc:
                 body, error = "", str(exc) or type(exc).__name__

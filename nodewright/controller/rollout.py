@@ -20,40 +20,36 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
 import structlog
 
 from nodewright.api import constants
+from nodewright.api.admission import admission_annotation, encode_admission
 from nodewright.api.models import (
-    CompartmentStatus,
     Condition,
-    DeploymentPolicy,
     NodeWright,
-    NodeWrightStatus,
     Status,
 )
+from nodewright.api.nodeobject import node_annotations, node_condition, node_labels, node_status, node_timing
 from nodewright.api.nodestate import NodeState, PackageState
+from nodewright.api.reasons import (
+    HELD_AT_GATE,
+    Activity,
+    DrainSkipped,
+    NodeConditionReason,
+    Predecessor,
+    condition_reason,
+    drain_held,
+)
 from nodewright.controller import taints
 from nodewright.controller.budgets import SharedBudgets, merge_patch
 from nodewright.controller.configmaps import PackageConfigMaps
-from nodewright.controller.context import (
-    Runtime,
-    admission_annotation,
-    effective_nodewright,
-    encode_admission,
-    matches_nodewright,
-    node_admission,
-    node_annotations,
-    node_labels,
-    try_node_state,
-)
-from nodewright.controller.drainer import read_timing
 from nodewright.controller.notify import RolloutNotifications
+from nodewright.controller.runtime import Runtime
 from nodewright.kube.resources import JSON, NODEWRIGHTS, Conflict, NotFound
-from nodewright.kube.trim import node_ready
 from nodewright.kube.workqueue import Result
 from nodewright.observability import events
 from nodewright.observability.metrics import (
@@ -64,26 +60,26 @@ from nodewright.observability.metrics import (
     count_package_nodes,
     strategy_label,
 )
-from nodewright.plan import batches, sequencing
-from nodewright.plan.budgets import SharedBudget
+from nodewright.plan import sequencing
 from nodewright.plan.configdiff import config_digest
-from nodewright.plan.node import NodeFacts, Taint, is_disabled, is_paused, untolerated_taints
+from nodewright.plan.node import is_disabled, is_paused
 from nodewright.plan.podspec import package_configmap_name as podspec_configmap_name
-from nodewright.plan.podspec import parse_duration_seconds
-from nodewright.plan.policy import PolicyInvalid
 from nodewright.plan.rollout import (
     APPROVE_ANNOTATION,
     Phase,
     RolloutNode,
     RolloutPlan,
-    WaitReason,
     format_approvals,
     parse_approvals,
     phase_of,
-    plan_rollout,
-    spec_fingerprint,
-    status_for_spec,
-    work_pending,
+)
+from nodewright.plan.rollout_input import (
+    NodeContext,
+    NodeEntry,
+    RolloutInput,
+    RolloutOptions,
+    derive_node,
+    rollout_input,
 )
 from nodewright.plan.stages import ts
 from nodewright.plan.status import (
@@ -98,15 +94,13 @@ from nodewright.plan.status import (
 
 log = structlog.get_logger("nodewright.rollout")
 
-SKIP_RETRY_MIN = 10.0
-CORDONED_BY_SOMEONE_ELSE = "cordoned by someone else"
 RESYNC_ACTIVE = 60.0
 """Safety-net resync while nodes are in flight; progress itself is event-driven."""
 BUDGET_RETRY = 1.0
+"""Seconds before a pass whose DisruptionBudget writes kept conflicting is tried again."""
 FILL_REQUEUE = 0.05
 """Seconds before the pass that admits the rest of a batch the last pass left (`--admissions-per-pass`):
 at once: its admissions are in the write-through node view already, and other keys' work interleaves."""
-"""Seconds before a pass whose DisruptionBudget writes kept conflicting is tried again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,31 +112,43 @@ class _NodeView:
     `oldest_started`, the earliest start of a package stage in progress on the node (metrics).
     """
 
-    node: JSON
+    node: Mapping[str, Any]
     status: Status | None
+    condition: NodeConditionReason | None = None  # the code of the node condition of this NodeWright
     oldest_started: datetime | None = None
+    evictions_refused: bool = False  # the node controller's timing annotation says so (`api.timing`)
+
+    @property
+    def held_at_gate(self) -> NodeConditionReason | None:
+        """The gate reason of an admitted node in progress (protected pods, drain), else None."""
+        if self.status is Status.IN_PROGRESS and self.condition in HELD_AT_GATE:
+            return self.condition
+        return None
+
+    @property
+    def drain_held(self) -> bool:
+        """Admitted, and its drain cannot progress: an eviction refused, or the drain timeout passed."""
+        return self.held_at_gate is not None and drain_held(
+            self.condition, evictions_refused=self.evictions_refused
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class _NodeEntry:
     """What one pass derived from one node object; reused while the node's resourceVersion is the same.
 
-    `view`, `rollout` and `report` are None for a node the NodeWright does not select; `malformed`
-    marks a selected node whose state annotation does not decode. `rollout` leaves out
-    `waiting_for_priority`, which depends on other nodes and is added per pass.
+    `entry` is the planner input's part (`plan.rollout_input.derive_node`); `view` and `report` are
+    None for a node the NodeWright does not select.
     """
 
     resource_version: str
-    matched: bool
-    malformed: bool = False
+    entry: NodeEntry
     view: _NodeView | None = None
-    rollout: RolloutNode | None = None
     report: NodeReport | None = None
 
     @property
     def reusable(self) -> bool:
-        # A blocked node's retry time depends on the clock (see `node_reported_block`).
-        return self.view is None or self.view.status is not Status.BLOCKED
+        return self.entry.reusable
 
 
 @dataclass(slots=True)
@@ -173,7 +179,7 @@ class _SharedReports:
 
 @dataclass(slots=True)
 class _Memo:
-    """Per-node results of the previous pass, valid for one spec (`context`)."""
+    """Per-node results of the previous pass, valid for one `NodeContext.key` (`context`)."""
 
     context: tuple[Any, ...] = ()
     entries: dict[str, _NodeEntry] = field(default_factory=dict)
@@ -192,23 +198,30 @@ class _Memo:
 
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
-    """What one rollout pass plans from (see `RolloutReconciler._snapshot`)."""
+    """What one rollout pass plans from (see `RolloutReconciler._snapshot`): the planner's input and,
+    per selected node, what the status and metrics read."""
 
-    nodewright: NodeWright  # the effective spec (deletion turns into uninstalls)
+    inp: RolloutInput
     nodes: list[JSON]
     matched: list[JSON]
-    all_names: list[str]
-    fingerprint: str
     views: list[_NodeView]
     reports: list[NodeReport]
-    rollout_nodes: list[RolloutNode]
-    malformed: list[str]
-    policy: DeploymentPolicy | PolicyInvalid | None
-    policy_name: str
-    facts: list[sequencing.NodeWrightFacts]
-    reset: bool
-    now: datetime
-    reset_compartments: frozenset[str] = frozenset()
+
+    @property
+    def nodewright(self) -> NodeWright:
+        return self.inp.nodewright  # the effective spec (deletion turns into uninstalls)
+
+    @property
+    def now(self) -> datetime:
+        return self.inp.now
+
+    @property
+    def fingerprint(self) -> str:
+        return self.inp.fingerprint
+
+    @property
+    def rollout_nodes(self) -> Sequence[RolloutNode]:
+        return self.inp.nodes
 
 
 def _oldest_started(state: NodeState | None) -> datetime | None:
@@ -219,152 +232,6 @@ def _oldest_started(state: NodeState | None) -> datetime | None:
             started = datetime.fromisoformat(entry.started.replace("Z", "+00:00"))
             oldest = started if oldest is None or started < oldest else oldest
     return oldest
-
-
-def _names_of(nodes: Sequence[JSON], entries: Sequence[_NodeEntry], *, malformed: bool) -> list[str]:
-    pairs = zip(nodes, entries, strict=True)
-    return [str(n["metadata"]["name"]) for n, e in pairs if e.malformed == malformed]
-
-
-def _status_of(node: JSON, nodewright: str) -> Status | None:
-    value = node_labels(node).get(constants.status_label(nodewright))
-    try:
-        return Status(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def node_facts(node: JSON) -> NodeFacts:
-    spec = node.get("spec") or {}
-    status = node.get("status") or {}
-    return NodeFacts(
-        name=str(node["metadata"]["name"]),
-        labels=node_labels(node),
-        taints=tuple(
-            Taint(key=str(t.get("key")), effect=str(t.get("effect")), value=t.get("value"))
-            for t in spec.get("taints") or ()
-        ),
-        unschedulable=bool(spec.get("unschedulable")),
-        ready=node_ready(node),
-        boot_id=str((status.get("nodeInfo") or {}).get("bootID") or ""),
-    )
-
-
-def blocked_reason(nodewright: NodeWright, node: JSON, *, runtime_taint_key: str) -> str | None:
-    """Why this NodeWright may not touch the node at all (ignore label, untolerated taints)."""
-    if node_labels(node).get(constants.LABEL_IGNORE, "").lower() == "true":
-        return f"node carries {constants.LABEL_IGNORE}=true"
-    untolerated = untolerated_taints(nodewright, node_facts(node), runtime_taint_key=runtime_taint_key)
-    if untolerated:
-        listed = ", ".join(f"{t.key}={t.value or ''}:{t.effect}" for t in untolerated[:3])
-        return f"taint not tolerated: {listed}"
-    return None
-
-
-def _cordon_owner(node: JSON, nodewrights: Sequence[str]) -> str | None:
-    """The NodeWright whose state says it cordoned the node, if any."""
-    for name in nodewrights:
-        state, _ = try_node_state(node, name)
-        if state is not None and state.cordoned:
-            return name
-    return None
-
-
-def unavailable_reason(
-    node: JSON,
-    *,
-    own: NodeState | None,
-    all_nodewrights: Sequence[str],
-    inactive: Mapping[str, str] | None = None,
-) -> str | None:
-    """A node made unavailable by someone else (or by another NodeWright) takes a budget slot.
-
-    `inactive` maps paused or disabled NodeWrights to "paused"/"disabled", so that the reason says who
-    holds the node and why it is not coming back soon: a paused NodeWright keeps its cordons until it is
-    resumed; a disabled one releases them once its running pods have finished.
-    """
-    if own is not None and own.cordoned:
-        return None
-    if (node.get("spec") or {}).get("unschedulable"):
-        owner = _cordon_owner(node, all_nodewrights)
-        if owner is None:
-            return CORDONED_BY_SOMEONE_ELSE
-        why = (inactive or {}).get(owner)
-        if why == "paused":
-            return f"cordoned by NodeWright {owner!r}, which is paused (it keeps the cordon until resumed)"
-        if why == "disabled":
-            return f"cordoned by NodeWright {owner!r}, which is disabled (released once its pods finish)"
-        return f"cordoned by NodeWright {owner!r}"
-    if not node_ready(node):
-        return "NotReady"
-    return None
-
-
-def node_reported_block(
-    nodewright: NodeWright, node: JSON, *, status: Status | None, now: datetime | None
-) -> tuple[str | None, datetime | None]:
-    """A block the node controller reported (status `blocked`): (reason, when it may be retried).
-
-    A drain that timed out under `drain.policy: skip` is retried once as long as the drain timeout has
-    passed again (at least `SKIP_RETRY_MIN` seconds) — "come back to it later" — so a stuck
-    PodDisruptionBudget does not make the rollout spin on one node. Other node-level blocks (e.g. a
-    downgrade that needs an uninstall first) last until the node controller reports something else,
-    which it does as soon as the spec changes.
-    """
-    if status is not Status.BLOCKED:
-        return None, None
-    name = nodewright.metadata.name
-    skip = read_timing(node_annotations(node), name).drain_skip
-    if skip is not None:
-        delay = max(SKIP_RETRY_MIN, parse_duration_seconds(nodewright.spec.effective_drain().timeout))
-        retry_at = skip.at + timedelta(seconds=delay)
-        if now is not None and now >= retry_at:
-            return None, None
-        return f"drain timed out, retried after {ts(retry_at)}: {skip.message}"[:300], retry_at
-    message = _condition_message(node, name) or "blocked on the node"
-    return message[:300], None
-
-
-def rollout_node(
-    nodewright: NodeWright,
-    node: JSON,
-    *,
-    state: NodeState | None,
-    runtime_taint_key: str,
-    all_nodewrights: Sequence[str],
-    waiting_for_priority: str | None = None,
-    now: datetime | None = None,
-    inactive: Mapping[str, str] | None = None,
-) -> RolloutNode:
-    """A matched node as the rollout planner sees it (shared with `nodewright plan`).
-
-    `needs_work` comes from the state annotation (the node controller's record), not from the status
-    label, because right after a spec change the label still says `complete` until the node controller
-    has looked again; the status label is used for what the node is doing, corrected by `needs_work`
-    (`status_for_spec`: a node with pending work is never counted complete).
-    """
-    name = nodewright.metadata.name
-    needs_work = work_pending(nodewright, state)
-    status = status_for_spec(_status_of(node, name), needs_work=needs_work)
-    unavailable = unavailable_reason(
-        node, own=state, all_nodewrights=list(all_nodewrights) or [name], inactive=inactive
-    )
-    return RolloutNode(
-        name=str(node["metadata"]["name"]),
-        labels=node_labels(node),
-        creation_timestamp=(node.get("metadata") or {}).get("creationTimestamp"),
-        status=status,
-        needs_work=needs_work,
-        admission=node_admission(node, name),
-        unavailable_reason=unavailable,
-        # An admin-cordoned node is out of service anyway: it may be worked on and stays cordoned.
-        may_start_while_unavailable=unavailable == CORDONED_BY_SOMEONE_ELSE,
-        blocked_reason=(
-            blocked_reason(nodewright, node, runtime_taint_key=runtime_taint_key)
-            or node_reported_block(nodewright, node, status=_status_of(node, name), now=now)[0]
-        ),
-        waiting_for_priority=waiting_for_priority,
-    )
 
 
 class RolloutReconciler:
@@ -383,7 +250,6 @@ class RolloutReconciler:
         self._memo: dict[str, _Memo] = {}
         # NodeWright -> compartment -> admitted nodes still working on the current spec: the open batch.
         self._open: dict[str, dict[str, set[str]]] = {}
-        self._inactive: dict[str, str] = {}  # this pass's paused/disabled NodeWrights
         self._deletion_warned: dict[str, str] = {}  # NodeWright -> reason of the DeletionBlocked Event sent
         self._fingerprint: dict[str, str] = {}  # NodeWright -> spec fingerprint of the last pass
         self._pruned: dict[str, str] = {}  # NodeWright -> fingerprint whose old package ConfigMaps are gone
@@ -432,14 +298,13 @@ class RolloutReconciler:
         if not deleting and constants.FINALIZER not in (model.metadata.finalizers or []):
             await self._add_finalizer(obj)
         snap = self._snapshot(name, model)
-        secured = await self._secure(snap, model)
-        if secured is None:
+        plan = await self._secure(snap)
+        if plan is None:
             return Result(requeue_after=BUDGET_RETRY)  # budget writers kept conflicting: nothing written
-        plan = secured
         compute = time.monotonic() - started
         # Taints first: a new node must be tainted before its admission marks it as touched.
         taint_report = await taints.reconcile_runtime_taints(
-            rt, snap.nodewright, snap.matched, all_names=snap.all_names, completion=self._completion
+            rt, snap.nodewright, snap.matched, all_names=snap.inp.all_nodewrights, completion=self._completion
         )
         started = time.monotonic()
         summary, status = self._status(snap, model, plan, taint_report)
@@ -452,33 +317,41 @@ class RolloutReconciler:
         await self._apply_admissions(name, plan, snap.views)
         if self.budgets is not None:
             self.budgets.admitted(name)
-        if (snap.reset and plan.reset_applied) or snap.reset_compartments:
+        await self._after_writes(obj, model, snap, plan, summary.status.status)
+        if deleting:
+            return await self._finish_deletion(obj, model, snap.nodes)
+        return Result(requeue_after=self._requeue(snap, plan))
+
+    async def _after_writes(
+        self, obj: JSON, model: NodeWright, snap: _Snapshot, plan: RolloutPlan, status: Status | None
+    ) -> None:
+        """What follows the status and admission writes: annotations consumed, Events, notifications,
+        ConfigMaps pruned, metrics, and the batches that are open now."""
+        name = model.metadata.name
+        if (snap.inp.reset_requested and plan.reset_applied) or snap.inp.reset_compartments:
             await self._clear_reset_annotation(name)
         if plan.approvals_applied:
             await self._clear_approvals(obj, plan)
         self._fingerprint[name] = snap.fingerprint
-        await self._emit_transitions(model, plan, summary.status.status, snap.malformed, snap.rollout_nodes)
+        await self._emit_transitions(model, plan, status, snap.inp.malformed, snap.rollout_nodes)
         if self.notifications is not None:
             self.notifications.after_pass(
                 model,
                 plan,
-                summary.status.status,
+                status,
                 snap.rollout_nodes,
                 fingerprint=snap.fingerprint,
                 now=snap.now,
                 conditions={
                     str(v.node["metadata"]["name"]): m
                     for v in snap.views
-                    if (m := _condition_message(v.node, name)) is not None
+                    if (m := _condition_text(v.node, name)) is not None
                 },
-                drain_blocked=_drain_blocked(snap.views, name),
+                drain_blocked=_drain_blocked(snap.views),
             )
-        await self._prune_configmaps(model, summary.status.status, snap.fingerprint)
-        self._update_metrics(name, snap, plan, summary.status.status)
+        await self._prune_configmaps(model, status, snap.fingerprint)
+        self._update_metrics(name, snap, plan, status)
         self._open[name] = _open_batches(snap.rollout_nodes, snap.fingerprint, plan)
-        if deleting:
-            return await self._finish_deletion(obj, model, snap.nodes)
-        return Result(requeue_after=self._requeue(snap, plan))
 
     def _forget(self, name: str) -> None:
         self.rt.metrics.domain.remove_nodewright(name)
@@ -496,74 +369,52 @@ class RolloutReconciler:
             memory.pop(name, None)
 
     def _snapshot(self, name: str, model: NodeWright) -> _Snapshot:
-        """The NodeWright's nodes as the planner sees them, from the caches."""
+        """The NodeWright's nodes as the planner sees them, from the caches (`plan.rollout_input`)."""
         rt = self.rt
-        nodewright = effective_nodewright(model)
-        all_names = sorted(o["metadata"]["name"] for o in rt.nodewrights.objects())
         nodes = [rt.node(str(n["metadata"]["name"])) or n for n in rt.nodes.objects()]
-        fingerprint = spec_fingerprint(nodewright)
-        entries = self._entries(name, nodewright, nodes, fingerprint=fingerprint, all_names=all_names)
-        self._enqueue_strays(name, nodes, entries)
-        selected = [e for e in entries if e.view is not None]
-        policy, policy_name = self._policy(nodewright)
-        facts = self._sequencing_facts(all_names, nodes)
-        reset, reset_some = parse_reset_annotation(
-            (model.metadata.annotations or {}).get(constants.ANNOTATION_RESET_BATCH, "")
-        )
-        return _Snapshot(
-            nodewright=nodewright,
+        names = (str(o["metadata"]["name"]) for o in rt.nodewrights.objects())
+        nodewrights = {other: rt.nodewright(other)[1] for other in names}
+        nodewrights[name] = model
+        wanted = model.spec.deployment_policy
+        policy = rt.policy(wanted) if wanted else None
+        inp = rollout_input(
+            model,
             nodes=nodes,
-            matched=[n for n, e in zip(nodes, entries, strict=True) if e.matched],
-            all_names=all_names,
-            fingerprint=fingerprint,
+            nodewrights=nodewrights,
+            policies={wanted: policy} if wanted and policy is not None else {},
+            now=rt.clock(),
+            options=RolloutOptions(
+                admission_limit=rt.options.admissions_per_pass,
+                runtime_taint_key=rt.options.runtime_required_taint_key,
+            ),
+            entries=lambda ctx, objects: self._entries(name, ctx, objects),
+            completion=self._completion,
+        )
+        memo = self._memo[name].entries
+        self._enqueue_strays(name, nodes, inp.entries)
+        selected = [memo[e.name] for e in inp.entries if e.rollout is not None]
+        return _Snapshot(
+            inp=inp,
+            nodes=nodes,
+            matched=[n for n, e in zip(nodes, inp.entries, strict=True) if e.matched],
             views=[e.view for e in selected if e.view is not None],
             reports=[e.report for e in selected if e.report is not None],
-            rollout_nodes=[self._with_priority(name, e, facts) for e in selected],
-            malformed=[
-                str(n["metadata"]["name"]) for n, e in zip(nodes, entries, strict=True) if e.malformed
-            ],
-            policy=policy,
-            policy_name=policy_name,
-            facts=facts,
-            reset=reset,
-            now=rt.clock(),
-            reset_compartments=reset_some,
         )
 
-    async def _secure(self, snap: _Snapshot, model: NodeWright) -> RolloutPlan | None:
+    async def _secure(self, snap: _Snapshot) -> RolloutPlan | None:
         """The plan, with the slots of shared DisruptionBudgets recorded before anything else is written
         (None: other writers kept changing the budgets; `controller.budgets`)."""
         if self.budgets is None:
-            return self._plan(snap, model)
+            return snap.inp.plan()
         secured = await self.budgets.plan(
-            model.metadata.name,
+            snap.inp.name,
             nodes=snap.nodes,
             rollout_nodes=snap.rollout_nodes,
             fingerprint=snap.fingerprint,
             now=snap.now,
-            replan=lambda shared: self._plan(snap, model, shared),
+            replan=lambda shared: snap.inp.with_budgets(shared).plan(),
         )
         return None if secured is None else secured.plan
-
-    def _plan(self, snap: _Snapshot, model: NodeWright, shared: Sequence[SharedBudget] = ()) -> RolloutPlan:
-        previous = model.status or NodeWrightStatus()
-        return plan_rollout(
-            snap.nodewright,
-            policy=snap.policy,
-            nodes=snap.rollout_nodes,
-            compartment_statuses=reset_compartments(
-                previous.compartment_statuses or {}, snap.reset_compartments
-            ),
-            fingerprint=snap.fingerprint,
-            now=ts(snap.now),
-            reset_requested=snap.reset,
-            approvals=parse_approvals((model.metadata.annotations or {}).get(APPROVE_ANNOTATION)),
-            paused=is_paused(model),
-            disabled=is_disabled(model),
-            next_order_hint=previous.next_order if previous.rollout_fingerprint == snap.fingerprint else 0,
-            shared_budgets=shared,
-            admission_limit=self.rt.options.admissions_per_pass,
-        )
 
     def _status(
         self, snap: _Snapshot, model: NodeWright, plan: RolloutPlan, taint_report: taints.TaintReport
@@ -580,14 +431,14 @@ class RolloutReconciler:
             nodes=snap.reports,
             plan=plan,
             now=ts(snap.now),
-            paused=is_paused(model),
-            disabled=is_disabled(model),
-            waiting_for_sequencing=self._global_sequencing_blocker(model.metadata.name, snap.facts),
-            malformed_nodes=snap.malformed,
+            paused=snap.inp.paused,
+            disabled=snap.inp.disabled,
+            waiting_for_sequencing=snap.inp.sequencing_blocker,
+            malformed_nodes=snap.inp.malformed,
             extra_conditions=extra,
         )
         status = summary.to_json_dict()
-        status["waitingReasons"] = waiting_counts(plan, snap.views, model.metadata.name)
+        status["waitingReasons"] = waiting_counts(plan, snap.views)
         status["nodesMatched"] = len(snap.matched)
         status["rolloutFingerprint"] = snap.fingerprint
         status["nextOrder"] = plan.next_order
@@ -602,161 +453,62 @@ class RolloutReconciler:
         wake_at = plan.wake_at if plan is not None else None
         if wake_at is not None:  # a soak ends or a maintenance window opens or closes
             requeue = min(requeue, max(1.0, (wake_at - snap.now).total_seconds() + 0.5))
-        for view in snap.views:
-            _, retry_at = node_reported_block(snap.nodewright, view.node, status=view.status, now=snap.now)
-            if retry_at is not None:
-                requeue = min(requeue, max(1.0, (retry_at - snap.now).total_seconds() + 0.5))
+        for node in snap.rollout_nodes:
+            if isinstance(node.blocked, DrainSkipped):  # retried once the drain timeout passed again
+                retry = (node.blocked.retry_at - snap.now).total_seconds()
+                requeue = min(requeue, max(1.0, retry + 0.5))
         return requeue
 
     # -- inputs -----------------------------------------------------------------------------------
 
-    def _entries(
-        self,
-        name: str,
-        nodewright: NodeWright,
-        nodes: Sequence[JSON],
-        *,
-        fingerprint: str,
-        all_names: Sequence[str],
-    ) -> list[_NodeEntry]:
-        """One entry per node, recomputed only for nodes that changed since the last pass.
+    def _entries(self, name: str, ctx: NodeContext, nodes: Sequence[Mapping[str, Any]]) -> list[NodeEntry]:
+        """One entry per node, derived again only for nodes that changed since the last pass.
 
         A pass used to re-derive every node (selector match, state annotation decode, taints, reports):
         O(fleet) of CPU for every batch step while a few nodes had changed. Everything in an entry is
-        a function of the node object and the spec, so the node's resourceVersion and the spec's
-        identity (`context`) key the cache; the rollout planner itself still sees every node.
+        a function of the node object and the context (`NodeContext.key`), so the node's
+        resourceVersion and that key index the cache; the rollout planner itself still sees every node.
         """
-        self._inactive = self._inactive_nodewrights(all_names)
-        context = (
-            fingerprint,
-            nodewright.metadata.generation,
-            bool(nodewright.metadata.deletion_timestamp),
-            tuple(all_names),
-            tuple(sorted(self._inactive.items())),
-            self.rt.options.runtime_required_taint_key,
-        )
+        context = ctx.key()
         memo = self._memo.setdefault(name, _Memo())
         if memo.context != context:
             memo.entries, memo.shared = {}, _SharedReports()
         previous = memo.entries
         fresh: dict[str, _NodeEntry] = {}
-        out: list[_NodeEntry] = []
+        out: list[NodeEntry] = []
         for node in nodes:
             meta = node["metadata"]
             node_name = str(meta["name"])
             rv = str(meta.get("resourceVersion") or "")
             entry = previous.get(node_name)
             if entry is None or entry.resource_version != rv or not rv or not entry.reusable:
-                entry = self._entry(name, nodewright, node, rv, all_names, memo.shared)
+                entry = self._entry(ctx, node, rv, memo.shared)
             fresh[node_name] = entry
-            out.append(entry)
+            out.append(entry.entry)
         memo.context, memo.entries = context, fresh
         memo.prune_shared()
         return out
 
-    def _inactive_nodewrights(self, all_names: Sequence[str]) -> dict[str, str]:
-        """Paused or disabled NodeWrights (for the reasons of nodes they hold, see `unavailable_reason`)."""
-        out: dict[str, str] = {}
-        for other in all_names:
-            model = self.rt.nodewright(other)[1]
-            if model is not None and is_disabled(model):
-                out[other] = "disabled"
-            elif model is not None and is_paused(model):
-                out[other] = "paused"
-        return out
-
     def _entry(
-        self,
-        name: str,
-        nodewright: NodeWright,
-        node: JSON,
-        rv: str,
-        all_names: Sequence[str],
-        shared: _SharedReports,
+        self, ctx: NodeContext, node: Mapping[str, Any], rv: str, shared: _SharedReports
     ) -> _NodeEntry:
-        if not matches_nodewright(nodewright, node):
-            return _NodeEntry(rv, matched=False)
-        state, err = try_node_state(node, name)
-        if err is not None:
-            return self._malformed_entry(name, nodewright, node, rv, all_names, err)
-        if nodewright.metadata.deletion_timestamp and (state is None or not state.packages):
-            # Nothing of a leaving NodeWright is on this node (never touched, or already released):
-            # there is nothing to uninstall, so it is no candidate. Admitting it would only have the
-            # node controller release it again -- and the next batch admit it again, forever, ahead of
-            # the nodes that do have work.
-            return _NodeEntry(rv, matched=False)
-        view = _NodeView(node=node, status=_status_of(node, name), oldest_started=_oldest_started(state))
-        rollout = rollout_node(
-            nodewright,
-            node,
-            state=state,
-            runtime_taint_key=self.rt.options.runtime_required_taint_key,
-            all_nodewrights=all_names,
-            now=self.rt.clock(),
-            inactive=self._inactive,
+        derived = derive_node(ctx, node)
+        entry = derived.entry
+        if entry.admission_error is not None:
+            log.warning("ignoring malformed admission", node=entry.name, error=entry.admission_error)
+        rnode = entry.rollout
+        if rnode is None:
+            return _NodeEntry(rv, entry)
+        found = node_condition(node, ctx.name)
+        view = _NodeView(
+            node=node,
+            # A node whose state does not decode counts blocked (StateMalformed), whatever its label.
+            status=Status.BLOCKED if entry.state_error is not None else node_status(node, ctx.name),
+            condition=condition_reason(found.reason) if found is not None else None,
+            oldest_started=_oldest_started(derived.state),
+            evictions_refused=node_timing(node, ctx.name).drain_blocked,
         )
-        report = self._report(state, rollout, shared)
-        return _NodeEntry(rv, matched=True, view=view, rollout=rollout, report=report)
-
-    def _malformed_entry(
-        self, name: str, nodewright: NodeWright, node: JSON, rv: str, all_names: Sequence[str], error: str
-    ) -> _NodeEntry:
-        """A node whose state annotation does not decode is not complete: it is counted `blocked`
-        (reason StateMalformed) until someone fixes or removes the annotation; nothing starts on it."""
-        view = _NodeView(node=node, status=Status.BLOCKED)
-        base = rollout_node(
-            nodewright,
-            node,
-            state=None,
-            runtime_taint_key=self.rt.options.runtime_required_taint_key,
-            all_nodewrights=all_names,
-            now=self.rt.clock(),
-            inactive=self._inactive,
-        )
-        rollout = replace(
-            base, status=Status.BLOCKED, needs_work=True, blocked_reason=f"StateMalformed: {error}"[:300]
-        )
-        report = NodeReport(name=rollout.name, status=rollout.status)
-        return _NodeEntry(rv, matched=True, malformed=True, view=view, rollout=rollout, report=report)
-
-    def _with_priority(
-        self, name: str, entry: _NodeEntry, facts: Sequence[sequencing.NodeWrightFacts]
-    ) -> RolloutNode:
-        """The entry's rollout node, with the earlier NodeWright it waits for on that node (if any)."""
-        assert entry.rollout is not None
-        if len(facts) < 2:
-            return entry.rollout  # nothing to wait for
-        blocker = sequencing.blocking(facts, target=name, node=entry.rollout.name)
-        if blocker is None:
-            return entry.rollout
-        return replace(entry.rollout, waiting_for_priority=blocker.name)
-
-    def _policy(self, nodewright: NodeWright) -> tuple[DeploymentPolicy | PolicyInvalid | None, str]:
-        policy_name = nodewright.spec.deployment_policy
-        if not policy_name:
-            return None, "legacy"
-        return self.rt.policy(policy_name), policy_name
-
-    def _sequencing_facts(
-        self, all_names: Sequence[str], nodes: Sequence[JSON]
-    ) -> list[sequencing.NodeWrightFacts]:
-        if len(all_names) < 2:
-            self._completion.keep(all_names)
-            return []  # a lone NodeWright waits for nobody; the facts cost O(nodes) to build
-        models = [m for m in (self.rt.nodewright(name)[1] for name in all_names) if m is not None]
-        return sequencing.facts_for(models, nodes, memo=self._completion)
-
-    def _global_sequencing_blocker(
-        self, name: str, facts: Sequence[sequencing.NodeWrightFacts]
-    ) -> str | None:
-        """A `sequencing: all` predecessor that is not complete everywhere blocks the whole NodeWright."""
-        ordered = sequencing.order(facts)
-        for other in ordered:
-            if other.name == name:
-                return None
-            if not other.disabled and other.sequencing.value == "all" and not other.complete_everywhere:
-                return other.name
-        return None
+        return _NodeEntry(rv, entry, view, self._report(derived.state, rnode, shared))
 
     def _report(self, state: NodeState | None, node: RolloutNode, shared: _SharedReports) -> NodeReport:
         packages = shared.share(
@@ -777,12 +529,12 @@ class RolloutReconciler:
         NodeWright; reason `PredecessorPaused` when that one is paused, since then it never finishes by
         itself (the waiting nodes show only `waiting` otherwise)."""
         counts: Counter[str] = Counter(
-            w.detail for w in plan.waiting if w.reason is WaitReason.WAITING_FOR_PRIORITY and w.detail
+            w.detail.name for w in plan.waiting if isinstance(w.detail, Predecessor)
         )
-        everywhere = self._global_sequencing_blocker(model.metadata.name, snap.facts)
+        everywhere = snap.inp.sequencing_blocker
         if everywhere:
             counts[everywhere] = max(counts[everywhere], len(snap.rollout_nodes))
-        paused = sorted(n for n in counts if self._inactive.get(n) == "paused")
+        paused = sorted(n for n in counts if snap.inp.inactive.get(n) is Activity.PAUSED)
         parts = []
         for other, n in sorted(counts.items()):
             why = ", which is paused: resume it to let this rollout go on" if other in paused else ""
@@ -971,7 +723,7 @@ class RolloutReconciler:
             kind=constants.KIND_NODEWRIGHT,
             name=obj["metadata"]["name"],
             uid=obj["metadata"].get("uid"),
-            reason=events.Reason.INVALID_SPEC.value,
+            reason=events.EventReason.INVALID_SPEC.value,
             message=message,
             event_type=events.EventType.WARNING.value,
         )
@@ -1021,7 +773,7 @@ class RolloutReconciler:
         was_halted = self._halted.get(name, frozenset())
         for halt in plan.halts:
             if halt.compartment not in was_halted:
-                await self._event(name, events.EventSpec(events.Reason.COMPARTMENT_HALTED, halt.message))
+                await self._event(name, events.EventSpec(events.EventReason.COMPARTMENT_HALTED, halt.message))
         for resumed in sorted(was_halted - halted_now):
             await self._event(name, events.compartment_resumed(resumed))
         self._halted[name] = halted_now
@@ -1046,7 +798,7 @@ class RolloutReconciler:
             await self._event(name, events.state_malformed(malformed))
 
     def _update_metrics(self, name: str, snap: _Snapshot, plan: RolloutPlan, status: Status | None) -> None:
-        views, policy_name = snap.views, snap.policy_name
+        views, policy_name = snap.views, snap.inp.policy_name
         by_status: dict[str, int] = {}
         oldest: datetime | None = None
         for view, node in zip(views, snap.rollout_nodes, strict=True):
@@ -1077,12 +829,7 @@ class RolloutReconciler:
             )
             for cname, cplan in plan.compartments.items()
         ]
-        drain_blocked = sum(
-            1
-            for view in views
-            if _condition_reason(view.node, name) in ("Draining", "DrainTimeout", "WaitingForProtectedPods")
-            and view.status is Status.IN_PROGRESS
-        )
+        drain_blocked = sum(1 for view in views if view.held_at_gate is not None)
         self.rt.metrics.domain.update_nodewright(
             name,
             NodeWrightSnapshot(
@@ -1094,14 +841,14 @@ class RolloutReconciler:
                 package_versions={n: p.version for n, p in snap.nodewright.spec.packages.items()},
                 compartments=compartments,
                 drain_blocked=drain_blocked,
-                waiting_by_reason=waiting_counts(plan, views, name),
+                waiting_by_reason=waiting_counts(plan, views),
                 oldest_stage_started_at=oldest,
             ),
         )
 
     # -- housekeeping -----------------------------------------------------------------------------
 
-    def _enqueue_strays(self, name: str, nodes: Sequence[JSON], entries: Sequence[_NodeEntry]) -> None:
+    def _enqueue_strays(self, name: str, nodes: Sequence[JSON], entries: Sequence[NodeEntry]) -> None:
         """Nodes that no longer match but still carry our keys: the node controller cleans them up."""
         state_key = constants.state_annotation(name)
         label_key = constants.status_label(name)
@@ -1158,7 +905,7 @@ class RolloutReconciler:
         if blocker is not None:
             if self._deletion_warned.get(name) != blocker[0]:
                 self._deletion_warned[name] = blocker[0]
-                await self._event(name, events.EventSpec(events.Reason.DELETION_BLOCKED, blocker[1]))
+                await self._event(name, events.EventSpec(events.EventReason.DELETION_BLOCKED, blocker[1]))
             return Result(requeue_after=RESYNC_ACTIVE)
         self._deletion_warned.pop(name, None)
         label_key = constants.status_label(name)
@@ -1186,62 +933,23 @@ DELETION_BLOCKED = "DeletionBlocked"
 WAITING_FOR_NODEWRIGHT = "WaitingForNodeWright"
 
 
-def parse_reset_annotation(text: str) -> tuple[bool, frozenset[str]]:
-    """`nodewright.io/reset-batch-state`: true (every compartment) or a comma-separated list of
-    compartment names (only those)."""
-    value = text.strip()
-    if value.lower() in ("true", "1", "yes"):
-        return True, frozenset()
-    if value.lower() in ("", "false", "0", "no"):
-        return False, frozenset()
-    return False, frozenset(part.strip() for part in value.split(",") if part.strip())
-
-
-def reset_compartments(
-    statuses: Mapping[str, CompartmentStatus], names: frozenset[str]
-) -> dict[str, CompartmentStatus]:
-    """The persisted statuses with the batch state of `names` reset as a requested reset does it
-    (counters and halt cleared, the batch number kept: admissions record it)."""
-    out = dict(statuses)
-    for name in names & set(out):
-        state = out[name].batch_state
-        if state is not None:
-            out[name] = out[name].model_copy(
-                update={"batch_state": batches.fresh_state(current_batch=state.current_batch)}
-            )
-    return out
-
-
-def waiting_counts(plan: RolloutPlan, views: Sequence[_NodeView], nodewright: str) -> dict[str, int]:
+def waiting_counts(plan: RolloutPlan, views: Sequence[_NodeView]) -> dict[str, int]:
     """Nodes waiting, by reason: the planner's (not admitted: NotYetInBatch, BudgetFull, ...) and the
     admitted nodes held at their node gate -- by protected pods (`ProtectedPods`) or by a drain that
-    cannot progress (`DrainBlocked`: an eviction refused, or the drain timeout passed)."""
+    cannot progress (`DrainBlocked`: an eviction refused, or the drain timeout passed), by the code of
+    their node condition and the timing annotation (`api.reasons.drain_held`)."""
     counts: Counter[str] = Counter(plan.waiting_counts)
     for view in views:
-        if view.status is not Status.IN_PROGRESS:
-            continue
-        reason = _condition_reason(view.node, nodewright)
-        if reason == "WaitingForProtectedPods":
+        if view.held_at_gate is NodeConditionReason.WAITING_FOR_PROTECTED_PODS:
             counts[HELD_BY_PROTECTED_PODS] += 1
-        elif _drain_held(view, nodewright):
+        elif view.drain_held:
             counts[HELD_BY_DRAIN] += 1
     return dict(sorted(counts.items()))
 
 
-def _drain_held(view: _NodeView, nodewright: str) -> bool:
-    """An admitted node whose drain cannot progress: an eviction refused, or the drain timeout passed."""
-    reason = _condition_reason(view.node, nodewright)
-    return reason == "DrainTimeout" or (
-        reason == "Draining" and "eviction blocked" in (_condition_message(view.node, nodewright) or "")
-    )
-
-
-def _drain_blocked(views: Sequence[_NodeView], nodewright: str) -> list[str]:
-    return [
-        str(v.node["metadata"]["name"])
-        for v in views
-        if v.status is Status.IN_PROGRESS and _drain_held(v, nodewright)
-    ]
+def _drain_blocked(views: Sequence[_NodeView]) -> list[str]:
+    """Admitted nodes whose drain cannot progress: an eviction refused, or the drain timeout passed."""
+    return [str(v.node["metadata"]["name"]) for v in views if v.drain_held]
 
 
 def _batch_counts(
@@ -1303,24 +1011,9 @@ def _open_batches(
     return out
 
 
-def _condition_message(node: JSON, nodewright: str) -> str | None:
-    kind = constants.node_condition_type(nodewright)
-    for cond in (node.get("status") or {}).get("conditions") or ():
-        if cond.get("type") == kind:
-            reason, message = cond.get("reason") or "", cond.get("message") or ""
-            return f"{reason}: {message}" if message else str(reason) or None
-    return None
-
-
-def _condition_reason(node: JSON, nodewright: str) -> str | None:
-    kind = constants.node_condition_type(nodewright)
-    for cond in (node.get("status") or {}).get("conditions") or ():
-        if cond.get("type") == kind:
-            reason = cond.get("reason")
-            return str(reason) if reason is not None else None
-    return None
-
-
-def compartment_map(plan: RolloutPlan) -> Mapping[str, Any]:
-    """Compartment statuses as JSON (used by `nodewright plan` and tests)."""
-    return {name: c.status.to_json_dict() for name, c in plan.compartments.items()}
+def _condition_text(node: Mapping[str, Any], nodewright: str) -> str | None:
+    """The node condition of this NodeWright for people (`<reason>: <message>`), for notifications."""
+    found = node_condition(node, nodewright)
+    if found is None:
+        return None
+    return f"{found.reason}: {found.message}" if found.message else found.reason or None

@@ -27,16 +27,14 @@ from dataclasses import dataclass
 import structlog
 
 from nodewright.api import constants
+from nodewright.api.admission import ADMISSION_ANNOTATION_PREFIX
 from nodewright.api.models import NodeWright
-from nodewright.controller.context import (
-    ADMISSION_ANNOTATION_PREFIX,
-    Runtime,
-    matches_nodewright,
-    node_annotations,
-    parse_taint,
-)
+from nodewright.api.nodeobject import node_annotations
+from nodewright.controller.options import parse_taint
+from nodewright.controller.runtime import Runtime
 from nodewright.kube.resources import JSON, NODES
 from nodewright.plan.node import is_disabled, is_paused
+from nodewright.plan.rollout_input import matches_nodewright
 from nodewright.plan.sequencing import CompletionMemo
 
 log = structlog.get_logger("nodewright.taints")

@@ -1,7 +1,7 @@
 """Which package pods the node controller believes, and what happens to the ones it does not.
 
 A package pod runs privileged on a host with the host's root mounted, and its exit codes decide a node's
-state. So the node controller reads a pod only after `PodSigner.check` (see `controller.context` for
+state. So the node controller reads a pod only after `PodSigner.check` (see `controller.signing` for
 the signature, the seal and the threat model), and this module does the Kubernetes side of it:
 
 - **Binding with the seal.** Stage and interrupt pods are created unbound (`plan.podspec`). Right
@@ -42,12 +42,8 @@ import structlog
 
 from nodewright.api import constants
 from nodewright.api.models import NodeWright
-from nodewright.controller.context import (
-    POD_ANNOTATION_SEAL,
-    UNTRUSTED_EXPLANATIONS,
-    Runtime,
-    UntrustedReason,
-)
+from nodewright.controller.runtime import Runtime
+from nodewright.controller.signing import POD_ANNOTATION_SEAL, UNTRUSTED_EXPLANATIONS, UntrustedReason
 from nodewright.kube.resources import JSON, ApiError, Conflict, NotFound
 from nodewright.observability import events as catalogue
 from nodewright.plan import podspec
@@ -190,6 +186,7 @@ class PodTrust:
                 reason=spec.reason.value,
                 message=spec.message,
                 event_type=spec.type.value,
+                related=item.nodewright,
             )
         await self.rt.events.record(
             kind=constants.KIND_NODEWRIGHT,

@@ -76,6 +76,7 @@ log = structlog.get_logger("nodewright.kube.client")
 
 USER_AGENT: Final = "nodewright/0.1.0"
 READ_BUFSIZE: Final = 2**21  # 2 MiB: etcd's request limit is ~1.5 MiB, a watch line holds one object
+_TAIL_CHUNK: Final = 64 * 1024  # a log streamed for its tail is read this much at a time
 
 
 class PatchType(StrEnum):
@@ -337,9 +338,13 @@ class KubeClient:
         *,
         params: Mapping[str, str] | None = None,
         timeout: float = 10.0,  # noqa: ASYNC109 - the HTTP request's own deadline, handed to aiohttp
+        keep_last: int | None = None,
     ) -> str:
         """GET a body that is not JSON (pod logs are text/plain), once, within `timeout` seconds.
 
+        With `keep_last`, only the body's last `keep_last` bytes are held while it streams in: a pod's
+        log is the package's output, and `tailLines` bounds lines, not bytes (one line of a gigabyte
+        is one line), so a caller that keeps a tail reads in bounded memory whatever the package wrote.
         Raises `ApiError` (or a subclass) for HTTP >= 400 and aiohttp/timeout errors on transport
         failures; no retries: callers of text endpoints are best effort.
         """
@@ -357,7 +362,10 @@ class KubeClient:
                 **self._request_kwargs(),
             ) as resp:
                 code = str(resp.status)
-                text = await resp.text(errors="replace")
+                if keep_last is None or resp.status >= 400:
+                    text = await resp.text(errors="replace")
+                else:
+                    text = (await _read_tail(resp.content, keep_last)).decode(errors="replace")
         finally:
             self.metrics.observe(
                 verb="GET", resource=resource, code=code, seconds=time.perf_counter() - started
@@ -911,3 +919,14 @@ def metadata_applied(
             if have.get(key) != value:
                 return False
     return True
+
+
+async def _read_tail(stream: aiohttp.StreamReader, keep: int) -> bytes:
+    """The last `keep` bytes of `stream`, read to its end in chunks; never more than `keep` plus one
+    chunk held at once."""
+    held = bytearray()
+    async for chunk in stream.iter_chunked(_TAIL_CHUNK):
+        held += chunk
+        if len(held) > keep:
+            del held[: len(held) - keep]
+    return bytes(held)

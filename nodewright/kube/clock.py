@@ -75,20 +75,6 @@ class FakeClock:
         self._now += seconds
         self._wake()
 
-    def next_deadline(self) -> float | None:
-        self._drop_cancelled()
-        return self._sleepers[0][0] if self._sleepers else None
-
-    async def run_until_idle(self, *, max_steps: int = 10_000) -> None:
-        """Let the loop run until nothing is runnable, jumping time to the next sleeper each step."""
-        for _ in range(max_steps):
-            await settle()
-            deadline = self.next_deadline()
-            if deadline is None:
-                return
-            self.advance(max(0.0, deadline - self._now))
-        raise RuntimeError("FakeClock.run_until_idle: too many steps")
-
     @property
     def sleepers(self) -> int:
         self._drop_cancelled()

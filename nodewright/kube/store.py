@@ -54,12 +54,6 @@ class Store:
     def by_index(self, name: str, value: str) -> list[JSON]:
         return [self._items[key] for key in self._indices[name].get(value, ())]
 
-    def index_keys(self, name: str, value: str) -> frozenset[str]:
-        return frozenset(self._indices[name].get(value, ()))
-
-    def index_values(self, name: str) -> list[str]:
-        return list(self._indices[name])
-
     def upsert(self, key: str, obj: JSON) -> JSON | None:
         """Store `obj`; returns the previous object under `key`, if any."""
         old = self._items.get(key)

@@ -253,11 +253,3 @@ def trim_pod(pod: JSON) -> JSON:
         if status.get(field):
             out_status[field] = [_container_status(s) for s in status[field]]
     return {"metadata": out_meta, "spec": out_spec, "status": out_status, RUN_DIGEST_FIELD: run_digest(pod)}
-
-
-def node_ready(node: JSON) -> bool:
-    """True if the (trimmed or full) node's Ready condition is True."""
-    for cond in (node.get("status") or {}).get("conditions") or ():
-        if cond.get("type") == READY:
-            return bool(cond.get("status") == "True")
-    return False

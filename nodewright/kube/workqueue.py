@@ -135,10 +135,6 @@ class WorkQueue(Generic[K]):
         """Take keys from now on (see "Closed intake" in the module docstring)."""
         self._intake = True
 
-    @property
-    def intake_open(self) -> bool:
-        return self._intake and not self._shutting_down
-
     def forget(self, key: K) -> None:
         self._limiter.forget(key)
 
@@ -204,10 +200,6 @@ class WorkQueue(Generic[K]):
                     "workqueue drain deadline passed", queue=self.name, in_flight=len(self._processing)
                 )
         return not self._processing
-
-    @property
-    def shutting_down(self) -> bool:
-        return self._shutting_down
 
     # -- introspection ------------------------------------------------------------------------------
 

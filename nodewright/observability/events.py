@@ -15,9 +15,9 @@ folded into one Event with a count (`EventCorrelator`, client-go's algorithm; th
 `observability.recorder` sends the result): `aggregation_key` identifies them and `bump_patch` is the
 merge patch that increments `count` and moves `lastTimestamp`.
 
-One list. `CATALOGUE` is the only list of reasons: the plan layer's event names map onto it
-(`for_plan_event`), the controllers emit nothing else, and docs/observability.md's table is checked
-against it by a unit test.
+One list. The reasons, their types and meanings are `api.events` (`EventReason`, `CATALOGUE`): the plan
+layer emits these codes (`plan.node.Event`), the controllers emit nothing else, and
+docs/observability.md's table is checked against it by a unit test.
 """
 
 from __future__ import annotations
@@ -25,206 +25,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any, Final
 
 from nodewright.api import constants
+from nodewright.api.events import CATALOGUE as CATALOGUE
+from nodewright.api.events import EventReason as EventReason
+from nodewright.api.events import EventType as EventType
+from nodewright.api.events import ReasonInfo as ReasonInfo
+from nodewright.api.events import event_type as event_type
+from nodewright.api.events import info as info
 
 COMPONENT: Final = "nodewright-operator"
 EVENT_NAMESPACE: Final = "default"
 MAX_MESSAGE_LENGTH: Final = 1024
 MAX_LISTED_NAMES: Final = 5
-
-
-class EventType(StrEnum):
-    NORMAL = "Normal"
-    WARNING = "Warning"
-
-
-class Reason(StrEnum):
-    # NodeWright events (involvedObject: the NodeWright)
-    STATUS_CHANGED = "StatusChanged"
-    BATCH_STARTED = "BatchStarted"
-    BATCH_COMPLETED = "BatchCompleted"
-    BATCH_FAILED = "BatchFailed"
-    COMPARTMENT_HALTED = "CompartmentHalted"
-    COMPARTMENT_RESUMED = "CompartmentResumed"
-    ROLLOUT_COMPLETE = "RolloutComplete"
-    ROLLOUT_PAUSED = "RolloutPaused"
-    ROLLOUT_DISABLED = "RolloutDisabled"
-    POLICY_NOT_FOUND = "PolicyNotFound"
-    POLICY_INVALID = "PolicyInvalid"
-    STATE_MALFORMED = "StateMalformed"
-    DELETION_BLOCKED = "DeletionBlocked"
-    INVALID_SPEC = "InvalidSpec"
-    NOTIFICATIONS_DROPPED = "NotificationsDropped"
-    # Node events (involvedObject: the Node)
-    PACKAGE_STARTED = "PackageStarted"
-    PACKAGE_COMPLETED = "PackageCompleted"
-    PACKAGE_FAILED = "PackageFailed"
-    PACKAGE_RETRIED = "PackageRetried"
-    PACKAGE_UNINSTALLED = "PackageUninstalled"
-    UNINSTALL_CANCELLED = "UninstallCancelled"
-    NODE_CORDONED = "NodeCordoned"
-    NODE_DRAINING = "NodeDraining"
-    NODE_DRAIN_BLOCKED = "NodeDrainBlocked"
-    NODE_DRAIN_TIMEOUT = "NodeDrainTimeout"
-    PROTECTED_PODS_TIMEOUT = "ProtectedPodsTimeout"
-    INTERRUPT_STARTED = "InterruptStarted"
-    INTERRUPT_COMPLETED = "InterruptCompleted"
-    INTERRUPT_FAILED = "InterruptFailed"
-    NODE_REBOOTED = "NodeRebooted"
-    NODE_UNCORDONED = "NodeUncordoned"
-    NODE_COMPLETE = "NodeComplete"
-    NODE_BLOCKED = "NodeBlocked"
-    DRIFTED = "Drifted"
-    DRIFT_CLEARED = "DriftCleared"
-    DRIFT_REPAIRED = "DriftRepaired"
-    DRIFT_CHECK_FAILED = "DriftCheckFailed"
-    UNTRUSTED_PACKAGE_POD = "UntrustedPackagePod"
-
-
-@dataclass(frozen=True, slots=True)
-class ReasonInfo:
-    reason: Reason
-    type: EventType
-    kind: str  # the kind of the involved object
-    meaning: str
-    also_on_nodewright: bool = False  # a Node event also recorded on the NodeWright (its rollout history)
-
-    @property
-    def objects(self) -> str:
-        """The docs' "Object" column."""
-        return f"{self.kind} and NodeWright" if self.also_on_nodewright else self.kind
-
-
-_NW = constants.KIND_NODEWRIGHT
-CATALOGUE: Final[tuple[ReasonInfo, ...]] = (
-    ReasonInfo(Reason.STATUS_CHANGED, EventType.NORMAL, _NW, "Roll-up status changed"),
-    ReasonInfo(Reason.BATCH_STARTED, EventType.NORMAL, _NW, "A compartment admitted a new batch of nodes"),
-    ReasonInfo(
-        Reason.BATCH_COMPLETED, EventType.NORMAL, _NW, "A batch finished within its failure threshold"
-    ),
-    ReasonInfo(Reason.BATCH_FAILED, EventType.WARNING, _NW, "A batch finished with too many failed nodes"),
-    ReasonInfo(Reason.COMPARTMENT_HALTED, EventType.WARNING, _NW, "A compartment stopped admitting nodes"),
-    ReasonInfo(Reason.COMPARTMENT_RESUMED, EventType.NORMAL, _NW, "A halted compartment was reset"),
-    ReasonInfo(Reason.ROLLOUT_COMPLETE, EventType.NORMAL, _NW, "Every matched node is complete"),
-    ReasonInfo(Reason.ROLLOUT_PAUSED, EventType.NORMAL, _NW, "The pause annotation stopped admissions"),
-    ReasonInfo(Reason.ROLLOUT_DISABLED, EventType.NORMAL, _NW, "The disable annotation stopped the rollout"),
-    ReasonInfo(Reason.POLICY_NOT_FOUND, EventType.WARNING, _NW, "The referenced DeploymentPolicy is missing"),
-    ReasonInfo(
-        Reason.POLICY_INVALID,
-        EventType.WARNING,
-        _NW,
-        "The referenced DeploymentPolicy fails validation (each field and what to do); nothing starts",
-    ),
-    ReasonInfo(Reason.STATE_MALFORMED, EventType.WARNING, _NW, "Node state annotations cannot be parsed"),
-    ReasonInfo(Reason.DELETION_BLOCKED, EventType.WARNING, _NW, "The finalizer cannot complete"),
-    ReasonInfo(
-        Reason.INVALID_SPEC, EventType.WARNING, _NW, "The spec fails validation; nodes are left alone"
-    ),
-    ReasonInfo(
-        Reason.NOTIFICATIONS_DROPPED,
-        EventType.WARNING,
-        _NW,
-        "Notices about the NodeWright were dropped for a notification sink",
-    ),
-    ReasonInfo(Reason.PACKAGE_STARTED, EventType.NORMAL, "Node", "A package stage pod was created", True),
-    ReasonInfo(Reason.PACKAGE_COMPLETED, EventType.NORMAL, "Node", "A package is complete on the node", True),
-    ReasonInfo(Reason.PACKAGE_FAILED, EventType.WARNING, "Node", "A package stage attempt failed", True),
-    ReasonInfo(
-        Reason.PACKAGE_RETRIED,
-        EventType.NORMAL,
-        "Node",
-        "An erroring package restarts under a fresh admission",
-    ),
-    ReasonInfo(Reason.PACKAGE_UNINSTALLED, EventType.NORMAL, "Node", "A package was uninstalled", True),
-    ReasonInfo(
-        Reason.UNINSTALL_CANCELLED,
-        EventType.NORMAL,
-        "Node",
-        "uninstall.apply was set back before it finished",
-    ),
-    ReasonInfo(Reason.NODE_CORDONED, EventType.NORMAL, "Node", "The node was cordoned for maintenance"),
-    ReasonInfo(Reason.NODE_DRAINING, EventType.NORMAL, "Node", "Evictions were issued"),
-    ReasonInfo(Reason.NODE_DRAIN_BLOCKED, EventType.WARNING, "Node", "Drain cannot progress (PDB, pods)"),
-    ReasonInfo(
-        Reason.NODE_DRAIN_TIMEOUT,
-        EventType.WARNING,
-        "Node",
-        "drain.timeout passed under policy skip: the node is released and retried later",
-    ),
-    ReasonInfo(
-        Reason.PROTECTED_PODS_TIMEOUT,
-        EventType.WARNING,
-        "Node",
-        "interruptWait.timeout passed with protected pods still running: the run fails",
-    ),
-    ReasonInfo(Reason.INTERRUPT_STARTED, EventType.NORMAL, "Node", "The merged interrupt pod was created"),
-    ReasonInfo(Reason.INTERRUPT_COMPLETED, EventType.NORMAL, "Node", "The interrupt finished"),
-    ReasonInfo(
-        Reason.INTERRUPT_FAILED, EventType.WARNING, "Node", "The node did not return from its reboot in time"
-    ),
-    ReasonInfo(
-        Reason.NODE_REBOOTED, EventType.NORMAL, "Node", "A reboot was observed (boot id changed)", True
-    ),
-    ReasonInfo(Reason.NODE_UNCORDONED, EventType.NORMAL, "Node", "The node was returned to service"),
-    ReasonInfo(Reason.NODE_COMPLETE, EventType.NORMAL, "Node", "All packages of the NodeWright are complete"),
-    ReasonInfo(Reason.NODE_BLOCKED, EventType.WARNING, "Node", "The node is skipped (taint or ignore label)"),
-    ReasonInfo(Reason.DRIFTED, EventType.WARNING, "Node", "A drift check found a complete package changed"),
-    ReasonInfo(Reason.DRIFT_CLEARED, EventType.NORMAL, "Node", "A drifted package's check passes again"),
-    ReasonInfo(Reason.DRIFT_REPAIRED, EventType.NORMAL, "Node", "A drifted package was re-applied"),
-    ReasonInfo(Reason.DRIFT_CHECK_FAILED, EventType.WARNING, "Node", "A drift check pod could not run"),
-    ReasonInfo(
-        Reason.UNTRUSTED_PACKAGE_POD,
-        EventType.WARNING,
-        "Node",
-        "A pod with package-pod labels failed verification and was deleted",
-        True,
-    ),
-)
-_BY_REASON: Final = {info.reason: info for info in CATALOGUE}
-
-# The plan layer (pure, below this one) names its events; each name means exactly one catalogue reason.
-PLAN_EVENTS: Final[dict[str, Reason]] = {
-    "PackageStarted": Reason.PACKAGE_STARTED,
-    "StageStarted": Reason.PACKAGE_STARTED,  # a retry attempt's pod (the message says which attempt)
-    "PackageComplete": Reason.PACKAGE_COMPLETED,
-    "PackageFailed": Reason.PACKAGE_FAILED,
-    "PackageUninstalled": Reason.PACKAGE_UNINSTALLED,
-    "UninstallCancelled": Reason.UNINSTALL_CANCELLED,
-    "Cordon": Reason.NODE_CORDONED,
-    "Uncordon": Reason.NODE_UNCORDONED,
-    "DrainTimeout": Reason.NODE_DRAIN_TIMEOUT,
-    "InterruptWaitTimeout": Reason.PROTECTED_PODS_TIMEOUT,
-    "Interrupt": Reason.INTERRUPT_STARTED,
-    "InterruptComplete": Reason.INTERRUPT_COMPLETED,
-    "InterruptFailed": Reason.INTERRUPT_FAILED,
-    "NodeRebooted": Reason.NODE_REBOOTED,
-    "Reboot": Reason.NODE_REBOOTED,  # reapplyOnReboot: a reboot of a complete node restarts its packages
-    "NodeComplete": Reason.NODE_COMPLETE,
-    "Drifted": Reason.DRIFTED,
-    "DriftCleared": Reason.DRIFT_CLEARED,
-    "DriftRepaired": Reason.DRIFT_REPAIRED,
-    "DriftCheckFailed": Reason.DRIFT_CHECK_FAILED,
-}
-
-
-def event_type(reason: Reason) -> EventType:
-    return _BY_REASON[reason].type
-
-
-def info(reason: Reason) -> ReasonInfo:
-    return _BY_REASON[reason]
-
-
-def for_plan_event(name: str, event_type: str) -> Reason | None:
-    """The catalogue reason of a plan-layer event; None for a name this catalogue does not know (a
-    unit test keeps that from happening). `PackageRetry` is a failed attempt that will be retried
-    (Warning) or an erroring package restarted by a fresh admission (Normal)."""
-    if name == "PackageRetry":
-        return Reason.PACKAGE_FAILED if event_type == EventType.WARNING.value else Reason.PACKAGE_RETRIED
-    return PLAN_EVENTS.get(name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +70,7 @@ def nodewright_ref(name: str, uid: str | None = None) -> ObjectRef:
 class EventSpec:
     """What to say: the reason, its type and the message (from one of the builders below)."""
 
-    reason: Reason
+    reason: EventReason
     message: str
 
     @property
@@ -281,7 +95,7 @@ def list_names(names: Sequence[str], *, limit: int = MAX_LISTED_NAMES) -> str:
 
 
 def status_changed(old: str, new: str) -> EventSpec:
-    return EventSpec(Reason.STATUS_CHANGED, f"NodeWright status changed [{old}] -> [{new}]")
+    return EventSpec(EventReason.STATUS_CHANGED, f"NodeWright status changed [{old}] -> [{new}]")
 
 
 def batch_started(
@@ -291,12 +105,12 @@ def batch_started(
     rest is admitted by the next passes (`--admissions-per-pass`)."""
     if planned is None or planned <= len(nodes):
         return EventSpec(
-            Reason.BATCH_STARTED,
+            EventReason.BATCH_STARTED,
             f"Compartment [{compartment}] batch {batch} started with {len(nodes)} node(s):"
             f" {list_names(nodes)}",
         )
     return EventSpec(
-        Reason.BATCH_STARTED,
+        EventReason.BATCH_STARTED,
         f"Compartment [{compartment}] batch {batch} started: {planned} node(s), the first {len(nodes)}:"
         f" {list_names(nodes)}",
     )
@@ -305,7 +119,7 @@ def batch_started(
 def batch_finished(
     compartment: str, batch: int, *, succeeded: int, failed: int, failed_batch: bool
 ) -> EventSpec:
-    reason = Reason.BATCH_FAILED if failed_batch else Reason.BATCH_COMPLETED
+    reason = EventReason.BATCH_FAILED if failed_batch else EventReason.BATCH_COMPLETED
     verdict = "failed" if failed_batch else "completed"
     return EventSpec(
         reason, f"Compartment [{compartment}] batch {batch} {verdict}: {succeeded} succeeded, {failed} failed"
@@ -314,7 +128,7 @@ def batch_finished(
 
 def compartment_halted(compartment: str, *, consecutive_failures: int, threshold: int) -> EventSpec:
     return EventSpec(
-        Reason.COMPARTMENT_HALTED,
+        EventReason.COMPARTMENT_HALTED,
         f"Compartment [{compartment}] halted after {consecutive_failures} consecutive failed batch(es) "
         f"(threshold {threshold}); reset with the {constants.ANNOTATION_RESET_BATCH} annotation",
     )
@@ -322,47 +136,47 @@ def compartment_halted(compartment: str, *, consecutive_failures: int, threshold
 
 def compartment_resumed(compartment: str) -> EventSpec:
     return EventSpec(
-        Reason.COMPARTMENT_RESUMED, f"Compartment [{compartment}] batch state reset; rollout resumes"
+        EventReason.COMPARTMENT_RESUMED, f"Compartment [{compartment}] batch state reset; rollout resumes"
     )
 
 
 def rollout_complete(nodes: int) -> EventSpec:
-    return EventSpec(Reason.ROLLOUT_COMPLETE, f"All {nodes} matched node(s) complete")
+    return EventSpec(EventReason.ROLLOUT_COMPLETE, f"All {nodes} matched node(s) complete")
 
 
 def rollout_paused() -> EventSpec:
-    return EventSpec(Reason.ROLLOUT_PAUSED, f"Paused by annotation {constants.ANNOTATION_PAUSE}")
+    return EventSpec(EventReason.ROLLOUT_PAUSED, f"Paused by annotation {constants.ANNOTATION_PAUSE}")
 
 
 def rollout_disabled() -> EventSpec:
-    return EventSpec(Reason.ROLLOUT_DISABLED, f"Disabled by annotation {constants.ANNOTATION_DISABLE}")
+    return EventSpec(EventReason.ROLLOUT_DISABLED, f"Disabled by annotation {constants.ANNOTATION_DISABLE}")
 
 
 def policy_not_found(policy: str) -> EventSpec:
-    return EventSpec(Reason.POLICY_NOT_FOUND, f"DeploymentPolicy [{policy}] not found; rollout blocked")
+    return EventSpec(EventReason.POLICY_NOT_FOUND, f"DeploymentPolicy [{policy}] not found; rollout blocked")
 
 
 def policy_invalid(message: str) -> EventSpec:
     """`message`: `plan.policy.PolicyInvalid.message` (the policy, each field and what to do)."""
-    return EventSpec(Reason.POLICY_INVALID, f"{message}; rollout blocked")
+    return EventSpec(EventReason.POLICY_INVALID, f"{message}; rollout blocked")
 
 
 def state_malformed(nodes: Sequence[str]) -> EventSpec:
     return EventSpec(
-        Reason.STATE_MALFORMED,
+        EventReason.STATE_MALFORMED,
         f"Node state of {len(nodes)} node(s) cannot be parsed; they are left untouched: {list_names(nodes)}",
     )
 
 
 def deletion_blocked(why: str) -> EventSpec:
-    return EventSpec(Reason.DELETION_BLOCKED, f"Deletion blocked: {why}")
+    return EventSpec(EventReason.DELETION_BLOCKED, f"Deletion blocked: {why}")
 
 
 def notifications_dropped(sink: str, reason: str, why: str) -> EventSpec:
     """Notices for `sink` dropped (`reason`: the metric's label value, `why`: what it means). The
     message stays the same for repeats so they count up one Event."""
     return EventSpec(
-        Reason.NOTIFICATIONS_DROPPED,
+        EventReason.NOTIFICATIONS_DROPPED,
         f"Notifications to sink [{sink}] dropped ({reason}): {why}; counted in"
         " nodewright_notifications_dropped_total",
     )
@@ -373,15 +187,8 @@ def package_started(
 ) -> EventSpec:
     suffix = f" (attempt {attempt})" if attempt > 1 else ""
     return EventSpec(
-        Reason.PACKAGE_STARTED,
+        EventReason.PACKAGE_STARTED,
         f"Package {_pkg(package, version)} stage [{stage}] started for [{nodewright}]{suffix}",
-    )
-
-
-def package_completed(nodewright: str, package: str, version: str, stage: str) -> EventSpec:
-    return EventSpec(
-        Reason.PACKAGE_COMPLETED,
-        f"Package {_pkg(package, version)} stage [{stage}] complete for [{nodewright}]",
     )
 
 
@@ -390,52 +197,41 @@ def package_failed(
 ) -> EventSpec:
     then = "will retry" if will_retry else "giving up"
     return EventSpec(
-        Reason.PACKAGE_FAILED,
+        EventReason.PACKAGE_FAILED,
         f"Package {_pkg(package, version)} stage [{stage}] failed for [{nodewright}] (attempt {attempt}, "
         f"{then}): {error}",
     )
 
 
 def node_cordoned(nodewright: str) -> EventSpec:
-    return EventSpec(Reason.NODE_CORDONED, f"Cordoned for [{nodewright}]")
+    return EventSpec(EventReason.NODE_CORDONED, f"Cordoned for [{nodewright}]")
 
 
 def node_draining(nodewright: str, pods: int) -> EventSpec:
-    return EventSpec(Reason.NODE_DRAINING, f"Evicting {pods} pod(s) for [{nodewright}]")
+    return EventSpec(EventReason.NODE_DRAINING, f"Evicting {pods} pod(s) for [{nodewright}]")
 
 
 def node_drain_blocked(nodewright: str, why: str, pods: Sequence[str] = ()) -> EventSpec:
     listed = f": {list_names(pods)}" if pods else ""
-    return EventSpec(Reason.NODE_DRAIN_BLOCKED, f"Drain for [{nodewright}] blocked by {why}{listed}")
-
-
-def interrupt_started(nodewright: str, interrupt: str, packages: Sequence[str]) -> EventSpec:
-    return EventSpec(
-        Reason.INTERRUPT_STARTED,
-        f"Interrupt [{interrupt}] for [{nodewright}] packages {list_names(packages, limit=10)}",
-    )
-
-
-def node_rebooted(nodewright: str) -> EventSpec:
-    return EventSpec(Reason.NODE_REBOOTED, f"Reboot observed (boot id changed) during [{nodewright}]")
+    return EventSpec(EventReason.NODE_DRAIN_BLOCKED, f"Drain for [{nodewright}] blocked by {why}{listed}")
 
 
 def node_uncordoned(nodewright: str) -> EventSpec:
-    return EventSpec(Reason.NODE_UNCORDONED, f"Uncordoned by [{nodewright}]")
+    return EventSpec(EventReason.NODE_UNCORDONED, f"Uncordoned by [{nodewright}]")
 
 
 def node_complete(nodewright: str) -> EventSpec:
-    return EventSpec(Reason.NODE_COMPLETE, f"NodeWright [{nodewright}] complete")
+    return EventSpec(EventReason.NODE_COMPLETE, f"NodeWright [{nodewright}] complete")
 
 
 def node_blocked(nodewright: str, why: str) -> EventSpec:
-    return EventSpec(Reason.NODE_BLOCKED, f"Skipped by [{nodewright}]: {why}")
+    return EventSpec(EventReason.NODE_BLOCKED, f"Skipped by [{nodewright}]: {why}")
 
 
 def untrusted_package_pod(nodewright: str, pod: str, node: str, why: str) -> EventSpec:
     """`pod` is `<namespace>/<name>`; `why` says which check failed."""
     return EventSpec(
-        Reason.UNTRUSTED_PACKAGE_POD,
+        EventReason.UNTRUSTED_PACKAGE_POD,
         f"Pod [{pod}] on node [{node}] carries package-pod labels of [{nodewright}] but failed"
         f" verification: {why}; it was deleted and changes no node state",
     )

@@ -72,8 +72,8 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 
 from nodewright.api.models import Status
+from nodewright.api.reasons import WaitReason
 from nodewright.observability import exposition
-from nodewright.plan.rollout import WaitReason
 
 # ----------------------------------------------------------------------------------------------------
 # Names (the Prometheus family names as scraped; histogram samples add _bucket/_sum/_count)

@@ -86,6 +86,7 @@ class _Series:
     name: str | None = None
     last_write: float | None = None
     queued: bool = False
+    related: str | None = None  # the NodeWright an Event about a Node is for
 
 
 class EventRecorder:
@@ -128,8 +129,18 @@ class EventRecorder:
         return len(self._creates) + len(self._bumps)
 
     async def record(
-        self, *, kind: str, name: str, uid: str | None, reason: str, message: str, event_type: str = "Normal"
+        self,
+        *,
+        kind: str,
+        name: str,
+        uid: str | None,
+        reason: str,
+        message: str,
+        event_type: str = "Normal",
+        related: str | None = None,
     ) -> None:
+        """One occurrence; `related` names the NodeWright an Event about a Node is for (the Event's
+        `related` object: readers select by it, never by the message)."""
         now = self._clock()
         corr = self._correlator.observe(
             kind=kind, name=name, reason=reason, event_type=event_type, message=truncate(message), now=now
@@ -143,7 +154,7 @@ class EventRecorder:
             }
             if uid:
                 involved["uid"] = uid
-            series = _Series(corr.key, involved, reason, event_type, corr.message, now, now)
+            series = _Series(corr.key, involved, reason, event_type, corr.message, now, now, related=related)
             self._series[corr.key] = series
             self._queue_create(series)
         else:
@@ -247,6 +258,17 @@ class EventRecorder:
             "firstTimestamp": stamp,
             "lastTimestamp": _rfc3339(series.last),
             "count": series.count,
+            **(
+                {
+                    "related": {
+                        "apiVersion": NODEWRIGHT_API_VERSION,
+                        "kind": "NodeWright",
+                        "name": series.related,
+                    }
+                }
+                if series.related
+                else {}
+            ),
         }
 
     async def flush(self) -> None:

@@ -47,7 +47,7 @@ import os
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -55,6 +55,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode, TraceFlags
+
+from nodewright.api.timing import TracedAdmission
 
 ROOT_SPAN_NAME: Final = "node-rollout"
 STAGES: Final[tuple[str, ...]] = (
@@ -127,53 +129,6 @@ class RolloutEnd(StrEnum):
     WITHDRAWN = "withdrawn"  # the rollout took the node's admission back, or admitted it anew
     UNSELECTED = "unselected"  # the node no longer matches the NodeWright's selector
     DELETED = "deleted"  # the NodeWright is being deleted
-
-
-@dataclass(frozen=True, slots=True)
-class TracedAdmission:
-    """The admission whose node-rollout trace is open on a node (or was, with `ended`).
-
-    The node controller keeps it in its timing annotation: it names the trace (`at` is the trace's
-    `picked_at`) after the admission itself was replaced, and `ended` keeps an admission that comes
-    back (a spec change reverted) from getting a second root.
-    """
-
-    compartment: str
-    batch: int
-    order: int
-    at: str
-    fingerprint: str
-    ended: bool = False
-
-    @property
-    def key(self) -> str:
-        # The fingerprint too: a new spec's rollout numbers its batches and orders from the start
-        # again, and admission times have second precision.
-        return f"{self.fingerprint}/{self.batch}/{self.order}/{self.at}"
-
-    def encode(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "c": self.compartment,
-            "b": self.batch,
-            "o": self.order,
-            "at": self.at,
-            "f": self.fingerprint,
-        }
-        if self.ended:
-            doc["e"] = True
-        return doc
-
-    @staticmethod
-    def decode(doc: object) -> TracedAdmission | None:
-        """Lenient: anything unreadable is None (a trace then just misses its root)."""
-        if not isinstance(doc, dict):
-            return None
-        c, b, o, at, f, e = (doc.get(k) for k in ("c", "b", "o", "at", "f", "e"))
-        if not (isinstance(c, str) and isinstance(b, int) and isinstance(o, int)):
-            return None
-        if not (isinstance(at, str) and isinstance(f, str) and isinstance(e, bool | None)):
-            return None
-        return TracedAdmission(c, b, o, at, f, bool(e))
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,7 +367,7 @@ def _finish(span: trace.Span, *, error: str | None, end: datetime) -> None:
 
 
 class GateTimes(Protocol):
-    """The node controller's persisted maintenance timestamps (`controller.drainer.Timing`)."""
+    """The node controller's persisted maintenance timestamps (`api.timing.Timing`)."""
 
     @property
     def protected_since(self) -> datetime | None: ...

@@ -124,8 +124,11 @@ class Identity:
     def copy_dir(self, package: str, version: str) -> str:
         return f"{COPY_DIR_ROOT}/{self.nodewright}/{package}-{version}-{self.uid}-{self.generation}"
 
-    def resource_id(self, package: str, version: str) -> str:
-        return f"{self.nodewright}-{self.uid}-{self.generation}_{package}_{version}"
+    def resource_id(self, package: str, version: str, run: str = "") -> str:
+        """The agent's resource id; an interrupt adds its `run` (no `_`), as the operator's interrupt pods
+        do, so each interrupt run gets its own interrupt flags."""
+        owner = f"{self.nodewright}-{self.uid}-{self.generation}"
+        return f"{owner}-{run}_{package}_{version}" if run else f"{owner}_{package}_{version}"
 
     @property
     def state_dir(self) -> str:

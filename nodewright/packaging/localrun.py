@@ -19,14 +19,24 @@ and see the root through `NODEWRIGHT_HOST_ROOT`, and interrupt commands (`reboot
 `<root><state dir>/interrupts/requested.jsonl` instead of being run. `chroot=True` (root only) runs
 each step chrooted into the root as on a node; the root then needs its own `/bin/sh` and tools.
 
+After an unprivileged `interrupt` run that succeeded, the node's part is played on the root as the
+simulator's nodes play it (`perform_interrupt`): a recorded `reboot` boots the root
+(`nodewright.hostroot.boot`: a new boot id, `/proc/sys` reloaded from the sysctl files, `/proc/cmdline`
+rebuilt from GRUB's defaults, ...), so that `post-interrupt` and `post-interrupt-check` then see the
+node as it is after the reboot; `systemctl daemon-reload|restart` and `service procps force-reload` go
+through the node's stand-ins (`nodewright.hostroot.hostshims`: a service restart is logged, a procps
+reload loads the sysctl files). Each is logged in `<root>/var/log/nodewright-sim/commands.log`.
+
 The root must not be this machine's `/`: a local run is for trying a package on a scratch directory.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import shutil
 import stat
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +47,7 @@ from nodewright.agent import modes, safefile
 from nodewright.agent.config import ConfigError, load_config
 from nodewright.agent.interrupts import Interrupt, encode
 from nodewright.api.k8svalidation import config_map_key, env_var_name
+from nodewright.hostroot import boot, hostshims
 from nodewright.packaging import layout
 
 DEFAULT_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -57,6 +68,8 @@ OPERATOR_ENV: Final = frozenset(
 )
 #: The API server's limit on a ConfigMap's data, which is what fills configmaps/ on a node.
 MAX_CONFIGMAP_BYTES: Final = 1024 * 1024
+#: Where the unprivileged agent records the interrupt commands it did not run, under its state dir.
+REQUESTS_FILE: Final = "interrupts/requested.jsonl"
 #: Variables of this machine passed on, as a container image would set them.
 INHERITED_ENV: Final = ("PATH", "LANG", "LC_ALL", "TZ")
 
@@ -82,6 +95,14 @@ class RunRequest:
 
 
 @dataclass(frozen=True)
+class NodeAction:
+    """What the node did for one interrupt command the unprivileged agent recorded."""
+
+    command: tuple[str, ...]
+    effect: str
+
+
+@dataclass(frozen=True)
 class RunResult:
     code: int
     package: str
@@ -89,6 +110,7 @@ class RunResult:
     copy_dir: str  # as a host path
     state_dir: Path  # real locations under the root
     log_dir: Path
+    node_actions: tuple[NodeAction, ...] = ()  # an unprivileged interrupt run: the node's part, in order
 
     @property
     def succeeded(self) -> bool:
@@ -194,14 +216,19 @@ def _refuse_symlinks(root: Path, target: Path) -> None:
 
 
 def agent_environment(
-    request: RunRequest, package: str, version: str, *, machine: Mapping[str, str] | None = None
+    request: RunRequest,
+    package: str,
+    version: str,
+    *,
+    machine: Mapping[str, str] | None = None,
+    interrupt_run: str = "",
 ) -> dict[str, str]:
     """The agent container's environment: inherited basics, the operator's variables, the package env."""
     source = os.environ if machine is None else machine
     env = {name: source[name] for name in INHERITED_ENV if name in source}
     env.setdefault("PATH", DEFAULT_PATH)
     identity = request.identity
-    resource_id = identity.resource_id(package, version)
+    resource_id = identity.resource_id(package, version, interrupt_run)
     for prefix in ("SKYHOOK", "NODEWRIGHT"):
         env[f"{prefix}_LOG_DIR"] = identity.log_dir
         env[f"{prefix}_ROOT_DIR"] = identity.state_dir
@@ -232,29 +259,82 @@ def run(
     argv = [request.mode, str(request.root.resolve()), copy_dir]
     if request.mode == modes.INTERRUPT and request.interrupt is not None:
         argv.append(encode(request.interrupt))
+    state_dir = request.root / request.identity.state_dir.lstrip("/")
+    requests = state_dir / REQUESTS_FILE
+    offset = _size(requests)
+    # Each interrupt run is a new attempt, with flags of its own (the operator's `interrupt_run`): a second
+    # `run interrupt` on the same root reboots it again instead of being skipped as done.
+    interrupt_run = _interrupt_run() if request.mode == modes.INTERRUPT else ""
     code = agent_main(
         argv,
-        environ=agent_environment(request, package, version, machine=machine_env),
+        environ=agent_environment(
+            request, package, version, machine=machine_env, interrupt_run=interrupt_run
+        ),
         stdout=stdout,
         stderr=stderr,
     )
+    actions: tuple[NodeAction, ...] = ()
+    if request.mode == modes.INTERRUPT and code == 0 and not request.chroot:
+        actions = perform_interrupt(request.root, requests, offset)
     return RunResult(
         code=code,
         package=package,
         version=version,
         copy_dir=copy_dir,
-        state_dir=request.root / request.identity.state_dir.lstrip("/"),
+        state_dir=state_dir,
         log_dir=request.root / request.identity.log_dir.lstrip("/") / package / version,
+        node_actions=actions,
     )
+
+
+def _interrupt_run() -> str:
+    """A run id like the operator's (`<start, UTC>.<attempt>`), to the microsecond: unique per local run."""
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ") + ".1"
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def perform_interrupt(root: Path, requests: Path, offset: int = 0) -> tuple[NodeAction, ...]:
+    """The node's part of the interrupt commands recorded in `requests` after `offset`, played on `root`
+    as the simulator's nodes play it (see the module docstring); nothing after a reboot runs."""
+    node = hostshims.Node(root, root / hostshims.SIM_STATE_DIR)
+    actions: list[NodeAction] = []
+    for argv in hostshims.recorded_commands(requests, offset):
+        program, args = os.path.basename(argv[0]), argv[1:]
+        node.record(program, args)
+        if hostshims.is_reboot(program, args):
+            boot_id = str(uuid.uuid4())
+            kernel = boot.boot(root, boot.BootFacts(boot_id=boot_id))
+            running = f"kernel {kernel}" if kernel else "no kernel installed in the root"
+            actions.append(
+                NodeAction(
+                    tuple(argv),
+                    f"the root booted (boot id {boot_id}, {running}): /proc/sys reloaded from the sysctl "
+                    "files, /proc/cmdline rebuilt from GRUB's defaults",
+                )
+            )
+            break  # the machine went down: what the agent recorded after the reboot never ran
+        said: list[str] = []
+        exit_code = hostshims.perform(node, program, args, said.append, said.append)
+        effect = f"done by the node's {program} stand-in (exit {exit_code})"
+        actions.append(NodeAction(tuple(argv), "; ".join([effect, *said])))
+    return tuple(actions)
 
 
 __all__ = [
     "ConfigError",
+    "NodeAction",
     "RunRequest",
     "RunRequestError",
     "RunResult",
     "agent_environment",
     "check_request",
+    "perform_interrupt",
     "run",
     "stage",
 ]

@@ -279,45 +279,64 @@ def open_base(spec: str, platform: Platform | None) -> BaseImage:
             f"--base {spec}: {directory} is not an OCI image layout (no {OCI_LAYOUT_FILE} file); make one "
             f"with e.g. `skopeo copy docker://busybox:1.36.1 oci:{directory}:1.36.1`, or use --base scratch"
         )
-    marker = _load_json(_read_file(directory / OCI_LAYOUT_FILE, spec), str(directory / OCI_LAYOUT_FILE))
+    return open_layout(directory, ref=ref, platform=platform, where=f"--base {spec}", description=spec)
+
+
+def open_layout(
+    directory: Path,
+    *,
+    ref: str | None = None,
+    digest: str | None = None,
+    platform: Platform | None = None,
+    where: str,
+    description: str | None = None,
+) -> BaseImage:
+    """The image of the OCI layout `directory`: the one its index lists, the one named `ref`
+    (`org.opencontainers.image.ref.name`) or the one whose manifest is `digest`, for `platform` where the
+    layout has several. Every error is a BuildError starting with `where` (what the caller calls it)."""
+    marker = _load_json(_read_file(directory / OCI_LAYOUT_FILE, where), str(directory / OCI_LAYOUT_FILE))
     if marker.get("imageLayoutVersion") != OCI_LAYOUT_VERSION:
         raise BuildError(
-            f"--base {spec}: imageLayoutVersion {marker.get('imageLayoutVersion')!r} is not supported "
+            f"{where}: imageLayoutVersion {marker.get('imageLayoutVersion')!r} is not supported "
             f"(expected {OCI_LAYOUT_VERSION})"
         )
-    index = _load_json(_read_file(directory / INDEX_FILE, spec), str(directory / INDEX_FILE))
+    index = _load_json(_read_file(directory / INDEX_FILE, where), str(directory / INDEX_FILE))
     entries = [e for e in index.get("manifests") or [] if isinstance(e, dict)]
-    if ref is not None:
+    if digest is not None:
+        entries = [e for e in entries if e.get("digest") == digest]
+        if not entries:
+            raise BuildError(f"{where}: no image with the digest {digest} in {directory}")
+    elif ref is not None:
         refs = sorted({str((e.get("annotations") or {}).get(REF_NAME)) for e in entries} - {"None"})
         entries = [e for e in entries if (e.get("annotations") or {}).get(REF_NAME) == ref]
         if not entries:
             raise BuildError(
-                f"--base {spec}: no image named {ref!r} in {directory} (names: {', '.join(refs) or 'none'})"
+                f"{where}: no image named {ref!r} in {directory} (names: {', '.join(refs) or 'none'})"
             )
-    descriptor = _choose(entries, platform, f"--base {spec}")
-    manifest_descriptor, manifest = _resolve_manifest(directory, descriptor, platform, spec)
+    descriptor = _choose(entries, platform, where)
+    manifest_descriptor, manifest = _resolve_manifest(directory, descriptor, platform, where)
     config_descriptor = manifest.get("config") or {}
-    config = _load_json(_read_blob(directory, config_descriptor, "config"), f"{spec} image config")
-    layers = tuple(_oci_layer(layer, spec) for layer in manifest.get("layers") or [])
+    config = _load_json(_read_blob(directory, config_descriptor, "config"), f"{where}: the image config")
+    layers = tuple(_oci_layer(layer, where) for layer in manifest.get("layers") or [])
     diff_ids = (config.get("rootfs") or {}).get("diff_ids") or []
     if len(diff_ids) != len(layers):
         raise BuildError(
-            f"--base {spec}: the config lists {len(diff_ids)} diff_ids for {len(layers)} layers; the "
+            f"{where}: the config lists {len(diff_ids)} diff_ids for {len(layers)} layers; the "
             "image is inconsistent"
         )
-    base_platform = Platform.of(config)
-    if platform is not None and base_platform.os and not platform.matches(base_platform):
+    image_platform = Platform.of(config)
+    if platform is not None and image_platform.os and not platform.matches(image_platform):
         raise BuildError(
-            f"--base {spec} is {base_platform}, not {platform}: pass --platform {base_platform} or choose "
+            f"{where} is {image_platform}, not {platform}: pass --platform {image_platform} or choose "
             f"a base for {platform}"
         )
     return BaseImage(
-        description=spec,
+        description=description or str(directory),
         layout=directory,
         manifest_digest=str(manifest_descriptor["digest"]),
         layers=layers,
         config=config,
-        platform=base_platform if base_platform.os else platform,
+        platform=image_platform if image_platform.os else platform,
     )
 
 
@@ -329,13 +348,13 @@ def _split_layout_spec(spec: str) -> tuple[Path, str | None]:
     return Path(path).expanduser(), ref or None
 
 
-def _read_file(path: Path, spec: str) -> bytes:
+def _read_file(path: Path, where: str) -> bytes:
     try:
         return safefile.read_bytes(str(path), limit=MAX_METADATA_BYTES)
     except safefile.Refused as exc:
-        raise BuildError(f"--base {spec}: {exc}") from None
+        raise BuildError(f"{where}: {exc}") from None
     except OSError as exc:
-        raise BuildError(f"--base {spec}: cannot read {path}: {exc.strerror}") from None
+        raise BuildError(f"{where}: cannot read {path}: {exc.strerror}") from None
 
 
 def _choose(entries: list[JSON], platform: Platform | None, where: str) -> JSON:
@@ -356,33 +375,33 @@ def _choose(entries: list[JSON], platform: Platform | None, where: str) -> JSON:
 
 
 def _resolve_manifest(
-    directory: Path, descriptor: JSON, platform: Platform | None, spec: str
+    directory: Path, descriptor: JSON, platform: Platform | None, where: str
 ) -> tuple[JSON, JSON]:
     """Follow image indexes (multi-platform) down to one image manifest."""
     for _depth in range(4):
         data = _read_blob(directory, descriptor, "manifest")
-        document = _load_json(data, f"{spec} manifest {descriptor.get('digest')}")
+        document = _load_json(data, f"{where}: manifest {descriptor.get('digest')}")
         kind = document.get("mediaType") or descriptor.get("mediaType")
         if kind in (MEDIA_INDEX, DOCKER_LIST) or ("manifests" in document and "layers" not in document):
             entries = [e for e in document.get("manifests") or [] if isinstance(e, dict)]
             wanted = platform or Platform.parse(DEFAULT_PLATFORM)
-            descriptor = _choose(entries, wanted, f"--base {spec}")
+            descriptor = _choose(entries, wanted, where)
             continue
         if kind not in (MEDIA_MANIFEST, DOCKER_MANIFEST, None):
-            raise BuildError(f"--base {spec}: {kind!r} is not an image manifest")
+            raise BuildError(f"{where}: {kind!r} is not an image manifest")
         return descriptor, document
-    raise BuildError(f"--base {spec}: image indexes nested too deeply")
+    raise BuildError(f"{where}: image indexes nested too deeply")
 
 
-def _oci_layer(layer: Any, spec: str) -> JSON:
+def _oci_layer(layer: Any, where: str) -> JSON:
     if not isinstance(layer, dict):
-        raise BuildError(f"--base {spec}: a layer descriptor is not an object")
+        raise BuildError(f"{where}: a layer descriptor is not an object")
     converted = dict(layer)
     media_type = str(layer.get("mediaType", ""))
     converted["mediaType"] = DOCKER_TO_OCI.get(media_type, media_type)
     if converted["mediaType"] not in LAYER_MEDIA_TYPES:
         raise BuildError(
-            f"--base {spec}: layer {layer.get('digest')} has media type {media_type!r}, which this builder "
+            f"{where}: layer {layer.get('digest')} has media type {media_type!r}, which this builder "
             "does not carry over (foreign or non-distributable layers)"
         )
     return converted
@@ -435,6 +454,142 @@ def write_payload_layer(package_dir: Path, blobs: Path, *, mtime: int) -> tuple[
     partial.replace(blobs / digest.removeprefix("sha256:"))
     descriptor = {"mediaType": MEDIA_LAYER_GZIP, "digest": digest, "size": compressed.size}
     return descriptor, plain.digest, len(entries)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reading the payload back (the simulated kubelet's "pull")
+
+
+class _HashingReader(io.RawIOBase):
+    """A read-only stream that hashes and counts what is read from `inner`."""
+
+    def __init__(self, inner: io.BufferedReader) -> None:
+        super().__init__()
+        self.inner = inner
+        self.hash = hashlib.sha256()
+        self.size = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.inner.read(len(buffer))
+        buffer[: len(data)] = data
+        self.hash.update(data)
+        self.size += len(data)
+        return len(data)
+
+    def drain(self) -> None:
+        while self.readinto(bytearray(_CHUNK)):
+            pass
+
+    @property
+    def digest(self) -> str:
+        return f"sha256:{self.hash.hexdigest()}"
+
+
+def extract_payload(image: BaseImage, target: Path) -> int:
+    """Write what the image holds at `/skyhook-package` into the new directory `target`, layer by layer
+    as a container runtime unpacks them (OCI whiteouts honoured), and return the number of entries.
+
+    Only gzip and plain tar layers are read; each layer's digest and size are verified. Entries outside
+    `skyhook-package/` are skipped; a payload entry that would leave `target` (`..`, an absolute name, a
+    path through a symlink), a hard link, device or FIFO is refused: BuildError naming the layer."""
+    if image.layout is None:
+        raise BuildError(f"{image.description}: not an image layout")
+    target.mkdir(parents=True)
+    entries = 0
+    for layer in image.layers:
+        entries += _extract_layer(image.layout, layer, target)
+    if not any(target.iterdir()):
+        raise BuildError(
+            f"{image.description}: the image holds nothing at {layout.PAYLOAD_DIR}; build it with "
+            "`nodewright package build` or a Dockerfile that copies the package there"
+        )
+    return entries
+
+
+def _extract_layer(layout_dir: Path, layer: JSON, target: Path) -> int:
+    digest = str(layer.get("digest", ""))
+    media_type = str(layer.get("mediaType", ""))
+    if media_type not in (MEDIA_LAYER_GZIP, "application/vnd.oci.image.layer.v1.tar"):
+        raise BuildError(
+            f"{layout_dir}: layer {digest} is {media_type}; only gzip and plain tar layers can be read here"
+        )
+    path = _blob_path(layout_dir, digest)
+    try:
+        with path.open("rb") as raw:
+            hashing = _HashingReader(raw)
+            stream = io.BufferedReader(hashing, _CHUNK)
+            gzipped = media_type == MEDIA_LAYER_GZIP
+            with (
+                tarfile.open(fileobj=stream, mode="r|gz")
+                if gzipped
+                else tarfile.open(fileobj=stream, mode="r|")
+            ) as tar:
+                count = sum(_extract_member(tar, member, target, digest) for member in tar)
+            hashing.drain()
+    except FileNotFoundError:
+        raise BuildError(f"{layout_dir}: the layer blob {digest} is missing ({path})") from None
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise BuildError(f"{layout_dir}: layer {digest} cannot be read as a tar archive: {exc}") from None
+    _verify(layout_dir, layer, "layer", hashing.digest, hashing.size)
+    return count
+
+
+def _extract_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path, digest: str) -> int:
+    parts = [part for part in member.name.split("/") if part not in ("", ".")]
+    prefix = layout.PAYLOAD_DIR.strip("/")
+    if not parts or parts[0] != prefix:
+        return 0
+    relative = parts[1:]
+    if ".." in relative or member.name.startswith("/"):
+        raise BuildError(f"layer {digest}: entry {member.name!r} leaves {layout.PAYLOAD_DIR}; refused")
+    parent = target
+    for part in relative[:-1]:
+        parent = parent / part
+        if parent.is_symlink():
+            raise BuildError(f"layer {digest}: entry {member.name!r} goes through a symlink; refused")
+    if not relative:
+        return 0
+    name = relative[-1]
+    if name == ".wh..wh..opq":  # an opaque directory: what lower layers put there is hidden
+        for child in list(parent.iterdir()) if parent.is_dir() else []:
+            _remove(child)
+        return 0
+    if name.startswith(".wh."):
+        _remove(parent / name.removeprefix(".wh."))
+        return 0
+    destination = parent / name
+    parent.mkdir(parents=True, exist_ok=True)
+    if member.isdir():
+        if destination.is_symlink() or (destination.exists() and not destination.is_dir()):
+            _remove(destination)
+        destination.mkdir(exist_ok=True)
+        return 1
+    if destination.is_symlink() or destination.exists():
+        _remove(destination)
+    if member.issym():
+        os.symlink(member.linkname, destination)
+    elif member.isreg():
+        source = tar.extractfile(member)
+        assert source is not None  # a regular file always has content
+        with destination.open("wb") as out:
+            shutil.copyfileobj(source, out, _CHUNK)
+        destination.chmod(0o755 if member.mode & stat.S_IXUSR else 0o644)
+    else:
+        raise BuildError(
+            f"layer {digest}: entry {member.name!r} is a hard link, device or FIFO; a package payload holds "
+            "files, directories and symlinks only"
+        )
+    return 1
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.is_symlink() or path.exists():
+        path.unlink()
 
 
 # ----------------------------------------------------------------------------------------------------

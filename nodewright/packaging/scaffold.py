@@ -9,10 +9,15 @@ locally through every mode and builds into an image, and changes it step by step
     Dockerfile                  the package image: busybox base, payload under /skyhook-package
     README.md                   what it does and how to test it (validate, run, build, push)
 
-What the steps do: `apply` records the installation under `/var/lib/<name>`, `config` installs every
-ConfigMap file into `/etc/<name>/conf.d/` (and removes files no longer in the ConfigMap),
-`post-interrupt` records the boot it ran after, `uninstall` removes all of it. Each check verifies
-exactly that, so undoing a change by hand makes it fail.
+What the steps do: `apply` records the installation under `/var/lib/<name>` with the boot it ran in,
+`config` installs every ConfigMap file into `/etc/<name>/conf.d/` (and removes files no longer in the
+ConfigMap), `post-interrupt` records the boot it ran after, `uninstall` removes all of it. Each check
+verifies exactly that, so undoing a change by hand makes it fail; the post-interrupt check reads the
+node's boot id back and fails unless the node rebooted since the install (the package's interrupt is a
+reboot), which `nodewright package run interrupt --interrupt reboot` simulates on a scratch root.
+
+The image: the Dockerfile for Docker (`FROM busybox`), and, offline, `nodewright package build` onto
+the busybox base layout `make images` writes (`build/images/package-base`), the route the README gives.
 """
 
 from __future__ import annotations
@@ -30,6 +35,13 @@ set -eu
 # directory standing for the node under `nodewright package run` and in the simulator.
 HOST="${NODEWRIGHT_HOST_ROOT:-/}"; HOST="${HOST%/}"
 """
+_BOOT_ID_LINES: Final = """\
+# The boot the node is in: a new id after every reboot.
+boot_id=unknown
+if [ -r "$HOST/proc/sys/kernel/random/boot_id" ]; then
+  boot_id=$(cat "$HOST/proc/sys/kernel/random/boot_id")
+fi
+"""
 
 _SCRIPTS: Final = {
     "apply.sh": """\
@@ -37,9 +49,11 @@ _SCRIPTS: Final = {
 # apply: install @NAME@. The agent runs this once per package version and skips it after it succeeded
 # (idempotence false in config.json); make it safe to run twice anyway.
 @HOST@
+@BOOT_ID@
 mkdir -p "$HOST/var/lib/@NAME@"
-printf 'installed\\n' > "$HOST/var/lib/@NAME@/installed"
-echo "@NAME@ installed in $HOST/var/lib/@NAME@"
+# The boot it was installed in: post-interrupt-check proves the node rebooted since.
+printf '%s\\n' "$boot_id" > "$HOST/var/lib/@NAME@/installed"
+echo "@NAME@ installed in $HOST/var/lib/@NAME@ (boot $boot_id)"
 """,
     "apply_check.sh": """\
 #!/bin/sh
@@ -105,25 +119,43 @@ exit "$failed"
 """,
     "post_interrupt.sh": """\
 #!/bin/sh
-# post-interrupt: runs after the package's interrupt (reboot or service restart) finished.
+# post-interrupt: runs after the package's interrupt (a reboot: see README.md) finished.
 @HOST@
-boot_id=unknown
-if [ -r "$HOST/proc/sys/kernel/random/boot_id" ]; then
-  boot_id=$(cat "$HOST/proc/sys/kernel/random/boot_id")
-fi
+@BOOT_ID@
 mkdir -p "$HOST/var/lib/@NAME@"
 printf '%s\\n' "$boot_id" > "$HOST/var/lib/@NAME@/post-interrupt"
 echo "@NAME@ saw boot $boot_id"
 """,
     "post_interrupt_check.sh": """\
 #!/bin/sh
-# post-interrupt-check: verify what only holds after the interrupt (read values back from the node).
+# post-interrupt-check: verify what only holds after the interrupt, read back from the running node.
+# The package's interrupt is a reboot (README.md), so the node must be in a later boot than the one
+# @NAME@ was installed in, and post-interrupt must have run after that reboot. (The drift check runs
+# this too, on nodes rebooted since: any later boot passes.)
 @HOST@
-if [ ! -s "$HOST/var/lib/@NAME@/post-interrupt" ]; then
-  echo "post-interrupt did not run: $HOST/var/lib/@NAME@/post-interrupt is missing" >&2
-  exit 1
+@BOOT_ID@
+state="$HOST/var/lib/@NAME@"
+installed=$(cat "$state/installed" 2>/dev/null || true)
+ran_after=$(cat "$state/post-interrupt" 2>/dev/null || true)
+failed=0
+if [ -z "$installed" ]; then
+  echo "@NAME@ is not installed: $state/installed is missing" >&2
+  failed=1
+elif [ "$boot_id" = "$installed" ]; then
+  echo "the node has not rebooted since @NAME@ was installed (still boot $boot_id)" >&2
+  failed=1
 fi
-echo "post-interrupt ran after boot $(cat "$HOST/var/lib/@NAME@/post-interrupt")"
+if [ -z "$ran_after" ]; then
+  echo "post-interrupt did not run: $state/post-interrupt is missing" >&2
+  failed=1
+elif [ "$ran_after" = "$installed" ]; then
+  echo "post-interrupt ran in the boot @NAME@ was installed in ($installed), not after a reboot" >&2
+  failed=1
+fi
+if [ "$failed" -eq 0 ]; then
+  echo "@NAME@ was installed in boot $installed; post-interrupt ran after the reboot, in boot $ran_after"
+fi
+exit "$failed"
 """,
     "uninstall.sh": """\
 #!/bin/sh
@@ -162,8 +194,9 @@ _MODES: Final = (
 _DOCKERFILE: Final = """\
 # The @NAME@ package image. The payload goes under /skyhook-package; the package pod's init container
 # runs `/bin/sh -c 'mkdir -p ... && cp -rf /skyhook-package/* ...'` in this image, so the base needs a
-# shell, mkdir and cp: busybox is enough. (`nodewright package build` writes the same image as an OCI
-# layout without a Docker daemon.)
+# shell, mkdir and cp: busybox is enough. Without Docker or a registry, `nodewright package build`
+# writes the same image as an OCI layout onto the busybox base that `make images` writes in a NodeWright
+# checkout (build/images/package-base): see README.md.
 FROM busybox:1.36.1
 COPY . /skyhook-package/
 """
@@ -181,12 +214,18 @@ it needs.
 
 What each mode does, and what its check verifies:
 
-- `apply` (`apply.sh`): records the installation in `/var/lib/@NAME@/installed`; the check: that file
-  and the `root_dir/` file exist.
+- `apply` (`apply.sh`): records the installation, with the boot it ran in, in
+  `/var/lib/@NAME@/installed`; the check: that file and the `root_dir/` file exist.
 - `config` (`config.sh`): installs every ConfigMap file into `/etc/@NAME@/conf.d/` and removes files no
   longer given; the check: each file equals the ConfigMap's, and there is no other file.
-- `post-interrupt` (`post_interrupt.sh`): records the boot id it ran after; the check: the record exists.
+- `post-interrupt` (`post_interrupt.sh`): records the boot it ran after; the check reads the node's
+  boot id back (`/proc/sys/kernel/random/boot_id`): the node has rebooted since the install, and
+  post-interrupt ran after that reboot.
 - `uninstall` (`uninstall.sh`): removes `/etc/@NAME@` and `/var/lib/@NAME@`; the check: both are gone.
+
+Its interrupt is a **reboot** (the NodeWright below says so): the operator drains the node, the agent
+reboots it, then post-interrupt and its check run. A package that needs no reboot drops the interrupt
+and the `post-interrupt` modes; one that restarts a service instead checks what the restart changes.
 
 `root_dir/etc/@NAME@/defaults.conf` is laid over the node's root by the agent.
 
@@ -203,6 +242,8 @@ nodewright package run apply-check . --root "$root"
 echo 'level=3' > /tmp/example.conf
 nodewright package run config . --root "$root" --config example.conf=/tmp/example.conf
 nodewright package run config-check . --root "$root" --config example.conf=/tmp/example.conf
+nodewright package run post-interrupt-check . --root "$root"   # fails: the node has not rebooted
+nodewright package run interrupt . --root "$root" --interrupt reboot   # the root boots, as a node would
 nodewright package run post-interrupt . --root "$root"
 nodewright package run post-interrupt-check . --root "$root"
 nodewright package run uninstall . --root "$root"
@@ -211,16 +252,30 @@ find "$root" -type f        # what the package wrote, the agent's flags, history
 ```
 
 Each run copies the package to `$root/var/lib/skyhook/local/@NAME@-<version>-local-1/` as a package pod
-would, and the agent runs without chroot. Undo a change by hand (e.g. `rm $root/var/lib/@NAME@/installed`)
-and the check fails.
+would, and the agent runs without chroot. The interrupt run records the agent's `reboot` instead of
+running it, then boots the root as the simulator boots its nodes: a new boot id, `/proc/sys` reloaded
+from the sysctl files, `/proc/cmdline` rebuilt from GRUB's defaults. Undo a change by hand (e.g.
+`rm $root/var/lib/@NAME@/installed`) and the check fails.
 
-## Build and push the image
+## Build the image
+
+Offline, with no Docker and no registry: in a NodeWright checkout, `make images` (or `python
+hack/images/build.py --only package-base`) writes a busybox base, `build/images/package-base`; the
+package image is that base plus the payload under `/skyhook-package`, as an OCI image layout:
 
 ```bash
-docker build -t registry.example.com/packages/@NAME@:@VERSION@ .      # with Docker, or without:
-skopeo copy docker://docker.io/library/busybox:1.36.1 oci:/tmp/busybox:1.36.1
-nodewright package build . --base /tmp/busybox:1.36.1 -o /tmp/@NAME@-image
-skopeo copy oci:/tmp/@NAME@-image:@VERSION@ docker://registry.example.com/packages/@NAME@:@VERSION@
+mkdir -p /tmp/images
+nodewright package build . --base <checkout>/build/images/package-base -o /tmp/images/@NAME@
+```
+
+Run it on the simulator's nodes (`--image-dir /tmp/images`, then a NodeWright with the image
+`registry.example.com/packages/@NAME@`: docs/packages.md, "Trying a package on the simulated fleet"),
+push it to the simulator's real nodes (`nodewright sim push /tmp/images/@NAME@
+registry.example.com/packages/@NAME@:@VERSION@`), or to a registry:
+
+```bash
+skopeo copy oci:/tmp/images/@NAME@:@VERSION@ docker://registry.example.com/packages/@NAME@:@VERSION@
+docker build -t registry.example.com/packages/@NAME@:@VERSION@ .      # or with Docker, from the Dockerfile
 ```
 
 ## Use it
@@ -238,6 +293,8 @@ spec:
     @NAME@:
       version: @VERSION@
       image: registry.example.com/packages/@NAME@
+      interrupt:
+        type: reboot
       configMap:
         example.conf: |
           level=3
@@ -277,6 +334,7 @@ def config_json(name: str, version: str = INITIAL_VERSION) -> str:
 def _fill(template: str, name: str) -> str:
     return (
         template.replace("@HOST@\n", _HOST_LINES)
+        .replace("@BOOT_ID@\n", _BOOT_ID_LINES)
         .replace("@NAME@", name)
         .replace("@VERSION@", INITIAL_VERSION)
     )

@@ -37,8 +37,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from nodewright.api.models import DisruptionBudget
+import pydantic
+
+from nodewright.api import constants
+from nodewright.api.models import DisruptionBudget, Status
+from nodewright.api.nodeobject import node_annotations, node_labels, node_ready, try_node_state
 from nodewright.plan import selectors
 
 SLOT_GRACE = timedelta(seconds=60)
@@ -366,3 +371,77 @@ def parse_time(text: str) -> datetime:
 
 def _ts(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ----------------------------------------------------------------------------------------------------
+# From node and budget objects
+
+
+# `frozenset(<empty iterable>)` is a new 216-byte object each time (CPython has no empty-frozenset
+# singleton): the pool cache keeps two per node, so nodes with nothing to say share this one.
+_NONE: frozenset[str] = frozenset()
+
+
+def _shared_when_empty(items: frozenset[str]) -> frozenset[str]:
+    return items or _NONE
+
+
+def pool_node(node: Mapping[str, Any]) -> PoolNode:
+    """What a budget reads from a node object (trimmed or full)."""
+    labels = node_labels(node)
+    in_progress = _shared_when_empty(
+        frozenset(
+            key[len(constants.STATUS_LABEL_PREFIX) :]
+            for key, value in labels.items()
+            if key.startswith(constants.STATUS_LABEL_PREFIX) and value == Status.IN_PROGRESS.value
+        )
+    )
+    unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
+    cordoned: set[str] = set()
+    if unschedulable:  # only then does it matter who cordoned; decoding every node would cost O(fleet)
+        for key in node_annotations(node):
+            if key.startswith(constants.STATE_ANNOTATION_PREFIX):
+                nodewright = key[len(constants.STATE_ANNOTATION_PREFIX) :]
+                state, _ = try_node_state(node, nodewright)
+                if state is not None and state.cordoned:
+                    cordoned.add(nodewright)
+    return PoolNode(
+        name=str(node["metadata"]["name"]),
+        labels=labels,
+        unschedulable=unschedulable,
+        ready=node_ready(node),
+        in_progress_for=in_progress,
+        cordoned_by=_shared_when_empty(frozenset(cordoned)),
+    )
+
+
+def shared_for(
+    nodewright: str,
+    budgets: Iterable[DisruptionBudget],
+    pool: Mapping[str, PoolNode],
+    *,
+    matched: Iterable[str],
+) -> list[SharedBudget]:
+    """What the budgets leave `nodewright`, whose selected nodes are `matched`: the budgets whose pools
+    hold one of them, each with what others disrupt there (the input of `plan.rollout.plan_rollout`)."""
+    return shared_from_views(nodewright, [view(model, pool.values()) for model in budgets], pool, matched)
+
+
+def shared_from_views(
+    nodewright: str, views: Iterable[BudgetView], pool: Mapping[str, PoolNode], matched: Iterable[str]
+) -> list[SharedBudget]:
+    """`shared_for` from budget views already made (the rollout controller's, which it also writes)."""
+    selected = set(matched)
+    return [current.for_nodewright(nodewright, pool) for current in views if current.members & selected]
+
+
+def parse_budgets(objects: Iterable[Mapping[str, Any]]) -> list[DisruptionBudget]:
+    """The DisruptionBudget objects as models, sorted by name; invalid ones are skipped (nothing is
+    admitted on their account), as the controller does."""
+    out: list[DisruptionBudget] = []
+    for obj in objects:
+        try:
+            out.append(DisruptionBudget.model_validate(obj))
+        except pydantic.ValidationError:
+            continue
+    return sorted(out, key=lambda b: b.metadata.name)

@@ -62,9 +62,6 @@ class Graph:
                     path.pop()
         return None
 
-    def dependents(self, name: str) -> list[str]:
-        return sorted(n for n, ds in self.deps.items() if name in ds)
-
     def ready(self, name: str, complete: set[str] | frozenset[str]) -> bool:
         return all(d in complete for d in self.deps.get(name, ()))
 

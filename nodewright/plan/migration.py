@@ -61,7 +61,7 @@ from pydantic import ValidationError
 
 from nodewright.api import constants, semver
 from nodewright.api.images import ImageReferenceError, parse_image
-from nodewright.api.models import DeploymentPolicy, NodeWright
+from nodewright.api.models import DeploymentPolicy, NodeWright, Package
 from nodewright.api.nodestate import NodeState, PackageEntry, PackageStage, PackageState, entry_key
 from nodewright.api.validation import ValidationResult, validate_deploymentpolicy, validate_nodewright
 from nodewright.plan.configdiff import config_hashes
@@ -450,17 +450,7 @@ def translate_node_state(
     state), but a `complete` that the state does not bear out is reported.
     """
     text = annotations.get(node_state_annotation(skyhook))
-    cordoned = annotations.get(cordon_annotation(skyhook)) == "true"
-    findings: list[Finding] = []
-    if cordoned and not unschedulable:
-        findings.append(
-            Finding(
-                "note",
-                f"metadata.annotations[{cordon_annotation(skyhook)}]",
-                "stale: the node is schedulable",
-            )
-        )
-    hand_over = cordoned and unschedulable
+    findings, hand_over = _reference_cordon(skyhook, annotations, unschedulable)
     if text is None:
         if not hand_over:
             return NodeTranslation(node, skyhook, None, findings=tuple(findings))
@@ -473,26 +463,68 @@ def translate_node_state(
     try:
         entries = parse_reference_state(text)
     except MalformedReferenceState as exc:
-        path = f"metadata.annotations[{node_state_annotation(skyhook)}]"
+        kept = " and the reference cordon is kept (uncordon by hand once the node is checked)"
         findings.append(
             Finding(
                 "invalid",
-                path,
-                f"{exc}; nothing is written: NodeWright starts this node over"
-                + (
-                    " and the reference cordon is kept (uncordon by hand once the node is checked)"
-                    if hand_over
-                    else ""
-                ),
+                f"metadata.annotations[{node_state_annotation(skyhook)}]",
+                f"{exc}; nothing is written: NodeWright starts this node over" + (kept if hand_over else ""),
             )
         )
         return NodeTranslation(node, skyhook, None, findings=tuple(findings))
-    configs = applied_configs or {}
-    ours: list[PackageEntry] = []
-    complete: list[str] = []
-    restarted: list[str] = []
-    markers: list[str] = []
-    uninstalled: list[str] = []
+    done = _translate_entries(nodewright, entries, applied_configs or {}, config_updates or {})
+    if reference_status == "complete" and done.restarted:
+        where = f"metadata.labels[{status_key(skyhook)}]"
+        findings.append(
+            Finding("note", where, "says complete, but the node state is not: the state is followed")
+        )
+    return NodeTranslation(
+        node,
+        skyhook,
+        NodeState(packages=tuple(done.ours), cordoned=hand_over),
+        complete=tuple(sorted(done.complete)),
+        restarted=tuple(sorted(done.restarted)),
+        markers=tuple(sorted(done.markers)),
+        uninstalled=tuple(sorted(done.uninstalled)),
+        cordon_handed_over=hand_over,
+        findings=tuple(findings),
+    )
+
+
+def _reference_cordon(
+    skyhook: str, annotations: Mapping[str, str], unschedulable: bool
+) -> tuple[list[Finding], bool]:
+    """(findings, whether the reference's cordon is handed over): a cordon the reference recorded on a
+    node that is still unschedulable becomes ours; one on a schedulable node is stale."""
+    cordoned = annotations.get(cordon_annotation(skyhook)) == "true"
+    findings: list[Finding] = []
+    if cordoned and not unschedulable:
+        where = f"metadata.annotations[{cordon_annotation(skyhook)}]"
+        findings.append(Finding("note", where, "stale: the node is schedulable"))
+    return findings, cordoned and unschedulable
+
+
+@dataclass
+class _Translated:
+    """The translated entries, and each reference entry's fate by `name|version`."""
+
+    ours: list[PackageEntry] = field(default_factory=list)
+    complete: list[str] = field(default_factory=list)
+    restarted: list[str] = field(default_factory=list)
+    markers: list[str] = field(default_factory=list)
+    uninstalled: list[str] = field(default_factory=list)
+
+
+def _translate_entries(
+    nodewright: NodeWright,
+    entries: Sequence[ReferenceEntry],
+    configs: Mapping[str, Mapping[str, str]],
+    config_updates: Mapping[str, Sequence[str]],
+) -> _Translated:
+    """Complete packages stay complete, versions no longer in the spec become inert markers, finished
+    uninstalls are dropped, and anything caught mid-run starts over (apply, or upgrade over a lower
+    complete version)."""
+    out = _Translated()
     complete_versions: dict[str, list[str]] = {}
     for e in entries:
         if e.state == "complete" and e.stage not in _UNINSTALL_STAGES:
@@ -500,59 +532,49 @@ def translate_node_state(
     for e in entries:
         key = entry_key(e.name, e.version)
         pkg = nodewright.spec.packages.get(e.name)
-        image = e.image
-        if pkg is None or pkg.version != e.version:
-            if e.stage == PackageStage.UNINSTALL_INTERRUPT and e.state == "complete":
-                uninstalled.append(key)
-                continue
-            ours.append(PackageEntry(e.name, e.version, e.stage, PackageState.COMPLETE, image=image))
-            markers.append(key)
-            continue
-        final = _final_stage(nodewright, e.name, (config_updates or {}).get(e.name, ()))
-        applied = config_hashes(configs.get(key, pkg.config_map or {}))
-        wants_uninstall = bool(pkg.uninstall and pkg.uninstall.enabled and pkg.uninstall.apply)
-        if e.stage in _UNINSTALL_STAGES:
-            if e.stage == PackageStage.UNINSTALL_INTERRUPT and e.state == "complete":
-                uninstalled.append(key)
-                continue
-            if wants_uninstall:
-                ours.append(
-                    PackageEntry(e.name, e.version, final, PackageState.COMPLETE, image=image, config=applied)
-                )
-                restarted.append(f"{key}: uninstall again (was {e.stage.value}/{e.state})")
-                continue
-        elif e.state == "complete" and e.stage in (final, PackageStage.POST_INTERRUPT):
-            ours.append(
-                PackageEntry(e.name, e.version, final, PackageState.COMPLETE, image=image, config=applied)
-            )
-            complete.append(key)
-            continue
-        mine = _version_key(e.version)
-        lower = [v for v in complete_versions.get(e.name, []) if _version_key(v) < mine]
-        higher = [v for v in complete_versions.get(e.name, []) if _version_key(v) > mine]
-        stage = PackageStage.UPGRADE if lower and not higher else PackageStage.APPLY
-        ours.append(PackageEntry(e.name, e.version, stage, PackageState.PENDING, image=image))
-        restarted.append(f"{key}: {stage.value} (was {e.stage.value}/{e.state})")
-    if reference_status == "complete" and restarted:
-        findings.append(
-            Finding(
-                "note",
-                f"metadata.labels[{status_key(skyhook)}]",
-                "says complete, but the node state is not: the state is followed",
-            )
-        )
-    state = NodeState(packages=tuple(ours), cordoned=hand_over)
-    return NodeTranslation(
-        node,
-        skyhook,
-        state,
-        complete=tuple(sorted(complete)),
-        restarted=tuple(sorted(restarted)),
-        markers=tuple(sorted(markers)),
-        uninstalled=tuple(sorted(uninstalled)),
-        cordon_handed_over=hand_over,
-        findings=tuple(findings),
-    )
+        if e.stage == PackageStage.UNINSTALL_INTERRUPT and e.state == "complete":
+            out.uninstalled.append(key)
+        elif pkg is None or pkg.version != e.version:
+            out.ours.append(PackageEntry(e.name, e.version, e.stage, PackageState.COMPLETE, image=e.image))
+            out.markers.append(key)
+        else:
+            _translate_spec_entry(nodewright, pkg, e, key, configs, config_updates, complete_versions, out)
+    return out
+
+
+def _translate_spec_entry(
+    nodewright: NodeWright,
+    pkg: Package,
+    e: ReferenceEntry,
+    key: str,
+    configs: Mapping[str, Mapping[str, str]],
+    config_updates: Mapping[str, Sequence[str]],
+    complete_versions: Mapping[str, list[str]],
+    out: _Translated,
+) -> None:
+    """One entry of a package at its spec version."""
+    final = _final_stage(nodewright, e.name, config_updates.get(e.name, ()))
+    applied = config_hashes(configs.get(key, pkg.config_map or {}))
+    settled = PackageEntry(e.name, e.version, final, PackageState.COMPLETE, image=e.image, config=applied)
+    wants_uninstall = bool(pkg.uninstall and pkg.uninstall.enabled and pkg.uninstall.apply)
+    if e.stage in _UNINSTALL_STAGES and wants_uninstall:
+        out.ours.append(settled)
+        out.restarted.append(f"{key}: uninstall again (was {e.stage.value}/{e.state})")
+        return
+    if (
+        e.stage not in _UNINSTALL_STAGES
+        and e.state == "complete"
+        and e.stage in (final, PackageStage.POST_INTERRUPT)
+    ):
+        out.ours.append(settled)
+        out.complete.append(key)
+        return
+    mine = _version_key(e.version)
+    lower = [v for v in complete_versions.get(e.name, []) if _version_key(v) < mine]
+    higher = [v for v in complete_versions.get(e.name, []) if _version_key(v) > mine]
+    stage = PackageStage.UPGRADE if lower and not higher else PackageStage.APPLY
+    out.ours.append(PackageEntry(e.name, e.version, stage, PackageState.PENDING, image=e.image))
+    out.restarted.append(f"{key}: {stage.value} (was {e.stage.value}/{e.state})")
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -385,10 +385,7 @@ def build_pod(
     the attempt's identity on the host (`interrupt_run`, part of the agent's resource id).
     `repair` marks a run that re-applies after drift (see `REPAIR_ENV`).
     """
-    if stage in INTERRUPT_STAGES and interrupt is None:
-        raise ValueError(f"stage {stage.value} needs an interrupt")
-    if chain and (stage in INTERRUPT_STAGES or repair):
-        raise ValueError("only the stages of a run without interrupt or repair can be followed by a chain")
+    _check_pod_shape(stage, interrupt=interrupt, repair=repair, chain=chain)
     nw_name = nw.metadata.name
     s_hash = spec_hash(
         nw,
@@ -403,25 +400,65 @@ def build_pod(
         run=run,
     )
     volumes, mounts = _base_volumes(nw_name, node, options)
-    if stage in INTERRUPT_STAGES:
-        assert interrupt is not None
+    head = ChainLink(package_name, package, version, stage)
+    if interrupt is not None and stage in INTERRUPT_STAGES:
         env = _agent_env(nw, package_name, version, node_order, options, run)
         init = [_interrupt_container(nw, package, package_name, version, interrupt, env, mounts, options)]
     else:
-        runs = [ChainLink(package_name, package, version, stage), *chain]
-        init = [
-            container
-            for index, run in enumerate(runs)
-            for container in _run_containers(
-                nw,
-                run,
-                node_order=node_order,
-                repair=repair and index == 0,
-                volumes=volumes,
-                mounts=mounts,
-                options=options,
-            )
-        ]
+        init = _chain_containers(nw, [head, *chain], node_order, repair, volumes, mounts, options)
+    spec = _pod_spec(nw, node, init, volumes, options)
+    grace = None if stage in INTERRUPT_STAGES else _grace_seconds([package, *(c.package for c in chain)])
+    if grace is not None:
+        spec["terminationGracePeriodSeconds"] = grace
+    name = pod_name(nw_name, package_name, version, stage, node, attempt, s_hash)
+    labels, annotations = _pod_keys(package_name, version, stage, attempt, s_hash, interrupt, chain)
+    return _pod(nw, name, node, labels=labels, annotations=annotations, spec=spec, options=options)
+
+
+def _chain_containers(
+    nw: NodeWright,
+    runs: Sequence[ChainLink],
+    node_order: int,
+    repair: bool,
+    volumes: list[dict[str, Any]],
+    mounts: list[dict[str, Any]],
+    options: PodOptions,
+) -> list[dict[str, Any]]:
+    """The init containers of a run and the runs chained after it, in order (only the first repairs)."""
+    return [
+        container
+        for index, link in enumerate(runs)
+        for container in _run_containers(
+            nw,
+            link,
+            node_order=node_order,
+            repair=repair and index == 0,
+            volumes=volumes,
+            mounts=mounts,
+            options=options,
+        )
+    ]
+
+
+def _check_pod_shape(
+    stage: PackageStage, *, interrupt: Interrupt | None, repair: bool, chain: Sequence[ChainLink]
+) -> None:
+    if stage in INTERRUPT_STAGES and interrupt is None:
+        raise ValueError(f"stage {stage.value} needs an interrupt")
+    if chain and (stage in INTERRUPT_STAGES or repair):
+        raise ValueError("only the stages of a run without interrupt or repair can be followed by a chain")
+
+
+def _pod_keys(
+    package_name: str,
+    version: str,
+    stage: PackageStage,
+    attempt: int,
+    s_hash: str,
+    interrupt: Interrupt | None,
+    chain: Sequence[ChainLink],
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The labels and annotations that say which package run (and attempt) the pod is."""
     labels = {
         constants.POD_LABEL_PACKAGE: package_name,
         constants.POD_LABEL_VERSION: label_value(version),
@@ -432,16 +469,7 @@ def build_pod(
         annotations[constants.POD_ANNOTATION_INTERRUPT] = interrupts_mod.interrupt_json(interrupt)
     if chain:
         annotations[constants.POD_ANNOTATION_CHAIN] = encode_chain(chain)
-    spec = _pod_spec(nw, node, init, volumes, options)
-    grace = (
-        _grace_seconds([package, *(link.package for link in chain)])
-        if stage not in INTERRUPT_STAGES
-        else None
-    )
-    if grace is not None:
-        spec["terminationGracePeriodSeconds"] = grace
-    name = pod_name(nw_name, package_name, version, stage, node, attempt, s_hash)
-    return _pod(nw, name, node, labels=labels, annotations=annotations, spec=spec, options=options)
+    return labels, annotations
 
 
 def _run_containers(
@@ -953,6 +981,22 @@ def run_spec(pod: Mapping[str, Any]) -> dict[str, Any]:
     for key, default in _POD_DEFAULTS:
         if out.get(key) == default:
             del out[key]
+    token_volumes = _without_admission_additions(out)
+    host_network = out.get("hostNetwork") is True
+    for field_name in _CONTAINER_LISTS:
+        containers = out.get(field_name)
+        if isinstance(containers, list):
+            out[field_name] = [
+                _canonical_container(c, host_network=host_network, token_volumes=token_volumes)
+                for c in containers
+            ]
+    normalised: dict[str, Any] = _normalise(out)
+    return normalised
+
+
+def _without_admission_additions(out: dict[str, Any]) -> set[str]:
+    """Drop what admission adds to a pod spec (the default service account, its token volume, the
+    default tolerations) from `out`, in place; returns the names of the token volumes dropped."""
     account = out.pop("serviceAccountName", None) or out.pop("serviceAccount", None) or "default"
     out.pop("serviceAccount", None)
     if account != "default":
@@ -965,16 +1009,7 @@ def run_spec(pod: Mapping[str, Any]) -> dict[str, Any]:
     tolerations_ = out.get("tolerations")
     if isinstance(tolerations_, list):
         out["tolerations"] = [t for t in tolerations_ if not _is_default_toleration(t)]
-    host_network = out.get("hostNetwork") is True
-    for field_name in _CONTAINER_LISTS:
-        containers = out.get(field_name)
-        if isinstance(containers, list):
-            out[field_name] = [
-                _canonical_container(c, host_network=host_network, token_volumes=token_volumes)
-                for c in containers
-            ]
-    normalised: dict[str, Any] = _normalise(out)
-    return normalised
+    return token_volumes
 
 
 def run_digest(pod: Mapping[str, Any]) -> str:

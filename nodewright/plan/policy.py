@@ -52,6 +52,7 @@ from nodewright.api.models import (
     PolicyBudget,
     Strategy,
 )
+from nodewright.api.reasons import PolicyInvalid, PolicyNotFound, PolicyUnusable
 from nodewright.plan.selectors import matches
 from nodewright.plan.windows import Schedule, compile_schedule, parse_duration
 
@@ -208,39 +209,6 @@ class Compartments:
 
     def ceiling(self, compartment: str) -> int:
         return ceiling_for(self.specs[compartment].budget, len(self.members.get(compartment, ())))
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyNotFound:
-    """The NodeWright names a DeploymentPolicy that does not exist."""
-
-    policy_name: str
-
-    @property
-    def message(self) -> str:
-        return f"DeploymentPolicy {self.policy_name!r} not found; no node is started until it exists"
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyInvalid:
-    """The named DeploymentPolicy exists but fails validation (stored before a rule existed, or written
-    while admission was bypassed). `problems` are `field path: what to do` lines, e.g.
-    `spec.maintenance.blackouts[0].start: '2026-02-30' does not exist: ...`."""
-
-    policy_name: str
-    problems: tuple[str, ...]
-
-    @property
-    def message(self) -> str:
-        listed = "; ".join(self.problems) or "it fails validation"
-        return (
-            f"DeploymentPolicy {self.policy_name!r} is invalid: {listed}; no node is started until it is"
-            f" fixed (kubectl edit deploymentpolicy {self.policy_name})"
-        )
-
-
-PolicyUnusable = PolicyNotFound | PolicyInvalid
-"""Why a NodeWright that names a DeploymentPolicy has no compartments: nothing starts until it changes."""
 
 
 def resolve_compartments(

@@ -38,18 +38,11 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from nodewright.api.admission import Admission
 from nodewright.api.models import BatchState, CompartmentStatus, DeploymentPolicy, NodeWright, Status
+from nodewright.api.reasons import PolicyInvalid, WaitReason, detail_label
 from nodewright.plan.budgets import SharedBudget
-from nodewright.plan.policy import PolicyInvalid
-from nodewright.plan.rollout import (
-    Admission,
-    Phase,
-    RolloutNode,
-    RolloutPlan,
-    WaitReason,
-    phase_of,
-    plan_rollout,
-)
+from nodewright.plan.rollout import Phase, RolloutNode, RolloutPlan, phase_of, plan_rollout
 from nodewright.plan.stages import ts
 
 MAX_EXAMPLES = 5
@@ -150,16 +143,21 @@ def simulate_rollout(
     disabled: bool = False,
     max_steps: int = 10_000,
     shared_budgets: Sequence[SharedBudget] = (),
+    reset_requested: bool = False,
+    approvals: Mapping[str, int] | None = None,
+    next_order_hint: int = 0,
+    admission_limit: int | None = None,
 ) -> Simulation:
     """Run plan → apply → finish active nodes → plan … until nothing is admitted or running.
 
     Applying a plan means what the controller does: write admissions, clear releases, persist the
-    compartment statuses. Then every active node runs to the end of its work and ends as `outcome`
-    says (default: complete); work in flight under an older admission ends and leaves the node waiting
-    for a fresh admission.
+    compartment statuses, clear a requested reset and the approvals it recorded. Then every active node
+    runs to the end of its work and ends as `outcome` says (default: complete); work in flight under an
+    older admission ends and leaves the node waiting for a fresh admission.
     """
     fleet = {n.name: n for n in nodes}
     statuses = dict(compartment_statuses or {})
+    approved = dict(approvals or {})
     plans: list[RolloutPlan] = []
     for _ in range(max_steps):
         plan = plan_rollout(
@@ -172,9 +170,15 @@ def simulate_rollout(
             paused=paused,
             disabled=disabled,
             shared_budgets=shared_budgets,
+            reset_requested=reset_requested and not plans,
+            approvals=approved,
+            next_order_hint=next_order_hint,
+            admission_limit=admission_limit,
         )
         plans.append(plan)
         statuses = dict(plan.compartment_statuses)
+        approved = {k: v for k, v in approved.items() if k not in plan.approvals_applied}
+        next_order_hint = plan.next_order
         fleet = _apply(plan, fleet)
         carryover = any(phase_of(n, fingerprint=fingerprint) is Phase.CARRYOVER for n in fleet.values())
         if not plan.admissions and not plan.active and not carryover:
@@ -198,6 +202,10 @@ def preview_rollout(
     paused: bool = False,
     disabled: bool = False,
     shared_budgets: Sequence[SharedBudget] = (),
+    reset_requested: bool = False,
+    approvals: Mapping[str, int] | None = None,
+    next_order_hint: int = 0,
+    admission_limit: int | None = None,
 ) -> RolloutPreview:
     """Predict the batch sequence per compartment if every node succeeds, and what blocks right now."""
     sim = simulate_rollout(
@@ -210,7 +218,16 @@ def preview_rollout(
         paused=paused,
         disabled=disabled,
         shared_budgets=shared_budgets,
+        reset_requested=reset_requested,
+        approvals=approvals,
+        next_order_hint=next_order_hint,
+        admission_limit=admission_limit,
     )
+    return _preview_of(nodewright.metadata.name, sim)
+
+
+def _preview_of(name: str, sim: Simulation) -> RolloutPreview:
+    """The batches the simulation's plans opened, per compartment, and what blocked at its start."""
     first, last = sim.plans[0], sim.plans[-1]
     grouped: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
     for plan in sim.plans:
@@ -218,22 +235,20 @@ def preview_rollout(
             grouped[adm.admission.compartment][adm.admission.batch].append(adm.node)
     compartments = tuple(
         CompartmentPreview(
-            name=name,
+            name=cname,
             strategy=c.strategy,
             budget=c.budget,
             matched=c.status.matched,
             ceiling=c.status.ceiling,
-            batches=tuple(
-                PlannedBatch(number, tuple(grouped[name][number])) for number in sorted(grouped[name])
-            ),
-            halted=last.compartments[name].halt is not None if name in last.compartments else False,
+            batches=tuple(PlannedBatch(n, tuple(grouped[cname][n])) for n in sorted(grouped[cname])),
+            halted=last.compartments[cname].halt is not None if cname in last.compartments else False,
             message=c.message,
             pacing=_pacing(c.status),
         )
-        for name, c in first.compartments.items()
+        for cname, c in first.compartments.items()
     )
     return RolloutPreview(
-        nodewright=nodewright.metadata.name,
+        nodewright=name,
         policy=first.policy_name,
         policy_not_found=first.policy_not_found is not None,
         policy_invalid=first.policy_invalid.message if first.policy_invalid is not None else None,
@@ -384,7 +399,8 @@ def _pacing(status: CompartmentStatus) -> dict[str, Any]:
 def _blockers(plan: RolloutPlan) -> tuple[Blocker, ...]:
     names: dict[str, list[str]] = defaultdict(list)
     for waiting in plan.waiting:
-        key = waiting.reason.value if waiting.detail is None else f"{waiting.reason.value}({waiting.detail})"
+        label = detail_label(waiting.detail)
+        key = waiting.reason.value if label is None else f"{waiting.reason.value}({label})"
         names[key].append(waiting.node)
     return tuple(
         Blocker(reason, len(nodes), tuple(sorted(nodes)[:MAX_EXAMPLES]))

@@ -91,8 +91,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from enum import Enum, StrEnum
+from enum import Enum
 
+from nodewright.api.admission import Admission
 from nodewright.api.models import (
     BatchState,
     CompartmentStatus,
@@ -101,40 +102,31 @@ from nodewright.api.models import (
     Status,
 )
 from nodewright.api.nodestate import NodeState
-from nodewright.plan import batches, budgets, windows
-from nodewright.plan.node import node_complete
-from nodewright.plan.policy import (
-    Compartments,
-    CompartmentSpec,
-    NodeRef,
+from nodewright.api.reasons import (
+    Block,
+    BudgetHeld,
+    CordonedBySomeoneElse,
+    Deferred,
+    Gate,
+    Pacing,
     PolicyInvalid,
     PolicyNotFound,
     PolicyUnusable,
-    resolve_compartments,
+    Predecessor,
+    Soak,
+    Unavailable,
+    WaitDetail,
+    WaitReason,
+    WindowClosed,
+    describe_waiting,
 )
+from nodewright.plan import batches, budgets, windows
+from nodewright.plan.node import node_complete
+from nodewright.plan.policy import Compartments, CompartmentSpec, NodeRef, resolve_compartments
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 MAX_FAILING_NODES = 10
 """Failing node names carried by a `Halt` (the count is always exact)."""
-
-
-class WaitReason(StrEnum):
-    """Why a node with pending work is not active (closed set; `NodeUnavailable` added to the brief's)."""
-
-    NOT_YET_IN_BATCH = "NotYetInBatch"
-    BUDGET_FULL = "BudgetFull"
-    COMPARTMENT_HALTED = "CompartmentHalted"
-    WAITING_FOR_PRIORITY = "WaitingForPriority"
-    PAUSED = "Paused"
-    DISABLED = "Disabled"
-    BLOCKED = "Blocked"
-    NODE_UNAVAILABLE = "NodeUnavailable"
-    POLICY_NOT_FOUND = "PolicyNotFound"
-    POLICY_INVALID = "PolicyInvalid"
-    WINDOW = "Window"
-    SOAKING = "Soaking"
-    AWAITING_APPROVAL = "AwaitingApproval"
-    DISRUPTION_BUDGET = "DisruptionBudget"
 
 
 APPROVE_ANNOTATION = "nodewright.io/approve"
@@ -170,36 +162,18 @@ _SETTLED = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.RELEASED, Phase.DONE,
 
 
 @dataclass(frozen=True, slots=True)
-class Admission:
-    """Permission for a node to start work, persisted in the node's admission annotation.
-
-    An admission allows one pass of the node to a settled state. `consumed` is set by the node
-    controller in the same write that records the node complete or erroring: from then on the admission
-    no longer lets the node start anything (a wiped state, a re-apply after reboot or a retry of an
-    erroring package needs a fresh admission from a batch); it stays as the record of batch membership.
-    """
-
-    compartment: str
-    batch: int
-    order: int
-    fingerprint: str
-    at: str
-    consumed: bool = False
-
-
-@dataclass(frozen=True, slots=True)
 class RolloutNode:
-    """One matched node as the rollout sees it.
+    """One matched node as the rollout sees it (built from the node object by `plan.rollout_input`).
 
     `status` is the node's status for this NodeWright and the current spec (`status_for_spec`: a
     node with pending work is never `complete`). `needs_work` is true while the node is not complete
     for the current spec. Contract with the node stage machine: a node reports `erroring` from
     its first failure until it succeeds (retries do not flip it back to `in_progress`), and reports
     `blocked` only while it holds no disruption (a node blocked mid-drain stays `in_progress`).
-    `unavailable_reason` marks a node made unavailable by someone else (cordoned by another actor,
-    NotReady); `blocked_reason` a node this NodeWright may not touch (untolerated taint, ignore label,
-    protected pods, PDB); `waiting_for_priority` the name of a higher-priority NodeWright that must finish
-    on this node first.
+    `unavailable` marks a node made unavailable by someone else (cordoned by another actor, NotReady);
+    `blocked` a node this NodeWright may not touch (untolerated taint, ignore label, a skipped drain,
+    a block the node reported, an unreadable state); `waiting_for_priority` the name of a
+    higher-priority NodeWright that must finish on this node first.
     """
 
     name: str
@@ -208,10 +182,14 @@ class RolloutNode:
     status: Status
     needs_work: bool
     admission: Admission | None = None
-    unavailable_reason: str | None = None
-    blocked_reason: str | None = None
+    unavailable: Unavailable | None = None
+    blocked: Block | None = None
     waiting_for_priority: str | None = None
-    may_start_while_unavailable: bool = False
+
+    @property
+    def may_start_while_unavailable(self) -> bool:
+        """An admin-cordoned node is out of service anyway: it may be worked on and stays cordoned."""
+        return isinstance(self.unavailable, CordonedBySomeoneElse)
 
 
 def status_for_spec(label: Status | None, *, needs_work: bool) -> Status:
@@ -270,13 +248,16 @@ class NewAdmission:
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
-    """Why a node with pending work is not active; `detail` is the blocker's name or reason."""
+    """Why a node with pending work is not active: the code, and its particulars (`api.reasons`)."""
 
     node: str
     compartment: str | None
     reason: WaitReason
-    detail: str | None
-    message: str
+    detail: WaitDetail | None = None
+
+    @property
+    def message(self) -> str:
+        return describe_waiting(self.reason, self.detail, self.compartment)
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,15 +417,11 @@ def plan_rollout(
     """
     if admission_limit is not None and admission_limit < 1:
         raise ValueError(f"admission_limit must be at least 1, got {admission_limit}")
-    by_name = {n.name: n for n in nodes}
     resolved = resolve_compartments(
         nodewright, policy=policy, nodes=[NodeRef(n.name, n.labels) for n in nodes]
     )
     phases = {n.name: phase_of(n, fingerprint=fingerprint) for n in nodes}
-    order = max(
-        [next_order_hint]
-        + [n.admission.order + 1 for n in nodes if n.admission and n.admission.fingerprint == fingerprint]
-    )
+    order = max([next_order_hint] + [a.order + 1 for n in nodes if (a := _current(n, fingerprint))])
     if isinstance(resolved, PolicyNotFound | PolicyInvalid):
         return _policy_unusable(
             resolved,
@@ -468,35 +445,54 @@ def plan_rollout(
         ledger=budgets.Ledger(shared_budgets, own=(n for n, p in phases.items() if p in _HOLDS_SLOT)),
         admission_limit=admission_limit,
     )
+    return _plan_compartments(ctx, nodes, phases=phases, statuses=compartment_statuses, order=order)
+
+
+def _plan_compartments(
+    ctx: _Context,
+    nodes: Sequence[RolloutNode],
+    *,
+    phases: Mapping[str, Phase],
+    statuses: Mapping[str, CompartmentStatus],
+    order: int,
+) -> RolloutPlan:
+    """Each compartment in turn (by name), numbering admissions on from `order`."""
+    by_name = {n.name: n for n in nodes}
     plans: dict[str, CompartmentPlan] = {}
     admissions: list[NewAdmission] = []
     waiting: list[Waiting] = []
-    for name in resolved.specs:
-        members = sorted((by_name[m] for m in resolved.members[name]), key=pick_key)
-        prior = compartment_statuses.get(name)
-        result = _plan_compartment(ctx, name, members=members, phases=phases, prior=prior, order=order)
+    for name in ctx.compartments.specs:
+        members = sorted((by_name[m] for m in ctx.compartments.members[name]), key=pick_key)
+        result = _plan_compartment(
+            ctx, name, members=members, phases=phases, prior=statuses.get(name), order=order
+        )
         plans[name] = result.plan
         admissions.extend(result.admissions)
         waiting.extend(result.waiting)
         order += len(result.admissions)
     admitted = {a.node for a in admissions}
-    active = sorted(admitted | {n for n, p in phases.items() if p is Phase.ACTIVE})
     return RolloutPlan(
-        policy_name=resolved.policy_name,
+        policy_name=ctx.compartments.policy_name,
         policy_not_found=None,
         compartments=plans,
         admissions=tuple(admissions),
         releases=tuple(sorted(n for n, p in phases.items() if p is Phase.RELEASED)),
-        active=tuple(active),
+        active=tuple(sorted(admitted | {n for n, p in phases.items() if p is Phase.ACTIVE})),
         waiting=tuple(sorted(waiting, key=lambda w: w.node)),
         halts=tuple(p.halt for p in plans.values() if p.halt is not None),
-        reset_applied=reset_requested,
+        reset_applied=ctx.reset_requested,
         next_order=order,
         approvals_applied=tuple(
             sorted(n for n, p in plans.items() if p.status.batch_state and _approved(ctx, n, p))
         ),
         budget_refusals=tuple(sorted(ctx.ledger.refused)),
     )
+
+
+def _current(node: RolloutNode, fingerprint: str) -> Admission | None:
+    """The node's admission when it is for `fingerprint`."""
+    adm = node.admission
+    return adm if adm is not None and adm.fingerprint == fingerprint else None
 
 
 def _approved(ctx: _Context, name: str, plan: CompartmentPlan) -> bool:
@@ -529,6 +525,26 @@ class _CompartmentResult:
     waiting: tuple[Waiting, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class _Slots:
+    """A compartment's nodes by what they do to its ceiling."""
+
+    holding: tuple[RolloutNode, ...]  # ours in progress (ACTIVE, CARRYOVER)
+    others: tuple[RolloutNode, ...]  # unavailable for other reasons, not ours in progress
+    candidates: tuple[RolloutNode, ...]  # pending and eligible, in pick order
+    free: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Settled:
+    """The compartment's batch state once the open batch is evaluated (if it settled) and resets done."""
+
+    state: BatchState
+    batch: tuple[RolloutNode, ...]  # members of the batch still open
+    filling: bool  # the open batch still takes admissions (`_may_fill`)
+    outcome: batches.BatchOutcome | None
+
+
 def _plan_compartment(
     ctx: _Context,
     name: str,
@@ -538,79 +554,179 @@ def _plan_compartment(
     prior: CompartmentStatus | None,
     order: int,
 ) -> _CompartmentResult:
+    """Settle the open batch, then open or fill one, then say why the others wait."""
     spec = ctx.compartments.specs[name]
-    ceiling = ctx.compartments.ceiling(name)
+    slots = _slots(ctx.compartments.ceiling(name), members, phases)
+    settled = _settle(ctx, name, spec, members=members, phases=phases, prior=prior, slots=slots)
+    pacing = _pacing(
+        ctx, name, spec, state=settled.state, waiting=bool(slots.candidates) and not settled.batch
+    )
+    state, selection = _select(
+        ctx, name, spec, pacing.state, settled=settled, slots=slots, pacing=pacing, total=len(members)
+    )
+    admissions = tuple(
+        NewAdmission(n.name, Admission(name, state.current_batch, order + i, ctx.fingerprint, ctx.now))
+        for i, n in enumerate(selection.picked)
+    )
+    waiting = _waiting(ctx, name, spec, state, members, phases, settled, slots, selection, pacing)
+    plan = _compartment_plan(ctx, name, spec, state, members, phases, settled, slots, selection, pacing)
+    return _CompartmentResult(plan, admissions, waiting)
+
+
+def _slots(ceiling: int, members: Sequence[RolloutNode], phases: Mapping[str, Phase]) -> _Slots:
+    holding = tuple(n for n in members if phases[n.name] in _HOLDS_SLOT)
+    others = tuple(n for n in members if n.unavailable is not None and phases[n.name] not in _HOLDS_SLOT)
+    candidates = tuple(n for n in members if phases[n.name] in _PICKABLE and _eligible(n))
+    return _Slots(holding, others, candidates, ceiling - len(holding) - len(others))
+
+
+def _settle(
+    ctx: _Context,
+    name: str,
+    spec: CompartmentSpec,
+    *,
+    members: Sequence[RolloutNode],
+    phases: Mapping[str, Phase],
+    prior: CompartmentStatus | None,
+    slots: _Slots,
+) -> _Settled:
+    """The persisted batch state with resets applied, caught up with the admissions, and the open batch
+    evaluated when every member settled (and it takes no more admissions)."""
     state = prior.batch_state if prior is not None and prior.batch_state is not None else BatchState()
     state = _apply_resets(ctx, name, state=state, members=members)
     state = _catch_up(ctx, name, state=state, members=members)
-
-    holding = [n for n in members if phases[n.name] in _HOLDS_SLOT]
-    others = [n for n in members if n.unavailable_reason and phases[n.name] not in _HOLDS_SLOT]
-    free = ceiling - len(holding) - len(others)
-    candidates = [n for n in members if phases[n.name] in _PICKABLE and _eligible(n)]
-
-    batch = _batch_members(ctx, name, state.current_batch, members)
-    filling = bool(batch) and _may_fill(ctx, spec, state, candidates=candidates, free=free)
+    batch = tuple(_batch_members(ctx, name, state.current_batch, members))
+    filling = bool(batch) and _may_fill(ctx, spec, state, candidates=slots.candidates, free=slots.free)
     outcome: batches.BatchOutcome | None = None
     if batch and not filling and all(phases[n.name] in _SETTLED for n in batch):
         outcome, state = _evaluate(ctx, spec, state, batch=batch, members=members, phases=phases)
-        batch = []
+        batch = ()
     if ctx.compartments.reset_on_completion and all(phases[n.name] in _COMPLETE for n in members):
         state = batches.fresh_state(current_batch=state.current_batch)
+    return _Settled(state, batch, filling, outcome)
 
-    halted = state.should_stop
-    pacing = _pacing(ctx, name, spec, state=state, waiting=bool(candidates) and not batch)
-    state = pacing.state
-    can_open = not batch and not halted and not ctx.paused and not ctx.disabled and pacing.reason is None
+
+def _select(
+    ctx: _Context,
+    name: str,
+    spec: CompartmentSpec,
+    state: BatchState,
+    *,
+    settled: _Settled,
+    slots: _Slots,
+    pacing: _Pacing,
+    total: int,
+) -> tuple[BatchState, _Selection]:
+    """Open a batch (nothing open, nothing holds new admissions) or fill the open one; the batch state
+    with the selection recorded."""
+    ceiling = ctx.compartments.ceiling(name)
+    can_open = not settled.batch and not state.should_stop and not ctx.paused and not ctx.disabled
     selection = _Selection()
-    if can_open and candidates:
+    if can_open and pacing.reason is None and slots.candidates:
         selection = _open_batch(
-            ctx, spec, state, candidates=candidates, free=free, total=len(members), ceiling=ceiling
+            ctx, spec, state, candidates=slots.candidates, free=slots.free, total=total, ceiling=ceiling
         )
-    elif filling:
-        selection = _fill_batch(ctx, state, candidates=candidates, free=free)
-    state = selection.record(state)
-    picked = selection.picked
-    admissions = tuple(
-        NewAdmission(
-            node=n.name,
-            admission=Admission(name, state.current_batch, order + i, ctx.fingerprint, ctx.now),
-        )
-        for i, n in enumerate(picked)
-    )
-    planned_names = {n.name for n in selection.planned}
+    elif settled.filling:
+        selection = _fill_batch(ctx, state, candidates=slots.candidates, free=slots.free)
+    return selection.record(state), selection
+
+
+def _waiting(
+    ctx: _Context,
+    name: str,
+    spec: CompartmentSpec,
+    state: BatchState,
+    members: Sequence[RolloutNode],
+    phases: Mapping[str, Phase],
+    settled: _Settled,
+    slots: _Slots,
+    selection: _Selection,
+    pacing: _Pacing,
+) -> tuple[Waiting, ...]:
+    """Why each pending member not admitted by this plan waits."""
+    planned = {n.name for n in selection.planned}
     budget_full = _budget_full(
         spec,
         state,
-        batch=[*batch, *selection.planned],
-        candidates=[n for n in candidates if n.name not in planned_names and n.name not in selection.shared],
+        batch=[*settled.batch, *selection.planned],
+        candidates=[n for n in slots.candidates if n.name not in planned and n.name not in selection.shared],
         picked=len(selection.planned),
         wanted=selection.wanted,
-        free=free - len(selection.planned),
+        free=slots.free - len(selection.planned),
         total=len(members),
-        ceiling=ceiling,
+        ceiling=ctx.compartments.ceiling(name),
     )
-    picked_names = {n.name for n in picked}
-    deferred = planned_names - picked_names
-    waiting = tuple(
+    picked = {n.name for n in selection.picked}
+    deferred = planned - picked
+    return tuple(
         _why_waiting(
             ctx,
             n,
             compartment=name,
-            halted=halted,
+            halted=state.should_stop,
             budget_full=n.name in budget_full,
-            pacing=None if batch else pacing.reason,
+            pacing=None if settled.batch else pacing.reason,
             shared=selection.shared.get(n.name),
             deferred_into=state.current_batch if n.name in deferred else None,
         )
         for n in members
-        if phases[n.name] in _PICKABLE and n.name not in picked_names
+        if phases[n.name] in _PICKABLE and n.name not in picked
     )
-    in_progress = len(holding) + len(picked)
+
+
+def _compartment_plan(
+    ctx: _Context,
+    name: str,
+    spec: CompartmentSpec,
+    state: BatchState,
+    members: Sequence[RolloutNode],
+    phases: Mapping[str, Phase],
+    settled: _Settled,
+    slots: _Slots,
+    selection: _Selection,
+    pacing: _Pacing,
+) -> CompartmentPlan:
+    ceiling = ctx.compartments.ceiling(name)
+    pending = bool(slots.candidates) and not settled.batch
+    in_progress = len(slots.holding) + len(selection.picked)
+    status = _compartment_status(ctx, state, members, phases, ceiling, in_progress, pacing, pending)
+    message = _slots_message(in_progress + len(slots.others), ceiling, len(slots.others))
+    if pacing.reason and pending:
+        message += f"; {pacing.reason[1].describe()}"
+    if selection.shared:
+        message += f"; {next(iter(selection.shared.values())).describe()}"
+    return CompartmentPlan(
+        name=name,
+        status=status,
+        strategy=spec.strategy.describe() if spec.strategy else "none (batch = ceiling)",
+        budget=spec.budget.describe(),
+        used_by_others=len(slots.others),
+        open_batch=state.current_batch if (settled.batch or selection.picked) else None,
+        batch_evaluated=settled.outcome,
+        halt=_halt(name, state, members=members, phases=phases) if state.should_stop else None,
+        message=message,
+        window=pacing.window,
+        soak_until=pacing.soak_until,
+        awaiting_approval=status.awaiting_approval,
+        wake_at=pacing.wake_at,
+        opened=selection.opened and bool(selection.picked),
+        deferred=len(selection.planned) - len(selection.picked),
+    )
+
+
+def _compartment_status(
+    ctx: _Context,
+    state: BatchState,
+    members: Sequence[RolloutNode],
+    phases: Mapping[str, Phase],
+    ceiling: int,
+    in_progress: int,
+    pacing: _Pacing,
+    pending: bool,
+) -> CompartmentStatus:
     complete = sum(phases[n.name] in _COMPLETE for n in members)
-    halt = _halt(name, state, members=members, phases=phases) if halted else None
-    window = pacing.window
-    status = CompartmentStatus(
+    window, soak = pacing.window, pacing.soak_until
+    return CompartmentStatus(
         matched=len(members),
         ceiling=ceiling,
         in_progress=in_progress,
@@ -620,32 +736,10 @@ def _plan_compartment(
         window_active=window.active if window is not None else None,
         window_closes_at=_ts(window.closes_at) if window is not None and window.closes_at else None,
         next_window_at=_ts(window.next_open) if window is not None and window.next_open else None,
-        soak_until=_ts(pacing.soak_until) if pacing.soak_until is not None else None,
-        soak_remaining_seconds=(
-            _remaining(pacing.soak_until, ctx.moment) if pacing.soak_until is not None else None
-        ),
-        awaiting_approval=pacing.gate if pacing.gate is not None and candidates and not batch else None,
+        soak_until=_ts(soak) if soak is not None else None,
+        soak_remaining_seconds=_remaining(soak, ctx.moment) if soak is not None else None,
+        awaiting_approval=pacing.gate if pacing.gate is not None and pending else None,
     )
-    plan = CompartmentPlan(
-        name=name,
-        status=status,
-        strategy=spec.strategy.describe() if spec.strategy else "none (batch = ceiling)",
-        budget=spec.budget.describe(),
-        used_by_others=len(others),
-        open_batch=state.current_batch if (batch or picked) else None,
-        batch_evaluated=outcome,
-        halt=halt,
-        message=_slots_message(in_progress + len(others), ceiling, len(others))
-        + (f"; {pacing.reason[1]}" if pacing.reason is not None and candidates and not batch else "")
-        + (f"; {next(iter(selection.shared.values()))[1]}" if selection.shared else ""),
-        window=window,
-        soak_until=pacing.soak_until,
-        awaiting_approval=status.awaiting_approval,
-        wake_at=pacing.wake_at,
-        opened=selection.opened and bool(picked),
-        deferred=len(deferred),
-    )
-    return _CompartmentResult(plan, admissions, waiting)
 
 
 def _evaluate(
@@ -706,7 +800,7 @@ class _Selection:
 
     planned: tuple[RolloutNode, ...] = ()
     picked: tuple[RolloutNode, ...] = ()
-    shared: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    shared: Mapping[str, BudgetHeld] = field(default_factory=dict)
     wanted: int = 0
     opened: bool = False
 
@@ -758,7 +852,7 @@ class _Pacing:
     window: windows.WindowState | None
     soak_until: datetime | None
     gate: int | None
-    reason: tuple[WaitReason, str] | None
+    reason: tuple[WaitReason, Pacing] | None
     wake_at: datetime | None
 
 
@@ -785,17 +879,13 @@ def _pacing(ctx: _Context, name: str, spec: CompartmentSpec, *, state: BatchStat
             state = state.model_copy(update={"approved_batch": last})
         else:
             gate = last
-    reason: tuple[WaitReason, str] | None = None
+    reason: tuple[WaitReason, Pacing] | None = None
     if gate is not None:
-        reason = (
-            WaitReason.AWAITING_APPROVAL,
-            f"batch {gate} of {name!r} settled; the next batch waits for approval"
-            f" (kubectl nodewright approve {ctx.nodewright} --compartment {name})",
-        )
+        reason = (WaitReason.AWAITING_APPROVAL, Gate(ctx.nodewright, name, gate))
     elif soak_until is not None:
-        reason = (WaitReason.SOAKING, f"soaking after batch {last} of {name!r} until {_ts(soak_until)}")
+        reason = (WaitReason.SOAKING, Soak(name, last, soak_until))
     elif window is not None and not window.active:
-        reason = (WaitReason.WINDOW, window.describe())
+        reason = (WaitReason.WINDOW, WindowClosed(window.describe()))
     wakes = [soak_until]
     if window is not None and waiting:
         wakes.append(window.closes_at if window.active else window.next_open)
@@ -874,18 +964,18 @@ def _batch_members(ctx: _Context, name: str, batch: int, members: Iterable[Rollo
 
 def _pick(
     ledger: budgets.Ledger, candidates: Sequence[RolloutNode], *, size: int
-) -> tuple[list[RolloutNode], dict[str, tuple[str, str]]]:
+) -> tuple[list[RolloutNode], dict[str, BudgetHeld]]:
     """Up to `size` candidates in pick order, skipping those whose shared DisruptionBudget has no free
     slot (node -> (budget, why), for their waiting reason); the batch then takes the next candidates."""
     picked: list[RolloutNode] = []
-    shared: dict[str, tuple[str, str]] = {}
+    shared: dict[str, BudgetHeld] = {}
     for node in candidates:
         if len(picked) >= size:
             break
         full = ledger.full(node.name)
         if full is not None:
             ledger.refuse(full)
-            shared[node.name] = (full.name, ledger.message(full))
+            shared[node.name] = BudgetHeld(full.name, ledger.message(full))
             continue
         ledger.take(node.name)
         picked.append(node)
@@ -895,8 +985,8 @@ def _pick(
 def _eligible(node: RolloutNode) -> bool:
     """May this pending node be picked? A node cordoned by an admin may (it is out of service anyway,
     and it stays cordoned afterwards); a NotReady node or one held by another NodeWright may not."""
-    unavailable = node.unavailable_reason is not None and not node.may_start_while_unavailable
-    return not (unavailable or node.blocked_reason or node.waiting_for_priority)
+    unavailable = node.unavailable is not None and not node.may_start_while_unavailable
+    return not (unavailable or node.blocked is not None or node.waiting_for_priority)
 
 
 def _budget_full(
@@ -935,42 +1025,34 @@ def _why_waiting(
     compartment: str,
     halted: bool,
     budget_full: bool,
-    pacing: tuple[WaitReason, str] | None = None,
-    shared: tuple[str, str] | None = None,
+    pacing: tuple[WaitReason, Pacing] | None = None,
+    shared: BudgetHeld | None = None,
     deferred_into: int | None = None,
 ) -> Waiting:
-    def waiting(reason: WaitReason, message: str, detail: str | None = None) -> Waiting:
-        return Waiting(node.name, compartment, reason, detail, message)
+    def waiting(reason: WaitReason, detail: WaitDetail | None = None) -> Waiting:
+        return Waiting(node.name, compartment, reason, detail)
 
     if ctx.disabled:
-        return waiting(WaitReason.DISABLED, "the NodeWright is disabled")
+        return waiting(WaitReason.DISABLED)
     if ctx.paused:
-        return waiting(WaitReason.PAUSED, "the NodeWright is paused")
-    if node.blocked_reason:
-        return waiting(WaitReason.BLOCKED, f"blocked: {node.blocked_reason}", node.blocked_reason)
-    if node.unavailable_reason:
-        reason = node.unavailable_reason
-        return waiting(WaitReason.NODE_UNAVAILABLE, f"node unavailable: {reason}", reason)
+        return waiting(WaitReason.PAUSED)
+    if node.blocked is not None:
+        return waiting(WaitReason.BLOCKED, node.blocked)
+    if node.unavailable is not None:
+        return waiting(WaitReason.NODE_UNAVAILABLE, node.unavailable)
     if node.waiting_for_priority:
-        other = node.waiting_for_priority
-        return waiting(WaitReason.WAITING_FOR_PRIORITY, f"waiting for NodeWright {other!r}", other)
+        return waiting(WaitReason.WAITING_FOR_PRIORITY, Predecessor(node.waiting_for_priority))
     if halted:
-        return waiting(
-            WaitReason.COMPARTMENT_HALTED, f"compartment {compartment!r} is halted; reset to resume"
-        )
+        return waiting(WaitReason.COMPARTMENT_HALTED)
     if pacing is not None:
-        return waiting(pacing[0], pacing[1])
+        return waiting(*pacing)
     if shared is not None:
-        budget, message = shared
-        return waiting(WaitReason.DISRUPTION_BUDGET, message, budget)
+        return waiting(WaitReason.DISRUPTION_BUDGET, shared)
     if deferred_into is not None:
-        return waiting(
-            WaitReason.NOT_YET_IN_BATCH,
-            f"taken into batch {deferred_into} of {compartment!r}; its admission is written in the next pass",
-        )
+        return waiting(WaitReason.NOT_YET_IN_BATCH, Deferred(compartment, deferred_into))
     if budget_full:
-        return waiting(WaitReason.BUDGET_FULL, f"compartment {compartment!r} has no free slot")
-    return waiting(WaitReason.NOT_YET_IN_BATCH, f"waiting for a later batch of {compartment!r}")
+        return waiting(WaitReason.BUDGET_FULL)
+    return waiting(WaitReason.NOT_YET_IN_BATCH)
 
 
 def _halt(
@@ -1007,13 +1089,12 @@ def _policy_unusable(
     # Keep the persisted batch state untouched: a halted compartment must stay halted when the policy
     # comes back, so the compartment statuses are echoed, not dropped.
     reason = WaitReason.POLICY_INVALID if isinstance(missing, PolicyInvalid) else WaitReason.POLICY_NOT_FOUND
-    message = missing.message
     if disabled:
-        reason, message = WaitReason.DISABLED, "the NodeWright is disabled"
+        reason = WaitReason.DISABLED
     elif paused:
-        reason, message = WaitReason.PAUSED, "the NodeWright is paused"
+        reason = WaitReason.PAUSED
     waiting = tuple(
-        Waiting(n.name, None, reason, missing.policy_name, message)
+        Waiting(n.name, None, reason, missing)
         for n in sorted(nodes, key=lambda n: n.name)
         if phases[n.name] in _PICKABLE
     )

@@ -45,7 +45,8 @@ from nodewright.api.models import (
     NodeWrightStatus,
     Status,
 )
-from nodewright.plan.rollout import RolloutPlan, WaitReason, status_for_spec
+from nodewright.api.reasons import WaitReason, detail_label
+from nodewright.plan.rollout import RolloutPlan, status_for_spec
 
 MAX_EXAMPLES = 5
 
@@ -180,32 +181,66 @@ def aggregate_status(
     `nodes` holds every matched node with its status for this NodeWright and its package entries;
     `plan` is this pass's `plan_rollout` result (None keeps the persisted compartment statuses);
     `waiting_for_sequencing` names a `sequencing: all` predecessor that is not yet complete;
-    `malformed_nodes` lists nodes whose state annotation could not be parsed. The previous status (for
-    lastTransitionTime) is read from `nodewright.status`.
-    """
+    `malformed_nodes` lists nodes whose state annotation could not be parsed; the previous status (for
+    lastTransitionTime) is read from `nodewright.status`."""
     previous = nodewright.status or NodeWrightStatus()
-    halts = plan.halts if plan is not None else ()
+    waiting_names, blocked_details = _waiting_by_reason(plan)
+    facts = _facts(
+        nodewright,
+        nodes,
+        plan,
+        paused=paused,
+        disabled=disabled,
+        sequencing=waiting_for_sequencing,
+        malformed=malformed_nodes,
+        waiting_counts={k: len(v) for k, v in sorted(waiting_names.items())},
+        blocked_details=blocked_details,
+    )
+    by_status = facts.by_status
+    conditions = merge_conditions(
+        previous.conditions or [],
+        current=[*_owned_conditions(facts), *extra_conditions],
+        now=now,
+    )
+    compartments = plan.compartment_statuses if plan is not None else previous.compartment_statuses
+    return StatusSummary(
+        status=_status(nodewright, nodes, facts, conditions, compartments),
+        node_examples={
+            s.value: _examples(names) for s, names in sorted(by_status.items(), key=lambda i: i[0].value)
+        },
+        package_counts=_package_counts(nodes),
+        waiting_reasons=facts.waiting_counts,
+        waiting_examples={k: _examples(v) for k, v in sorted(waiting_names.items())},
+    )
+
+
+def _facts(
+    nodewright: NodeWright,
+    nodes: Sequence[NodeReport],
+    plan: RolloutPlan | None,
+    *,
+    paused: bool,
+    disabled: bool,
+    sequencing: str | None,
+    malformed: Sequence[str],
+    waiting_counts: Mapping[str, int],
+    blocked_details: Counter[str],
+) -> _Facts:
+    """What the status and its conditions are made of: the nodes by status and the overall status."""
     policy_missing = plan is not None and plan.policy_not_found is not None
     policy_invalid = plan.policy_invalid if plan is not None else None
     by_status: dict[Status, list[str]] = defaultdict(list)
     for node in nodes:
         by_status[node.status].append(node.name)
-    rolled = roll_up((n.status for n in nodes), halted=bool(halts))
+    rolled = roll_up((n.status for n in nodes), halted=bool(plan.halts if plan is not None else ()))
     overall = _override(
         rolled,
         paused=paused,
         disabled=disabled,
         policy_unusable=policy_missing or policy_invalid is not None,
-        sequencing=waiting_for_sequencing,
+        sequencing=sequencing,
     )
-    waiting_names: dict[str, list[str]] = defaultdict(list)
-    blocked_details: Counter[str] = Counter()
-    for waiting in plan.waiting if plan is not None else ():
-        waiting_names[waiting.reason.value].append(waiting.node)
-        if waiting.reason is WaitReason.BLOCKED and waiting.detail:
-            blocked_details[waiting.detail] += 1
-    complete = len(by_status.get(Status.COMPLETE, ()))
-    facts = _Facts(
+    return _Facts(
         generation=nodewright.metadata.generation,
         overall=overall,
         by_status=by_status,
@@ -214,22 +249,39 @@ def aggregate_status(
         paused=paused,
         disabled=disabled,
         policy_missing=policy_missing,
-        sequencing=waiting_for_sequencing,
-        malformed=sorted(malformed_nodes),
+        sequencing=sequencing,
+        malformed=sorted(malformed),
         policy_invalid=policy_invalid.message if policy_invalid is not None else None,
-        waiting_counts={k: len(v) for k, v in sorted(waiting_names.items())},
+        waiting_counts=waiting_counts,
         blocked_details=blocked_details,
         drifted=sorted(n.name for n in nodes if n.drifted),
     )
-    conditions = merge_conditions(
-        previous.conditions or [],
-        current=[*_owned_conditions(facts), *extra_conditions],
-        now=now,
-    )
-    compartments = plan.compartment_statuses if plan is not None else previous.compartment_statuses
-    status = NodeWrightStatus(
+
+
+def _waiting_by_reason(plan: RolloutPlan | None) -> tuple[dict[str, list[str]], Counter[str]]:
+    """The waiting nodes by reason, and how many are blocked for each particular block."""
+    names: dict[str, list[str]] = defaultdict(list)
+    blocked: Counter[str] = Counter()
+    for waiting in plan.waiting if plan is not None else ():
+        names[waiting.reason.value].append(waiting.node)
+        label = detail_label(waiting.detail) if waiting.reason is WaitReason.BLOCKED else None
+        if label:
+            blocked[label] += 1
+    return names, blocked
+
+
+def _status(
+    nodewright: NodeWright,
+    nodes: Sequence[NodeReport],
+    facts: _Facts,
+    conditions: list[Condition],
+    compartments: Mapping[str, Any] | None,
+) -> NodeWrightStatus:
+    by_status = facts.by_status
+    complete = len(by_status.get(Status.COMPLETE, ()))
+    return NodeWrightStatus(
         observed_generation=nodewright.metadata.generation,
-        status=overall,
+        status=facts.overall,
         conditions=conditions,
         compartment_statuses=dict(sorted(compartments.items())) if compartments else None,
         nodes_in_progress=len(by_status.get(Status.IN_PROGRESS, ())),
@@ -240,15 +292,6 @@ def aggregate_status(
         drifted_nodes=len(facts.drifted),
         drifted_examples=list(_examples(facts.drifted)) or None,
         consistency=consistency_summary(nodes) or None,
-    )
-    return StatusSummary(
-        status=status,
-        node_examples={
-            s.value: _examples(names) for s, names in sorted(by_status.items(), key=lambda i: i[0].value)
-        },
-        package_counts=_package_counts(nodes),
-        waiting_reasons=facts.waiting_counts,
-        waiting_examples={k: _examples(v) for k, v in sorted(waiting_names.items())},
     )
 
 
@@ -355,68 +398,83 @@ def _override(
     return rolled
 
 
-def _owned_conditions(f: _Facts) -> list[Condition]:
-    def cond(type_: str, true: bool, reason: str, message: str = "") -> Condition:
-        status: Literal["True", "False"] = "True" if true else "False"
-        return Condition(
-            type=type_,
-            status=status,
-            reason=reason,
-            message=message,
-            last_transition_time="",
-            observed_generation=f.generation,
-        )
+def _condition(f: _Facts, type_: str, true: bool, reason: str, message: str = "") -> Condition:
+    status: Literal["True", "False"] = "True" if true else "False"
+    return Condition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time="",
+        observed_generation=f.generation,
+    )
 
+
+def _owned_conditions(f: _Facts) -> list[Condition]:
+    """The conditions this roll-up owns (module docstring): progress first, then the domain ones."""
     halts = f.plan.halts if f.plan is not None else ()
     ready_reason = _READY_REASON[f.overall]
     reconciling = f.overall is Status.IN_PROGRESS or (
         f.plan is not None and bool(f.plan.active) and f.overall not in (Status.PAUSED, Status.DISABLED)
     )
     stalled, stalled_reason, stalled_message = _stalled(f, halted=bool(halts))
-    blocked = len(f.by_status.get(Status.BLOCKED, ()))
-    policy = f.plan.policy_name if f.plan is not None else None
     return [
-        cond(READY, f.overall is Status.COMPLETE, ready_reason, _ready_message(f)),
-        cond(RECONCILING, reconciling, "Progressing" if reconciling else ready_reason),
-        cond(STALLED, stalled, stalled_reason, stalled_message),
-        cond(HALTED, bool(halts), "FailureThresholdReached" if halts else "NotHalted", _halt_message(f)),
-        cond(PAUSED, f.paused, "Paused" if f.paused else "NotPaused"),
-        cond(DISABLED, f.disabled, "Disabled" if f.disabled else "NotDisabled"),
-        cond(
+        _condition(f, READY, f.overall is Status.COMPLETE, ready_reason, _ready_message(f)),
+        _condition(f, RECONCILING, reconciling, "Progressing" if reconciling else ready_reason),
+        _condition(f, STALLED, stalled, stalled_reason, stalled_message),
+        _condition(
+            f, HALTED, bool(halts), "FailureThresholdReached" if halts else "NotHalted", _halt_message(f)
+        ),
+        _condition(f, PAUSED, f.paused, "Paused" if f.paused else "NotPaused"),
+        _condition(f, DISABLED, f.disabled, "Disabled" if f.disabled else "NotDisabled"),
+        *_domain_conditions(f),
+    ]
+
+
+def _domain_conditions(f: _Facts) -> list[Condition]:
+    """The policy, node-state, blocked and drift conditions."""
+    policy = f.plan.policy_name if f.plan is not None else None
+    blocked = len(f.by_status.get(Status.BLOCKED, ()))
+    malformed = (
+        _names_message(
+            f"node state could not be parsed on {len(f.malformed)} node(s) (counted blocked; fix or"
+            " delete the annotation to recover):",
+            f.malformed,
+        )
+        if f.malformed
+        else ""
+    )
+    drifted = (
+        _names_message(f"{len(f.drifted)} node(s) failed their last drift check:", f.drifted)
+        if f.drifted
+        else ""
+    )
+    return [
+        _condition(
+            f,
             POLICY_NOT_FOUND,
             f.policy_missing,
             "DeploymentPolicyNotFound" if f.policy_missing else "PolicyResolved",
             f"DeploymentPolicy {policy!r} not found" if f.policy_missing else "",
         ),
-        cond(
+        _condition(
+            f,
             POLICY_INVALID,
             f.policy_invalid is not None,
             "DeploymentPolicyInvalid" if f.policy_invalid is not None else "PolicyValid",
             f.policy_invalid or "",
         ),
-        cond(
+        _condition(
+            f,
             NODE_STATE_MALFORMED,
             bool(f.malformed),
             "ParseError" if f.malformed else "AsExpected",
-            (
-                _names_message(
-                    f"node state could not be parsed on {len(f.malformed)} node(s) (counted blocked; fix or"
-                    " delete the annotation to recover):",
-                    f.malformed,
-                )
-                if f.malformed
-                else ""
-            ),
+            malformed,
         ),
-        cond(BLOCKED, blocked > 0, "NodesBlocked" if blocked else "NotBlocked", _blocked_message(f, blocked)),
-        cond(
-            DRIFTED,
-            bool(f.drifted),
-            "NodesDrifted" if f.drifted else "NoDrift",
-            _names_message(f"{len(f.drifted)} node(s) failed their last drift check:", f.drifted)
-            if f.drifted
-            else "",
+        _condition(
+            f, BLOCKED, blocked > 0, "NodesBlocked" if blocked else "NotBlocked", _blocked_message(f, blocked)
         ),
+        _condition(f, DRIFTED, bool(f.drifted), "NodesDrifted" if f.drifted else "NoDrift", drifted),
     ]
 
 

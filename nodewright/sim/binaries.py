@@ -38,11 +38,6 @@ class ControlPlaneBinaries:
     def path(self, name: str) -> Path:
         return self.dir / name
 
-    @property
-    def kwok_stages(self) -> Path:
-        """kwok's stock stage bundles, copied next to the binaries by the build."""
-        return self.dir / "kwok-stages"
-
 
 def parse_versions_env(text: str, *, environ: dict[str, str] | None = None) -> dict[str, str]:
     """Evaluate the `KEY=value` lines of versions.env, expanding `$VAR`/`${VAR}` like the shell would.

@@ -768,18 +768,6 @@ class ControlPlane:
             timeout=timeout,
         )
 
-    def user_kubeconfig(self, user: str, *, groups: Sequence[str] = ()) -> Path:
-        """A kubeconfig for another identity (e.g. the operator's service user, to test its RBAC)."""
-        stem = "user-" + "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in user)
-        crt, key = pki.issue_client_cert(self.pki, stem, user=user, groups=tuple(groups))
-        return pki.write_kubeconfig(
-            self.dir / f"{stem}.kubeconfig",
-            server=self.server,
-            ca_crt=self.pki.ca_crt,
-            client_crt=crt,
-            client_key=key,
-        )
-
     def compact_etcd(self, *, restart_apiserver: bool = True) -> int:
         """Compact etcd at its current revision so older resourceVersions answer 410 Gone; returns it.
 

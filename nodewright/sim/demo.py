@@ -452,36 +452,6 @@ def bar(done: int, total: int, *, width: int = 24) -> str:
     return "█" * filled + "░" * (width - filled)
 
 
-def progress_lines(nodewright: JSON | None, tracker: FleetTracker, *, elapsed: float) -> list[str]:
-    """Per-compartment progress from the NodeWright status, with the nodes' own counts as fallback."""
-    comps = compartment_statuses(nodewright)
-    status = (nodewright or {}).get("status") or {}
-    counts = tracker.status_counts()
-    head = (
-        f"{int(elapsed) // 60:02d}:{int(elapsed) % 60:02d}  {tracker.nodewright}: {status.get('status', '…')}"
-        f"  complete {status.get('completeNodes', '?')}  reboots {tracker.reboots()}"
-    )
-    if counts.get("erroring"):
-        head += f"  erroring {counts['erroring']}"
-    lines = [head]
-    observed = tracker.in_progress_by_compartment()
-    for name, comp in comps.items():
-        matched, completed = int(comp.get("matched", 0)), int(comp.get("completed", 0))
-        if matched == 0:
-            continue
-        batch = (comp.get("batchState") or {}).get("currentBatch", "-")
-        note = "halted" if comp.get("halted") else str(comp.get("message") or "")
-        lines.append(
-            f"  {name:<12} {bar(completed, matched)} {completed:>4}/{matched:<4}"
-            f" in progress {int(comp.get('inProgress', observed.get(name, 0))):>3}"
-            f"/{int(comp.get('ceiling', 0)):<3}"
-            f" batch {batch:<3} {note[:60]}"
-        )
-    if not comps:
-        lines.append(f"  (no compartment status yet) nodes: {dict(sorted(counts.items()))}")
-    return lines
-
-
 class Screen:
     """Redraws a block of lines in place on a terminal; elsewhere prints it when it changed (≤ every 10 s)."""
 

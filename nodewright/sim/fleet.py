@@ -390,14 +390,6 @@ async def delete_nodes(
     return len(names)
 
 
-async def list_nodes(kubeconfig: Path, *, label_selector: str | None = None) -> list[JSON]:
-    async with KubeClient(kubeconfig) as client:
-        params = {"labelSelector": label_selector} if label_selector else None
-        listed = await client.list_all("/api/v1/nodes", params=params)
-    items: list[JSON] = listed["items"]
-    return items
-
-
 @dataclass
 class TrainingJob:
     """What `create_workloads` made: the pods (one per listed node and slot), the owner and the PDB."""

@@ -3,10 +3,8 @@
 The simulator creates thousands of nodes and watches a handful of pods; it needs raw JSON, bounded
 concurrency and deadlines, not a generated client. It reads a kubeconfig's current context with either
 client certificates (inline `*-data` or file references) or a bearer token, which is what `sim up` and
-the e2e fixture produce. The production client lives in `nodewright.kube`; this one is for test tooling.
-
-`api_client()` returns a `kubernetes_asyncio` ApiClient for the same kubeconfig, for tests that prefer
-the typed client (imported lazily: it costs ~80 MiB of memory).
+the e2e fixture produce. The production client lives in `nodewright.kube`; this one is for test tooling,
+and its errors are that client's (`ApiError` is a `nodewright.kube.resources.ApiError`): one error type.
 """
 
 from __future__ import annotations
@@ -25,25 +23,26 @@ from typing import Any, Self
 import aiohttp
 import yaml
 
+from nodewright.kube import resources
+
 JSON = dict[str, Any]
 DEFAULT_TIMEOUT = 30.0
 
 
-class ApiError(RuntimeError):
-    """A non-2xx answer from the API server, with its status code and decoded body."""
+class ApiError(resources.ApiError):
+    """A non-2xx answer from the API server: the one error type of `nodewright.kube`
+    (`resources.ApiError`: status, reason and message, decoded from the Status body), its body kept as
+    text and its string naming the call."""
 
     def __init__(self, status: int, method: str, path: str, body: str) -> None:
-        super().__init__(f"{method} {path}: HTTP {status}: {body[:500]}")
-        self.status = status
-        self.body = body
-
-    @property
-    def reason(self) -> str:
         try:
-            reason = json.loads(self.body).get("reason", "")
-        except (ValueError, AttributeError):
-            return ""
-        return str(reason)
+            payload = json.loads(body) if body else None
+        except ValueError:
+            payload = None
+        error = resources.api_error(status, payload if isinstance(payload, dict) else body)
+        super().__init__(status, error.reason, error.message, body)
+        self.args = (f"{method} {path}: HTTP {status}: {body[:500]}",)
+        self.body: str = body
 
 
 def _materialise(entry: Mapping[str, Any], key: str, workdir: Path, base: Path) -> Path | None:
@@ -237,10 +236,3 @@ class KubeClient:
             async for line in resp.content:
                 if line.strip():
                     yield json.loads(line)
-
-
-async def api_client(kubeconfig: Path) -> Any:
-    """A `kubernetes_asyncio.client.ApiClient` for `kubeconfig` (caller closes it: `await c.close()`)."""
-    from kubernetes_asyncio import config  # lazy: the generated client is large
-
-    return await config.new_client_from_config(config_file=str(kubeconfig), persist_config=False)

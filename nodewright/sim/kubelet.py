@@ -13,10 +13,11 @@ this process does what a kubelet does instead, so package pods execute their rea
   host root (`nodewright.sim.kubelet_host`). Removing the label gives the node back to kwok (pods then
   running here are abandoned: switch nodes while they are idle).
 - **Pods.** Per node, a list and watch of the pods bound to it (`spec.nodeName`), like a kubelet's. A
-  pod's containers run as `nodewright.sim.kubelet_spec` describes (images mapped to package directories or
-  our agent, mounts mapped into the node's host root and a per-pod directory, env resolved). Init
-  containers run one after another, then the main containers together; the `pause` container "runs"
-  without a process. Each start, exit, restart and failure is reported as the kubelet reports it
+  pod's containers run as `nodewright.sim.kubelet_spec` describes (images mapped to package directories,
+  to OCI image layouts, unpacked once per manifest digest like a pull, or to our agent; mounts mapped
+  into the node's host root and a per-pod directory; env resolved). Init containers run one after
+  another, then the main containers together; the `pause` container "runs" without a process. Each
+  start, exit, restart and failure is reported as the kubelet reports it
   (`nodewright.sim.kubelet_status`), with one status patch per transition. A container gets at most
   `--container-timeout` seconds (then SIGTERM and SIGKILL, exit code from the signal, a message saying
   why); `activeDeadlineSeconds` is honoured. A node that is not Ready (rebooting) starts nothing.
@@ -29,7 +30,7 @@ this process does what a kubelet does instead, so package pods execute their rea
   creates per pod (named like the pod, owned by it, so the garbage collector removes them), one entry per
   container pointing at its current file (`previousLogsFile` after a restart).
 - **Host commands and reboots.** Every container's PATH starts with stand-ins for `reboot`, `sysctl`,
-  `systemctl`, `modprobe`, ... that act on the node's host root (`nodewright.sim.hostshims`). Our agent,
+  `systemctl`, `modprobe`, ... that act on the node's host root (`nodewright.hostroot.hostshims`). Our agent,
   running without chroot here (`NODEWRIGHT_AGENT_CHROOT=false`), does not run its interrupt commands but
   appends them to `<root><ROOT_DIR>/interrupts/requested.jsonl`; when a container exits, the node runs
   the commands it appended, through the same stand-ins, before anything else starts. A reboot (from
@@ -37,7 +38,7 @@ this process does what a kubelet does instead, so package pods execute their rea
   do: the pod's processes are stopped, the pod gets the condition `sim.nodewright.io/RebootPending=True`,
   and the rebooter takes the node NotReady, gives it a new bootID and finishes the pod. This kubelet then
   leaves that pod's status alone and boots the host root with the new bootID, and reports the kernel the
-  boot started (the boot loader's default, `nodewright.sim.kubelet_host`) as the node's
+  boot started (the boot loader's default, `nodewright.hostroot.boot`) as the node's
   `status.nodeInfo.kernelVersion`, as a kubelet reports the kernel it runs on. A reboot asked for by any
   other pod is refused: the requesting processes are killed (reported as failures). Every container also
   gets `NODEWRIGHT_HOST_TOOLS`, the directory of the node's stand-ins, for package steps that run a
@@ -49,7 +50,8 @@ this process does what a kubelet does instead, so package pods execute their rea
 
 State on disk, under `--dir` (the simulator's directory): `roots/<node>/` (host roots),
 `kubelet/nodes/<node>/` (stand-ins, reboot request), `kubelet/pods/<ns>_<pod>_<uid>/` (volumes, image
-payload copies, logs, scratch; removed with the pod), `registry/` (a directory registry tests may fill).
+payload copies, logs, scratch; removed with the pod), `kubelet/images/<manifest digest>/` (payloads
+unpacked from OCI image layouts), `registry/` (a directory registry tests may fill).
 
 Run as `python -m nodewright.sim.kubelet --kubeconfig K --dir D [--kwok-port P] [--image-dir D]...
 [--agent-image REF]... [--container-timeout S] [--ready-file F]`; it exits cleanly on SIGTERM/SIGINT.
@@ -63,7 +65,6 @@ import contextlib
 import dataclasses
 import datetime as dt
 import ipaddress
-import json
 import logging
 import os
 import shutil
@@ -79,8 +80,10 @@ from typing import Any, Final
 import aiohttp
 
 from nodewright.api import constants
+from nodewright.hostroot import boot, hostshims
+from nodewright.packaging import oci
 from nodewright.plan.podspec import parse_duration_seconds
-from nodewright.sim import fleet, hostshims, kubelet_host, kubelet_spec, kubelet_status
+from nodewright.sim import fleet, kubelet_host, kubelet_spec, kubelet_status
 from nodewright.sim.kubeapi import JSON, ApiError, KubeClient
 from nodewright.sim.kubelet_spec import REAL_PACKAGES_LABEL, ContainerConfigError, ImageKind, ImageNotFound
 from nodewright.sim.kubelet_status import ContainerRecord, Restart, Start
@@ -129,6 +132,11 @@ class KubeletConfig:
     def registry(self) -> Path:
         """The simulator's own directory registry (tests drop package directories here)."""
         return self.directory / "registry"
+
+    @property
+    def image_store(self) -> Path:
+        """Payloads unpacked from OCI image layouts, one directory per manifest digest."""
+        return self.directory / "kubelet" / "images"
 
     def node_root(self, node: str) -> Path:
         return self.directory / "roots" / node
@@ -547,9 +555,15 @@ class PodWorker:
                 agent_images=self.config.agent_images,
                 registries=self.config.registries,
                 is_dir=Path.is_dir,
+                is_layout=_is_layout,
             )
+            if image.kind is ImageKind.LAYOUT:
+                image = await asyncio.to_thread(pull_layout, self.config.image_store, image)
         except ImageNotFound as err:
             self._retry_later(index, "ErrImagePull", str(err))
+            return
+        except (oci.BuildError, OSError) as err:  # a layout that cannot be unpacked: the pull failed
+            self._retry_later(index, "ErrImagePull", f"image {container.get('image')!r}: {err}")
             return
         try:
             spec = await self._prepare(index, container, image)
@@ -736,11 +750,8 @@ class PodWorker:
     async def _run_host_requests(self, rc: RunningContainer) -> None:
         """What the node itself does for commands an unprivileged agent recorded instead of running
         (its interrupts): a reboot is handed to the rebooter, the rest run through the stand-ins."""
-        entries = await asyncio.to_thread(_read_requests, rc.requests, rc.requests_offset)
-        for entry in entries:
-            argv = [str(a) for a in entry.get("command") or []]
-            if not argv:
-                continue
+        commands = await asyncio.to_thread(hostshims.recorded_commands, rc.requests, rc.requests_offset)
+        for argv in commands:
             program, args = os.path.basename(argv[0]), argv[1:]
             if hostshims.is_reboot(program, args):
                 if self.is_interrupt_pod():
@@ -756,12 +767,9 @@ class PodWorker:
             log.info(
                 "node %s: running %s for pod %s/%s", self.node.name, " ".join(argv), self.namespace, self.name
             )
-            if program in hostshims.PROGRAMS:
-                await asyncio.to_thread(
-                    hostshims.main, program, args, root=str(self.node.root), state=str(self.node.state)
-                )
-            else:
-                hostshims.Node(self.node.root, self.node.state).record(program, args)
+            await asyncio.to_thread(
+                hostshims.main, program, args, root=str(self.node.root), state=str(self.node.state)
+            )
 
     async def _enforce_timeouts(self) -> None:
         now = time.monotonic()
@@ -946,21 +954,38 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _read_requests(path: Path, offset: int) -> list[JSON]:
-    """The JSON lines appended to `path` after `offset` (bad lines skipped)."""
+def _is_layout(path: Path) -> bool:
+    return (path / oci.OCI_LAYOUT_FILE).is_file()
+
+
+def pull_layout(store: Path, image: kubelet_spec.ResolvedImage) -> kubelet_spec.ResolvedImage:
+    """The payload of an OCI layout's image (`nodewright package build`'s output), unpacked once per
+    manifest digest into `store` as a runtime pulls an image once; raises oci.BuildError saying why not."""
+    assert image.directory is not None and image.ref is not None
+    ref = image.ref
+    opened = oci.open_layout(
+        image.directory,
+        ref=None if ref.digest else ref.tag or None,
+        digest=ref.digest or None,
+        where=f"image layout {image.directory}",
+    )
+    assert opened.manifest_digest is not None
+    payload = store / opened.manifest_digest.removeprefix("sha256:")
+    if payload.is_dir():
+        return kubelet_spec.ResolvedImage(ImageKind.DIRECTORY, payload)
+    store.mkdir(parents=True, exist_ok=True)
+    partial = store / f".{payload.name}.partial-{uuid.uuid4().hex}"
     try:
-        with path.open("rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
-    except OSError:
-        return []
-    entries = []
-    for line in data.decode(errors="replace").splitlines():
-        with contextlib.suppress(ValueError):
-            entry = json.loads(line)
-            if isinstance(entry, dict):
-                entries.append(entry)
-    return entries
+        oci.extract_payload(opened, partial)
+        try:
+            partial.rename(payload)
+        except OSError:
+            if not payload.is_dir():  # not another pod's pull of the same image that won the race
+                raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    log.info("pulled %s from %s into %s", opened.manifest_digest, image.directory, payload)
+    return kubelet_spec.ResolvedImage(ImageKind.DIRECTORY, payload)
 
 
 def _prepare_host_path(root: Path, source: kubelet_spec.HostPathVolume, name: str) -> None:
@@ -1082,7 +1107,7 @@ class NodeAgent:
         if boot_id == self.boot_id:
             return
         self.boot_id = boot_id
-        if kubelet_host.recorded_boot_id(self.root) != boot_id:
+        if boot.recorded_boot_id(self.root) != boot_id:
             log.info("node %s: booting its host root (bootID %s)", self.name, boot_id)
             kernel = await asyncio.to_thread(kubelet_host.boot_node, self.root, self.node)
             await self._report_kernel(kernel)
@@ -1342,7 +1367,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--dir", required=True, help="the simulator's directory (roots/, kubelet/, images/)")
     parser.add_argument("--kwok-port", type=int, default=None, help="kwok's server port (serves pods/log)")
-    parser.add_argument("--image-dir", action="append", default=[], help="extra directory registry")
+    parser.add_argument(
+        "--image-dir",
+        action="append",
+        default=[],
+        help="extra directory registry (package directories or OCI image layouts)",
+    )
     parser.add_argument("--agent-image", action="append", default=[], help="image that runs our agent")
     parser.add_argument(
         "--container-timeout",

@@ -5,24 +5,13 @@
   flags, history and logs land there. It persists across kubelet restarts and simulated reboots and is
   removed by `sim down`.
 - **Boot.** When a node is first seen, and whenever its `status.nodeInfo.bootID` changes (the rebooter's
-  simulated reboot), the node "boots": `/proc/sys/kernel/random/boot_id` gets the bootID, the runtime
-  kernel state under `/proc/sys` is reset and the sysctl files are loaded (`sysctl --system` order, see
-  `nodewright.sim.hostshims`), `/proc/cmdline` is rebuilt from `GRUB_CMDLINE_LINUX` and
-  `GRUB_CMDLINE_LINUX_DEFAULT` of `/etc/default/grub` and `/etc/default/grub.d/*.cfg` (sourced by
-  `/bin/sh`, as update-grub does), `/proc/modules` is emptied except for modules listed in
-  `/etc/modules` and `/etc/modules-load.d/*.conf`, and `/etc/hostname` and `/etc/os-release` are written
-  if missing. So a change a package makes persistent survives a reboot and a runtime-only change does not.
-- **The booted kernel.** The first boot records the node's `status.nodeInfo.kernelVersion` as the
-  image's kernel (`<root>/var/lib/nodewright-sim/image-kernel`) and installs it (`/boot/vmlinuz-<release>`,
-  `/lib/modules/<release>/`). Every boot starts the boot loader's
-  default, if that kernel is installed (`/boot/vmlinuz-<release>` in the root, or the image's): a
-  `GRUB_DEFAULT` (from `/etc/default/grub` and `grub.d/*.cfg`) naming a menu entry `... with Linux
-  <release>`; otherwise, unless `GRUB_DEFAULT` is another value than `saved`, the `saved_entry` of
-  `/boot/grub2/grubenv` or `/boot/grub/grubenv` (what `grubby --set-default` writes); else the image's
-  kernel. (A real GRUB whose `GRUB_DEFAULT` is an index boots that entry, usually the newest kernel; the
-  simulation boots the image's.) The release is written to `/proc/sys/kernel/osrelease` (what `uname -r`
-  prints, and the node's `uname` stand-in reads) and to `BOOT_IMAGE=` of `/proc/cmdline`, and the
-  simulated kubelet reports it as the node's `status.nodeInfo.kernelVersion`.
+  simulated reboot), the node's root boots (`nodewright.hostroot.boot`, the one simulated boot, which
+  `nodewright package run` uses too): the bootID, the running kernel state rebuilt from the sysctl,
+  GRUB, module, tmpfiles and mount files, and `/etc/hostname` and `/etc/os-release` from the node object
+  if missing. So a change a package makes persistent survives a reboot and a runtime-only change does
+  not. The first boot installs the node's `status.nodeInfo.kernelVersion` as the image's kernel; every
+  boot starts the boot loader's default, and the simulated kubelet reports the release it booted as the
+  node's `status.nodeInfo.kernelVersion`.
 - **Logs.** A container's output is written as the kubelet writes it, in the CRI log format
   (`<RFC3339Nano> <stdout|stderr> <F|P> <text>`, a `P` piece for each 16 KiB of a longer line), one file
   per run: `<pod dir>/logs/<container>/<restartCount>.log`. kwok's kubelet server reads these files for
@@ -43,21 +32,17 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
-import shutil
 import signal
-import subprocess
 from collections import deque
 from pathlib import Path
 from typing import Any, Final
 
-from nodewright.sim import hostshims
+from nodewright.hostroot import boot
 
 JSON = dict[str, Any]
 CRI_MAX_LINE: Final = 16 * 1024
 TAIL_LINES: Final = 80
 TAIL_BYTES: Final = 2048
-BOOT_ID_PATH: Final = "proc/sys/kernel/random/boot_id"
-_BOOT_SCRIPT_TIMEOUT_S: Final = 10.0
 
 
 def rfc3339(moment: dt.datetime | None = None) -> str:
@@ -212,129 +197,14 @@ def kill_marked(name: str, value: str) -> int:
 # Host roots and boot
 
 
-def _os_release(os_image: str) -> str:
-    words = os_image.split()
-    distro = words[0].lower() if words else "linux"
-    version = words[1] if len(words) > 1 else ""
-    short = ".".join(version.split(".")[:2])
-    return (
-        f'PRETTY_NAME="{os_image}"\nNAME="{words[0] if words else "Linux"}"\n'
-        f'VERSION_ID="{short}"\nVERSION="{version}"\nID={distro}\n'
-    )
-
-
-def grub_cmdline(root: Path) -> str:
-    """GRUB_CMDLINE_LINUX and _DEFAULT after sourcing the node's /etc/default/grub(.d) with /bin/sh."""
-    return " ".join(
-        _grub_sourced(root, 'printf "%s %s" "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT"').split()
-    )
-
-
-def grub_default(root: Path) -> str:
-    """GRUB_DEFAULT after sourcing the node's /etc/default/grub(.d) with /bin/sh ("" if unset)."""
-    return _grub_sourced(root, 'printf "%s" "$GRUB_DEFAULT"').strip()
-
-
-def _grub_sourced(root: Path, printer: str) -> str:
-    """What `printer` prints after /bin/sh sourced /etc/default/grub and grub.d/*.cfg, as update-grub does."""
-    files = [root / "etc" / "default" / "grub"]
-    grub_d = root / "etc" / "default" / "grub.d"
-    if grub_d.is_dir():
-        files += sorted(grub_d.glob("*.cfg"))
-    present = [str(f) for f in files if f.is_file()]
-    if not present:
-        return ""
-    script = "".join(f'. "${i + 1}"\n' for i in range(len(present)))
-    script += printer + "\n"
-    try:
-        result = subprocess.run(
-            ["/bin/sh", "-c", script, "grub", *present],
-            capture_output=True,
-            text=True,
-            timeout=_BOOT_SCRIPT_TIMEOUT_S,
-            env={"PATH": "/usr/bin:/bin"},
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return result.stdout if result.returncode == 0 else ""
-
-
-def booted_kernel(root: Path) -> str:
-    """The release the boot loader starts (see the module docstring), "" when the node names none."""
-    installed = hostshims.installed_kernels(root)
-    default = grub_default(root)
-    chosen = hostshims.kernel_of_entry(default, installed) if default else None
-    if chosen is None and default in ("", "saved"):
-        chosen = hostshims.grubenv_kernel(root)
-    return chosen or hostshims.image_kernel(root)
-
-
-def boot_modules(root: Path) -> list[str]:
-    files = [root / "etc" / "modules"]
-    load_d = root / "etc" / "modules-load.d"
-    if load_d.is_dir():
-        files += sorted(load_d.glob("*.conf"))
-    modules: list[str] = []
-    for path in files:
-        if not path.is_file():
-            continue
-        for raw in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            line = raw.split("#", 1)[0].strip()
-            if line and not line.startswith(";"):
-                name = line.split()[0].replace("-", "_")
-                if name not in modules:
-                    modules.append(name)
-    return modules
-
-
-def recorded_boot_id(root: Path) -> str | None:
-    try:
-        return (root / BOOT_ID_PATH).read_text(encoding="utf-8").strip() or None
-    except OSError:
-        return None
-
-
-def install_image_kernel(root: Path, release: str) -> None:
-    """The image's own kernel, as a node's disk has it: /boot/vmlinuz-<release>, /lib/modules/<release>/."""
-    image = root / hostshims.IMAGE_KERNEL_FILE
-    image.parent.mkdir(parents=True, exist_ok=True)
-    image.write_text(release + "\n", encoding="utf-8")
-    vmlinuz = root / "boot" / f"vmlinuz-{release}"
-    vmlinuz.parent.mkdir(parents=True, exist_ok=True)
-    if not vmlinuz.exists():
-        vmlinuz.write_text(f"simulated kernel image {release} (the node image's)\n", encoding="utf-8")
-    (root / "lib" / "modules" / release).mkdir(parents=True, exist_ok=True)
-
-
 def boot_node(root: Path, node: JSON) -> str:
-    """Bring the node's root to the state right after a boot with the node's current bootID; returns the
+    """Boot the node's root with the node's current bootID (`nodewright.hostroot.boot`); returns the
     release of the kernel it booted ("" if the node names none)."""
-    name = node.get("metadata", {}).get("name", "node")
     info = node.get("status", {}).get("nodeInfo") or {}
-    for sub in ("etc", "var/log", "tmp", "run", "proc"):
-        (root / sub).mkdir(parents=True, exist_ok=True)
-    hostname = root / "etc" / "hostname"
-    if not hostname.exists():
-        hostname.write_text(name + "\n", encoding="utf-8")
-    os_release = root / "etc" / "os-release"
-    if not os_release.exists():
-        os_release.write_text(_os_release(str(info.get("osImage") or "Linux")), encoding="utf-8")
-    shutil.rmtree(root / "proc" / "sys", ignore_errors=True)
-    state = hostshims.Node(root, root)
-    hostshims.load_files(state, hostshims.system_files(root), quiet=True, out=lambda _text: None)
-    boot_id = root / BOOT_ID_PATH
-    boot_id.parent.mkdir(parents=True, exist_ok=True)
-    boot_id.write_text(str(info.get("bootID") or "") + "\n", encoding="utf-8")
-    if not (root / hostshims.IMAGE_KERNEL_FILE).exists() and info.get("kernelVersion"):
-        install_image_kernel(root, str(info["kernelVersion"]))
-    kernel = booted_kernel(root)
-    if kernel:
-        (root / hostshims.OSRELEASE_FILE).write_text(kernel + "\n", encoding="utf-8")
-    cmdline = f"BOOT_IMAGE=/boot/vmlinuz-{kernel} root=/dev/sda1 ro {grub_cmdline(root)}".strip()
-    (root / "proc" / "cmdline").write_text(cmdline + "\n", encoding="utf-8")
-    modules = root / "proc" / "modules"
-    modules.write_text(
-        "".join(f"{m} 16384 0 - Live 0x0000000000000000\n" for m in boot_modules(root)), encoding="utf-8"
+    facts = boot.BootFacts(
+        boot_id=str(info.get("bootID") or ""),
+        hostname=str(node.get("metadata", {}).get("name") or "node"),
+        os_image=str(info.get("osImage") or "Linux"),
+        image_kernel=str(info.get("kernelVersion") or "") or None,
     )
-    return kernel
+    return boot.boot(root, facts)

@@ -11,8 +11,10 @@ directories of the simulator instead:
   `python -m nodewright.agent`, with the container's args. A `pause` image is not run at all: it only
   keeps the pod Running, as the real one does. Any other image is looked up by the last component of its
   repository in directory registries: `<registry>/<name>/<tag>/` first, then `<registry>/<name>/`. The
-  directory is the image's package payload, i.e. what the image holds at `/skyhook-package`. An image
-  found nowhere is an image pull error, as on a real node.
+  directory is either an OCI image layout (an `oci-layout` file: what `nodewright package build`
+  writes), whose image (the one named by the tag, or pinned by the digest) the kubelet unpacks, or the
+  image's package payload itself, i.e. what the image holds at `/skyhook-package`. An image found
+  nowhere is an image pull error, as on a real node.
 - **Mounts.** A `hostPath` volume is the node's host-root directory (`<sim dir>/roots/<node>/`) plus its
   path; configMap, secret and emptyDir volumes are materialised in a per-pod directory; the image payload
   is a per-pod copy at `/skyhook-package`, with any volume mounted inside it (the package's configMap at
@@ -127,12 +129,14 @@ class ImageKind(Enum):
     AGENT = "agent"  # run our agent with the container's args
     PAUSE = "pause"  # not run: keeps the pod Running
     DIRECTORY = "directory"  # a package payload directory, seen at /skyhook-package
+    LAYOUT = "layout"  # an OCI image layout: its /skyhook-package, unpacked, is the payload directory
 
 
 @dataclass(frozen=True, slots=True)
 class ResolvedImage:
     kind: ImageKind
     directory: Path | None = None
+    ref: ImageRef | None = None  # LAYOUT: which image of the layout (tag or digest)
 
 
 class ImageNotFound(Exception):
@@ -145,6 +149,7 @@ def resolve_image(
     agent_images: Iterable[str],
     registries: Sequence[Path],
     is_dir: Callable[[Path], bool],
+    is_layout: Callable[[Path], bool] = lambda _path: False,
 ) -> ResolvedImage:
     """What the image means to the simulator (see the module docstring for the rules)."""
     try:
@@ -164,11 +169,14 @@ def resolve_image(
         candidates.append(registry / ref.name)
         for candidate in candidates:
             tried.append(str(candidate))
+            if is_layout(candidate):
+                return ResolvedImage(ImageKind.LAYOUT, candidate, ref)
             if is_dir(candidate):
                 return ResolvedImage(ImageKind.DIRECTORY, candidate)
     raise ImageNotFound(
         f"image {reference!r} is not in the simulator's registries (looked for "
-        f"{', '.join(tried) or 'none'}); put the package directory there or map the image to the agent"
+        f"{', '.join(tried) or 'none'}); put the package image there (`nodewright package build -o`) or "
+        "its directory, or map the image to the agent"
     )
 
 

@@ -196,10 +196,6 @@ def restarts_after(policy: str, exit_code: int) -> bool:
     return policy == "Always" or (policy == "OnFailure" and exit_code != 0)
 
 
-def init_restarts_after(policy: str, exit_code: int) -> bool:
-    return policy != "Never" and exit_code != 0
-
-
 # ----------------------------------------------------------------------------------------------------
 # Phase and next step
 

@@ -29,11 +29,19 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from nodewright.kube.client import KubeClient, PatchType
+from nodewright.kube.resources import (
+    MUTATINGWEBHOOKCONFIGURATIONS,
+    SECRETS,
+    VALIDATINGWEBHOOKCONFIGURATIONS,
+    Conflict,
+    NotFound,
+)
+
 log = structlog.get_logger(__name__)
 
 CA_LIFETIME = dt.timedelta(days=5 * 365)
 SERVING_LIFETIME = dt.timedelta(days=365)
-REQUEST_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -169,11 +177,11 @@ def service_dns_names(service: str, namespace: str) -> list[str]:
 
 
 class CertManager:
-    """Keeps the Secret and the webhook configurations' caBundle current (kubernetes_asyncio client)."""
+    """Keeps the Secret and the webhook configurations' caBundle current (the project's client)."""
 
     def __init__(
         self,
-        api_client: Any,
+        client: KubeClient,
         *,
         namespace: str,
         secret_name: str,
@@ -182,10 +190,7 @@ class CertManager:
         validating_config: str | None = None,
         mutating_config: str | None = None,
     ) -> None:
-        from kubernetes_asyncio import client
-
-        self._core = client.CoreV1Api(api_client)
-        self._admission = client.AdmissionregistrationV1Api(api_client)
+        self._client = client
         self._namespace = namespace
         self._secret = secret_name
         self._dns = dns_names
@@ -195,28 +200,8 @@ class CertManager:
 
     async def ensure(self, now: dt.datetime | None = None) -> CertBundle:
         """Load or create/rotate the bundle, store it, patch the caBundles; return the bundle to serve."""
-        from kubernetes_asyncio import client
-        from kubernetes_asyncio.client.exceptions import ApiException
-
         now = now or dt.datetime.now(dt.UTC)
-        existing: CertBundle | None = None
-        resource_version: str | None = None
-        try:
-            secret = await self._core.read_namespaced_secret(
-                self._secret, self._namespace, _request_timeout=REQUEST_TIMEOUT_S
-            )
-            data = {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
-            existing = CertBundle(
-                ca_cert=data.get("ca.crt", b""),
-                ca_key=data.get("ca.key", b""),
-                cert=data.get("tls.crt", b""),
-                key=data.get("tls.key", b""),
-                previous_ca=data.get("ca-previous.crt", b""),
-            )
-            resource_version = secret.metadata.resource_version
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        existing, resource_version = await self._stored()
         reason = (
             "absent"
             if existing is None
@@ -226,71 +211,82 @@ class CertManager:
         if reason is not None or bundle is None:
             log.info("generating webhook certificate", reason=reason)
             bundle = new_bundle(dns_names=self._dns, ip_addresses=self._ips, now=now, old=existing)
-            body = client.V1Secret(
-                metadata=client.V1ObjectMeta(
-                    name=self._secret,
-                    namespace=self._namespace,
-                    resource_version=resource_version,
-                    labels={"app.kubernetes.io/name": "nodewright", "app.kubernetes.io/component": "webhook"},
-                ),
-                type="kubernetes.io/tls",
-                data={
-                    k: base64.b64encode(v).decode()
-                    for k, v in {
-                        "ca.crt": bundle.ca_cert,
-                        "ca.key": bundle.ca_key,
-                        "tls.crt": bundle.cert,
-                        "tls.key": bundle.key,
-                        "ca-previous.crt": bundle.previous_ca,
-                    }.items()
-                },
-            )
             try:
-                if resource_version is None:
-                    await self._core.create_namespaced_secret(
-                        self._namespace, body, _request_timeout=REQUEST_TIMEOUT_S
-                    )
-                else:
-                    await self._core.replace_namespaced_secret(
-                        self._secret, self._namespace, body, _request_timeout=REQUEST_TIMEOUT_S
-                    )
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
+                await self._store(bundle, resource_version)
+            except Conflict:
                 return await self.ensure(now)  # another replica won the race: serve its pair
         await self.patch_ca_bundles(bundle.ca_bundle)
         return bundle
 
+    async def _stored(self) -> tuple[CertBundle | None, str | None]:
+        """The bundle in the Secret and the Secret's resourceVersion (None, None: no Secret yet)."""
+        try:
+            secret = await self._client.get(SECRETS, self._secret, namespace=self._namespace)
+        except NotFound:
+            return None, None
+        data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+        bundle = CertBundle(
+            ca_cert=data.get("ca.crt", b""),
+            ca_key=data.get("ca.key", b""),
+            cert=data.get("tls.crt", b""),
+            key=data.get("tls.key", b""),
+            previous_ca=data.get("ca-previous.crt", b""),
+        )
+        return bundle, str((secret.get("metadata") or {}).get("resourceVersion") or "") or None
+
+    async def _store(self, bundle: CertBundle, resource_version: str | None) -> None:
+        """Create the Secret, or replace it at `resource_version` (Conflict: someone wrote it meanwhile)."""
+        meta: dict[str, Any] = {
+            "name": self._secret,
+            "namespace": self._namespace,
+            "labels": {"app.kubernetes.io/name": "nodewright", "app.kubernetes.io/component": "webhook"},
+        }
+        if resource_version is not None:
+            meta["resourceVersion"] = resource_version
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": meta,
+            "type": "kubernetes.io/tls",
+            "data": {
+                k: base64.b64encode(v).decode()
+                for k, v in {
+                    "ca.crt": bundle.ca_cert,
+                    "ca.key": bundle.ca_key,
+                    "tls.crt": bundle.cert,
+                    "tls.key": bundle.key,
+                    "ca-previous.crt": bundle.previous_ca,
+                }.items()
+            },
+        }
+        if resource_version is None:
+            await self._client.create(SECRETS, body, namespace=self._namespace)
+        else:
+            await self._client.replace(SECRETS, body, namespace=self._namespace)
+
     async def patch_ca_bundles(self, ca_bundle: bytes) -> None:
         encoded = base64.b64encode(ca_bundle).decode()
-        for name, read, patch in (
-            (
-                self._validating,
-                self._admission.read_validating_webhook_configuration,
-                self._admission.patch_validating_webhook_configuration,
-            ),
-            (
-                self._mutating,
-                self._admission.read_mutating_webhook_configuration,
-                self._admission.patch_mutating_webhook_configuration,
-            ),
+        for name, resource in (
+            (self._validating, VALIDATINGWEBHOOKCONFIGURATIONS),
+            (self._mutating, MUTATINGWEBHOOKCONFIGURATIONS),
         ):
             if not name:
                 continue
-            current = await read(name, _request_timeout=REQUEST_TIMEOUT_S)
-            hooks: list[Any] = list(current.webhooks or [])
-            if all(h.client_config.ca_bundle == encoded for h in hooks):
+            current = await self._client.get(resource, name)
+            hooks: list[dict[str, Any]] = list(current.get("webhooks") or [])
+            bundles = [(h.get("clientConfig") or {}).get("caBundle") for h in hooks]
+            if all(b == encoded for b in bundles):
                 continue
             # A JSON patch per index keeps the other fields (and other writers' changes) intact.
             ops = [
                 {
-                    "op": "replace" if h.client_config.ca_bundle else "add",
+                    "op": "replace" if b else "add",
                     "path": f"/webhooks/{i}/clientConfig/caBundle",
                     "value": encoded,
                 }
-                for i, h in enumerate(hooks)
+                for i, b in enumerate(bundles)
             ]
-            await patch(name, ops, _request_timeout=REQUEST_TIMEOUT_S)
+            await self._client.patch(resource, name, ops, patch_type=PatchType.JSON_PATCH)
             log.info("patched caBundle", configuration=name)
 
     async def run(self, on_rotate: Any, *, interval_s: float = 3600.0) -> None:

@@ -29,7 +29,6 @@ operator re-checks at reconcile time, while the uninstall protection fails *clos
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import ssl
@@ -321,7 +320,3 @@ def server_ssl_context(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     load_pem_chain(ctx, cert_pem, key_pem)
     return ctx
-
-
-async def wait_forever(stop: asyncio.Event) -> None:
-    await stop.wait()

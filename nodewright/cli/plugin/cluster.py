@@ -23,8 +23,8 @@ from nodewright.cli.plugin.common import NotFoundError
 
 if TYPE_CHECKING:
     from nodewright.api.models import DeploymentPolicy, NodeWright
+    from nodewright.api.reasons import PolicyInvalid
     from nodewright.kube.client import KubeClient
-    from nodewright.plan.policy import PolicyInvalid
 
 JSON = dict[str, Any]
 
@@ -73,7 +73,7 @@ class ClusterState:
 
 
 async def read_state(client: KubeClient, *, label_selector: str | None = None) -> ClusterState:
-    from nodewright.controller.context import ModelCache
+    from nodewright.api.modelcache import ModelCache
     from nodewright.kube.resources import DEPLOYMENTPOLICIES, DISRUPTIONBUDGETS, NODES, NODEWRIGHTS, NotFound
 
     nodes = (await client.list(NODES, label_selector=label_selector)).items

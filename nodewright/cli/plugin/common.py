@@ -35,7 +35,7 @@ import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from nodewright.kube.client import KubeClient, PatchType
@@ -293,10 +293,6 @@ def run(args: argparse.Namespace, body: Callable[[Session], Awaitable[int]]) -> 
 def report(prog: str, message: str, code: int) -> int:
     print(f"{prog}: {' '.join(message.split())}", file=sys.stderr, flush=True)
     return code
-
-
-def usage_exit(prog: str, message: str) -> NoReturn:
-    raise UsageProblem(f"{message} (see {prog} --help)")
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -4,22 +4,24 @@ Untouched waiting nodes carry no label and no condition (a 10,000-node fleet is 
 a NodeWright appears), so the answer to "why is this node waiting" cannot be read off the node: it is
 computed here with the operator's own code, from the cluster as it is --
 
-1. each matched node becomes the `RolloutNode` the rollout controller builds
-   (`controller.rollout.rollout_node`: status label, state annotation, admission, cordons by others or
-   by other NodeWrights and whether those are paused or disabled, NotReady, ignore label and untolerated
-   taints, node-reported blocks such as a skipped drain, the earlier NodeWright it waits for by
-   priority and sequencing), a node whose state does not decode is blocked with `StateMalformed` as in
-   the controller; the DisruptionBudgets whose pools hold its nodes are read the same way
-   (`controller.budgets.shared_for`), so a node held by a full pool says `DisruptionBudget` and who
-   holds its slots;
-2. `plan.rollout.plan_rollout` with the NodeWright's persisted compartment statuses, its pause,
-   disable and reset annotations and its order counter -- the very call the controller makes -- gives
-   each node's phase and, for a node with pending work that is not admitted, its `Waiting` reason;
+1. the planner's input is built by the constructor the rollout controller uses
+   (`plan.rollout_input.rollout_input`): each matched node as a `RolloutNode` (status label, state
+   annotation, admission, cordons by others or by other NodeWrights and whether those are paused or
+   disabled, NotReady, ignore label and untolerated taints, node-reported blocks such as a skipped
+   drain, the earlier NodeWright it waits for by priority and sequencing, an unreadable state as
+   blocked with `StateMalformed`), the persisted compartment statuses with the resets asked for, the
+   approvals, pause and disable, the order counter, the admissions per pass and what the shared
+   DisruptionBudgets leave it (a node held by a full pool says `DisruptionBudget` and who holds its
+   slots);
+2. `RolloutInput.plan()` -- the very decision the controller's pass makes -- gives each node's phase
+   and, for a node with pending work that is not admitted, its `Waiting` reason (a code with typed
+   particulars, `api.reasons`: the answer dispatches on it, never on a message);
 3. for "not in a batch yet" the planner is replayed (`plan.preview`, what `nodewright plan` prints) to
    say which batch will take the node, and for "budget full" the nodes holding the compartment's slots
    are named;
-4. an admitted node is at its node gate or running: the operator's node condition says which
-   (protected pods, draining, drain timeout, rebooting, a stage running, erroring) and `DrainReport`
+4. an admitted node is at its node gate or running: the code of the operator's node condition says
+   which (protected pods, draining, drain blocked or timed out, rebooting, a stage running, erroring)
+   and `DrainReport`
    adds what the cluster shows now -- the protected pods by name, the pods a PodDisruptionBudget keeps
    from being evicted and that PDB, the drain timeout and its policy.
 """
@@ -27,48 +29,74 @@ computed here with the operator's own code, from the cluster as it is --
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from enum import StrEnum
 from functools import cached_property
 from typing import Any
 
 from nodewright.api import constants
 from nodewright.api.models import DeploymentPolicy, LabelSelector, NodeWright, Status
+from nodewright.api.nodeobject import node_condition, node_timing
 from nodewright.api.nodestate import NodeState, PackageEntry, PackageState
+from nodewright.api.reasons import (
+    DRAINING,
+    HELD_AT_GATE,
+    Activity,
+    BudgetHeld,
+    CordonedByNodeWright,
+    CordonedBySomeoneElse,
+    Deferred,
+    DrainSkipped,
+    IgnoreLabel,
+    NodeConditionReason,
+    NotReady,
+    PolicyInvalid,
+    Predecessor,
+    StateMalformed,
+    UntoleratedTaints,
+    WaitReason,
+    condition_reason,
+    detail_label,
+)
 from nodewright.cli.plugin.cluster import ClusterState
 from nodewright.plan import drain as drain_mod
 from nodewright.plan import podspec, selectors, sequencing
-from nodewright.plan.node import is_disabled, is_paused
-from nodewright.plan.policy import Compartments, NodeRef, PolicyInvalid, resolve_compartments
-from nodewright.plan.preview import RolloutPreview, preview_rollout
-from nodewright.plan.rollout import (
-    Phase,
-    RolloutNode,
-    RolloutPlan,
-    Waiting,
-    WaitReason,
-    phase_of,
-    plan_rollout,
-    spec_fingerprint,
+from nodewright.plan.budgets import parse_budgets
+from nodewright.plan.policy import Compartments, NodeRef, resolve_compartments
+from nodewright.plan.preview import RolloutPreview
+from nodewright.plan.rollout import CompartmentPlan, Phase, RolloutNode, RolloutPlan, Waiting, phase_of
+from nodewright.plan.rollout_input import (
+    DEFAULT_OPTIONS,
+    DerivedNode,
+    NodeContext,
+    NodeEntry,
+    RolloutInput,
+    RolloutOptions,
+    derive_node,
+    rollout_input,
 )
 from nodewright.plan.stages import ts
 
 JSON = dict[str, Any]
 MAX_NAMES = 5
 
-# One-word reasons beyond the planner's WaitReason values: what an admitted node is doing.
-ADMITTED_NOW = "AdmittedNow"
-IN_PROGRESS = "InProgress"
-PROTECTED_PODS = "ProtectedPods"
-DRAIN_BLOCKED = "DrainBlocked"
-DRAIN_TIMEOUT = "DrainTimeout"
-DRAINING = "Draining"
-REBOOTING = "Rebooting"
-ERRORING = "Erroring"
-COMPLETE = "Complete"
-CARRYOVER = "FinishingOlderSpec"
-STATE_MALFORMED = "StateMalformed"
-NOT_SELECTED = "NotSelected"
+
+class Answer(StrEnum):
+    """The reasons `why` answers beyond the planner's `WaitReason` values: what an admitted node does."""
+
+    ADMITTED_NOW = "AdmittedNow"
+    IN_PROGRESS = "InProgress"
+    PROTECTED_PODS = "ProtectedPods"
+    DRAIN_BLOCKED = "DrainBlocked"
+    DRAIN_TIMEOUT = "DrainTimeout"
+    DRAINING = "Draining"
+    REBOOTING = "Rebooting"
+    ERRORING = "Erroring"
+    COMPLETE = "Complete"
+    CARRYOVER = "FinishingOlderSpec"
+    STATE_MALFORMED = "StateMalformed"
+    NOT_SELECTED = "NotSelected"
 
 
 def names_text(names: Sequence[str], limit: int = MAX_NAMES) -> str:
@@ -85,7 +113,7 @@ def names_text(names: Sequence[str], limit: int = MAX_NAMES) -> str:
 class Entry:
     """One matched node as the rollout controller sees it."""
 
-    node: JSON
+    node: Mapping[str, Any]
     state: NodeState | None
     state_error: str | None
     rollout: RolloutNode
@@ -96,38 +124,56 @@ class Entry:
 class Analysis:
     """The rollout planner's decision for one NodeWright, as the controller would take it now."""
 
-    model: NodeWright
-    nodewright: NodeWright  # the effective spec (deletion turns into uninstalls)
-    policy: DeploymentPolicy | PolicyInvalid | None
-    fingerprint: str
+    inp: RolloutInput
     plan: RolloutPlan
     entries: dict[str, Entry]
     compartments: Compartments | None
-    facts: list[sequencing.NodeWrightFacts]
-    inactive: dict[str, str]
-    paused: bool
-    disabled: bool
-    now: datetime
     waiting: dict[str, Waiting] = field(default_factory=dict)
     admitted_now: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
-        return self.model.metadata.name
+        return self.inp.name
+
+    @property
+    def model(self) -> NodeWright:
+        return self.inp.model
+
+    @property
+    def nodewright(self) -> NodeWright:
+        return self.inp.nodewright  # the effective spec (deletion turns into uninstalls)
+
+    @property
+    def policy(self) -> DeploymentPolicy | PolicyInvalid | None:
+        return self.inp.policy
+
+    @property
+    def fingerprint(self) -> str:
+        return self.inp.fingerprint
+
+    @property
+    def facts(self) -> Sequence[sequencing.NodeWrightFacts]:
+        return self.inp.facts
+
+    @property
+    def inactive(self) -> Mapping[str, Activity]:
+        return self.inp.inactive
+
+    @property
+    def paused(self) -> bool:
+        return self.inp.paused
+
+    @property
+    def disabled(self) -> bool:
+        return self.inp.disabled
+
+    @property
+    def now(self) -> datetime:
+        return self.inp.now
 
     @cached_property
     def preview(self) -> RolloutPreview:
-        status = self.model.status
-        return preview_rollout(
-            self.nodewright,
-            policy=self.policy,
-            nodes=[e.rollout for e in self.entries.values()],
-            fingerprint=self.fingerprint,
-            now=ts(self.now),
-            compartment_statuses=(status.compartment_statuses if status is not None else None) or {},
-            paused=self.paused,
-            disabled=self.disabled,
-        )
+        return self.inp.preview()
 
     def compartment_of(self, node: str) -> str | None:
         entry = self.entries.get(node)
@@ -151,8 +197,8 @@ class Analysis:
             entry = self.entries[name]
             if entry.phase in (Phase.ACTIVE, Phase.CARRYOVER) or name in self.admitted_now:
                 ours.append(name)
-            elif entry.rollout.unavailable_reason:
-                others.append((name, entry.rollout.unavailable_reason))
+            elif entry.rollout.unavailable is not None:
+                others.append((name, entry.rollout.unavailable.describe()))
         return ours, others
 
     def predicted_batch(self, node: str) -> tuple[int, int, str] | None:
@@ -165,104 +211,63 @@ class Analysis:
         return None
 
 
-def _malformed(base: RolloutNode, error: str) -> RolloutNode:
-    # The same substitution as `RolloutReconciler._malformed_entry`: counted blocked, nothing starts.
-    return replace(
-        base, status=Status.BLOCKED, needs_work=True, blocked_reason=f"StateMalformed: {error}"[:300]
-    )
-
-
-def inactive_nodewrights(state: ClusterState) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for name, model in state.nodewrights.items():
-        if is_disabled(model):
-            out[name] = "disabled"
-        elif is_paused(model):
-            out[name] = "paused"
-    return out
-
-
-def analyse(
+def cluster_input(
     state: ClusterState,
     name: str,
     *,
-    runtime_taint_key: str = constants.DEFAULT_RUNTIME_REQUIRED_TAINT_KEY,
-) -> Analysis:
-    """Plan `name` from `state` exactly as the rollout controller's pass would."""
-    from nodewright.controller.budgets import shared_for
-    from nodewright.controller.context import effective_nodewright, matches_nodewright, try_node_state
-    from nodewright.controller.rollout import rollout_node
+    options: RolloutOptions = DEFAULT_OPTIONS,
+    entries: Callable[[NodeContext, Sequence[Mapping[str, Any]]], Sequence[NodeEntry]] | None = None,
+) -> RolloutInput:
+    """The rollout planner's input for `name` from what the plugin read (`plan.rollout_input`)."""
+    nodewrights: dict[str, NodeWright | None] = dict.fromkeys(state.invalid)
+    nodewrights.update(state.nodewrights)
+    return rollout_input(
+        state.nodewright(name),
+        nodes=state.nodes,
+        nodewrights=nodewrights,
+        policies={**state.invalid_policies, **state.policies},
+        budgets=parse_budgets(state.budget_objects),
+        now=state.now,
+        options=options,
+        entries=entries,
+    )
 
-    model = state.nodewright(name)
-    nodewright = effective_nodewright(model)
-    all_names = sorted(str(o["metadata"]["name"]) for o in state.nodewright_objects)
-    inactive = inactive_nodewrights(state)
-    fingerprint = spec_fingerprint(nodewright)
-    facts = sequencing.facts_for(list(state.nodewrights.values()), state.nodes) if len(all_names) > 1 else []
-    entries: dict[str, Entry] = {}
-    for node in state.nodes:
-        if not matches_nodewright(nodewright, node):
-            continue
-        node_name = str(node["metadata"]["name"])
-        node_state, error = try_node_state(node, name)
-        rnode = rollout_node(
-            nodewright,
-            node,
-            state=node_state,
-            runtime_taint_key=runtime_taint_key,
-            all_nodewrights=all_names,
-            now=state.now,
-            inactive=inactive,
+
+def analyse(state: ClusterState, name: str, *, options: RolloutOptions = DEFAULT_OPTIONS) -> Analysis:
+    """Plan `name` from `state` exactly as the rollout controller's pass would."""
+    derived: dict[str, tuple[Mapping[str, Any], DerivedNode]] = {}
+
+    def keep(ctx: NodeContext, nodes: Sequence[Mapping[str, Any]]) -> list[NodeEntry]:
+        out = []
+        for node in nodes:
+            found = derive_node(ctx, node)
+            derived[found.entry.name] = (node, found)
+            out.append(found.entry)
+        return out
+
+    inp = cluster_input(state, name, options=options, entries=keep)
+    plan = inp.plan()
+    entries = {
+        rnode.name: Entry(
+            derived[rnode.name][0],
+            derived[rnode.name][1].state,
+            derived[rnode.name][1].entry.state_error,
+            rnode,
+            phase_of(rnode, fingerprint=inp.fingerprint),
         )
-        if error is not None:
-            rnode = _malformed(rnode, error)
-        if len(facts) > 1:
-            blocker = sequencing.blocking(facts, target=name, node=node_name)
-            if blocker is not None:
-                rnode = replace(rnode, waiting_for_priority=blocker.name)
-        entries[node_name] = Entry(node, node_state, error, rnode, phase_of(rnode, fingerprint=fingerprint))
-    policy = state.policy(nodewright.spec.deployment_policy) if nodewright.spec.deployment_policy else None
-    previous = model.status
-    reset = (model.metadata.annotations or {}).get(constants.ANNOTATION_RESET_BATCH, "").lower()
-    paused, disabled = is_paused(model), is_disabled(model)
-    rollout_nodes = [e.rollout for e in entries.values()]
-    plan = plan_rollout(
-        nodewright,
-        policy=policy,
-        nodes=rollout_nodes,
-        compartment_statuses=(previous.compartment_statuses if previous is not None else None) or {},
-        fingerprint=fingerprint,
-        now=ts(state.now),
-        reset_requested=reset in ("true", "1", "yes"),
-        paused=paused,
-        disabled=disabled,
-        next_order_hint=(
-            previous.next_order
-            if previous is not None and previous.rollout_fingerprint == fingerprint and previous.next_order
-            else 0
-        ),
-        shared_budgets=shared_for(name, state.budget_objects, state.nodes, matched=entries),
-    )
+        for rnode in inp.nodes
+    }
     resolved = resolve_compartments(
-        nodewright, policy=policy, nodes=[NodeRef(n.name, n.labels) for n in rollout_nodes]
+        inp.nodewright, policy=inp.policy, nodes=[NodeRef(n.name, n.labels) for n in inp.nodes]
     )
-    analysis = Analysis(
-        model=model,
-        nodewright=nodewright,
-        policy=policy,
-        fingerprint=fingerprint,
+    return Analysis(
+        inp=inp,
         plan=plan,
         entries=entries,
         compartments=resolved if isinstance(resolved, Compartments) else None,
-        facts=facts,
-        inactive=inactive,
-        paused=paused,
-        disabled=disabled,
-        now=state.now,
+        waiting={w.node: w for w in plan.waiting},
+        admitted_now={a.node: (a.admission.compartment, a.admission.batch) for a in plan.admissions},
     )
-    analysis.waiting = {w.node: w for w in plan.waiting}
-    analysis.admitted_now = {a.node: (a.admission.compartment, a.admission.batch) for a in plan.admissions}
-    return analysis
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -365,15 +370,16 @@ class Explanation:
         }
 
 
-Answer = Callable[..., Explanation]
+Answerer = Callable[..., Explanation]
 
 
-def condition(node: JSON, nodewright: str) -> tuple[str, str]:
-    kind = constants.node_condition_type(nodewright)
-    for cond in (node.get("status") or {}).get("conditions") or ():
-        if cond.get("type") == kind:
-            return str(cond.get("reason") or ""), str(cond.get("message") or "")
-    return "", ""
+def condition(node: Mapping[str, Any], nodewright: str) -> tuple[NodeConditionReason | None, str]:
+    """The code of the node's condition for `nodewright` (None: absent, or not one of ours), and its
+    message (for people: shown, never read)."""
+    found = node_condition(node, nodewright)
+    if found is None:
+        return None, ""
+    return condition_reason(found.reason), found.message
 
 
 def current_entry(state: NodeState | None, nodewright: NodeWright) -> PackageEntry | None:
@@ -408,7 +414,7 @@ def explain(analysis: Analysis, node_name: str, *, drain: DrainReport | None = N
         return Explanation(
             node_name,
             nw,
-            NOT_SELECTED,
+            Answer.NOT_SELECTED,
             f"NodeWright {nw!r} does not select node {node_name!r}"
             " (its nodeSelectors do not match the node's labels)",
         )
@@ -430,7 +436,7 @@ def explain(analysis: Analysis, node_name: str, *, drain: DrainReport | None = N
 
     if entry.state_error is not None:
         return answer(
-            STATE_MALFORMED,
+            Answer.STATE_MALFORMED,
             f"state annotation {constants.state_annotation(nw)} cannot be read: nothing is done on this node",
             entry.state_error,
             f"restore the annotation, or delete it (kubectl nodewright node reset {node_name} {nw}) to start"
@@ -439,7 +445,7 @@ def explain(analysis: Analysis, node_name: str, *, drain: DrainReport | None = N
     if node_name in analysis.admitted_now:
         compartment, batch = analysis.admitted_now[node_name]
         return answer(
-            ADMITTED_NOW,
+            Answer.ADMITTED_NOW,
             f"admitted now: batch {batch} of compartment {compartment!r}"
             " takes it on the operator's next pass",
             compartment=compartment,
@@ -451,170 +457,210 @@ def explain(analysis: Analysis, node_name: str, *, drain: DrainReport | None = N
     return _explain_admitted(analysis, entry, busy, drain, answer)
 
 
-def _explain_waiting(analysis: Analysis, entry: Entry, waiting: Waiting, answer: Answer) -> Explanation:
-    nw, node_name, _rnode = analysis.name, entry.rollout.name, entry.rollout
+def _explain_waiting(analysis: Analysis, entry: Entry, waiting: Waiting, answer: Answerer) -> Explanation:
+    """A node with pending work the planner does not admit: its `WaitReason`, with what to do."""
     reason = waiting.reason
-    comp = waiting.compartment or analysis.compartment_of(node_name)
-    cplan = analysis.plan.compartments.get(comp) if comp is not None else None
-    if reason is WaitReason.DISABLED:
-        return answer(
-            reason.value,
-            f"NodeWright {nw!r} is disabled: nodes are left alone",
-            f"enable it: kubectl nodewright enable {nw} (removes annotation {constants.ANNOTATION_DISABLE})",
-        )
-    if reason is WaitReason.PAUSED:
-        return answer(
-            reason.value,
-            f"NodeWright {nw!r} is paused: no node is admitted",
-            f"resume it: kubectl nodewright resume {nw} (removes annotation {constants.ANNOTATION_PAUSE})",
-        )
-    if reason is WaitReason.POLICY_NOT_FOUND:
-        return answer(
-            reason.value,
-            f"DeploymentPolicy {waiting.detail!r} does not exist: no node of {nw!r} starts until it does",
-            "create the policy, or change spec.deploymentPolicy",
-        )
-    if reason is WaitReason.POLICY_INVALID:
-        invalid = analysis.plan.policy_invalid
-        return answer(
-            reason.value,
-            invalid.message if invalid is not None else f"DeploymentPolicy {waiting.detail!r} is invalid",
-            f"fix the fields named: kubectl edit deploymentpolicy {waiting.detail}",
-        )
-    if reason is WaitReason.BLOCKED:
-        detail = waiting.detail or ""
-        if detail.startswith("StateMalformed"):
-            return answer(STATE_MALFORMED, f"blocked: {detail}")
-        hint = ""
-        if "taint" in detail:
-            hint = "tolerate the taint with spec.additionalTolerations, or remove it from the node"
-        elif constants.LABEL_IGNORE in detail:
-            hint = f"kubectl nodewright node unignore {node_name} removes the label"
-        elif "drain timed out" in detail:
-            hint = (
-                "the drain is retried after the drain timeout; fix the PodDisruptionBudget or the pods named"
-            )
-        return answer(reason.value, f"blocked: {detail}", hint)
-    if reason is WaitReason.NODE_UNAVAILABLE:
-        detail = waiting.detail or ""
-        hint = ""
-        if detail == "NotReady":
-            hint = "the node is NotReady: it takes a slot of the budget and is picked once it is Ready again"
-        elif "paused" in detail:
-            owner = detail.split("'")[1] if "'" in detail else ""
-            hint = f"resume NodeWright {owner!r} to let it finish and release the node" if owner else ""
-        elif "someone else" in detail:
-            hint = "cordoned outside NodeWright: it takes a slot; uncordon it to make it eligible"
-        return answer(reason.value, f"node unavailable: {detail}", hint)
-    if reason is WaitReason.WAITING_FOR_PRIORITY:
-        other = waiting.detail or ""
-        fact = next((f for f in analysis.facts if f.name == other), None)
-        why = ""
-        if fact is not None:
-            how = "on all of its nodes" if fact.sequencing.value == "all" else "on this node"
-            why = (
-                f"{other!r} (priority {fact.priority}, sequencing {fact.sequencing.value})"
-                f" must be complete {how} first"
-            )
-            if fact.paused:
-                why += f"; it is paused: resume it (kubectl nodewright resume {other})"
-        return answer(
-            reason.value,
-            f"waiting for NodeWright {other!r}" + (" (paused)" if fact and fact.paused else ""),
-            why,
-        )
-    if reason is WaitReason.COMPARTMENT_HALTED:
-        halt = cplan.halt if cplan is not None else None
-        return answer(
-            reason.value,
-            f"compartment {comp!r} is halted: its failure threshold stopped new batches",
-            halt.message if halt is not None else "",
-            f"after fixing the cause: kubectl nodewright policy reset {nw}"
-            + (f" --compartment {comp}" if comp else ""),
-        )
-    if reason is WaitReason.DISRUPTION_BUDGET:
-        return answer(
-            reason.value,
-            waiting.message,
-            "a DisruptionBudget caps the disrupted nodes of its pool across every NodeWright: a slot frees"
-            " when one of those nodes settles or is uncordoned"
-            f" (kubectl get disruptionbudget {waiting.detail} -o yaml shows the slots)",
-        )
-    if reason is WaitReason.BUDGET_FULL and comp is not None:
-        ours, others = analysis.slot_holders(comp)
-        ceiling = cplan.status.ceiling if cplan is not None else 0
-        held = [
-            f"{n} (ours, {analysis.entries[n].rollout.status.value})" for n in ours if n in analysis.entries
-        ]
-        held += [f"{n} ({why})" for n, why in others]
-        return answer(
-            reason.value,
-            f"budget full: compartment {comp!r} has no free slot"
-            f" ({len(ours) + len(others)} of {ceiling} in use)",
-            "slots held by: " + names_text(held, 10) if held else "",
-        )
+    if reason in _BY_REASON:
+        return _BY_REASON[reason](analysis, entry, waiting, answer)
     if reason is not WaitReason.NOT_YET_IN_BATCH:
         # Pacing and any reason added later (maintenance window, soak, approval gate): the planner's
         # own message says what it waits for and until when.
+        cplan = _compartment_plan(analysis, entry, waiting)
         return answer(reason.value, waiting.message, cplan.message if cplan is not None else "")
-    # Not yet in a batch.
-    predicted = analysis.predicted_batch(node_name)
-    state = cplan.status.batch_state if cplan is not None else None
-    current = state.current_batch if state is not None else 0
-    if predicted is not None:
-        number, last, pcomp = predicted
-        return answer(
-            WaitReason.NOT_YET_IN_BATCH.value,
-            f"not in a batch yet: batch {number} of {last} in compartment {pcomp!r}",
-            f"current batch {current}; batches are synchronous: the next opens when every node of the"
-            " current one has settled"
-            if current
-            else "",
-            cplan.message if cplan is not None else "",
-            predicted_batch=number,
-            last_batch=last,
-        )
+    return _not_yet_in_batch(analysis, entry, waiting, answer)
+
+
+def _compartment_plan(analysis: Analysis, entry: Entry, waiting: Waiting) -> CompartmentPlan | None:
+    comp = waiting.compartment or analysis.compartment_of(entry.rollout.name)
+    return analysis.plan.compartments.get(comp) if comp is not None else None
+
+
+def _disabled(analysis: Analysis, entry: Entry, waiting: Waiting, answer: Answerer) -> Explanation:
+    nw = analysis.name
     return answer(
-        WaitReason.NOT_YET_IN_BATCH.value,
-        f"not in a batch yet (compartment {comp!r})",
-        waiting.message,
+        waiting.reason.value,
+        f"NodeWright {nw!r} is disabled: nodes are left alone",
+        f"enable it: kubectl nodewright enable {nw} (removes annotation {constants.ANNOTATION_DISABLE})",
     )
 
 
+def _paused(analysis: Analysis, entry: Entry, waiting: Waiting, answer: Answerer) -> Explanation:
+    nw = analysis.name
+    return answer(
+        waiting.reason.value,
+        f"NodeWright {nw!r} is paused: no node is admitted",
+        f"resume it: kubectl nodewright resume {nw} (removes annotation {constants.ANNOTATION_PAUSE})",
+    )
+
+
+def _policy_not_found(analysis: Analysis, entry: Entry, waiting: Waiting, answer: Answerer) -> Explanation:
+    return answer(
+        waiting.reason.value,
+        f"DeploymentPolicy {detail_label(waiting.detail)!r} does not exist: no node of {analysis.name!r}"
+        " starts until it does",
+        "create the policy, or change spec.deploymentPolicy",
+    )
+
+
+def _policy_invalid(analysis: Analysis, entry: Entry, waiting: Waiting, answer: Answerer) -> Explanation:
+    policy = detail_label(waiting.detail)
+    invalid = analysis.plan.policy_invalid
+    return answer(
+        waiting.reason.value,
+        invalid.message if invalid is not None else f"DeploymentPolicy {policy!r} is invalid",
+        f"fix the fields named: kubectl edit deploymentpolicy {policy}",
+    )
+
+
+def _blocked(analysis: Analysis, entry: Entry, waiting: Waiting, answer: Answerer) -> Explanation:
+    block = waiting.detail
+    if isinstance(block, StateMalformed):
+        return answer(Answer.STATE_MALFORMED, waiting.message)
+    hint = ""
+    if isinstance(block, UntoleratedTaints):
+        hint = "tolerate the taint with spec.additionalTolerations, or remove it from the node"
+    elif isinstance(block, IgnoreLabel):
+        hint = f"kubectl nodewright node unignore {entry.rollout.name} removes the label"
+    elif isinstance(block, DrainSkipped):
+        hint = "the drain is retried after the drain timeout; fix the PodDisruptionBudget or the pods named"
+    return answer(waiting.reason.value, waiting.message, hint)
+
+
+def _unavailable(analysis: Analysis, entry: Entry, waiting: Waiting, answer: Answerer) -> Explanation:
+    held = waiting.detail
+    hint = ""
+    if isinstance(held, NotReady):
+        hint = "the node is NotReady: it takes a slot of the budget and is picked once it is Ready again"
+    elif isinstance(held, CordonedByNodeWright) and held.activity is Activity.PAUSED:
+        hint = f"resume NodeWright {held.owner!r} to let it finish and release the node"
+    elif isinstance(held, CordonedBySomeoneElse):
+        hint = "cordoned outside NodeWright: it takes a slot; uncordon it to make it eligible"
+    return answer(waiting.reason.value, waiting.message, hint)
+
+
+def _predecessor(analysis: Analysis, entry: Entry, waiting: Waiting, answer: Answerer) -> Explanation:
+    other = waiting.detail.name if isinstance(waiting.detail, Predecessor) else ""
+    fact = next((f for f in analysis.facts if f.name == other), None)
+    why = ""
+    if fact is not None:
+        how = "on all of its nodes" if fact.sequencing.value == "all" else "on this node"
+        why = (
+            f"{other!r} (priority {fact.priority}, sequencing {fact.sequencing.value})"
+            f" must be complete {how} first"
+        )
+        if fact.paused:
+            why += f"; it is paused: resume it (kubectl nodewright resume {other})"
+    return answer(
+        waiting.reason.value,
+        f"waiting for NodeWright {other!r}" + (" (paused)" if fact and fact.paused else ""),
+        why,
+    )
+
+
+def _halted(analysis: Analysis, entry: Entry, waiting: Waiting, answer: Answerer) -> Explanation:
+    comp = waiting.compartment or analysis.compartment_of(entry.rollout.name)
+    cplan = _compartment_plan(analysis, entry, waiting)
+    halt = cplan.halt if cplan is not None else None
+    return answer(
+        waiting.reason.value,
+        f"compartment {comp!r} is halted: its failure threshold stopped new batches",
+        halt.message if halt is not None else "",
+        f"after fixing the cause: kubectl nodewright policy reset {analysis.name}"
+        + (f" --compartment {comp}" if comp else ""),
+    )
+
+
+def _shared_budget(analysis: Analysis, entry: Entry, waiting: Waiting, answer: Answerer) -> Explanation:
+    budget = waiting.detail.budget if isinstance(waiting.detail, BudgetHeld) else ""
+    return answer(
+        waiting.reason.value,
+        waiting.message,
+        "a DisruptionBudget caps the disrupted nodes of its pool across every NodeWright: a slot frees"
+        " when one of those nodes settles or is uncordoned"
+        f" (kubectl get disruptionbudget {budget} -o yaml shows the slots)",
+    )
+
+
+def _budget_full(analysis: Analysis, entry: Entry, waiting: Waiting, answer: Answerer) -> Explanation:
+    comp = waiting.compartment or analysis.compartment_of(entry.rollout.name)
+    if comp is None:
+        return _not_yet_in_batch(analysis, entry, waiting, answer)
+    cplan = _compartment_plan(analysis, entry, waiting)
+    ours, others = analysis.slot_holders(comp)
+    ceiling = cplan.status.ceiling if cplan is not None else 0
+    held = [f"{n} (ours, {analysis.entries[n].rollout.status.value})" for n in ours if n in analysis.entries]
+    held += [f"{n} ({why})" for n, why in others]
+    return answer(
+        waiting.reason.value,
+        f"budget full: compartment {comp!r} has no free slot ({len(ours) + len(others)} of {ceiling} in use)",
+        "slots held by: " + names_text(held, 10) if held else "",
+    )
+
+
+def _not_yet_in_batch(analysis: Analysis, entry: Entry, waiting: Waiting, answer: Answerer) -> Explanation:
+    comp = waiting.compartment or analysis.compartment_of(entry.rollout.name)
+    cplan = _compartment_plan(analysis, entry, waiting)
+    if isinstance(waiting.detail, Deferred):  # in the batch already: `--admissions-per-pass` defers it
+        return answer(
+            WaitReason.NOT_YET_IN_BATCH.value,
+            waiting.message,
+            cplan.message if cplan is not None else "",
+            predicted_batch=waiting.detail.batch,
+        )
+    predicted = analysis.predicted_batch(entry.rollout.name)
+    state = cplan.status.batch_state if cplan is not None else None
+    current = state.current_batch if state is not None else 0
+    if predicted is None:
+        return answer(
+            WaitReason.NOT_YET_IN_BATCH.value, f"not in a batch yet (compartment {comp!r})", waiting.message
+        )
+    number, last, pcomp = predicted
+    return answer(
+        WaitReason.NOT_YET_IN_BATCH.value,
+        f"not in a batch yet: batch {number} of {last} in compartment {pcomp!r}",
+        f"current batch {current}; batches are synchronous: the next opens when every node of the"
+        " current one has settled"
+        if current
+        else "",
+        cplan.message if cplan is not None else "",
+        predicted_batch=number,
+        last_batch=last,
+    )
+
+
+_WaitingAnswer = Callable[[Analysis, Entry, Waiting, "Answerer"], "Explanation"]
+_BY_REASON: Mapping[WaitReason, _WaitingAnswer] = {
+    WaitReason.DISABLED: _disabled,
+    WaitReason.PAUSED: _paused,
+    WaitReason.POLICY_NOT_FOUND: _policy_not_found,
+    WaitReason.POLICY_INVALID: _policy_invalid,
+    WaitReason.BLOCKED: _blocked,
+    WaitReason.NODE_UNAVAILABLE: _unavailable,
+    WaitReason.WAITING_FOR_PRIORITY: _predecessor,
+    WaitReason.COMPARTMENT_HALTED: _halted,
+    WaitReason.DISRUPTION_BUDGET: _shared_budget,
+    WaitReason.BUDGET_FULL: _budget_full,
+}
+
+
 def _explain_admitted(
-    analysis: Analysis, entry: Entry, busy: PackageEntry | None, drain: DrainReport | None, answer: Answer
+    analysis: Analysis, entry: Entry, busy: PackageEntry | None, drain: DrainReport | None, answer: Answerer
 ) -> Explanation:
-    nw, node_name, rnode = analysis.name, entry.rollout.name, entry.rollout
+    """An admitted (or settled) node: what its node condition's code says it is doing."""
+    nw, rnode = analysis.name, entry.rollout
     reason, message = condition(entry.node, nw)
     phase = entry.phase
-    if (
-        phase is Phase.DONE
-        or phase is Phase.SUCCEEDED
-        or (rnode.status is Status.COMPLETE and not rnode.needs_work)
-    ):
-        return answer(COMPLETE, f"nothing to wait for: {nw!r} is complete on this node")
+    if phase in (Phase.DONE, Phase.SUCCEEDED) or (rnode.status is Status.COMPLETE and not rnode.needs_work):
+        return answer(Answer.COMPLETE, f"nothing to wait for: {nw!r} is complete on this node")
     if phase is Phase.FAILED or rnode.status is Status.ERRORING:
-        errors = [
-            f"{e.name}:{e.version} {e.stage.value}: {e.error}"
-            for e in (entry.state.packages if entry.state else ())
-            if e.state is PackageState.ERRORING
-        ]
-        return answer(
-            ERRORING,
-            "erroring: attempts exhausted, the node settled its batch and holds no slot",
-            *errors[:3],
-            f"after fixing the cause: kubectl nodewright node retry {node_name} {nw} (re-admitted within the"
-            " budget); logs: kubectl nodewright package logs "
-            + f"{nw} {busy.name if busy else 'PKG'} --node {node_name}",
-        )
+        return _erroring(analysis, entry, busy, answer)
     if phase is Phase.CARRYOVER:
         return answer(
-            CARRYOVER,
+            Answer.CARRYOVER,
             "finishing work started under an older spec; it holds a slot, then waits for a batch of the"
             " current one",
             message,
         )
-    details: list[str] = []
     if rnode.status is Status.PAUSED:
         return answer(
             WaitReason.PAUSED.value,
@@ -622,64 +668,78 @@ def _explain_admitted(
             f"resume it: kubectl nodewright resume {nw} (removes annotation {constants.ANNOTATION_PAUSE})",
             message,
         )
-    if reason == "WaitingForProtectedPods":
-        protected = list(drain.protected) if drain is not None else []
-        timeout = (
-            analysis.nodewright.spec.interrupt_wait.timeout
-            if analysis.nodewright.spec.interrupt_wait
-            else None
-        )
-        if timeout:
-            details.append(f"interruptWait.timeout {timeout}")
+    if reason is NodeConditionReason.WAITING_FOR_PROTECTED_PODS:
+        return _protected(analysis, message, drain, answer)
+    if reason in DRAINING:
+        return _draining(analysis, entry, message, drain, answer)
+    if reason is NodeConditionReason.REBOOTING:
         return answer(
-            PROTECTED_PODS,
-            "waiting for protected pods to finish: " + (names_text(protected) if protected else message),
-            f"podNonInterruptLabels of {nw!r} match them; the node is cordoned, nothing is evicted",
-            *details,
+            Answer.REBOOTING, "rebooting: waiting for the node to come back (new boot id, Ready)", message
         )
-    if reason in ("Draining", DRAIN_TIMEOUT) or "draining" in message:
-        timing = _drain_timing(entry.node, nw)
-        spec = analysis.nodewright.spec.effective_drain()
-        timed_out = False
-        if timing is not None and spec.timeout:
-            deadline = timing + timedelta(seconds=podspec.parse_duration_seconds(spec.timeout))
-            timed_out = analysis.now >= deadline
-            details.append(
-                f"drain timeout {spec.timeout} (policy {spec.policy})"
-                + (f" passed at {ts(deadline)}" if timed_out else f" ends at {ts(deadline)}")
-                + ("; it keeps evicting" if timed_out and str(spec.policy) == "wait" else "")
-            )
-        if drain is not None and drain.blocked:
-            details[:0] = [
-                f"{b.pod}: PodDisruptionBudget {b.budget} refuses the eviction ({b.why})"
-                for b in drain.blocked
-            ]
-            head = "drain blocked by PodDisruptionBudget " + names_text(
-                sorted({b.budget for b in drain.blocked})
-            )
-            return answer(DRAIN_TIMEOUT if timed_out else DRAIN_BLOCKED, head, *details, message)
-        left = list(drain.evict) + list(drain.terminating) if drain is not None else []
-        head = "draining: " + (f"{len(left)} pod(s) left: {names_text(left)}" if left else message)
-        return answer(DRAIN_TIMEOUT if timed_out else DRAINING, head, *details)
-    if reason == "Rebooting" or "reboot" in message:
-        return answer(REBOOTING, "rebooting: waiting for the node to come back (new boot id, Ready)", message)
     if not rnode.needs_work:
-        return answer(COMPLETE, f"nothing to wait for: {nw!r} is complete on this node")
-    ready = rnode.unavailable_reason != "NotReady"
+        return answer(Answer.COMPLETE, f"nothing to wait for: {nw!r} is complete on this node")
     return answer(
-        IN_PROGRESS,
+        Answer.IN_PROGRESS,
         "in progress: " + (stage_text(busy) or message or "starting"),
         message if message and message not in stage_text(busy) else "",
-        "" if ready else "the node is NotReady: nothing new starts until it is Ready",
+        "the node is NotReady: nothing new starts until it is Ready"
+        if isinstance(rnode.unavailable, NotReady)
+        else "",
     )
 
 
-def _drain_timing(node: JSON, nodewright: str) -> datetime | None:
-    """When this attempt's first eviction was issued (the node controller's timing annotation)."""
-    from nodewright.controller.drainer import read_timing
+def _erroring(analysis: Analysis, entry: Entry, busy: PackageEntry | None, answer: Answerer) -> Explanation:
+    nw, node_name = analysis.name, entry.rollout.name
+    errors = [
+        f"{e.name}:{e.version} {e.stage.value}: {e.error}"
+        for e in (entry.state.packages if entry.state else ())
+        if e.state is PackageState.ERRORING
+    ]
+    return answer(
+        Answer.ERRORING,
+        "erroring: attempts exhausted, the node settled its batch and holds no slot",
+        *errors[:3],
+        f"after fixing the cause: kubectl nodewright node retry {node_name} {nw} (re-admitted within the"
+        " budget); logs: kubectl nodewright package logs "
+        + f"{nw} {busy.name if busy else 'PKG'} --node {node_name}",
+    )
 
-    annotations = (node.get("metadata") or {}).get("annotations") or {}
-    return read_timing(annotations, nodewright).draining_since
+
+def _protected(analysis: Analysis, message: str, drain: DrainReport | None, answer: Answerer) -> Explanation:
+    protected = list(drain.protected) if drain is not None else []
+    wait = analysis.nodewright.spec.interrupt_wait
+    return answer(
+        Answer.PROTECTED_PODS,
+        "waiting for protected pods to finish: " + (names_text(protected) if protected else message),
+        f"podNonInterruptLabels of {analysis.name!r} match them; the node is cordoned, nothing is evicted",
+        f"interruptWait.timeout {wait.timeout}" if wait is not None and wait.timeout else "",
+    )
+
+
+def _draining(
+    analysis: Analysis, entry: Entry, message: str, drain: DrainReport | None, answer: Answerer
+) -> Explanation:
+    details: list[str] = []
+    since = node_timing(entry.node, analysis.name).draining_since
+    spec = analysis.nodewright.spec.effective_drain()
+    timed_out = False
+    if since is not None and spec.timeout:
+        deadline = since + timedelta(seconds=podspec.parse_duration_seconds(spec.timeout))
+        timed_out = analysis.now >= deadline
+        details.append(
+            f"drain timeout {spec.timeout} (policy {spec.policy})"
+            + (f" passed at {ts(deadline)}" if timed_out else f" ends at {ts(deadline)}")
+            + ("; it keeps evicting" if timed_out and str(spec.policy) == "wait" else "")
+        )
+    if drain is not None and drain.blocked:
+        details[:0] = [
+            f"{b.pod}: PodDisruptionBudget {b.budget} refuses the eviction ({b.why})" for b in drain.blocked
+        ]
+        head = "drain blocked by PodDisruptionBudget " + names_text(sorted({b.budget for b in drain.blocked}))
+        return answer(Answer.DRAIN_TIMEOUT if timed_out else Answer.DRAIN_BLOCKED, head, *details, message)
+    left = list(drain.evict) + list(drain.terminating) if drain is not None else []
+    head = "draining: " + (f"{len(left)} pod(s) left: {names_text(left)}" if left else message)
+    return answer(Answer.DRAIN_TIMEOUT if timed_out else Answer.DRAINING, head, *details)
 
 
 def explain_all(analysis: Analysis) -> dict[str, Explanation]:
@@ -691,8 +751,7 @@ def needs_drain_facts(analysis: Analysis, node: str) -> bool:
     entry = analysis.entries.get(node)
     if entry is None or node in analysis.waiting:
         return False
-    reason, message = condition(entry.node, analysis.name)
-    return reason in ("WaitingForProtectedPods", "Draining", DRAIN_TIMEOUT) or "draining" in message
+    return condition(entry.node, analysis.name)[0] in HELD_AT_GATE
 
 
 def protect_selector(analysis: Analysis) -> LabelSelector | None:

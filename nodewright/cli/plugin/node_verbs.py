@@ -185,7 +185,7 @@ async def _list(session: common.Session) -> int:
 async def _status(session: common.Session) -> int:
     from nodewright.cli.plugin.cluster import read_state
     from nodewright.cli.plugin.why_verbs import explain_node
-    from nodewright.controller.context import matches_nodewright
+    from nodewright.plan.rollout_input import matches_nodewright
 
     args = session.args
     state = await read_state(session.client)
@@ -211,7 +211,8 @@ async def _status(session: common.Session) -> int:
 
 def _node_nodewright_doc(node: JSON, name: str, model: Any, why: JSON | None) -> JSON:
     """What one NodeWright holds on the node: selection, status label, admission, packages, why."""
-    from nodewright.controller.context import matches_nodewright, node_admission, try_node_state
+    from nodewright.api.nodeobject import node_admission, try_node_state
+    from nodewright.plan.rollout_input import matches_nodewright
 
     node_state, error = try_node_state(node, name)
     admission = node_admission(node, name)
@@ -464,8 +465,8 @@ async def _reset(session: common.Session) -> int:
 
 
 async def _retry(session: common.Session) -> int:
+    from nodewright.api.admission import admission_annotation
     from nodewright.api.nodestate import MalformedNodeState, PackageState, decode
-    from nodewright.controller.context import admission_annotation
 
     args = session.args
     node = await _read_node(session, args.node)

@@ -93,8 +93,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 async def _status(session: common.Session) -> int:
+    from nodewright.api.nodeobject import try_node_state
     from nodewright.cli.plugin.cluster import read_state
-    from nodewright.controller.context import matches_nodewright, try_node_state
+    from nodewright.plan.rollout_input import matches_nodewright
 
     args = session.args
     state = await read_state(session.client)

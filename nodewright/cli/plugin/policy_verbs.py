@@ -65,8 +65,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 async def _show(session: common.Session) -> int:
     from nodewright.cli.plugin.cluster import read_state
-    from nodewright.controller.context import matches_nodewright
     from nodewright.plan.policy import Compartments, NodeRef, resolve_compartments
+    from nodewright.plan.rollout_input import matches_nodewright
 
     args = session.args
     state = await read_state(session.client)

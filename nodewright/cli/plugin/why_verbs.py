@@ -77,7 +77,7 @@ async def explain_node(session: common.Session, state: Any, node: str, names: li
 
 async def _run(session: common.Session) -> int:
     from nodewright.cli.plugin.cluster import read_state, recent_events
-    from nodewright.controller.context import matches_nodewright
+    from nodewright.plan.rollout_input import matches_nodewright
 
     args = session.args
     state = await read_state(session.client)
@@ -92,7 +92,8 @@ async def _run(session: common.Session) -> int:
     if args.events > 0:
         for event in await recent_events(session.client, kind="Node", name=args.node, limit=args.events * 4):
             message = str(event.get("message") or "")
-            if not args.nodewright or message.startswith(f"[{args.nodewright}]"):
+            # Node Events name the NodeWright they are for in their `related` object.
+            if not args.nodewright or (event.get("related") or {}).get("name") == args.nodewright:
                 events.append(
                     {
                         "reason": event.get("reason"),

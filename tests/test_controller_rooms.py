@@ -13,29 +13,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nodewright.api import constants
+from nodewright.api.admission import Admission, MalformedAdmission, decode_admission, encode_admission
+from nodewright.api.modelcache import ModelCache
 from nodewright.api.models import NodeWright
-from nodewright.controller.context import (
-    OWN_POD_MEMORY,
+from nodewright.controller.expectations import OWN_POD_MEMORY, POD_EXPECTATION_TTL, PodExpectations
+from nodewright.controller.options import parse_taint
+from nodewright.controller.runtime import node_key, split_node_key
+from nodewright.controller.signing import (
     POD_ANNOTATION_SEAL,
     POD_ANNOTATION_SIGNATURE,
-    POD_EXPECTATION_TTL,
     SIGNATURE_VERSION,
-    MalformedAdmission,
-    ModelCache,
-    PodExpectations,
     PodSigner,
     PodVerdict,
     UntrustedReason,
-    WriteThrough,
-    decode_admission,
-    effective_nodewright,
-    encode_admission,
-    node_key,
-    parse_taint,
-    split_node_key,
 )
 from nodewright.kube.trim import trim_node, trim_pod
-from nodewright.plan.rollout import Admission
+from nodewright.kube.writethrough import WriteThrough
+from nodewright.plan.rollout_input import effective_nodewright
 
 
 @given(

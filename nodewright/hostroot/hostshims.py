@@ -1,15 +1,16 @@
-"""Stand-ins for the commands that would change this machine instead of the simulated node.
+"""Stand-ins for the commands that would change this machine instead of the node a directory stands for.
 
-Package steps and the agent's interrupts run as plain processes here (see `nodewright.sim.kubelet`), so
-`reboot`, `sysctl -w`, `modprobe` or `systemctl restart` would act on the machine running the simulator
-(as root in CI). The simulated kubelet puts a directory of these stand-ins first on every container's
-PATH; each acts on the node's host-root directory instead, which models the node's running kernel and
-services as files:
+Package steps and the agent's interrupts run as plain processes in the simulator (see
+`nodewright.sim.kubelet`), so `reboot`, `sysctl -w`, `modprobe` or `systemctl restart` would act on the
+machine running the simulator (as root in CI). The simulated kubelet puts a
+directory of these stand-ins first on every container's PATH; each acts on the node's host-root
+directory instead, which models the node's running kernel and services as files:
 
 - `reboot`, `poweroff`, `halt`, `shutdown` (not `-c`) and `systemctl reboot|poweroff|halt|kexec` write
   the node's reboot request and block, as a machine going down does: the kubelet then stops the pod's
   processes and hands the pod to the simulator's rebooter (which changes the node's bootID).
-- `sysctl` reads and writes `<root>/proc/sys/<key, dots as slashes>`; `-p [FILE...]` and `--system`
+- `sysctl` reads and writes `<root>/proc/sys/<key, dots as slashes>` (several fields tab-separated, as
+  procfs holds them); `-p [FILE...]` and `--system`
   load sysctl files (`--system`: `/etc/sysctl.d`, `/run/sysctl.d`, `/usr/local/lib/sysctl.d`,
   `/usr/lib/sysctl.d`, `/lib/sysctl.d` by file name, the first directory winning, then
   `/etc/sysctl.conf`); reading an unknown key fails with exit code 255 unless `-e` is given.
@@ -31,17 +32,19 @@ services as files:
   `<root>/proc/sys/kernel/osrelease`, which the simulated boot writes.
 
 Every invocation is appended to `<root>/var/log/nodewright-sim/commands.log` (time, command, args).
-The kubelet runs the interrupt commands our unprivileged agent records (instead of running them) through
-the same functions, so `service procps force-reload` or a reboot has the same effect either way.
+The simulated kubelet and `nodewright package run` perform the interrupt commands our unprivileged agent
+records (instead of running them) through the same functions (`perform`), so `service procps
+force-reload` has the same effect either way; a recorded reboot boots the root (`nodewright.hostroot.boot`).
 Paths given to `sysctl -p` are read inside the root (a path already under the root is taken as is).
-The simulated boot (`nodewright.sim.kubelet_host.boot_node`) resets `<root>/proc/sys` and loads the same
-sysctl files, so a value survives a reboot only if a file configures it, as on a real node.
+The simulated boot resets `<root>/proc/sys` and loads the same sysctl files, so a value survives a
+reboot only if a file configures it, as on a real node.
 
 Standard library only: each stand-in is a tiny script that imports this module.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -155,9 +158,10 @@ def _key_name(node: Node, path: Path) -> str:
 
 
 def write_key(node: Node, key: str, value: str) -> None:
+    """A running value as procfs holds it: several fields tab-separated (`4096\t131072\t6291456`)."""
     path = _key_path(node, key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(value.strip() + "\n", encoding="utf-8")
+    path.write_text("\t".join(value.split()) + "\n", encoding="utf-8")
 
 
 def read_key(node: Node, key: str) -> str | None:
@@ -528,6 +532,28 @@ def _hostname(node: Node) -> str:
         return "node"
 
 
+def recorded_commands(path: Path, offset: int = 0) -> list[list[str]]:
+    """The commands an unprivileged agent appended to its requests file (`<root><state dir>/interrupts/
+    requested.jsonl`, one JSON object with a `command` list per line) after `offset` bytes; lines that
+    are not such an object are skipped."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except OSError:
+        return []
+    commands = []
+    for line in data.decode(errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        command = entry.get("command") if isinstance(entry, dict) else None
+        if isinstance(command, list) and command:
+            commands.append([str(part) for part in command])
+    return commands
+
+
 def main(program: str, args: Sequence[str], *, root: str, state: str) -> int:
     """Entry point of a stand-in script (`program` is the command it replaces)."""
     node = Node(Path(root), Path(state))
@@ -541,8 +567,16 @@ def main(program: str, args: Sequence[str], *, root: str, state: str) -> int:
 
     if is_reboot(program, args):
         return request_reboot(node, program, args)
+    return perform(node, program, args, out, err)
+
+
+def perform(
+    node: Node, program: str, args: Sequence[str], out: Callable[[str], None], err: Callable[[str], None]
+) -> int:
+    """What `program args` does to the node's root (a reboot excepted: the caller boots the root, see
+    `nodewright.hostroot.boot`). A program without a stand-in does nothing here (it is only recorded)."""
     if program == "shutdown":
-        print("simulated node: no shutdown scheduled", flush=True)
+        out("simulated node: no shutdown scheduled")
         return 0
     if program == "sysctl":
         return sysctl(node, args, out, err)
@@ -572,7 +606,7 @@ def script(program: str, *, python: str, source_root: str, root: Path, state: Pa
         f"#!{python}\n"
         "import sys\n"
         f"sys.path.insert(0, {source_root!r})\n"
-        "from nodewright.sim.hostshims import main\n"
+        "from nodewright.hostroot.hostshims import main\n"
         f"sys.exit(main({program!r}, sys.argv[1:], root={str(root)!r}, state={str(state)!r}))\n"
     )
 
