@@ -87,7 +87,7 @@ class OperatorOptions:
         help="run the installs of packages that depend only on another package's run in that package's"
         " pod, after it (one pod and two node writes for a dependency chain; docs/stages.md); false gives"
         " every package pods of its own",
-        why="the faster mode, fewer pods and node writes (docs/benchmarks.md); it was off before (CHANGELOG.md)",
+        why="the faster mode, fewer pods and node writes (docs/benchmarks.md); off before (CHANGELOG.md)",
     )
     resync_seconds: float = option(
         600.0,
