@@ -1,12 +1,14 @@
 """Fleet-safety invariant monitor for e2e tests on the real control plane.
 
 `InvariantMonitor` watches Nodes (cluster-wide), Pods (all namespaces), NodeWrights, DeploymentPolicies
-and DisruptionBudgets with raw watch streams and checks, at every event, the invariants I1-I10
+and DisruptionBudgets with raw watch streams and checks, at every event, the invariants I1-I11
 documented in docs/invariants.md (budget hard cap, every change through batches, no disruption without
 our cordon, protected pods, foreign cordons, cleanup, stage order, halted compartments, one pod per
 node and package at a time: a terminating package pod may still be running on the host, so no pod of
 the same package starts on that node before it is gone; shared DisruptionBudgets: across every
-NodeWright, the disrupted nodes of a pool never exceed its budget). A breach is recorded as a
+NodeWright, the disrupted nodes of a pool never exceed its budget; topology domains: a compartment with a
+`topologyKey` never has more domains disrupted than its budget, and admits a domain whole). A breach is
+recorded as a
 `Breach` with full context; the e2e fixture `invariants` fails the test on any breach or if the monitor
 itself failed (crashed handler, watch that stayed broken): a monitor that cannot see must never pass.
 
@@ -57,6 +59,8 @@ from typing import Any, Final, Self
 import aiohttp
 
 from nodewright.api import constants as c
+from nodewright.api.admission import Admission as BatchAdmission
+from nodewright.api.admission import MalformedAdmission, admission_annotation, decode_admission
 from nodewright.api.nodestate import Admission, MalformedNodeState, NodeState, decode
 from nodewright.plan import podspec
 from nodewright.sim.fleet import WORKLOAD_JOB_LABEL, TrainingJob
@@ -85,6 +89,8 @@ INVARIANTS: Final[Mapping[str, str]] = {
     "I8": "a halted compartment admits no new node until its batch state is reset",
     "I9": "one pod per node, NodeWright and package at a time: none created while another runs or terminates",
     "I10": "across NodeWrights, the disrupted nodes of a DisruptionBudget's pool never exceed its budget",
+    "I11": "topology domains: never more domains of a compartment disrupted than its budget, and a domain"
+    " admitted whole (one batch), never left partly done while another starts",
     "MONITOR": "the monitor itself failed; its verdict cannot be trusted",
 }
 
@@ -203,14 +209,29 @@ def _strategy_rank(strategy: Mapping[str, Any] | None) -> int:
 
 @dataclass(frozen=True)
 class Compartments:
-    """A NodeWright's matched nodes partitioned into compartments, with each compartment's ceiling."""
+    """A NodeWright's matched nodes partitioned into compartments, with each compartment's ceiling (in
+    domains for a compartment with a `topologyKey`: `topology` maps it to the label)."""
 
     assignment: Mapping[str, str]
     ceilings: Mapping[str, int]
     source: str
+    topology: Mapping[str, str] = field(default_factory=dict)
+    domains: Mapping[str, str] = field(default_factory=dict)
+    """node -> its domain, for the nodes of topology compartments."""
 
     def members(self, compartment: str) -> list[str]:
         return [n for n, comp in self.assignment.items() if comp == compartment]
+
+    def units(self, compartment: str, nodes: Iterable[str]) -> set[str]:
+        """What the ceiling counts among `nodes`: their domains, or the nodes themselves."""
+        if compartment in self.topology:
+            return {self.domains[n] for n in nodes}
+        return set(nodes)
+
+
+def domain_of(key: str, name: str, labels: Mapping[str, str]) -> str:
+    """The node's value of the topology label; a node without it is a domain of its own (docs/rollout.md)."""
+    return labels.get(key) or f"<{name}>"
 
 
 def resolve_compartments(
@@ -260,11 +281,15 @@ def resolve_compartments(
     assignment = {n: (min(f, key=safety)["name"] if f else c.DEFAULT_COMPARTMENT) for n, f in found.items()}
     budgets = {comp["name"]: comp.get("budget") or {} for comp in declared}
     budgets[c.DEFAULT_COMPARTMENT] = (pspec.get("default") or {}).get("budget") or {}
-    sizes: dict[str, int] = dict.fromkeys(budgets, 0)
-    for comp_name in assignment.values():
-        sizes[comp_name] += 1
-    ceilings = {name: ceiling(b, sizes[name]) for name, b in budgets.items()}
-    return Compartments(assignment, ceilings, f"policy {policy_name}")
+    topology = {str(comp["name"]): str(comp["topologyKey"]) for comp in declared if comp.get("topologyKey")}
+    domains = {
+        n: domain_of(topology[comp], n, matched[n]) for n, comp in assignment.items() if comp in topology
+    }
+    units: dict[str, set[str]] = {name: set() for name in budgets}
+    for n, comp_name in assignment.items():
+        units[comp_name].add(domains.get(n, n))
+    ceilings = {name: ceiling(b, len(units[name])) for name, b in budgets.items()}
+    return Compartments(assignment, ceilings, f"policy {policy_name}", topology, domains)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -540,6 +565,18 @@ class NodeRecord:
         return in_progress or self.unschedulable or not self.ready
 
 
+def _batch_admission(rec: NodeRecord, nodewright: str) -> BatchAdmission | None:
+    """The rollout admission on the node (`nodewright.io/batch.<nw>`: compartment, batch, spec
+    fingerprint), None when absent or unreadable."""
+    text = rec.annotations.get(admission_annotation(nodewright))
+    if text is None:
+        return None
+    try:
+        return decode_admission(text)
+    except MalformedAdmission:
+        return None
+
+
 def _selection_labels(labels: Mapping[str, str]) -> dict[str, str]:
     # Status labels change at every node transition and are no selection input; skipping them keeps
     # the compartment cache valid through a rollout.
@@ -615,6 +652,8 @@ class InvariantMonitor:
         self._policies: dict[str, JSON] = {}
         self._budgets: dict[str, JSON] = {}
         self._max_disrupted: dict[str, int] = {}
+        self._max_domains: dict[tuple[str, str], int] = {}
+        self._domains_started: dict[tuple[str, str], list[str]] = {}
         self._compartments: dict[str, Compartments | None] = {}
         self._halts: dict[tuple[str, str], list[_HaltInterval]] = {}
         self._resets: dict[str, int] = {}
@@ -738,6 +777,16 @@ class InvariantMonitor:
         progress for any NodeWright, cordoned by anyone, or NotReady), over the monitor's lifetime."""
         self._drain_pending(force=False)
         return self._max_disrupted.get(budget, 0)
+
+    def max_domains_disrupted(self, nodewright: str, compartment: str) -> int:
+        """The most domains of a topology compartment seen disrupted at once (I11), when work started."""
+        self._drain_pending(force=False)
+        return self._max_domains.get((nodewright, compartment), 0)
+
+    def domains_started(self, nodewright: str, compartment: str) -> list[str]:
+        """The domains of a topology compartment in the order their first node entered in_progress."""
+        self._drain_pending(force=False)
+        return list(self._domains_started.get((nodewright, compartment), []))
 
     async def wait_for_breach(
         self, invariant: str, *, node: str | None = None, within: float = 15.0
@@ -1163,11 +1212,15 @@ class InvariantMonitor:
             members = comps.members(comp)
             busy = sorted(n for n in members if self._nodes[n].status(nw) == STATUS_IN_PROGRESS)
             cap = comps.ceilings.get(comp, 0)
-            if len(busy) > cap:
+            if comp in comps.topology:
+                self._check_domains(nw, comps, comp, rec, rv)
+            used = len(comps.units(comp, busy))
+            if used > cap:
+                unit = "domains" if comp in comps.topology else "nodes"
                 self._breach(
                     Breach(
                         "I1",
-                        f"{len(busy)} nodes in progress in compartment {comp!r}, ceiling {cap}",
+                        f"{used} {unit} in progress in compartment {comp!r}, ceiling {cap}",
                         node=rec.name,
                         nodewright=nw,
                         resource_version=rv,
@@ -1177,6 +1230,73 @@ class InvariantMonitor:
                         ),
                     )
                 )
+
+    # -- topology domains, I11 -----------------------------------------------------------------------
+
+    def _check_domains(self, nw: str, comps: Compartments, comp: str, rec: NodeRecord, rv: int) -> None:
+        """I11, checked when a node of a topology compartment enters in_progress for `nw`.
+
+        (a) The compartment's disrupted domains (a node in progress for any NodeWright, cordoned or
+        NotReady: the planner's count) must not exceed its ceiling, this node's domain included.
+        (b) The node's domain is admitted whole: every admission of `nw` on its nodes for the same spec
+        carries one batch number. A domain left partly done while another starts shows as (a) with a
+        budget of one domain, and as (b) otherwise (its remaining nodes come in a later batch). A node
+        that was NotReady or cordoned by someone else when its domain was admitted legitimately comes
+        later; scenarios with topology compartments keep their nodes Ready for (b) to hold.
+        """
+        members = [self._nodes[n] for n in comps.members(comp) if n in self._nodes]
+        disrupted = sorted({comps.domains[n.name] for n in members if n.disrupted})
+        key = (nw, comp)
+        self._max_domains[key] = max(self._max_domains.get(key, 0), len(disrupted))
+        domain = comps.domains[rec.name]
+        started = self._domains_started.setdefault(key, [])
+        if domain not in started:
+            started.append(domain)
+        cap = comps.ceilings.get(comp, 0)
+        if len(disrupted) > cap:
+            self._breach(
+                Breach(
+                    "I11",
+                    f"{len(disrupted)} {comps.topology[comp]} domains of compartment {comp!r} disrupted,"
+                    f" budget {cap}",
+                    node=rec.name,
+                    nodewright=nw,
+                    resource_version=rv,
+                    details=(
+                        ("disrupted domains", ", ".join(disrupted[:20])),
+                        ("disrupted nodes", ", ".join(sorted(n.name for n in members if n.disrupted))[:1000]),
+                    ),
+                )
+            )
+        self._check_domain_whole(nw, comps, comp, rec, rv)
+
+    def _check_domain_whole(self, nw: str, comps: Compartments, comp: str, rec: NodeRecord, rv: int) -> None:
+        adm = _batch_admission(rec, nw)
+        if adm is None:
+            return
+        domain = comps.domains[rec.name]
+        batches: dict[int, list[str]] = {}
+        for name in comps.members(comp):
+            other = self._nodes.get(name)
+            theirs = (
+                _batch_admission(other, nw) if other is not None and comps.domains[name] == domain else None
+            )
+            if theirs is not None and theirs.fingerprint == adm.fingerprint and theirs.compartment == comp:
+                batches.setdefault(theirs.batch, []).append(name)
+        if len(batches) > 1:
+            self._breach(
+                Breach(
+                    "I11",
+                    f"domain {domain!r} of compartment {comp!r} admitted in {len(batches)} batches,"
+                    " not whole",
+                    node=rec.name,
+                    nodewright=nw,
+                    resource_version=rv,
+                    details=tuple(
+                        (f"batch {b}", ", ".join(sorted(ns)[:20])) for b, ns in sorted(batches.items())
+                    ),
+                )
+            )
 
     # -- shared DisruptionBudgets, I10 ---------------------------------------------------------------
 
@@ -1250,7 +1370,7 @@ class InvariantMonitor:
         comp = comps.assignment[pod.node]
         busy = sorted(n for n, keys in active.items() if keys and comps.assignment.get(n) == comp)
         cap = comps.ceilings.get(comp, 0)
-        if len(busy) > cap:
+        if len(comps.units(comp, busy)) > cap:
             pods = [self._pods[k].describe() for n in busy for k in sorted(active[n]) if k in self._pods]
             self._breach(
                 Breach(

@@ -90,6 +90,7 @@ STRING_CLASSES: dict[str, tuple[str, list[str]]] = {
     "spec.interruptWait.timeout": (STRICT, _DURATIONS),
     "**.matchLabels.*": (EMPTY_OK, _LABEL_VALUES),
     "**.matchExpressions.*.key": (STRICT, _LABEL_KEYS),
+    "spec.compartments.*.topologyKey": (STRICT, _LABEL_KEYS),
     "**.matchExpressions.*.values.*": (EMPTY_OK, _LABEL_VALUES),
     "spec.deploymentPolicy": (EMPTY_OK, ["Gpu_Zones", "does-not-exist"]),
     "spec.additionalTolerations.*.key": (EMPTY_OK, _LABEL_KEYS),

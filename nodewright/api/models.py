@@ -1306,6 +1306,16 @@ class Compartment(CompartmentRollout):
     selector: LabelSelector = _req("Nodes in this compartment.")
     budget: PolicyBudget = _req("Ceiling of nodes in progress at once.")
     strategy: Strategy | None = _text("How batches grow; unset means batches of the budget ceiling.")
+    topology_key: (
+        Annotated[
+            str, Field(min_length=1, max_length=LABEL_KEY_MAX, pattern=QUALIFIED_NAME_PATTERN), _PREFIX_RULE
+        ]
+        | None
+    ) = _text(
+        "A node label naming a topology domain (e.g. a rack or NVLink-domain label): budget, batch sizes"
+        " and admissions count domains, not nodes, and a domain's nodes are admitted together. A node"
+        " without the label is a domain of its own."
+    )
 
 
 def _unique_names(items: list[dict[str, Any]]) -> bool:

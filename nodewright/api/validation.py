@@ -690,6 +690,23 @@ def _maintenance_errors(spec: Mapping[str, Any]) -> list[FieldError]:
     return errors
 
 
+def _topology_key_errors(key: Any, path: str) -> list[FieldError]:
+    """A compartment's `topologyKey` must be a label key (the nodes' label naming their rack/domain)."""
+    if key is None:
+        return []
+    problem = label_key_problem(key) if isinstance(key, str) and key else "must be a non-empty label key"
+    # (the model's pattern says the same less helpfully; this message replaces it at this path)
+    if problem is None:
+        return []
+    return [
+        FieldError(
+            path,
+            f"{problem}; name the node label that holds the topology domain, e.g."
+            " topology.kubernetes.io/zone or your rack label",
+        )
+    ]
+
+
 def validate_deploymentpolicy(obj: Any, *, old: Mapping[str, Any] | None = None) -> ValidationResult:
     """All problems of a DeploymentPolicy (CREATE or UPDATE; an unchanged spec is not re-validated)."""
     if not isinstance(obj, Mapping):
@@ -731,6 +748,7 @@ def validate_deploymentpolicy(obj: Any, *, old: Mapping[str, Any] | None = None)
                 )
             )
         seen_names.setdefault(cname, i)
+        errors.extend(_topology_key_errors(comp.get("topologyKey"), f"{path}.topologyKey"))
         selector = comp.get("selector")
         errors.extend(k8s.label_selector(selector, f"{path}.selector"))
         canon = canonical_selector(selector if isinstance(selector, Mapping) else None)

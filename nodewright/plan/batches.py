@@ -41,9 +41,12 @@ def progress_percent(state: BatchState, *, total: int) -> int:
 
 
 def strategy_batch_size(
-    strategy: StrategyParams | None, state: BatchState, *, total: int, ceiling: int
+    strategy: StrategyParams | None, state: BatchState, *, total: int, ceiling: int, cap: int | None = None
 ) -> int:
-    """The raw size the strategy asks for next, before clamping (table in the module docstring)."""
+    """The raw size the strategy asks for next, before clamping (table in the module docstring).
+
+    `cap` bounds exponential growth instead of `total` (a topology compartment counts batches in
+    domains, progress in nodes)."""
     if strategy is None or strategy.kind is StrategyKind.NONE:
         return ceiling
     last = state.last_batch_size
@@ -54,7 +57,7 @@ def strategy_batch_size(
         return max(1, last - strategy.delta) if shrink else last + strategy.delta
     if shrink:
         return max(1, last // strategy.growth_factor)
-    return min(last * strategy.growth_factor, max(total, 1))
+    return min(last * strategy.growth_factor, max(total if cap is None else cap, 1))
 
 
 def next_batch_size(
@@ -65,6 +68,7 @@ def next_batch_size(
     remaining: int,
     ceiling: int,
     free: int,
+    cap: int | None = None,
 ) -> int:
     """Nodes to admit for the next batch: the strategy's size, clamped to what is left, capped by budget.
 
@@ -73,7 +77,7 @@ def next_batch_size(
     """
     if remaining <= 0 or free <= 0:
         return 0
-    raw = strategy_batch_size(strategy, state, total=total, ceiling=ceiling)
+    raw = strategy_batch_size(strategy, state, total=total, ceiling=ceiling, cap=cap)
     return min(max(1, min(raw, remaining)), free)
 
 

@@ -231,6 +231,17 @@ class Ledger:
                 return budget
         return None
 
+    def full_for(self, nodes: Iterable[str]) -> SharedBudget | None:
+        """The first budget (by name) without free slots for all of `nodes` together (a topology
+        domain is admitted whole or not at all), or None if every one has them."""
+        wanted = list(nodes)
+        for name in sorted(self.budgets):
+            budget = self.budgets[name]
+            need = sum(1 for n in wanted if n in budget.members and n not in self._disrupted[name])
+            if need and self._free[name] < need:
+                return budget
+        return None
+
     def take(self, node: str) -> None:
         for name, budget in self.budgets.items():
             if node in budget.members and node not in self._disrupted[name]:

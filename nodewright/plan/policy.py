@@ -37,7 +37,7 @@ Whether batch state resets when a compartment completes or the spec fingerprint 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 from nodewright.api import constants
@@ -53,6 +53,7 @@ from nodewright.api.models import (
     Strategy,
 )
 from nodewright.api.reasons import PolicyInvalid, PolicyNotFound, PolicyUnusable
+from nodewright.plan import topology
 from nodewright.plan.selectors import matches
 from nodewright.plan.windows import Schedule, compile_schedule, parse_duration
 
@@ -182,6 +183,8 @@ class CompartmentSpec:
     budget: BudgetSpec
     strategy: StrategyParams | None
     pacing: Pacing = NO_PACING
+    topology_key: str | None = None
+    """A node label naming topology domains: the budget and batches count domains (`plan.topology`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,8 +209,13 @@ class Compartments:
     members: Mapping[str, tuple[str, ...]]
     assignment: Mapping[str, str]
     reset_on_completion: bool
+    domains: Mapping[str, int] = field(default_factory=dict)
+    """Number of topology domains of each compartment that has a `topology_key`."""
 
     def ceiling(self, compartment: str) -> int:
+        """The budget's ceiling: in nodes, or in domains for a compartment with a topology key."""
+        if compartment in self.domains:
+            return ceiling_for(self.specs[compartment].budget, self.domains[compartment])
         return ceiling_for(self.specs[compartment].budget, len(self.members.get(compartment, ())))
 
 
@@ -256,6 +264,7 @@ def _from_policy(
             budget=BudgetSpec.from_model(c.budget),
             strategy=StrategyParams.from_model(c.strategy),
             pacing=Pacing.from_model(c, maintenance),
+            topology_key=c.topology_key,
         )
         for c in policy.spec.compartments or ()
         if c.name != constants.DEFAULT_COMPARTMENT
@@ -273,7 +282,14 @@ def _from_policy(
         for node, found in matching.items()
     }
     specs = {c.name: c for c in [*declared, default]}
-    return _build(policy.metadata.name, specs, assignment, reset_on_completion(nodewright, policy))
+    built = _build(policy.metadata.name, specs, assignment, reset_on_completion(nodewright, policy))
+    labels = {node.name: node.labels for node in nodes}
+    domains = {
+        name: topology.count_domains(spec.topology_key, ((m, labels[m]) for m in built.members[name]))
+        for name, spec in built.specs.items()
+        if spec.topology_key is not None
+    }
+    return replace(built, domains=domains)
 
 
 def _legacy(nodewright: NodeWright, *, nodes: Sequence[NodeRef]) -> Compartments:

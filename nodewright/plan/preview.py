@@ -54,6 +54,8 @@ Outcome = Callable[[str], Status]
 class PlannedBatch:
     number: int
     nodes: tuple[str, ...]
+    domains: tuple[str, ...] = ()
+    """The topology domains of the batch (sorted), for a compartment with a `topologyKey`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +72,19 @@ class CompartmentPreview:
     """Window, soak and gate now (`windowActive`, `windowClosesAt`, `nextWindowAt`, `soakUntil`,
     `awaitingApproval`), as the compartment status shows them."""
 
+    topology_key: str | None = None
+
     @property
     def sizes(self) -> tuple[int, ...]:
         return tuple(len(b.nodes) for b in self.batches)
+
+    @property
+    def batches_text(self) -> str:
+        """Batch sizes; for a topology compartment in domains, then nodes: `1,2 domains (4,8 nodes)`."""
+        if self.topology_key is None:
+            return _sizes_text(self.sizes)
+        domains = _sizes_text(tuple(len(b.domains) for b in self.batches))
+        return f"{domains} domains ({_sizes_text(self.sizes)} nodes)" if self.batches else domains
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +123,15 @@ class RolloutPreview:
                     "message": c.message,
                     **c.pacing,
                     "batchSizes": list(c.sizes),
-                    "batches": [{"number": b.number, "nodes": list(b.nodes)} for b in c.batches],
+                    "batches": [
+                        {
+                            "number": b.number,
+                            "nodes": list(b.nodes),
+                            **({"domains": list(b.domains)} if b.domains else {}),
+                        }
+                        for b in c.batches
+                    ],
+                    **({"topologyKey": c.topology_key} if c.topology_key else {}),
                 }
                 for c in self.compartments
             ],
@@ -240,10 +260,16 @@ def _preview_of(name: str, sim: Simulation) -> RolloutPreview:
             budget=c.budget,
             matched=c.status.matched,
             ceiling=c.status.ceiling,
-            batches=tuple(PlannedBatch(n, tuple(grouped[cname][n])) for n in sorted(grouped[cname])),
+            batches=tuple(
+                PlannedBatch(
+                    n, tuple(nodes), tuple(sorted({first.domains[m] for m in nodes if m in first.domains}))
+                )
+                for n, nodes in sorted(grouped[cname].items())
+            ),
             halted=last.compartments[cname].halt is not None if cname in last.compartments else False,
             message=c.message,
             pacing=_pacing(c.status),
+            topology_key=c.topology_key,
         )
         for cname, c in first.compartments.items()
     )
@@ -343,7 +369,7 @@ def render_table(preview: RolloutPreview) -> str:
             str(c.ceiling),
             c.strategy,
             c.budget,
-            _sizes_text(c.sizes),
+            c.batches_text,
             "halted" if c.halted else c.message,
         )
         for c in preview.compartments

@@ -120,7 +120,7 @@ from nodewright.api.reasons import (
     WindowClosed,
     describe_waiting,
 )
-from nodewright.plan import batches, budgets, windows
+from nodewright.plan import batches, budgets, topology, windows
 from nodewright.plan.node import node_complete
 from nodewright.plan.policy import Compartments, CompartmentSpec, NodeRef, resolve_compartments
 
@@ -292,6 +292,8 @@ class CompartmentPlan:
     """This plan opened `open_batch` (its first admissions); later plans only add to it."""
     deferred: int = 0
     """Nodes the open batch takes that `admission_limit` left for the next plans."""
+    topology_key: str | None = None
+    """The compartment counts topology domains of this label (`plan.topology`); None: nodes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +316,8 @@ class RolloutPlan:
     """Shared DisruptionBudgets that had no free slot for a node this plan wanted to admit."""
     policy_invalid: PolicyInvalid | None = None
     """The named DeploymentPolicy exists but fails validation: like a missing one, nothing is admitted."""
+    domains: Mapping[str, str] = field(default_factory=dict)
+    """node -> its topology domain, for the nodes of compartments with a `topologyKey` (`why`, `plan`)."""
 
     @property
     def wake_at(self) -> datetime | None:
@@ -486,7 +490,17 @@ def _plan_compartments(
             sorted(n for n, p in plans.items() if p.status.batch_state and _approved(ctx, n, p))
         ),
         budget_refusals=tuple(sorted(ctx.ledger.refused)),
+        domains=_node_domains(ctx, by_name),
     )
+
+
+def _node_domains(ctx: _Context, by_name: Mapping[str, RolloutNode]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, spec in ctx.compartments.specs.items():
+        if spec.topology_key is not None:
+            members = (by_name[m] for m in ctx.compartments.members[name])
+            out.update(topology.node_domains(spec.topology_key, members))
+    return dict(sorted(out.items()))
 
 
 def _current(node: RolloutNode, fingerprint: str) -> Admission | None:
@@ -556,7 +570,7 @@ def _plan_compartment(
 ) -> _CompartmentResult:
     """Settle the open batch, then open or fill one, then say why the others wait."""
     spec = ctx.compartments.specs[name]
-    slots = _slots(ctx.compartments.ceiling(name), members, phases)
+    slots = _slots(ctx.compartments.ceiling(name), members, phases, key=spec.topology_key)
     settled = _settle(ctx, name, spec, members=members, phases=phases, prior=prior, slots=slots)
     pacing = _pacing(
         ctx, name, spec, state=settled.state, waiting=bool(slots.candidates) and not settled.batch
@@ -573,11 +587,31 @@ def _plan_compartment(
     return _CompartmentResult(plan, admissions, waiting)
 
 
-def _slots(ceiling: int, members: Sequence[RolloutNode], phases: Mapping[str, Phase]) -> _Slots:
+def _slots(
+    ceiling: int, members: Sequence[RolloutNode], phases: Mapping[str, Phase], *, key: str | None = None
+) -> _Slots:
     holding = tuple(n for n in members if phases[n.name] in _HOLDS_SLOT)
     others = tuple(n for n in members if n.unavailable is not None and phases[n.name] not in _HOLDS_SLOT)
     candidates = tuple(n for n in members if phases[n.name] in _PICKABLE and _eligible(n))
+    if key is not None:
+        return _domain_slots(key, ceiling, holding, others, candidates)
     return _Slots(holding, others, candidates, ceiling - len(holding) - len(others))
+
+
+def _domain_slots(
+    key: str,
+    ceiling: int,
+    holding: tuple[RolloutNode, ...],
+    others: tuple[RolloutNode, ...],
+    candidates: tuple[RolloutNode, ...],
+) -> _Slots:
+    """Slots of a topology compartment, in domains (`plan.topology`): a domain is disrupted while any
+    of its nodes holds a slot or is unavailable, and one we still work in takes no new admission."""
+    ours = topology.domains_of(key, holding)
+    disrupted = ours | topology.domains_of(key, others)
+    free = ceiling - len(disrupted)
+    waiting = tuple(n for n in candidates if topology.domain_of(key, n.name, n.labels) not in ours)
+    return _Slots(holding, others, waiting, free)
 
 
 def _settle(
@@ -600,6 +634,11 @@ def _settle(
     outcome: batches.BatchOutcome | None = None
     if batch and not filling and all(phases[n.name] in _SETTLED for n in batch):
         outcome, state = _evaluate(ctx, spec, state, batch=batch, members=members, phases=phases)
+        if spec.topology_key is not None and outcome.evaluated:
+            # The strategy grows from the batch's size in its own unit: domains.
+            counted = [n for n in batch if phases[n.name] in (Phase.SUCCEEDED, Phase.FAILED)]
+            domains = len(topology.domains_of(spec.topology_key, counted))
+            state = state.model_copy(update={"last_batch_size": domains})
         batch = ()
     if ctx.compartments.reset_on_completion and all(phases[n.name] in _COMPLETE for n in members):
         state = batches.fresh_state(current_batch=state.current_batch)
@@ -623,12 +662,67 @@ def _select(
     can_open = not settled.batch and not state.should_stop and not ctx.paused and not ctx.disabled
     selection = _Selection()
     if can_open and pacing.reason is None and slots.candidates:
-        selection = _open_batch(
-            ctx, spec, state, candidates=slots.candidates, free=slots.free, total=total, ceiling=ceiling
-        )
+        if spec.topology_key is not None:
+            domains = ctx.compartments.domains.get(name, 0)
+            selection = _open_domains(
+                ctx,
+                spec,
+                spec.topology_key,
+                state,
+                slots=slots,
+                total=total,
+                ceiling=ceiling,
+                domains=domains,
+            )
+        else:
+            selection = _open_batch(
+                ctx, spec, state, candidates=slots.candidates, free=slots.free, total=total, ceiling=ceiling
+            )
     elif settled.filling:
-        selection = _fill_batch(ctx, state, candidates=slots.candidates, free=slots.free)
+        if spec.topology_key is not None:
+            selection = _fill_domains(ctx, spec.topology_key, state, slots=slots)
+        else:
+            selection = _fill_batch(ctx, state, candidates=slots.candidates, free=slots.free)
     return selection.record(state), selection
+
+
+def _open_domains(
+    ctx: _Context,
+    spec: CompartmentSpec,
+    key: str,
+    state: BatchState,
+    *,
+    slots: _Slots,
+    total: int,
+    ceiling: int,
+    domains: int,
+) -> _Selection:
+    """Open a batch of whole domains: the strategy's size in domains (progress still in nodes), within
+    the free domains, each domain admitted in one pass (`plan.topology`). `wanted` is in domains."""
+    units = topology.group(key, slots.candidates)
+    raw = batches.strategy_batch_size(spec.strategy, state, total=total, ceiling=ceiling, cap=domains)
+    size = batches.next_batch_size(
+        spec.strategy, state, total=total, remaining=len(units), ceiling=ceiling, free=slots.free, cap=domains
+    )
+    planned, shared = topology.pick_domains(ctx.ledger, units, size=size)
+    picked = topology.within_limit(planned, ctx.admission_limit)
+    return _Selection(
+        planned=topology.flatten(planned),
+        picked=topology.flatten(picked),
+        shared=shared,
+        wanted=max(1, min(raw, len(units))),
+        opened=True,
+    )
+
+
+def _fill_domains(ctx: _Context, key: str, state: BatchState, *, slots: _Slots) -> _Selection:
+    """The next whole domains of a batch planned in an earlier pass (its node count bounds them)."""
+    units = topology.group(key, slots.candidates)
+    planned, shared = topology.pick_domains(
+        ctx.ledger, units, size=slots.free, nodes=state.planned_size - state.admitted_size
+    )
+    picked = topology.within_limit(planned, ctx.admission_limit)
+    return _Selection(planned=topology.flatten(planned), picked=topology.flatten(picked), shared=shared)
 
 
 def _waiting(
@@ -645,16 +739,12 @@ def _waiting(
 ) -> tuple[Waiting, ...]:
     """Why each pending member not admitted by this plan waits."""
     planned = {n.name for n in selection.planned}
-    budget_full = _budget_full(
-        spec,
-        state,
-        batch=[*settled.batch, *selection.planned],
-        candidates=[n for n in slots.candidates if n.name not in planned and n.name not in selection.shared],
-        picked=len(selection.planned),
-        wanted=selection.wanted,
-        free=slots.free - len(selection.planned),
-        total=len(members),
-        ceiling=ctx.compartments.ceiling(name),
+    budget_full = (
+        _domains_budget_full(
+            ctx, name, spec, spec.topology_key, state, settled, slots, selection, total=len(members)
+        )
+        if spec.topology_key is not None
+        else _budget_full_nodes(ctx, name, spec, state, settled, slots, selection, total=len(members))
     )
     picked = {n.name for n in selection.picked}
     deferred = planned - picked
@@ -674,6 +764,66 @@ def _waiting(
     )
 
 
+def _budget_full_nodes(
+    ctx: _Context,
+    name: str,
+    spec: CompartmentSpec,
+    state: BatchState,
+    settled: _Settled,
+    slots: _Slots,
+    selection: _Selection,
+    *,
+    total: int,
+) -> set[str]:
+    planned = {n.name for n in selection.planned}
+    return _budget_full(
+        spec,
+        state,
+        batch=[*settled.batch, *selection.planned],
+        candidates=[n for n in slots.candidates if n.name not in planned and n.name not in selection.shared],
+        picked=len(selection.planned),
+        wanted=selection.wanted,
+        free=slots.free - len(selection.planned),
+        total=total,
+        ceiling=ctx.compartments.ceiling(name),
+    )
+
+
+def _domains_budget_full(
+    ctx: _Context,
+    name: str,
+    spec: CompartmentSpec,
+    key: str,
+    state: BatchState,
+    settled: _Settled,
+    slots: _Slots,
+    selection: _Selection,
+    *,
+    total: int,
+) -> set[str]:
+    """`BudgetFull` of a topology compartment, in domains: the candidate domains the strategy wants in
+    the current batch beyond the free domains (`_budget_full` for nodes)."""
+    planned = {n.name for n in selection.planned}
+    rest = [n for n in slots.candidates if n.name not in planned and n.name not in selection.shared]
+    units = topology.group(key, rest)
+    in_batch = len(topology.domains_of(key, [*settled.batch, *selection.planned]))
+    free = slots.free - len(topology.domains_of(key, selection.planned))
+    if selection.wanted:
+        held = units[: max(0, selection.wanted - in_batch)]
+    elif settled.batch:
+        raw = batches.strategy_batch_size(
+            spec.strategy,
+            state,
+            total=total,
+            ceiling=ctx.compartments.ceiling(name),
+            cap=len(units) + in_batch,
+        )
+        held = units[max(0, free) : max(0, raw - in_batch)]
+    else:
+        held = []
+    return {n.name for n in topology.flatten(held)}
+
+
 def _compartment_plan(
     ctx: _Context,
     name: str,
@@ -690,7 +840,11 @@ def _compartment_plan(
     pending = bool(slots.candidates) and not settled.batch
     in_progress = len(slots.holding) + len(selection.picked)
     status = _compartment_status(ctx, state, members, phases, ceiling, in_progress, pacing, pending)
-    message = _slots_message(in_progress + len(slots.others), ceiling, len(slots.others))
+    message = (
+        _slots_message(in_progress + len(slots.others), ceiling, len(slots.others))
+        if spec.topology_key is None
+        else _domains_message(spec.topology_key, ceiling, slots, selection)
+    )
     if pacing.reason and pending:
         message += f"; {pacing.reason[1].describe()}"
     if selection.shared:
@@ -699,7 +853,7 @@ def _compartment_plan(
         name=name,
         status=status,
         strategy=spec.strategy.describe() if spec.strategy else "none (batch = ceiling)",
-        budget=spec.budget.describe(),
+        budget=spec.budget.describe() + (f" of {spec.topology_key} domains" if spec.topology_key else ""),
         used_by_others=len(slots.others),
         open_batch=state.current_batch if (settled.batch or selection.picked) else None,
         batch_evaluated=settled.outcome,
@@ -711,7 +865,19 @@ def _compartment_plan(
         wake_at=pacing.wake_at,
         opened=selection.opened and bool(selection.picked),
         deferred=len(selection.planned) - len(selection.picked),
+        topology_key=spec.topology_key,
     )
+
+
+def _domains_message(key: str, ceiling: int, slots: _Slots, selection: _Selection) -> str:
+    ours = topology.domains_of(key, [*slots.holding, *selection.picked])
+    others = topology.domains_of(key, slots.others) - ours
+    text = f"{len(ours) + len(others)} of {ceiling} domains ({key}) in use"
+    if ours:
+        text += f": {', '.join(sorted(ours)[:5])}{' ...' if len(ours) > 5 else ''}"
+    if others:
+        text += f"; {len(others)} of {ceiling} by nodes unavailable for other reasons"
+    return text
 
 
 def _compartment_status(

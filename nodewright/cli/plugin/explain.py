@@ -351,6 +351,8 @@ class Explanation:
     last_batch: int | None = None
     stage: str = ""
     attempts: int = 0
+    domain: str | None = None
+    """The node's topology domain, when its compartment has a `topologyKey`."""
 
     def to_json(self) -> JSON:
         return {
@@ -367,6 +369,7 @@ class Explanation:
             "lastBatch": self.last_batch,
             "stage": self.stage,
             "attempts": self.attempts,
+            **({"domain": self.domain} if self.domain is not None else {}),
         }
 
 
@@ -430,9 +433,14 @@ def explain(analysis: Analysis, node_name: str, *, drain: DrainReport | None = N
         "attempts": max_attempts(entry.state),
     }
 
+    domain = analysis.plan.domains.get(node_name)
+    if domain is not None:
+        base["domain"] = domain
+
     def answer(reason: str, summary: str, *details: str, **extra: Any) -> Explanation:
         fields = {**base, **extra}
-        return Explanation(node_name, nw, reason, summary, tuple(d for d in details if d), **fields)
+        shown = (*details, _domain_detail(analysis, node_name, domain))
+        return Explanation(node_name, nw, reason, summary, tuple(d for d in shown if d), **fields)
 
     if entry.state_error is not None:
         return answer(
@@ -455,6 +463,15 @@ def explain(analysis: Analysis, node_name: str, *, drain: DrainReport | None = N
     if waiting is not None:
         return _explain_waiting(analysis, entry, waiting, answer)
     return _explain_admitted(analysis, entry, busy, drain, answer)
+
+
+def _domain_detail(analysis: Analysis, node: str, domain: str | None) -> str:
+    """`topology domain r3: admitted, cordoned and drained as one with r3-n0, r3-n1 and 2 more`."""
+    if domain is None:
+        return ""
+    mates = sorted(n for n, d in analysis.plan.domains.items() if d == domain and n != node)
+    with_text = f" with {names_text(mates)}" if mates else " (its only node)"
+    return f"topology domain {domain}: admitted, cordoned and drained as one{with_text}"
 
 
 def _explain_waiting(analysis: Analysis, entry: Entry, waiting: Waiting, answer: Answerer) -> Explanation:
