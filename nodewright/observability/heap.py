@@ -24,7 +24,7 @@ still takes several records at a time; a large list page only takes a few more `
 
 And one that is OpenSSL's: aiohttp builds two default client contexts when it is imported, and both
 load the system's CA bundle (`set_default_verify_paths`: ~140 certificates parsed into each context's
-store), 1.5-2 MiB of an idle operator that it never uses — the API server's context carries the
+store), ~1.4 MiB of an idle operator that it never uses — the API server's context carries the
 cluster's CA alone (`kube.config`) and notification sinks get a context of their own, built on their
 first delivery (`controller.notify`). `import_http_client()` imports aiohttp with OpenSSL's default CA
 *file* (`SSL_CERT_FILE`) pointed at an empty one for the import alone: those two contexts keep
