@@ -690,7 +690,11 @@ def test_a_halt_is_reported_only_when_the_persisted_status_was_not_halted_yet() 
     plan = plan_rollout(
         model, policy=None, nodes=nodes, compartment_statuses={}, fingerprint=fp, now="2026-03-01T12:00:00Z"
     )
-    halted = Halt("__default__", "failures", ("n1",), 1, "compartment '__default__' halted: n1 failed")
+    from nodewright.api.reasons import HaltReason
+
+    halted = Halt(
+        "__default__", HaltReason.FAILURE_THRESHOLD, ("n1",), 1, "compartment '__default__' halted: n1 failed"
+    )
     from dataclasses import replace
 
     plan = replace(plan, halts=(halted,))

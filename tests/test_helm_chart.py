@@ -467,6 +467,14 @@ def test_notification_secrets_are_granted_by_name_and_the_cluster_sink_reaches_t
     assert "/notifications/clusterSink/urlSecret" in refused("notifications.clusterSink.urlSecret=no-key")
 
 
+def test_health_gate_secrets_are_granted_by_name() -> None:
+    plain = rules(render(), "Role", "nw-nodewright")
+    assert not grants(plain, "secrets", "get", name="prometheus-url")
+    namespaced = rules(render("healthGates.secretNames={prometheus-url}"), "Role", "nw-nodewright")
+    assert not unrestricted(namespaced, "secrets", "get")
+    assert grants(namespaced, "secrets", "get", name="prometheus-url")
+
+
 READS = {"get", "list", "watch"}
 
 

@@ -71,6 +71,7 @@ from nodewright.api.reasons import (
 )
 from nodewright.plan import batches, selectors, sequencing
 from nodewright.plan.budgets import PoolNode, SharedBudget, pool_node, shared_for
+from nodewright.plan.gates import GateResult, from_statuses
 from nodewright.plan.node import is_disabled, is_paused, untolerated_taints
 from nodewright.plan.podspec import parse_duration_seconds
 from nodewright.plan.preview import RolloutPreview, preview_rollout
@@ -327,6 +328,8 @@ class RolloutInput:
     facts: tuple[sequencing.NodeWrightFacts, ...] = ()
     inactive: Mapping[str, Activity] = field(default_factory=dict)
     all_nodewrights: tuple[str, ...] = ()  # every NodeWright's name, invalid ones included
+    gate_results: Mapping[str, Mapping[str, GateResult]] = field(default_factory=dict)
+    """Latest health gate results per compartment (`plan.gates`), evaluated by the controller."""
 
     @property
     def name(self) -> str:
@@ -355,6 +358,9 @@ class RolloutInput:
     def with_budgets(self, shared: Sequence[SharedBudget]) -> RolloutInput:
         return replace(self, shared_budgets=tuple(shared))
 
+    def with_gate_results(self, results: Mapping[str, Mapping[str, GateResult]]) -> RolloutInput:
+        return replace(self, gate_results=results)
+
     def plan(self) -> RolloutPlan:
         """The rollout controller's decision for this input."""
         return plan_rollout(
@@ -371,6 +377,7 @@ class RolloutInput:
             next_order_hint=self.next_order_hint,
             shared_budgets=self.shared_budgets,
             admission_limit=self.admission_limit,
+            gate_results=self.gate_results,
         )
 
     def preview(self) -> RolloutPreview:
@@ -455,6 +462,7 @@ def rollout_input(
         facts=facts,
         inactive=ctx.inactive,
         all_nodewrights=ctx.all_nodewrights,
+        gate_results=from_statuses(said.compartment_statuses),
     )
 
 
