@@ -82,7 +82,7 @@ class Config:
     drift_intervals: int = 2
     drift_checks: int = 4  # the operator's --drift-checks (fleet-wide concurrent checks)
     idle_seconds: float = 0.0  # after the run: a fresh operator on the complete fleet, measured idle
-    chain_packages: bool = False  # the operator's --chain-packages: the package chain runs in one pod
+    chain_packages: bool = True  # the operator's --chain-packages (its default): the package chain in one pod
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1086,8 +1086,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument("--drift-checks", type=int, default=4, help="the operator's --drift-checks cap")
     parser.add_argument(
         "--chain-packages",
-        action="store_true",
-        help="run the operator with --chain-packages (the package chain of each node in one pod)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the operator's --chain-packages, its default (the package chain of each node in one pod);"
+        " --no-chain-packages measures a pod per package",
     )
     parser.add_argument(
         "--idle-seconds",

@@ -1,6 +1,8 @@
 """Chained runs (`--chain-packages`) on the real control plane: a dependency chain in one pod per node.
 
-The operator runs with `--chain-packages`; kwok plays the chained pods (every stage of every run takes
+The operator runs with its default flags, which chain (`--no-chain-packages` turns it off: the
+unchained pod shape is kept by `e2e/test_lifecycle.py`'s kill test and the chaos run's `-unchained`
+variants); kwok plays the chained pods (every stage of every run takes
 `NODEWRIGHT_SIM_DURATION`, the failure knobs act on the package that sets them). The invariant monitor
 reads each chained pod as one run per package it carries, so I7 (stage order) and I9 (one pod per
 package at a time) judge every package's runs.
@@ -62,7 +64,7 @@ async def test_a_dependency_chain_installs_in_one_pod_per_node(
     unique: str,
     invariants: InvariantMonitor,
 ) -> None:
-    operator_factory("--chain-packages")
+    operator_factory()
     prefix, nw = f"chain-{unique}", f"chain-{unique}"
     async with fleet_of(cluster, prefix, 4):
         await create_nodewright(kube, nodewright_manifest(nw, fleet_prefix=prefix, packages=chain()))
@@ -92,7 +94,7 @@ async def test_a_failing_chained_run_keeps_what_finished_and_retries_in_its_own_
     unique: str,
     invariants: InvariantMonitor,
 ) -> None:
-    operator_factory("--chain-packages")
+    operator_factory()
     prefix, nw = f"chainfail-{unique}", f"chainfail-{unique}"
     # pb's config fails in the first pod (attempt 1) and passes in its retry (attempt 2).
     packages = chain(NODEWRIGHT_SIM_FAIL_ATTEMPTS="1", NODEWRIGHT_SIM_FAIL_STAGES="config")
@@ -130,7 +132,7 @@ async def test_an_operator_killed_while_chained_pods_run_resumes_without_rerunni
     unique: str,
     invariants: InvariantMonitor,
 ) -> None:
-    operator = operator_factory("--chain-packages")
+    operator = operator_factory()
     prefix, nw = f"chainkill-{unique}", f"chainkill-{unique}"
     packages = chain("2s")
     async with fleet_of(cluster, prefix, 4):
@@ -159,7 +161,7 @@ async def test_deleting_the_nodewright_mid_chain_finishes_the_installs_then_unin
     unique: str,
     invariants: InvariantMonitor,
 ) -> None:
-    operator_factory("--chain-packages")
+    operator_factory()
     prefix, nw = f"chaindel-{unique}", f"chaindel-{unique}"
     packages = chain("2s", uninstall=True)
     async with fleet_of(cluster, prefix, 2):

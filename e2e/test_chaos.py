@@ -3,9 +3,10 @@ leader failover, and ends exactly as a quiet one would.
 
 The rollout: two leader-elected operator replicas (`e2e/chaos.OperatorReplicas`, restarted like a
 Deployment's pods); a fleet in three zones and a DeploymentPolicy with one compartment per zone
-(linear, exponential, and the fixed default); a NodeWright with a reboot package and a package without
-interrupt; training jobs under PodDisruptionBudgets (maxUnavailable 2, shrinking on eviction) on most
-nodes and protected pods (podNonInterruptLabels) that finish by themselves on the rest.
+(linear, exponential, and the fixed default); a NodeWright with a reboot package, a package without
+interrupt and a third (`agent`) that depends on it; training jobs under PodDisruptionBudgets
+(maxUnavailable 2, shrinking on eviction) on most nodes and protected pods (podNonInterruptLabels)
+that finish by themselves on the rest.
 
 Why maxUnavailable 2, and one pod of each job on a node outside the rollout: an operator SIGKILLed in
 the middle of an eviction can leave the PDB charged for a pod that is never deleted. kube-apiserver
@@ -19,16 +20,16 @@ seeded `ChaosPlan` SIGKILLs the leader, restarts kube-apiserver and fails over t
 
 Afterwards: every node complete; zero breaches of the fleet-safety invariants (the `invariants`
 fixture, e2e/invariants.py); exactly one successful pod per node, package, version and stage, counted
-from the monitor's pod watch (pods are deleted after success, so the end state cannot tell); no node
-left cordoned.
+from the monitor's pod watch (pods are deleted after success, so the end state cannot tell); `agent`'s
+runs in `tools`' pods, or in pods of their own with chained runs off; no node left cordoned.
 
 `test_chaos_rollout[short]` is the variant that `make test` runs (30 nodes, 4 kills, 1 API-server
 restart, 1 failover; about two minutes on 2 shared cores); `test_chaos_rollout[full]` (marked `slow`
 and `outside_ci`, run by `make e2e-outside-ci`) is the run of issue 13: 200 nodes, 20 kills, 3
-API-server restarts, 1 failover (about 8 minutes). The `-chained` variants run the operators with
-`--chain-packages` and a third package (`agent`, depending on `tools`) that runs in `tools`' pod
-(`short-chained` in `make test` too). The seed and the schedule are printed; set
-NODEWRIGHT_CHAOS_SEED to replay one.
+API-server restarts, 1 failover (about 8 minutes). Both run the operators with the default flags, so
+`agent` runs in `tools`' pod (chained runs); the `-unchained` variants run them with
+`--no-chain-packages`, every package in pods of its own (`short-unchained` in `make test` too). The
+seed and the schedule are printed; set NODEWRIGHT_CHAOS_SEED to replay one.
 """
 
 from __future__ import annotations
@@ -74,9 +75,8 @@ PROTECT = {"matchLabels": {fleet.PROTECTED_LABEL: "true"}}
 EXPECTED_STAGES = {
     "driver": ("apply", "config", "interrupt", "post-interrupt"),
     "tools": ("apply", "config"),
+    "agent": ("apply", "config"),  # depends on `tools`: in its pod, unless chained runs are off
 }
-# With chained runs (`--chain-packages`) a third package depends on `tools` and runs in its pod.
-CHAINED_STAGES = {**EXPECTED_STAGES, "agent": ("apply", "config")}
 # Short Lease timing: every SIGKILLed leader costs a lease duration before anyone takes over.
 LEASE = {"lease_duration": 6.0, "renew_deadline": 4.0, "retry_period": 1.0}
 LEADER_WITHIN = 90.0
@@ -92,7 +92,7 @@ class Scale:
     failovers: int
     rollout_within: float
     protected_run_for: str
-    chained: bool = False  # operators with --chain-packages, and a package chained after `tools`
+    chained: bool = True  # the default flags; False: operators with --no-chain-packages
 
 
 SHORT = Scale(
@@ -101,8 +101,8 @@ SHORT = Scale(
 FULL = Scale(
     nodes=200, kills=20, apiserver_restarts=3, failovers=1, rollout_within=1800, protected_run_for="40s"
 )
-SHORT_CHAINED = replace(SHORT, chained=True)
-FULL_CHAINED = replace(FULL, chained=True)
+SHORT_UNCHAINED = replace(SHORT, chained=False)
+FULL_UNCHAINED = replace(FULL, chained=False)
 
 
 @pytest.fixture
@@ -203,10 +203,12 @@ async def chaos_rollout(
     invariants: InvariantMonitor,
     unique: str,
 ) -> None:
-    operator_args = ("--chain-packages",) if scale.chained else ()
-    packages = {"driver": package(interrupt={"type": "reboot"}), "tools": package()}
-    if scale.chained:
-        packages["agent"] = package(dependsOn={"tools": "1.0.0"})
+    operator_args = () if scale.chained else ("--no-chain-packages",)
+    packages = {
+        "driver": package(interrupt={"type": "reboot"}),
+        "tools": package(),
+        "agent": package(dependsOn={"tools": "1.0.0"}),
+    }
     plan = ChaosPlan.build(
         chaos_seed(),
         kills=scale.kills,
@@ -292,9 +294,9 @@ async def chaos_rollout(
                 ]
                 assert not cordoned, f"left cordoned (seed {plan.seed}): {cordoned}"
                 await invariants.sync()
-                problems, notes = count_stage_runs(
-                    invariants.stage_pods(nw), names, CHAINED_STAGES if scale.chained else EXPECTED_STAGES
-                )
+                pods = invariants.stage_pods(nw)
+                problems, notes = count_stage_runs(pods, names)
+                problems += pod_shape_problems(pods, names, chained=scale.chained)
                 if notes:
                     print("[chaos] stage pods:\n  " + "\n  ".join(notes))
                 assert not problems, f"seed {plan.seed}:\n" + "\n".join(problems)
@@ -308,17 +310,34 @@ async def chaos_rollout(
         assert not survivors, f"status labels left after the NodeWright was deleted: {survivors}"
 
 
+def pod_shape_problems(pods: list[StagePod], names: list[str], *, chained: bool) -> list[str]:
+    """`agent` ran in `tools`' pods with chained runs (the default), in pods of its own without."""
+    problems = []
+    for node in names:
+        pods_of = {
+            pkg: {p.name for p in pods if p.node == node and p.package == pkg} for pkg in ("tools", "agent")
+        }
+        own = pods_of["agent"] - pods_of["tools"]
+        if chained and own:
+            problems.append(f"{node}: agent ran in pods of its own with chained runs on: {sorted(own)}")
+        if not chained and own != pods_of["agent"]:
+            problems.append(
+                f"{node}: agent ran in tools' pod with --no-chain-packages: {sorted(pods_of['agent'])}"
+            )
+    return problems
+
+
 @pytest.mark.parametrize(
     "scale",
     [
         pytest.param(SHORT, id="short", marks=pytest.mark.timeout(420)),
-        pytest.param(SHORT_CHAINED, id="short-chained", marks=pytest.mark.timeout(420)),
+        pytest.param(SHORT_UNCHAINED, id="short-unchained", marks=pytest.mark.timeout(420)),
         pytest.param(
             FULL, id="full", marks=[pytest.mark.slow, pytest.mark.outside_ci, pytest.mark.timeout(2700)]
         ),
         pytest.param(
-            FULL_CHAINED,
-            id="full-chained",
+            FULL_UNCHAINED,
+            id="full-unchained",
             marks=[pytest.mark.slow, pytest.mark.outside_ci, pytest.mark.timeout(2700)],
         ),
     ],

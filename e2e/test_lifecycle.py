@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import yaml
@@ -224,11 +224,14 @@ async def test_image_pull_error_reports_erroring_with_reason(
 
 async def test_operator_killed_mid_rollout_resumes_without_rerunning(
     cluster: ControlPlane,
-    operator: OperatorProcess,
+    operator_factory: Callable[..., OperatorProcess],
     kube: KubeClient,
     unique: str,
     invariants: InvariantMonitor,
 ) -> None:
+    # A pod per package (chained runs off): the unchained mode's pods across a SIGKILL. The chained
+    # mode, the default, has its own kill test (e2e/test_chain.py).
+    operator = operator_factory("--no-chain-packages")
     prefix, nw = f"kill-{unique}", f"kill-{unique}"
     async with fleet_of(cluster, prefix, 4), PodCreations(kube, nw) as watch:
         packages = {

@@ -113,6 +113,13 @@ STRING_CLASSES: dict[str, tuple[str, list[str]]] = {
     "spec.notifications.*.urlSecretRef.name": (STRICT, ["My_Secret", "a/b"]),
     "spec.notifications.*.urlSecretRef.key": (STRICT, ["../x", "a/b", ".."]),
     "spec.notifications.*.drainBlockedAfter": (STRICT, _DURATIONS),
+    "**.healthGates.*.name": (STRICT, ["xid gate", "-a", "x" * 64]),
+    "**.healthGates.*.prometheus.urlSecretRef.name": (STRICT, ["My_Secret", "a/b"]),
+    "**.healthGates.*.prometheus.urlSecretRef.key": (STRICT, ["../x", "a/b", ".."]),
+    "**.healthGates.*.prometheus.query": (FREE, []),
+    "**.healthGates.*.prometheus.threshold": (STRICT, ["one", "1,5", "1e", "0x10", "--1"]),
+    "**.healthGates.*.nodeCondition.type": (STRICT, _LABEL_KEYS),
+    "**.healthGates.*.timeout": (STRICT, _DURATIONS),
 }
 # Map keys: schema path of the map -> (class, extra invalid keys).
 KEY_CLASSES: dict[str, tuple[str, list[str]]] = {

@@ -192,6 +192,14 @@ def test_the_benchmark_installs_one_pod_per_package() -> None:
     assert analysis.minimum_writes(shapes).per_node == 10
 
 
+def test_the_benchmark_runs_the_operators_default_chained_runs() -> None:
+    from benchmarks import run
+
+    assert run.parse_args(["--nodes", "50"]).chain_packages is True
+    assert run.parse_args(["--nodes", "50", "--smoke"]).chain_packages is True
+    assert run.parse_args(["--nodes", "50", "--no-chain-packages"]).chain_packages is False
+
+
 def test_node_duration_is_the_critical_path() -> None:
     independent = [PackageShape("a", 2), PackageShape("b", 2)]
     assert analysis.node_duration(independent, stage_seconds=1.5) == pytest.approx(3.0)

@@ -215,6 +215,19 @@ def test_switches_take_go_flag_syntax(argv: list[str], leader_elect: bool) -> No
     assert build_parser().parse_args(["operator"]).reapply_on_reboot is False
 
 
+@pytest.mark.parametrize(
+    ("argv", "chained"),
+    [
+        ([], True),  # the faster mode is the default (issue 33; CHANGELOG.md)
+        (["--chain-packages"], True),
+        (["--no-chain-packages"], False),
+        (["--chain-packages=false"], False),
+    ],
+)
+def test_chained_runs_are_on_by_default_and_can_be_turned_off(argv: list[str], chained: bool) -> None:
+    assert build_parser().parse_args(["operator", *argv]).chain_packages is chained
+
+
 # The Helm chart's container args are parsed by tests/test_helm_chart.py, from the chart as a real helm
 # renders it.
 

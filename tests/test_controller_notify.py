@@ -690,7 +690,11 @@ def test_a_halt_is_reported_only_when_the_persisted_status_was_not_halted_yet() 
     plan = plan_rollout(
         model, policy=None, nodes=nodes, compartment_statuses={}, fingerprint=fp, now="2026-03-01T12:00:00Z"
     )
-    halted = Halt("__default__", "failures", ("n1",), 1, "compartment '__default__' halted: n1 failed")
+    from nodewright.api.reasons import HaltReason
+
+    halted = Halt(
+        "__default__", HaltReason.FAILURE_THRESHOLD, ("n1",), 1, "compartment '__default__' halted: n1 failed"
+    )
     from dataclasses import replace
 
     plan = replace(plan, halts=(halted,))
@@ -744,6 +748,7 @@ def test_a_spec_that_comes_back_is_told_about_again_under_its_own_rollout_key() 
 def test_a_halt_notice_names_the_revision_to_go_back_to_and_the_command() -> None:
     from dataclasses import replace
 
+    from nodewright.api.reasons import HaltReason
     from nodewright.plan.revisions import UndoHint
     from nodewright.plan.rollout import Halt
 
@@ -753,7 +758,9 @@ def test_a_halt_notice_names_the_revision_to_go_back_to_and_the_command() -> Non
     plan = plan_rollout(
         model, policy=None, nodes=nodes, compartment_statuses={}, fingerprint=fp, now="2026-03-01T12:00:00Z"
     )
-    plan = replace(plan, halts=(Halt("__default__", "failures", ("n1",), 1, "halted: n1 failed"),))
+    plan = replace(
+        plan, halts=(Halt("__default__", HaltReason.FAILURE_THRESHOLD, ("n1",), 1, "halted: n1 failed"),)
+    )
     captured = Captured()
     rollout = RolloutNotifications(captured)  # type: ignore[arg-type]
     hint = UndoHint("nw", 4, "tool:1.0.0")

@@ -196,18 +196,18 @@ def test_operator_behaviour_values_reach_its_flags() -> None:
     defaults = parse_args(container(one(render(), "Deployment", "nw-nodewright"))["args"])
     assert defaults.reapply_on_reboot is False and defaults.keep_succeeded_logs is False
     assert defaults.reboot_timeout == 1200 and defaults.drift_checks == 4
-    assert defaults.chain_packages is False and defaults.admissions_per_pass == 32
+    assert defaults.chain_packages is True and defaults.admissions_per_pass == 32
     sets = (
         "admissionsPerPass=8",
         "reapplyOnReboot=true",
-        "chainPackages=true",
+        "chainPackages=false",
         "rebootTimeout=600",
         "packageLogs.keepSucceeded=true",
         "drift.maxConcurrentChecks=16",
     )
     parsed = parse_args(container(one(render(*sets), "Deployment", "nw-nodewright"))["args"])
     assert parsed.reapply_on_reboot is True and parsed.keep_succeeded_logs is True
-    assert parsed.chain_packages is True and parsed.admissions_per_pass == 8
+    assert parsed.chain_packages is False and parsed.admissions_per_pass == 8
     assert parsed.reboot_timeout == 600 and parsed.drift_checks == 16
 
 
@@ -469,6 +469,14 @@ def test_notification_secrets_are_granted_by_name_and_the_cluster_sink_reaches_t
         None,
     )
     assert "/notifications/clusterSink/urlSecret" in refused("notifications.clusterSink.urlSecret=no-key")
+
+
+def test_health_gate_secrets_are_granted_by_name() -> None:
+    plain = rules(render(), "Role", "nw-nodewright")
+    assert not grants(plain, "secrets", "get", name="prometheus-url")
+    namespaced = rules(render("healthGates.secretNames={prometheus-url}"), "Role", "nw-nodewright")
+    assert not unrestricted(namespaced, "secrets", "get")
+    assert grants(namespaced, "secrets", "get", name="prometheus-url")
 
 
 READS = {"get", "list", "watch"}

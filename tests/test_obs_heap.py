@@ -150,3 +150,65 @@ async def test_tls_connections_read_a_large_body_whole_through_the_smaller_buffe
         writer.close()
     assert received == body
     assert len(protocols[0]._ssl_buffer) == heap.TLS_READ_BUFFER_BYTES  # type: ignore[attr-defined]
+
+
+# aiohttp is imported by this test process already: `import_http_client` is judged in a fresh interpreter.
+IMPORT_PROBE = """
+import json, os, ssl, sys
+from nodewright.observability import heap
+first = heap.import_http_client()
+import aiohttp.connector as connector
+from nodewright.controller.notify import sink_tls_context
+print(json.dumps({
+    "first": first,
+    "again": heap.import_http_client(),
+    "env": os.environ.get("SSL_CERT_FILE"),
+    "aiohttp_verified": connector._SSL_CONTEXT_VERIFIED.cert_store_stats()["x509"],
+    "aiohttp_unverified": connector._SSL_CONTEXT_UNVERIFIED.cert_store_stats()["x509"],
+    "default": ssl.create_default_context().cert_store_stats()["x509"],
+    "sink": sink_tls_context().cert_store_stats()["x509"],
+    "sink_verifies": sink_tls_context().verify_mode == ssl.CERT_REQUIRED,
+}))
+"""
+
+
+def _probe(env_file: str | None) -> dict[str, object]:
+    import json
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "SSL_CERT_FILE"}
+    if env_file is not None:
+        env["SSL_CERT_FILE"] = env_file
+    out = subprocess.run(
+        [sys.executable, "-c", IMPORT_PROBE], capture_output=True, text=True, env=env, check=True, timeout=60
+    )
+    result: dict[str, object] = json.loads(out.stdout)
+    return result
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["no SSL_CERT_FILE", "SSL_CERT_FILE set"])
+def test_aiohttp_is_imported_without_loading_a_ca_bundle_into_its_unused_contexts(named: bool) -> None:
+    bundle = ssl.get_default_verify_paths().cafile or ssl.get_default_verify_paths().openssl_cafile
+    if not bundle or not Path(bundle).is_file():
+        pytest.skip("no system CA bundle on this machine")
+    probe = _probe(bundle if named else None)
+    assert probe["first"] is True and probe["again"] is False
+    # The environment is as it was: unset, or the file the environment named.
+    assert probe["env"] == (bundle if named else None)
+    assert probe["aiohttp_verified"] == 0 and probe["aiohttp_unverified"] == 0
+    # Contexts built afterwards load the bundle as usual; the sinks' context verifies against it.
+    assert probe["default"] == probe["sink"] and probe["sink"] > 0  # type: ignore[operator]
+    assert probe["sink_verifies"] is True
+
+
+def test_the_operator_command_imports_aiohttp_only_through_import_http_client() -> None:
+    # `nodewright operator` calls import_http_client() first thing in `run`: nothing imported before
+    # (the CLI's entry point and the operator command's module) may have imported aiohttp already.
+    import sys
+
+    probe = "import sys, nodewright.cli.main, nodewright.cli.operator_cmd; print('aiohttp' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "False"

@@ -10,6 +10,7 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from nodewright.api.models import NodeWright, NodeWrightSpec, ObjectMeta, Package
+from nodewright.api.reasons import HaltReason
 from nodewright.plan import revisions as rv
 from nodewright.plan.revisions import (
     Change,
@@ -197,7 +198,9 @@ def test_the_halted_condition_names_the_revision_to_go_back_to_and_the_command()
     plan = plan_rollout(
         model, policy=None, nodes=[], compartment_statuses={}, fingerprint="f", now="2026-01-01T00:00:00Z"
     )
-    halted = replace(plan, halts=(Halt("__default__", "FailureThresholdReached", ("n1",), 1, "halted: n1"),))
+    halted = replace(
+        plan, halts=(Halt("__default__", HaltReason.FAILURE_THRESHOLD, ("n1",), 1, "halted: n1"),)
+    )
     summary = aggregate_status(model, nodes=[], plan=halted, now="2026-01-01T00:00:00Z", undo=hint)
     condition = next(c for c in summary.status.conditions or [] if c.type == HALTED)
     assert condition.status == "True"

@@ -965,6 +965,124 @@ class Condition(_Model):
     )
 
 
+# ----------------------------------------------------------------------------------------------------
+# Health gates between batches (docs/rollout.md, "Health gates"; decided by plan.gates)
+
+MAX_HEALTH_GATES = 8
+GATE_QUERY_MAX = 4096
+NUMBER_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?$"
+
+
+class GateComparison(StrEnum):
+    """How a gate's value is compared with its threshold: the gate passes when `value <op> threshold`."""
+
+    LT = "<"
+    LE = "<="
+    GT = ">"
+    GE = ">="
+    EQ = "=="
+    NE = "!="
+
+
+class PrometheusGate(_Model):
+    """A PromQL query asked of Prometheus after the soak; every sample it returns must pass."""
+
+    url_secret_ref: SecretKeySelector = _req(
+        "Where the Prometheus base URL (http or https, e.g. http://prometheus.monitoring:9090) is kept:"
+        " a Secret of the operator's namespace (list it in the chart's healthGates.secretNames)."
+    )
+    query: Annotated[str, Field(min_length=1, max_length=GATE_QUERY_MAX)] = _req(
+        "Instant PromQL query. $NODES is replaced by a regular expression matching exactly the node names"
+        ' of the batch that settled, for a label matcher: node=~"$NODES". No sample is a failing value'
+        " (write `... or vector(0)` where no data means healthy)."
+    )
+    comparison: GateComparison = _req(
+        "The gate passes when every sample's value <comparison> threshold.", strict=False
+    )
+    threshold: Annotated[str, Field(pattern=NUMBER_PATTERN, max_length=64)] = _req(
+        'The number compared with, e.g. "0" or "0.5" (a string: Kubernetes APIs keep floats out).'
+    )
+
+
+class NodeConditionGate(_Model):
+    """No node of the batch that settled may have this condition True (e.g. set by node-problem-detector)."""
+
+    type: Annotated[str, Field(min_length=1, max_length=LABEL_KEY_MAX, pattern=QUALIFIED_NAME_PATTERN)] = (
+        _req("The node condition type, e.g. GpuXidError or KernelDeadlock.")
+    )
+
+
+class HealthGate(_Model):
+    """A check that must pass after a batch settles (and its soak ends) before the next batch opens."""
+
+    cel_rules = (
+        CelRule(
+            rule="has(self.prometheus) != has(self.nodeCondition)",
+            message="set exactly one of prometheus or nodeCondition",
+            check=lambda o: _count_set(o, "prometheus", "nodeCondition") == 1,
+        ),
+    )
+
+    name: Annotated[
+        str, Field(min_length=1, max_length=LABEL_VALUE_MAX, pattern=COMPARTMENT_NAME_PATTERN)
+    ] = _req("Name of the gate (unique in its list; named in holds, halts, Events and metrics).")
+    prometheus: PrometheusGate | None = _text("A Prometheus query with a comparison.")
+    node_condition: NodeConditionGate | None = _text("A node condition no node of the batch may have True.")
+    timeout: Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)] | None = _text(
+        "How long after the soak ends the gate may keep failing before the compartment halts (Go"
+        " duration; default 10m). Until then the next batch is held and the gate asked again."
+    )
+
+
+def _unique_gate_names(items: list[dict[str, Any]]) -> bool:
+    names = [g["name"] for g in items]
+    return len(names) == len(set(names))
+
+
+# Uniqueness is enforced by the API server through the list-map key; the predicate mirrors it.
+_GATE_NAMES_RULE = CelRule(
+    rule="",
+    message="health gate names must be unique",
+    check=_unique_gate_names,
+)
+
+
+class GateOutcome(StrEnum):
+    """What a health gate saw: passed, failed (a value beyond its threshold, a node condition True), or
+    unknown (it could not be evaluated: Prometheus unreachable, no sample, the Secret missing)."""
+
+    PASSED = "Passed"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+
+class GateStatus(_Model):
+    """The latest result of a health gate after the batch that settled last (read back by the planner,
+    so `kubectl nodewright why` and a restarted operator see what the gate saw)."""
+
+    gate: str = _req("Name of the gate.")
+    batch: int = _req("The batch it was evaluated after.")
+    outcome: GateOutcome = _req("Passed, Failed or Unknown (could not be evaluated).", strict=False)
+    query: Annotated[str, Field(max_length=GATE_QUERY_MAX + 1024)] = _req(
+        "The query as asked (node names substituted), or the node condition."
+    )
+    value: str | None = _text("The deciding value (unset: none).")
+    detail: Annotated[str, Field(max_length=512)] = _text("What was wrong, for people.", default="")
+    evaluated_at: str = _req("When it was evaluated (RFC 3339).", json_schema_extra={"format": "date-time"})
+
+
+class GateHalt(_Model):
+    """The health gate that halted the compartment, with what it saw."""
+
+    gate: str = _req("Name of the gate.")
+    batch: int = _req("The batch after which it failed.")
+    query: Annotated[str, Field(max_length=GATE_QUERY_MAX + 1024)] = _req(
+        "The query as asked (node names substituted), or the node condition type."
+    )
+    value: str | None = _text("The failing value (unset: it could not be evaluated).")
+    detail: Annotated[str, Field(max_length=512)] = _text("What was wrong, for people.", default="")
+
+
 class BatchState(_Model):
     """Progress of the batches of one compartment."""
 
@@ -990,6 +1108,9 @@ class BatchState(_Model):
         "Admissions issued so far to the open batch; while fewer than plannedSize, later passes admit"
         " the rest into it (the controller writes a bounded number of admissions per pass).",
         default=0,
+    )
+    gate_halt: GateHalt | None = _text(
+        "The health gate that halted the compartment (unset: not halted by a gate)."
     )
 
 
@@ -1030,6 +1151,9 @@ class CompartmentStatus(_Model):
     awaiting_approval: int | None = _text(
         "The batch whose gate (pauseAfterBatch) waits for approval: `nodewright approve <nw> --compartment"
         " <name>`."
+    )
+    health_gates: list[GateStatus] | None = _text(
+        "The latest results of the health gates after the batch that settled last."
     )
 
 
@@ -1298,6 +1422,12 @@ class CompartmentRollout(_Model):
     )
     maintenance: Maintenance | None = _text(
         "When this compartment may admit nodes; unset: the policy's spec.maintenance."
+    )
+    health_gates: Annotated[list[HealthGate] | None, _GATE_NAMES_RULE] = _text(
+        "Checks that must pass after a batch settles and soaks before the next batch opens; a failing"
+        " gate holds the compartment, then halts it after the gate's timeout.",
+        max_length=MAX_HEALTH_GATES,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
 
 

@@ -26,6 +26,7 @@ from enum import StrEnum
 from typing import ClassVar
 
 from nodewright.api import constants
+from nodewright.api.models import GateOutcome as GateOutcome
 from nodewright.api.nodeobject import Taint
 
 BLOCK_TEXT = 300
@@ -100,6 +101,14 @@ class WaitReason(StrEnum):
     SOAKING = "Soaking"
     AWAITING_APPROVAL = "AwaitingApproval"
     DISRUPTION_BUDGET = "DisruptionBudget"
+    HEALTH_GATE = "HealthGate"
+
+
+class HaltReason(StrEnum):
+    """Why a compartment halted (the `Halted` condition's reason); only a batch-state reset resumes it."""
+
+    FAILURE_THRESHOLD = "FailureThresholdReached"
+    HEALTH_GATE = "HealthGateFailed"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -353,9 +362,49 @@ class Deferred:
         return f"taken into {where}; its admission is written in the next pass"
 
 
-Pacing = Gate | Soak | WindowClosed
+@dataclass(frozen=True, slots=True)
+class GateHeld:
+    """A health gate holds the compartment's next batch after batch `batch`: `outcome` None means it was
+    not evaluated yet; otherwise `query` (as asked) gave `value` (None: no value), `detail` says more.
+    `halt_at` is when the compartment halts if the gate still does not pass."""
+
+    compartment: str
+    batch: int
+    gate: str
+    query: str
+    outcome: GateOutcome | None
+    value: str | None
+    detail: str
+    halt_at: datetime
+
+    def describe(self) -> str:
+        where = f"health gate {self.gate!r} after batch {self.batch} of {self.compartment!r}"
+        if self.outcome is None:
+            seen = "is being evaluated"
+        elif self.outcome is GateOutcome.UNKNOWN:
+            seen = f"could not be evaluated ({self.detail}); query {self.query}"
+        else:
+            seen = f"fails: {self.query} = {self.value}" + (f" ({self.detail})" if self.detail else "")
+        return f"{where} {seen}; halts at {_ts(self.halt_at)} unless it passes"[:BLOCK_TEXT]
+
+
+Pacing = Gate | Soak | WindowClosed | GateHeld
+
+
+@dataclass(frozen=True, slots=True)
+class HaltedByGate:
+    """The compartment is halted by a health gate; `message` names the gate, the query and the value."""
+
+    message: str
+
+    def describe(self) -> str:
+        return self.message[:BLOCK_TEXT]
+
+
 """Time or a person holds a compartment's next batch."""
-WaitDetail = Block | Unavailable | Predecessor | Pacing | BudgetHeld | Deferred | PolicyUnusable
+WaitDetail = (
+    Block | Unavailable | Predecessor | Pacing | BudgetHeld | Deferred | PolicyUnusable | HaltedByGate
+)
 
 
 def describe_waiting(reason: WaitReason, detail: WaitDetail | None, compartment: str | None) -> str:
@@ -369,6 +418,8 @@ def describe_waiting(reason: WaitReason, detail: WaitDetail | None, compartment:
     if reason is WaitReason.NODE_UNAVAILABLE and detail is not None:
         return f"node unavailable: {detail.describe()}"
     if reason is WaitReason.COMPARTMENT_HALTED:
+        if detail is not None:
+            return detail.describe()
         return f"compartment {compartment!r} is halted; reset to resume"
     if reason is WaitReason.BUDGET_FULL:
         return f"compartment {compartment!r} has no free slot"
@@ -386,6 +437,10 @@ def detail_label(detail: WaitDetail | None) -> str | None:
         return detail.budget
     if isinstance(detail, PolicyNotFound | PolicyInvalid):
         return detail.policy_name
+    if isinstance(detail, GateHeld):
+        return detail.gate
+    if isinstance(detail, HaltedByGate):
+        return None
     if isinstance(detail, Gate | Soak | WindowClosed | Deferred) or detail is None:
         return None
     return detail.describe()

@@ -690,6 +690,24 @@ def _maintenance_errors(spec: Mapping[str, Any]) -> list[FieldError]:
     return errors
 
 
+def _health_gate_errors(spec: Mapping[str, Any]) -> list[FieldError]:
+    """Health gate timeouts beyond Go's time.Duration and node condition types that are no qualified
+    name (a prefix over 253 characters passes the schema's pattern)."""
+    owners = [("spec.default", _map(spec.get("default")))]
+    owners += [(f"spec.compartments[{i}]", _map(c)) for i, c in enumerate(_list(spec.get("compartments")))]
+    errors: list[FieldError] = []
+    for base, owner in owners:
+        for j, gate in enumerate(_list(owner.get("healthGates"))):
+            path = f"{base}.healthGates[{j}]"
+            timeout = _map(gate).get("timeout")
+            if isinstance(timeout, str):
+                errors.extend(k8s.errors_at(f"{path}.timeout", k8s.go_duration(timeout)))
+            condition = _map(_map(gate).get("nodeCondition")).get("type")
+            if isinstance(condition, str):
+                errors.extend(k8s.errors_at(f"{path}.nodeCondition.type", k8s.qualified_name(condition)))
+    return errors
+
+
 def _topology_key_errors(key: Any, path: str) -> list[FieldError]:
     """A compartment's `topologyKey` must be a label key (the nodes' label naming their rack/domain)."""
     if key is None:
@@ -766,6 +784,7 @@ def validate_deploymentpolicy(obj: Any, *, old: Mapping[str, Any] | None = None)
         else:
             seen_selectors[canon] = (i, cname)
     errors.extend(_maintenance_errors(spec))
+    errors.extend(_health_gate_errors(spec))
     for path, strategy in _strategy_paths(spec):
         for kind, params in strategy.items():
             if isinstance(params, Mapping) and params.get("failureThreshold") is None:

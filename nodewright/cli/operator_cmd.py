@@ -178,11 +178,17 @@ def _shown(value: object) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nodewright.observability.heap import glibc, shrink_tls_read_buffers, tune_allocator
-    from nodewright.observability.logging import configure_logging
+    from nodewright.observability.heap import (
+        glibc,
+        import_http_client,
+        shrink_tls_read_buffers,
+        tune_allocator,
+    )
 
     tune_allocator(glibc())  # before any thread starts: arenas are per thread (observability/heap.py)
+    import_http_client()  # first, without the CA bundle in aiohttp's unused default contexts
     shrink_tls_read_buffers()
+    from nodewright.observability.logging import configure_logging
 
     fmt = {"auto": None, "json": True, "console": False}[args.log_format]
     configure_logging(args.log_level, json=fmt)

@@ -81,12 +81,13 @@ class OperatorOptions:
         why="a mutable host keeps what was applied",
     )
     chain_packages: bool = option(
-        False,
+        True,
         flag="--chain-packages",
         kind="switch",
         help="run the installs of packages that depend only on another package's run in that package's"
-        " pod, after it (one pod and two node writes for a dependency chain; docs/benchmarks.md)",
-        why="one pod per package, as the reference operator",
+        " pod, after it (one pod and two node writes for a dependency chain; docs/stages.md); false gives"
+        " every package pods of its own",
+        why="the faster mode, fewer pods and node writes (docs/benchmarks.md); off before (CHANGELOG.md)",
     )
     resync_seconds: float = option(
         600.0,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -47,6 +47,7 @@ from nodewright.api.reasons import (
 from nodewright.controller import taints
 from nodewright.controller.budgets import SharedBudgets, merge_patch
 from nodewright.controller.configmaps import PackageConfigMaps
+from nodewright.controller.gates import GateEvaluator, GateResults, SecretReader
 from nodewright.controller.notify import RolloutNotifications
 from nodewright.controller.revisions import RevisionKeeper
 from nodewright.controller.runtime import Runtime
@@ -260,6 +261,9 @@ class RolloutReconciler:
         self._completion = sequencing.CompletionMemo()
         self.configmaps = PackageConfigMaps(rt.client, namespace=rt.options.namespace)
         self.revisions = RevisionKeeper(rt.client, namespace=rt.options.namespace)
+        # Health gates between batches: the latest results per NodeWright (`controller.gates`).
+        self.gate_results = GateResults()
+        self.gate_evaluator = GateEvaluator(SecretReader(rt.client, rt.options.namespace), rt.node)
 
     def settles_batch(self, name: str, node: str, labels: Mapping[str, str]) -> bool:
         """Whether this node update ends the last in-flight node of its batch (as of the last pass).
@@ -304,6 +308,13 @@ class RolloutReconciler:
         undo = undo_hint(name, history, current_hash=spec_hash(obj.get("spec") or {}))
         snap = self._snapshot(name, model)
         plan = await self._secure(snap)
+        if plan is not None and plan.gate_checks:
+            # Health gates are due: evaluate them (each with a deadline) and plan with their results.
+            await self.gate_results.evaluate_due(self.gate_evaluator, name, plan.gate_checks, now=snap.now)
+            snap = replace(
+                snap, inp=snap.inp.with_gate_results(self.gate_results.merged(name, snap.inp.gate_results))
+            )
+            plan = await self._secure(snap)
         if plan is None:
             return Result(requeue_after=BUDGET_RETRY)  # budget writers kept conflicting: nothing written
         compute = time.monotonic() - started
@@ -370,6 +381,7 @@ class RolloutReconciler:
     def _forget(self, name: str) -> None:
         self.rt.metrics.domain.remove_nodewright(name)
         self.revisions.forget(name)
+        self.gate_results.forget(name)
         if self.notifications is not None:
             self.notifications.forget(name)
         for memory in (
@@ -409,7 +421,7 @@ class RolloutReconciler:
         self._enqueue_strays(name, nodes, inp.entries)
         selected = [memo[e.name] for e in inp.entries if e.rollout is not None]
         return _Snapshot(
-            inp=inp,
+            inp=inp.with_gate_results(self.gate_results.merged(name, inp.gate_results)),
             nodes=nodes,
             matched=[n for n, e in zip(nodes, inp.entries, strict=True) if e.matched],
             views=[e.view for e in selected if e.view is not None],
@@ -851,6 +863,7 @@ class RolloutReconciler:
                 ),
                 halted=cplan.halt is not None,
                 window_active=cplan.status.window_active is not False,
+                gate_holding=cplan.health_gate is not None,
             )
             for cname, cplan in plan.compartments.items()
         ]

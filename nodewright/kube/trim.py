@@ -38,7 +38,8 @@ _intern = sys.intern
 # does not delete a node we are working on) and must see whether someone else set it already.
 KEPT_NODE_ANNOTATIONS: Final = frozenset({"cluster-autoscaler.kubernetes.io/scale-down-disabled"})
 
-# The node conditions the controller reads: the kubelet's Ready, and our own (type prefix nodewright.io/).
+# The node conditions the controller reads: the kubelet's Ready, our own (type prefix nodewright.io/) and,
+# type and status only, any other that is True (node-condition health gates).
 READY: Final = "Ready"
 
 
@@ -140,6 +141,17 @@ def _condition(cond: JSON, *, full: bool) -> JSON:
     return out
 
 
+def _ours_or_ready(cond: JSON) -> bool:
+    return cond.get("type") == READY or str(cond.get("type", "")).startswith(PREFIX)
+
+
+def _true_condition(cond: JSON) -> JSON:
+    """Another condition that is True (node-problem-detector's, the kubelet's pressure ones): type and
+    status only, for the node-condition health gates (`controller.gates`). Healthy nodes have none, so
+    this costs nothing in a healthy fleet."""
+    return {"type": _intern(str(cond.get("type"))), "status": "True"}
+
+
 def trim_node(node: JSON) -> JSON:
     """Name, uid, RV, creation time, labels, our annotations, taints, unschedulable, Ready, ours,
     bootID, kernel and OS image."""
@@ -161,9 +173,9 @@ def trim_node(node: JSON) -> JSON:
             {k: _intern(v) if isinstance(v, str) else v for k, v in taint.items()} for taint in taints
         ]
     conditions = [
-        _condition(c, full=c.get("type") != READY)
+        _condition(c, full=c.get("type") != READY) if _ours_or_ready(c) else _true_condition(c)
         for c in status.get("conditions") or ()
-        if c.get("type") == READY or str(c.get("type", "")).startswith(PREFIX)
+        if _ours_or_ready(c) or c.get("status") == "True"
     ]
     out_status: JSON = {"conditions": conditions}
     # bootID (reboot completion, drift re-checks); kernel and OS image (drift re-checks): interned, since

@@ -21,6 +21,15 @@ life (`asyncio.sslproto.SSLProtocol.max_size`), and the operator keeps one conne
 (nodes, pods, NodeWrights, policies, budgets, ...) — over 1 MiB of an idle operator's memory.
 `shrink_tls_read_buffers()` lowers it to 64 KiB. A TLS record carries at most 16 KiB, so a read
 still takes several records at a time; a large list page only takes a few more `read` calls.
+
+And one that is OpenSSL's: aiohttp builds two default client contexts when it is imported, and both
+load the system's CA bundle (`set_default_verify_paths`: ~140 certificates parsed into each context's
+store), ~1.4 MiB of an idle operator that it never uses — the API server's context carries the
+cluster's CA alone (`kube.config`) and notification sinks get a context of their own, built on their
+first delivery (`controller.notify`). `import_http_client()` imports aiohttp with OpenSSL's default CA
+*file* (`SSL_CERT_FILE`) pointed at an empty one for the import alone: those two contexts keep
+OpenSSL's default CA directory only, which it reads one issuer at a time when a certificate is
+verified, never at import.
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ import asyncio.sslproto
 import contextlib
 import ctypes
 import ctypes.util
+import os
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Final, Protocol
 
@@ -44,6 +55,10 @@ TRIM_THRESHOLD_BYTES: Final = 128 * 1024
 ARENAS: Final = 2
 TRIM_INTERVAL_SECONDS: Final = 30.0
 TLS_READ_BUFFER_BYTES: Final = 64 * 1024
+
+
+# OpenSSL's environment variable for its default CA file (`ssl.get_default_verify_paths()`).
+CA_FILE_ENV: Final = "SSL_CERT_FILE"
 
 
 class Allocator(Protocol):
@@ -86,6 +101,26 @@ def shrink_tls_read_buffers(size: int = TLS_READ_BUFFER_BYTES) -> int:
     previous = int(protocol.max_size)
     protocol.max_size = size
     return previous
+
+
+def import_http_client() -> bool:
+    """Import aiohttp without its default contexts loading a CA bundle; True if that was done (False:
+    aiohttp was imported already)."""
+    if "aiohttp" in sys.modules:
+        return False
+    # Before any thread starts (the environment is the process's), and put back at once: contexts
+    # built later, such as the notification sinks', load the CA file as usual (the environment's own
+    # SSL_CERT_FILE if it names one).
+    named = os.environ.get(CA_FILE_ENV)
+    os.environ[CA_FILE_ENV] = os.devnull
+    try:
+        import aiohttp  # noqa: F401  (builds its default client contexts at import)
+    finally:
+        if named is None:
+            del os.environ[CA_FILE_ENV]
+        else:
+            os.environ[CA_FILE_ENV] = named
+    return True
 
 
 class HeapTrimmer:

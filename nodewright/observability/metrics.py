@@ -92,6 +92,7 @@ ROLLOUT_BATCH: Final = "nodewright_rollout_current_batch"
 ROLLOUT_FAILURES: Final = "nodewright_rollout_consecutive_failures"
 ROLLOUT_HALTED: Final = "nodewright_rollout_halted"
 WINDOW_ACTIVE: Final = "nodewright_window_active"
+HEALTH_GATE_HOLDING: Final = "nodewright_health_gate_holding"
 DRAIN_BLOCKED: Final = "nodewright_drain_blocked_nodes"
 WAITING_NODES: Final = "nodewright_waiting_nodes"
 OLDEST_STAGE_AGE: Final = "nodewright_oldest_stage_age_seconds"
@@ -140,6 +141,7 @@ EXPORTED_METRICS: Final[tuple[str, ...]] = (
     ROLLOUT_FAILURES,
     ROLLOUT_HALTED,
     WINDOW_ACTIVE,
+    HEALTH_GATE_HOLDING,
     DRAIN_BLOCKED,
     WAITING_NODES,
     OLDEST_STAGE_AGE,
@@ -188,6 +190,7 @@ PER_NODEWRIGHT_METRICS: Final[frozenset[str]] = frozenset(
         ROLLOUT_FAILURES,
         ROLLOUT_HALTED,
         WINDOW_ACTIVE,
+        HEALTH_GATE_HOLDING,
         DRAIN_BLOCKED,
         WAITING_NODES,
         OLDEST_STAGE_AGE,
@@ -339,6 +342,7 @@ class CompartmentSnapshot:
     consecutive_failures: int = 0
     halted: bool = False
     window_active: bool = True
+    gate_holding: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategy", strategy_label(self.strategy))
@@ -430,6 +434,11 @@ class DomainMetrics:
             (ROLLOUT_FAILURES, "consecutive_failures", "Consecutive failed batches in the compartment."),
             (ROLLOUT_HALTED, "halted", "1 when the compartment's rollout is halted by the failure policy."),
             (WINDOW_ACTIVE, "window_active", "1 while the compartment may admit nodes (maintenance window)."),
+            (
+                HEALTH_GATE_HOLDING,
+                "gate_holding",
+                "1 while a health gate holds the compartment's next batch.",
+            ),
         ):
             gauge(name, description, self._compartment_callback(attr))
         meter.create_observable_counter(

@@ -54,6 +54,7 @@ from nodewright.api.models import (
 )
 from nodewright.api.reasons import PolicyInvalid, PolicyNotFound, PolicyUnusable
 from nodewright.plan import topology
+from nodewright.plan.gates import GateSpec, specs_from_models
 from nodewright.plan.selectors import matches
 from nodewright.plan.windows import Schedule, compile_schedule, parse_duration
 
@@ -159,6 +160,8 @@ class Pacing:
     soak_seconds: float = 0.0
     pause_after: frozenset[int] = frozenset()
     has_maintenance: bool = False
+    gates: tuple[GateSpec, ...] = ()
+    """Health gates that must pass after a batch soaked before the next opens (`plan.gates`)."""
 
     @classmethod
     def from_model(cls, own: CompartmentRollout, default: Maintenance | None) -> Pacing:
@@ -168,6 +171,7 @@ class Pacing:
             soak_seconds=parse_duration(own.soak_time).total_seconds() if own.soak_time else 0.0,
             pause_after=frozenset(own.pause_after_batch or ()),
             has_maintenance=maintenance is not None,
+            gates=specs_from_models(own.health_gates),
         )
 
 

@@ -35,13 +35,15 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 from nodewright.api.admission import Admission
 from nodewright.api.models import BatchState, CompartmentStatus, DeploymentPolicy, NodeWright, Status
-from nodewright.api.reasons import PolicyInvalid, WaitReason, detail_label
+from nodewright.api.reasons import GateOutcome, PolicyInvalid, WaitReason, detail_label
 from nodewright.plan.budgets import SharedBudget
+from nodewright.plan.gates import GateCheck, GateResult
 from nodewright.plan.rollout import Phase, RolloutNode, RolloutPlan, phase_of, plan_rollout
 from nodewright.plan.stages import ts
 
@@ -180,13 +182,13 @@ def simulate_rollout(
     approved = dict(approvals or {})
     plans: list[RolloutPlan] = []
     for _ in range(max_steps):
-        plan = plan_rollout(
+        plan = _plan_passing_gates(
             nodewright,
             policy=policy,
             nodes=list(fleet.values()),
             compartment_statuses=statuses,
             fingerprint=fingerprint,
-            now=now,
+            at=now,
             paused=paused,
             disabled=disabled,
             shared_budgets=shared_budgets,
@@ -209,6 +211,28 @@ def simulate_rollout(
             break
         fleet = {name: _finish(node, plan, fingerprint, outcome) for name, node in fleet.items()}
     return Simulation(tuple(plans), tuple(fleet.values()), statuses)
+
+
+def _plan_passing_gates(nodewright: NodeWright, *, at: str, **inputs: Any) -> RolloutPlan:
+    """`plan_rollout` with every health gate due passing: a successful rollout's gates pass."""
+    plan = plan_rollout(nodewright, now=at, **inputs)
+    if plan.gate_checks:
+        plan = plan_rollout(nodewright, now=at, gate_results=_gates_pass(plan.gate_checks, at=at), **inputs)
+    return plan
+
+
+def _gates_pass(checks: Sequence[GateCheck], *, at: str) -> dict[str, dict[str, GateResult]]:
+    """Every due health gate passing, as the controller would record it (the preview assumes success)."""
+    moment = datetime.fromisoformat(at.replace("Z", "+00:00"))
+    return {
+        c.compartment: {
+            g.name: GateResult(
+                g.name, c.batch, GateOutcome.PASSED, g.describe_query(c.nodes), None, "", moment
+            )
+            for g in c.gates
+        }
+        for c in checks
+    }
 
 
 def preview_rollout(

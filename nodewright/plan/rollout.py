@@ -98,6 +98,8 @@ from nodewright.api.models import (
     BatchState,
     CompartmentStatus,
     DeploymentPolicy,
+    GateHalt,
+    GateStatus,
     NodeWright,
     Status,
 )
@@ -108,6 +110,9 @@ from nodewright.api.reasons import (
     CordonedBySomeoneElse,
     Deferred,
     Gate,
+    GateHeld,
+    HaltedByGate,
+    HaltReason,
     Pacing,
     PolicyInvalid,
     PolicyNotFound,
@@ -120,7 +125,7 @@ from nodewright.api.reasons import (
     WindowClosed,
     describe_waiting,
 )
-from nodewright.plan import batches, budgets, topology, windows
+from nodewright.plan import batches, budgets, gates, topology, windows
 from nodewright.plan.node import StateRuns, node_complete
 from nodewright.plan.policy import Compartments, CompartmentSpec, NodeRef, resolve_compartments
 
@@ -281,7 +286,7 @@ class Halt:
     """A compartment stopped by its failure threshold; only an explicit reset resumes it."""
 
     compartment: str
-    reason: str
+    reason: HaltReason
     failing_nodes: tuple[str, ...]
     failing_count: int
     message: str
@@ -310,6 +315,10 @@ class CompartmentPlan:
     """Nodes the open batch takes that `admission_limit` left for the next plans."""
     topology_key: str | None = None
     """The compartment counts topology domains of this label (`plan.topology`); None: nodes."""
+    gate_check: gates.GateCheck | None = None
+    """Health gates the controller must evaluate now (then plan again with their results)."""
+    health_gate: GateHeld | None = None
+    """The health gate holding the next batch, if one does."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,6 +349,11 @@ class RolloutPlan:
         """The earliest `CompartmentPlan.wake_at`: when to plan again although nothing else changes."""
         times = [c.wake_at for c in self.compartments.values() if c.wake_at is not None]
         return min(times, default=None)
+
+    @property
+    def gate_checks(self) -> tuple[gates.GateCheck, ...]:
+        """The health gates due for evaluation, per compartment (`plan.gates`)."""
+        return tuple(c.gate_check for c in self.compartments.values() if c.gate_check is not None)
 
     @property
     def deferred(self) -> int:
@@ -423,6 +437,7 @@ def plan_rollout(
     approvals: Mapping[str, int] | None = None,
     shared_budgets: Sequence[budgets.SharedBudget] = (),
     admission_limit: int | None = None,
+    gate_results: Mapping[str, Mapping[str, gates.GateResult]] | None = None,
 ) -> RolloutPlan:
     """Decide admissions, batch state and why-waiting reasons for one NodeWright (module docstring).
 
@@ -433,7 +448,7 @@ def plan_rollout(
     NodeWrights and other causes disrupt in them (`plan.budgets`): a node of a pool with no free slot is
     not admitted (reason `DisruptionBudget`), and the batch takes the next candidates instead.
     `admission_limit` caps the admissions of each compartment in this plan (the module docstring, "Long
-    batches"); the nodes it defers are reported in `CompartmentPlan.deferred`.
+    batches"); the nodes it defers: `CompartmentPlan.deferred`. `gate_results`: health gate results.
     """
     if admission_limit is not None and admission_limit < 1:
         raise ValueError(f"admission_limit must be at least 1, got {admission_limit}")
@@ -464,6 +479,7 @@ def plan_rollout(
         approvals=dict(approvals or {}),
         ledger=budgets.Ledger(shared_budgets, own=(n for n, p in phases.items() if p in _HOLDS_SLOT)),
         admission_limit=admission_limit,
+        gate_results=gate_results or {},
     )
     return _plan_compartments(ctx, nodes, phases=phases, statuses=compartment_statuses, order=order)
 
@@ -546,6 +562,7 @@ class _Context:
     approvals: Mapping[str, int]
     ledger: budgets.Ledger
     admission_limit: int | None
+    gate_results: Mapping[str, Mapping[str, gates.GateResult]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -589,7 +606,12 @@ def _plan_compartment(
     slots = _slots(ctx.compartments.ceiling(name), members, phases, key=spec.topology_key)
     settled = _settle(ctx, name, spec, members=members, phases=phases, prior=prior, slots=slots)
     pacing = _pacing(
-        ctx, name, spec, state=settled.state, waiting=bool(slots.candidates) and not settled.batch
+        ctx,
+        name,
+        spec,
+        state=settled.state,
+        waiting=bool(slots.candidates) and not settled.batch,
+        members=members,
     )
     state, selection = _select(
         ctx, name, spec, pacing.state, settled=settled, slots=slots, pacing=pacing, total=len(members)
@@ -770,6 +792,7 @@ def _waiting(
             n,
             compartment=name,
             halted=state.should_stop,
+            halted_by=HaltedByGate(_gate_halt(name, state.gate_halt).message) if state.gate_halt else None,
             budget_full=n.name in budget_full,
             pacing=None if settled.batch else pacing.reason,
             shared=selection.shared.get(n.name),
@@ -855,7 +878,7 @@ def _compartment_plan(
     ceiling = ctx.compartments.ceiling(name)
     pending = bool(slots.candidates) and not settled.batch
     in_progress = len(slots.holding) + len(selection.picked)
-    status = _compartment_status(ctx, state, members, phases, ceiling, in_progress, pacing, pending)
+    status = _compartment_status(ctx, state, members, phases, ceiling, in_progress, pacing, pending, name)
     message = (
         _slots_message(in_progress + len(slots.others), ceiling, len(slots.others))
         if spec.topology_key is None
@@ -882,6 +905,8 @@ def _compartment_plan(
         opened=selection.opened and bool(selection.picked),
         deferred=len(selection.planned) - len(selection.picked),
         topology_key=spec.topology_key,
+        gate_check=pacing.gate_check,
+        health_gate=pacing.reason[1] if pacing.reason and isinstance(pacing.reason[1], GateHeld) else None,
     )
 
 
@@ -905,6 +930,7 @@ def _compartment_status(
     in_progress: int,
     pacing: _Pacing,
     pending: bool,
+    name: str,
 ) -> CompartmentStatus:
     complete = sum(phases[n.name] in _COMPLETE for n in members)
     window, soak = pacing.window, pacing.soak_until
@@ -921,7 +947,15 @@ def _compartment_status(
         soak_until=_ts(soak) if soak is not None else None,
         soak_remaining_seconds=_remaining(soak, ctx.moment) if soak is not None else None,
         awaiting_approval=pacing.gate if pacing.gate is not None and pending else None,
+        health_gates=_gate_statuses(ctx, name, state),
     )
+
+
+def _gate_statuses(ctx: _Context, name: str, state: BatchState) -> list[GateStatus] | None:
+    """The gate results of the batch that settled last, for the status (read back by `rollout_input`)."""
+    results = ctx.gate_results.get(name, {})
+    kept = [gates.to_status(r) for _, r in sorted(results.items()) if r.batch == state.last_settled_batch]
+    return kept or None
 
 
 def _evaluate(
@@ -1036,15 +1070,26 @@ class _Pacing:
     gate: int | None
     reason: tuple[WaitReason, Pacing] | None
     wake_at: datetime | None
+    gate_check: gates.GateCheck | None = None
 
 
-def _pacing(ctx: _Context, name: str, spec: CompartmentSpec, *, state: BatchState, waiting: bool) -> _Pacing:
-    """Whether time or a human holds the next batch of a compartment (gate, then soak, then window).
+def _pacing(
+    ctx: _Context,
+    name: str,
+    spec: CompartmentSpec,
+    *,
+    state: BatchState,
+    waiting: bool,
+    members: Sequence[RolloutNode],
+) -> _Pacing:
+    """Whether time, a human or a health gate holds the next batch of a compartment (approval gate, then
+    soak, then health gates, then window).
 
     A gate (`pauseAfterBatch`) holds after the batch that settled last until `approvals` names exactly
     that batch, which is then recorded as `approvedBatch` (so the approval cannot open a later gate).
     Soak time counts from when the last batch settled. A closed maintenance window only stops new
-    admissions: admitted nodes finish.
+    admissions: admitted nodes finish. Health gates are judged once the soak is over (`_health`); one that
+    failed past its timeout halts the compartment (the returned state records it).
     """
     pacing = spec.pacing
     window = windows.evaluate(pacing.schedule, ctx.moment) if pacing.has_maintenance else None
@@ -1061,18 +1106,50 @@ def _pacing(ctx: _Context, name: str, spec: CompartmentSpec, *, state: BatchStat
             state = state.model_copy(update={"approved_batch": last})
         else:
             gate = last
+    health = gates.OPEN
+    if gate is None and soak_until is None and waiting and not state.should_stop:
+        health, state = _health(ctx, name, spec, state=state, members=members)
     reason: tuple[WaitReason, Pacing] | None = None
     if gate is not None:
         reason = (WaitReason.AWAITING_APPROVAL, Gate(ctx.nodewright, name, gate))
     elif soak_until is not None:
         reason = (WaitReason.SOAKING, Soak(name, last, soak_until))
+    elif health.held is not None:
+        reason = (WaitReason.HEALTH_GATE, health.held)
     elif window is not None and not window.active:
         reason = (WaitReason.WINDOW, WindowClosed(window.describe()))
-    wakes = [soak_until]
+    wakes = [soak_until, health.wake_at]
     if window is not None and waiting:
         wakes.append(window.closes_at if window.active else window.next_open)
     wake_at = min((w for w in wakes if w is not None), default=None)
-    return _Pacing(state, window, soak_until, gate, reason, wake_at)
+    check = None
+    if health.due:
+        nodes = tuple(sorted(n.name for n in _batch_members(ctx, name, last, members)))
+        check = gates.GateCheck(name, last, nodes, spec.pacing.gates)
+    return _Pacing(state, window, soak_until, gate, reason, wake_at, check)
+
+
+def _health(
+    ctx: _Context, name: str, spec: CompartmentSpec, *, state: BatchState, members: Sequence[RolloutNode]
+) -> tuple[gates.GateDecision, BatchState]:
+    """The health gates' decision after the batch that settled last (its soak over), and the batch state
+    with a halt recorded when a gate failed past its timeout (`plan.gates`)."""
+    last = state.last_settled_batch
+    if not spec.pacing.gates or last < 1 or not state.settled_at:
+        return gates.OPEN, state
+    soak_end = _moment(state.settled_at) + timedelta(seconds=spec.pacing.soak_seconds)
+    decision = gates.decide(
+        name,
+        last,
+        spec.pacing.gates,
+        ctx.gate_results.get(name, {}),
+        nodes=[n.name for n in _batch_members(ctx, name, last, members)],
+        soak_end=soak_end,
+        now=ctx.moment,
+    )
+    if decision.halt is not None:
+        return decision, state.model_copy(update={"should_stop": True, "gate_halt": decision.halt})
+    return decision, state
 
 
 def _moment(text: str) -> datetime:
@@ -1206,6 +1283,7 @@ def _why_waiting(
     *,
     compartment: str,
     halted: bool,
+    halted_by: HaltedByGate | None = None,
     budget_full: bool,
     pacing: tuple[WaitReason, Pacing] | None = None,
     shared: BudgetHeld | None = None,
@@ -1225,7 +1303,7 @@ def _why_waiting(
     if node.waiting_for_priority:
         return waiting(WaitReason.WAITING_FOR_PRIORITY, Predecessor(node.waiting_for_priority))
     if halted:
-        return waiting(WaitReason.COMPARTMENT_HALTED)
+        return waiting(WaitReason.COMPARTMENT_HALTED, halted_by)
     if pacing is not None:
         return waiting(*pacing)
     if shared is not None:
@@ -1240,6 +1318,8 @@ def _why_waiting(
 def _halt(
     name: str, state: BatchState, *, members: Sequence[RolloutNode], phases: Mapping[str, Phase]
 ) -> Halt:
+    if state.gate_halt is not None:
+        return _gate_halt(name, state.gate_halt)
     failing = sorted(n.name for n in members if phases[n.name] is Phase.FAILED)
     shown = failing[:MAX_FAILING_NODES]
     more = f" and {len(failing) - len(shown)} more" if len(failing) > len(shown) else ""
@@ -1248,7 +1328,17 @@ def _halt(
         f"compartment {name!r} halted after {state.consecutive_failures} consecutive failed batches"
         f"{nodes_text}; set annotation nodewright.io/reset-batch-state to resume"
     )
-    return Halt(name, "FailureThresholdReached", tuple(shown), len(failing), message)
+    return Halt(name, HaltReason.FAILURE_THRESHOLD, tuple(shown), len(failing), message)
+
+
+def _gate_halt(name: str, halt: GateHalt) -> Halt:
+    seen = f"{halt.query} = {halt.value}" if halt.value is not None else f"{halt.query}: no value"
+    detail = f" ({halt.detail})" if halt.detail else ""
+    message = (
+        f"compartment {name!r} halted: health gate {halt.gate!r} failed after batch {halt.batch} past its"
+        f" timeout: {seen}{detail}; set annotation nodewright.io/reset-batch-state to resume"
+    )
+    return Halt(name, HaltReason.HEALTH_GATE, (), 0, message[:1024])
 
 
 def _slots_message(used: int, ceiling: int, by_others: int) -> str:

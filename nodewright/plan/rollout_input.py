@@ -74,6 +74,7 @@ from nodewright.api.reasons import (
 )
 from nodewright.plan import batches, selectors, sequencing
 from nodewright.plan.budgets import PoolNode, SharedBudget, pool_node, shared_for
+from nodewright.plan.gates import GateResult, from_statuses
 from nodewright.plan.node import is_disabled, is_paused, state_runs, untolerated_taints
 from nodewright.plan.podspec import parse_duration_seconds
 from nodewright.plan.preview import RolloutPreview, preview_rollout
@@ -334,6 +335,8 @@ class RolloutInput:
     epoch: RolloutEpoch = field(default_factory=lambda: RolloutEpoch(""))
     """The rollout planned: `nodes` leave out the admissions of earlier rollouts of the same spec."""
     dead: tuple[str, ...] = ()  # nodes whose admission is another rollout's and started nothing: removed
+    gate_results: Mapping[str, Mapping[str, GateResult]] = field(default_factory=dict)
+    """Latest health gate results per compartment (`plan.gates`), evaluated by the controller."""
 
     @property
     def name(self) -> str:
@@ -362,6 +365,9 @@ class RolloutInput:
     def with_budgets(self, shared: Sequence[SharedBudget]) -> RolloutInput:
         return replace(self, shared_budgets=tuple(shared))
 
+    def with_gate_results(self, results: Mapping[str, Mapping[str, GateResult]]) -> RolloutInput:
+        return replace(self, gate_results=results)
+
     def plan(self) -> RolloutPlan:
         """The rollout controller's decision for this input."""
         return plan_rollout(
@@ -378,6 +384,7 @@ class RolloutInput:
             next_order_hint=self.next_order_hint,
             shared_budgets=self.shared_budgets,
             admission_limit=self.admission_limit,
+            gate_results=self.gate_results,
         )
 
     def preview(self) -> RolloutPreview:
@@ -465,6 +472,7 @@ def rollout_input(
         all_nodewrights=ctx.all_nodewrights,
         epoch=epoch,
         dead=dead_admissions(candidates, epoch),
+        gate_results=from_statuses(said.compartment_statuses),
     )
 
 

@@ -429,9 +429,7 @@ def _owned_conditions(f: _Facts) -> list[Condition]:
         _condition(f, READY, f.overall is Status.COMPLETE, ready_reason, _ready_message(f)),
         _condition(f, RECONCILING, reconciling, "Progressing" if reconciling else ready_reason),
         _condition(f, STALLED, stalled, stalled_reason, stalled_message),
-        _condition(
-            f, HALTED, bool(halts), "FailureThresholdReached" if halts else "NotHalted", _halt_message(f)
-        ),
+        _condition(f, HALTED, bool(halts), halts[0].reason.value if halts else "NotHalted", _halt_message(f)),
         _condition(f, PAUSED, f.paused, "Paused" if f.paused else "NotPaused"),
         _condition(f, DISABLED, f.disabled, "Disabled" if f.disabled else "NotDisabled"),
         *_domain_conditions(f),

@@ -48,6 +48,7 @@ from nodewright.api.reasons import (
     CordonedBySomeoneElse,
     Deferred,
     DrainSkipped,
+    HaltReason,
     IgnoreLabel,
     NodeConditionReason,
     NotReady,
@@ -580,7 +581,12 @@ def _halted(analysis: Analysis, entry: Entry, waiting: Waiting, answer: Answerer
     halt = cplan.halt if cplan is not None else None
     return answer(
         waiting.reason.value,
-        f"compartment {comp!r} is halted: its failure threshold stopped new batches",
+        f"compartment {comp!r} is halted: "
+        + (
+            "a health gate failed past its timeout"
+            if halt is not None and halt.reason is HaltReason.HEALTH_GATE
+            else "its failure threshold stopped new batches"
+        ),
         halt.message if halt is not None else "",
         f"after fixing the cause: kubectl nodewright policy reset {analysis.name}"
         + (f" --compartment {comp}" if comp else ""),
