@@ -283,6 +283,11 @@ def finish_admitted(env: Controller, fingerprint: str) -> None:
             )
         elif labels.get(label_key) == "in_progress" and not current:
             labels[label_key] = "waiting"
+            if not _malformed(annotations.get(state_key)):
+                # The run ends (an earlier version stays): a state still showing a run of the current
+                # spec in flight would be a node the planner counts in progress until it resumes it
+                # (`plan.rollout.status_for_spec`), which this stand-in never does.
+                annotations[state_key] = state_text("0.9.0", PackageState.COMPLETE)
         else:
             continue
         env.put_node(node)
