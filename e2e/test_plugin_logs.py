@@ -146,7 +146,8 @@ async def test_kept_logs_and_a_targeted_retry_that_waits_for_the_slot(
         assert done["changed"] and done["packages"] == ["shell"], done
         answer = await why(cluster, failing, nw)
         assert answer["reason"] == "BudgetFull", answer
-        assert any(holder in d for d in answer["details"]), answer
+        # The slot's holder is one of the others (`holder` may have finished meanwhile and handed it on).
+        assert any(other in d for other in others for d in answer["details"]), answer
         await wait_statuses(kube, prefix, nw, "complete", within=180)
 
         # 4. package status; rerun through a batch; reset refused while a pod runs, then done.
