@@ -158,7 +158,7 @@ import json, os, ssl, sys
 from nodewright.observability import heap
 first = heap.import_http_client()
 import aiohttp.connector as connector
-from nodewright.controller.notify import sink_tls_context
+from nodewright.observability.heap import system_tls_context
 print(json.dumps({
     "first": first,
     "again": heap.import_http_client(),
@@ -166,8 +166,8 @@ print(json.dumps({
     "aiohttp_verified": connector._SSL_CONTEXT_VERIFIED.cert_store_stats()["x509"],
     "aiohttp_unverified": connector._SSL_CONTEXT_UNVERIFIED.cert_store_stats()["x509"],
     "default": ssl.create_default_context().cert_store_stats()["x509"],
-    "sink": sink_tls_context().cert_store_stats()["x509"],
-    "sink_verifies": sink_tls_context().verify_mode == ssl.CERT_REQUIRED,
+    "sink": system_tls_context().cert_store_stats()["x509"],
+    "sink_verifies": system_tls_context().verify_mode == ssl.CERT_REQUIRED,
 }))
 """
 
@@ -212,3 +212,26 @@ def test_the_operator_command_imports_aiohttp_only_through_import_http_client() 
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "False"
+
+
+def test_every_outbound_call_of_the_operator_verifies_against_the_system_store() -> None:
+    """In the operator aiohttp's default context has no CA file (`import_http_client`): a call to an
+    endpoint outside the cluster (a sink, a health gate's Prometheus) passes `ssl=` itself, or HTTPS
+    to a public endpoint would fail verification."""
+    import ast
+    from pathlib import Path
+
+    import nodewright
+
+    calls = [
+        (path.name, node.lineno, any(k.arg == "ssl" for k in node.keywords))
+        for path in sorted((Path(nodewright.__file__).parent / "controller").glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in {"get", "post", "put", "request"}
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "session"
+    ]
+    assert {name for name, _, _ in calls} >= {"notify.py", "gates.py"}
+    assert [c for c in calls if not c[2]] == []

@@ -35,6 +35,7 @@ import structlog
 
 from nodewright.api.reasons import GateOutcome
 from nodewright.kube.resources import SECRETS, ApiError, NotFound
+from nodewright.observability import heap
 from nodewright.plan.gates import GateCheck, GateKind, GateResult, GateSpec, judge_conditions, judge_samples
 
 log = structlog.get_logger(__name__)
@@ -127,7 +128,9 @@ class GateEvaluator:
         try:
             async with (
                 aiohttp.ClientSession(timeout=timeout) as session,
-                session.get(f"{base}/api/v1/query", params={"query": query}) as resp,
+                session.get(
+                    f"{base}/api/v1/query", params={"query": query}, ssl=heap.system_tls_context()
+                ) as resp,
             ):
                 text = await resp.text()
                 body = _json_or_none(text)

@@ -52,9 +52,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import functools
 import random
-import ssl
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -69,7 +67,7 @@ import structlog
 
 from nodewright.api.models import NodeWright, NodeWrightStatus, NotificationEvent, NotificationFormat, Status
 from nodewright.kube.resources import SECRETS, ApiError, NotFound
-from nodewright.observability import events
+from nodewright.observability import events, heap
 from nodewright.observability.events import EventSpec
 from nodewright.plan.podspec import parse_duration_seconds
 from nodewright.plan.revisions import UndoHint
@@ -221,21 +219,13 @@ class DeliveryError(Exception):
 Poster = Callable[[str, dict[str, Any]], Awaitable[None]]
 
 
-@functools.cache
-def sink_tls_context() -> ssl.SSLContext:
-    """The system's CA store, which a sink's public endpoint is verified against. Built on the first
-    delivery, once: aiohttp's own default context has no CA file in the operator (observability/heap.py
-    `import_http_client`)."""
-    return ssl.create_default_context()
-
-
 async def post_json(url: str, body: dict[str, Any]) -> None:
     """One POST with a deadline; DeliveryError(retry=...) on anything but a 2xx answer."""
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
     try:
         async with (
             aiohttp.ClientSession(timeout=timeout) as session,
-            session.post(url, json=body, allow_redirects=False, ssl=sink_tls_context()) as response,
+            session.post(url, json=body, allow_redirects=False, ssl=heap.system_tls_context()) as response,
         ):
             if 200 <= response.status < 300:
                 return

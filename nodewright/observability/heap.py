@@ -39,7 +39,9 @@ import asyncio.sslproto
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
+import ssl
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Final, Protocol
@@ -121,6 +123,14 @@ def import_http_client() -> bool:
         else:
             os.environ[CA_FILE_ENV] = named
     return True
+
+
+@functools.cache
+def system_tls_context() -> ssl.SSLContext:
+    """The system's CA store, for the operator's HTTPS calls outside the cluster (notification sinks,
+    health gates' Prometheus). Built on first use, once: aiohttp's own default context has no CA file in
+    the operator (`import_http_client`), so every such call passes this one as `ssl=`."""
+    return ssl.create_default_context()
 
 
 class HeapTrimmer:
