@@ -24,6 +24,12 @@ from nodewright.kube.resources import NotFound
 from nodewright.plan.gates import GateCheck, GateSpec
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
+# Answers no Prometheus gives, but a proxy or another server at the URL might: each is one Unknown.
+MALFORMED: dict[str, Any] = {
+    "not-objects": {"resultType": "vector", "result": ["n0", 3]},
+    "no-pair": {"resultType": "vector", "result": [{"metric": {"node": "n0"}, "value": [0]}]},
+    "data-a-list": [1, 2],
+}
 
 
 class Secrets:
@@ -44,6 +50,8 @@ async def prometheus() -> AsyncIterator[tuple[str, list[str]]]:
     async def query(request: web.Request) -> web.Response:
         text = request.query["query"]
         asked.append(text)
+        if text in MALFORMED:
+            return web.json_response({"status": "success", "data": MALFORMED[text]})
         if not text.startswith("xid"):
             return web.json_response({"status": "error", "error": "parse error"}, status=400)
         result = [
@@ -115,3 +123,13 @@ async def test_a_node_condition_true_on_a_batch_node_fails_the_gate() -> None:
     assert (result.outcome, result.value, result.detail) == (GateOutcome.FAILED, "1", "on n1")
     only_n0 = await evaluator.evaluate(GateCheck("c", 1, ("n0",), (spec,)), now=NOW)
     assert only_n0["npd"].outcome is GateOutcome.PASSED
+
+
+@pytest.mark.parametrize("query", sorted(MALFORMED))
+async def test_a_malformed_answer_is_unknown_not_an_exception(
+    prometheus: tuple[str, list[str]], query: str
+) -> None:
+    url, _ = prometheus
+    evaluator = GateEvaluator(SecretReader(Secrets({"prom": url}), "ns"), lambda _n: None)
+    [result] = (await evaluator.evaluate(GateCheck("c", 1, ("n0",), (gate(query),)), now=NOW)).values()
+    assert result.outcome is GateOutcome.UNKNOWN and result.detail

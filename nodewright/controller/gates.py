@@ -139,7 +139,8 @@ class GateEvaluator:
                     raise GateError(f"Prometheus answered {resp.status}: {error or text[:200]}")
         except (aiohttp.ClientError, OSError) as exc:
             raise GateError(f"asking Prometheus at {base}: {exc!r}"[:300]) from exc
-        return _samples(body.get("data") or {})
+        data = body.get("data")
+        return _samples(data if isinstance(data, dict) else {})
 
     def _conditions(self, gate: GateSpec, check: GateCheck, *, now: datetime) -> GateResult:
         wanted = gate.model.node_condition.type if gate.model.node_condition is not None else ""
@@ -163,7 +164,17 @@ def _samples(data: Mapping[str, Any]) -> list[tuple[str, float]]:
         return [("", _number(result[1]))]
     if kind != "vector" or not isinstance(result, list):
         raise GateError(f"the query must give an instant vector or a scalar, not {kind}")
-    return [(_labels(s.get("metric") or {}), _number((s.get("value") or [0, "NaN"])[1])) for s in result]
+    return [_sample(s) for s in result]
+
+
+def _sample(series: Any) -> tuple[str, float]:
+    """One series of an instant vector: `{"metric": {...}, "value": [time, "text"]}`."""
+    if not isinstance(series, dict):
+        raise GateError(f"Prometheus answered a series that is not an object: {str(series)[:100]}")
+    metric, value = series.get("metric"), series.get("value")
+    if not isinstance(value, list) or len(value) != 2:
+        raise GateError(f"Prometheus answered a series without a [time, value] pair: {str(series)[:100]}")
+    return _labels(metric if isinstance(metric, dict) else {}), _number(value[1])
 
 
 def _number(text: Any) -> float:
