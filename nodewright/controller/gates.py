@@ -67,6 +67,8 @@ class SecretReader:
         except ApiError as exc:
             hint = " (list it in the chart's healthGates.secretNames)" if exc.status == 403 else ""
             raise GateError(f"reading {where}: {exc}{hint}"[:300]) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise GateError(f"reading {where}: {exc!r}"[:300]) from exc
         raw = (secret.get("data") or {}).get(key)
         if raw is None:
             raise GateError(f"{where} is missing")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 
+import aiohttp
 import structlog
 
 from nodewright.api import constants
@@ -102,7 +103,7 @@ class RevisionKeeper:
             return self.history(seen.name)
         try:
             history = await self._sync(seen)
-        except (ApiError, TimeoutError, OSError) as exc:
+        except (ApiError, aiohttp.ClientError, TimeoutError, OSError) as exc:
             if self._warned.get(seen.name) != key:
                 self._warned[seen.name] = key
                 log.warning(
