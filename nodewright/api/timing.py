@@ -43,6 +43,16 @@ def parse_ts(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+def parse_ts_or_none(text: str | None) -> datetime | None:
+    """A timestamp read from an object someone else may have written: None when absent or unreadable."""
+    if not text:
+        return None
+    try:
+        return parse_ts(text)
+    except ValueError:
+        return None
+
+
 def timing_annotation(nodewright: str) -> str:
     return f"{TIMING_ANNOTATION_PREFIX}{nodewright}"
 

@@ -82,7 +82,14 @@ from nodewright.api.nodestate import (
     truncate_error,
 )
 from nodewright.api.reasons import NodeConditionReason
-from nodewright.api.timing import Timing, TracedAdmission, read_timing, timing_annotation, update_timing
+from nodewright.api.timing import (
+    Timing,
+    TracedAdmission,
+    parse_ts_or_none,
+    read_timing,
+    timing_annotation,
+    update_timing,
+)
 from nodewright.controller.configmaps import PackageConfigMaps
 from nodewright.controller.drainer import Drainer
 from nodewright.controller.drift import DriftScheduler
@@ -142,7 +149,6 @@ from nodewright.plan.stages import (
     PodSummary,
     completed_stages,
     failed_stage,
-    parse_ts,
     run_completed_stages,
     ts,
 )
@@ -679,7 +685,7 @@ class NodeReconciler:
                     message=message,
                     terminating=bool(meta.get("deletionTimestamp")),
                     basis=str(annotations.get(constants.POD_ANNOTATION_DRIFT_BASIS) or ""),
-                    created=_parse(meta.get("creationTimestamp")),
+                    created=parse_ts_or_none(meta.get("creationTimestamp")),
                     deadline=_active_deadline(pod),
                 )
             )
@@ -1470,15 +1476,6 @@ def _condition_of(node: JSON, condition_type: str) -> Mapping[str, Any] | None:
     return None
 
 
-def _parse(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        return parse_ts(text)
-    except ValueError:
-        return None
-
-
 def _ordering_inputs(nodewright: JSON) -> tuple[object, ...]:
     """What the ordering facts read of a NodeWright object: its spec (generation), pause, disable and
     deletion. Not its resourceVersion: every status write of the rollout changes that."""
@@ -1524,7 +1521,7 @@ def _failure(plan: NodePlan) -> str:
 def _rollout_ref(model: NodeWright, node: str, admission: TracedAdmission | None) -> NodeRollout | None:
     if admission is None:
         return None
-    picked = _parse(admission.at)
+    picked = parse_ts_or_none(admission.at)
     if picked is None:
         return None
     return NodeRollout(

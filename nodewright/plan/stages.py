@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from nodewright.api.models import Interrupt, Package
 from nodewright.api.nodestate import PackageEntry, PackageStage, PackageState, truncate_error
+from nodewright.api.timing import parse_ts as parse_ts
+from nodewright.api.timing import ts as ts
 from nodewright.plan.configdiff import config_interrupt
 from nodewright.plan.podspec import parse_duration_seconds, transition_stages
 
@@ -163,18 +165,10 @@ class RetryPolicy:
 # Time helpers: state timestamps are RFC3339 with second precision, UTC.
 
 
-def ts(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def ts_ceil(moment: datetime) -> str:
     """Round up to the next second so that a stored deadline is never earlier than computed."""
     whole = moment.replace(microsecond=0)
     return ts(whole if whole == moment else whole + timedelta(seconds=1))
-
-
-def parse_ts(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def seconds_until(moment: datetime, now: datetime) -> float:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from nodewright.api.nodestate import NodeState, PackageEntry, PackageState
-from nodewright.plan.stages import PodSummary, StageProgress, parse_ts
+from nodewright.api.timing import parse_ts_or_none
+from nodewright.plan.stages import PodSummary, StageProgress
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +64,7 @@ def stage_transitions(
 def _entry_transitions(
     entry: PackageEntry, after: PackageEntry | None, new: NodeState, pods: Sequence[PodSummary], now: datetime
 ) -> list[Transition]:
-    started = _parse(entry.started) or now
+    started = parse_ts_or_none(entry.started) or now
     finished = after is None or after.stage != entry.stage or after.state is PackageState.COMPLETE
     failed = after is not None and (
         after.state is PackageState.ERRORING
@@ -124,12 +125,3 @@ def _attempt_pod(pods: Sequence[PodSummary], entry: PackageEntry) -> PodSummary 
         ):
             return pod
     return None
-
-
-def _parse(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        return parse_ts(text)
-    except ValueError:
-        return None
