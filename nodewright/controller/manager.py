@@ -104,8 +104,8 @@ def is_outage(exc: BaseException) -> bool:
     """Whether `exc` means "the API server is not answering now" (worth waiting for) rather than an
     answer that retrying cannot change (bad credentials, missing permission or object, untrusted CA).
 
-    Understands our `ApiError`, aiohttp's transport errors and any client exception with an integer
-    HTTP `status` (kubernetes_asyncio's `ApiException`, used by the webhook).
+    Understands our `ApiError` (the one error type of `nodewright.kube`, the webhook's and the
+    simulator's too), aiohttp's transport errors and any other exception with an integer HTTP `status`.
     """
     if isinstance(exc, aiohttp.ClientConnectorCertificateError):
         return False  # the server answered with a certificate our CA does not trust
