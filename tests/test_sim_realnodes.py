@@ -62,6 +62,8 @@ def test_the_egress_proxy_resolves_nodes_pods_and_loopback_without_dns() -> None
     ],
 )
 def test_the_egress_proxy_refuses_everything_else(target: str, why: str) -> None:
+    # `resolve` is the proxy's pure decision: it dials nothing and looks nothing up, so these outside
+    # addresses are only strings here, and the test is that they are refused.
     answer = resolve(target, names={"real-node-0": "10.250.0.10"}, lab_networks=NETWORKS)
     assert isinstance(answer, str) and why in answer, answer
 

@@ -31,6 +31,7 @@ import codecs
 import contextlib
 import os
 import re
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
@@ -135,7 +136,7 @@ class LineWriter:
             sink.flush()
 
 
-class _Capped:
+class _Capped(ABC):
     """Shared by the capped sinks: closing, and the marker lines in the agent's own line format."""
 
     def __init__(self, *, limit: int, stream: str, clock: Callable[[], datetime]) -> None:
@@ -146,8 +147,9 @@ class _Capped:
     def _line(self, message: str) -> str:
         return f"{line_stamp(self._clock())} [agent] {message}\n"
 
+    @abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Flush what is held and close the sink (each capped sink knows what it holds)."""
 
     def __enter__(self: _Self) -> _Self:
         return self
