@@ -106,6 +106,29 @@ async def test_write_limiter_spaces_writes_but_not_reads(kube: FakeKube, clock: 
         assert clock.monotonic() - start == pytest.approx(0.4)
 
 
+async def test_without_qps_writes_are_not_paced(kube: FakeKube, clock: FakeClock) -> None:
+    """`qps=None`: no client-side write limiter (the simulator, which is itself the load)."""
+    kube.put(NODES_C, node("a"))
+    async with KubeClient(kube.config(), clock=clock, qps=None, burst=1) as client:
+        start = clock.monotonic()
+        for i in range(6):
+            await client.patch_node_metadata("a", labels={"i": str(i)})
+        assert clock.monotonic() == start and clock.slept == []
+    assert kube.count("PATCH", "/nodes/a") == 6
+
+
+async def test_watch_path_takes_selectors_as_query_parameters(kube: FakeKube, client: KubeClient) -> None:
+    kube.put(NODES_C, node("a", {"pool": "y"}))
+    opened = client.watch_path(
+        "/api/v1/nodes", resource="nodes", params={"labelSelector": "pool=y"}, resource_version="1"
+    )
+    async with opened as stream:
+        event = await anext(stream)
+    assert (event["type"], event["object"]["metadata"]["name"]) == ("ADDED", "a")
+    [request] = kube.watch_requests()
+    assert request.query["labelSelector"] == "pool=y" and request.query["resourceVersion"] == "1"
+
+
 async def test_modify_rereads_on_conflict(kube: FakeKube, client: KubeClient) -> None:
     kube.put(NODES_C, node("a", {"n": "0"}))
     seen: list[str] = []

@@ -7,6 +7,10 @@ reconnects), because a half-open TCP connection otherwise hangs a watch forever.
 
 Writes (every verb but GET) pass a client-side token bucket (`qps`/`burst`, like client-go's), so a
 reconcile storm cannot flood the API server; API Priority and Fairness is the server-side backstop.
+`qps=None` turns the bucket off, and `max_retries=0` the retries below: the simulator does both
+(`nodewright.sim.kubeapi`), because it *is* the load (10,000 kubelets' node and pod status writes, or
+the creation of a whole fleet) against its own test API server, and must not be paced like a
+controller; it does its own retrying where a write must outlive an API-server restart.
 
 Retries (jittered exponential backoff on the injected clock, bounded by `max_retries`):
 
@@ -125,7 +129,8 @@ class KubeClient:
     """Typed helpers over the Kubernetes REST API, returning plain dicts (see module docstring)."""
 
     config: ClusterConfig
-    qps: float = 50.0
+    qps: float | None = 50.0
+    """Writes per second the client sends at most (None: no client-side limit, see the module docstring)."""
     burst: int = 100
     timeout: float = 30.0
     connect_timeout: float = 10.0
@@ -141,11 +146,15 @@ class KubeClient:
     user_agent: str = USER_AGENT
     rng: random.Random = field(default_factory=random.Random)
     field_manager: str = "nodewright"
+    max_connections: int = 100
+    """Connections open to the API server at once (requests beyond it wait for a free one)."""
     _session: aiohttp.ClientSession | None = field(default=None, init=False)
-    _writes: TokenBucket = field(init=False)
+    _writes: TokenBucket | None = field(init=False)
 
     def __post_init__(self) -> None:
-        self._writes = TokenBucket(qps=self.qps, burst=self.burst, clock=self.clock)
+        self._writes = (
+            None if self.qps is None else TokenBucket(qps=self.qps, burst=self.burst, clock=self.clock)
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -164,7 +173,7 @@ class KubeClient:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(
                 ssl=self.config.ssl_context if self.config.ssl_context is not None else True,
-                limit=100,
+                limit=self.max_connections,
                 enable_cleanup_closed=True,
             )
             self._session = aiohttp.ClientSession(
@@ -227,7 +236,7 @@ class KubeClient:
         give_up_at = None if self.call_deadline is None else self.clock.monotonic() + self.call_deadline
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
-            if method != "GET":
+            if method != "GET" and self._writes is not None:
                 await self._writes.wait()
             budget = self._attempt_timeout(give_up_at)
             try:
@@ -741,8 +750,7 @@ class KubeClient:
 
     # -- watch --------------------------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def watch(
+    def watch(
         self,
         resource: Resource,
         *,
@@ -753,19 +761,45 @@ class KubeClient:
         timeout_seconds: int | None = None,
         allow_bookmarks: bool = True,
         inactivity_timeout: float = 70.0,
-    ) -> AsyncIterator[WatchStream]:
+    ) -> contextlib.AbstractAsyncContextManager[WatchStream]:
         """Open a watch; yields a `WatchStream` of event dicts. Non-200 → `ApiError` (with the body)."""
-        params = {"watch": "1"}
-        if resource_version:
-            params["resourceVersion"] = resource_version
-        if allow_bookmarks:
-            params["allowWatchBookmarks"] = "true"
-        if timeout_seconds is not None:
-            params["timeoutSeconds"] = str(timeout_seconds)
+        params: dict[str, str] = {}
         if label_selector:
             params["labelSelector"] = label_selector
         if field_selector:
             params["fieldSelector"] = field_selector
+        return self.watch_path(
+            resource.collection_path(namespace),
+            resource=resource.label,
+            params=params,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            allow_bookmarks=allow_bookmarks,
+            inactivity_timeout=inactivity_timeout,
+        )
+
+    @contextlib.asynccontextmanager
+    async def watch_path(
+        self,
+        path: str,
+        *,
+        resource: str,
+        params: Mapping[str, str] | None = None,
+        resource_version: str | None = None,
+        timeout_seconds: int | None = None,
+        allow_bookmarks: bool = True,
+        inactivity_timeout: float = 70.0,
+    ) -> AsyncIterator[WatchStream]:
+        """`watch` of a collection given by its path (`resource` is the metrics label); `params` are
+        further query parameters (selectors)."""
+        query = {"watch": "1"}
+        if resource_version:
+            query["resourceVersion"] = resource_version
+        if allow_bookmarks:
+            query["allowWatchBookmarks"] = "true"
+        if timeout_seconds is not None:
+            query["timeoutSeconds"] = str(timeout_seconds)
+        query.update(params or {})
         started = time.perf_counter()
         code = "<error>"
         # sock_read is a backstop behind the watchdog: bookmarks arrive about once a minute.
@@ -775,8 +809,8 @@ class KubeClient:
         try:
             headers = await self._headers(None)
             resp = await self._http().get(
-                self.config.server + resource.collection_path(namespace),
-                params=params,
+                self.config.server + path,
+                params=query,
                 headers=headers,
                 timeout=timeout,
                 **self._request_kwargs(),
@@ -784,7 +818,7 @@ class KubeClient:
             code = str(resp.status)
         finally:
             self.metrics.observe(
-                verb="WATCH", resource=resource.label, code=code, seconds=time.perf_counter() - started
+                verb="WATCH", resource=resource, code=code, seconds=time.perf_counter() - started
             )
         try:
             if resp.status != 200:

@@ -1,32 +1,44 @@
-"""A deliberately small asyncio client for the simulator's own API calls.
+"""The simulator's path-based façade over the one Kubernetes client, `nodewright.kube.client`.
 
-The simulator creates thousands of nodes and watches a handful of pods; it needs raw JSON, bounded
-concurrency and deadlines, not a generated client. It reads a kubeconfig's current context with either
-client certificates (inline `*-data` or file references) or a bearer token, which is what `sim up` and
-the e2e fixture produce. The production client lives in `nodewright.kube`; this one is for test tooling,
-and its errors are that client's (`ApiError` is a `nodewright.kube.resources.ApiError`): one error type.
+The simulator (its kubelet, rebooter and fleet tooling), the demo, the benchmarks and the e2e tests
+speak in API paths (`/api/v1/nodes/gpu-node-00001/status`) and raw JSON. This module keeps those names
+and nothing of the transport: the kubeconfig is read by `nodewright.kube.config.load_kubeconfig`
+(inline or file certificates, tokens, exec plugins, `tls-server-name`, proxies), and every request goes
+through `nodewright.kube.client.KubeClient` (its aiohttp session and TLS, per-request deadlines, a
+credential refreshed after a 401, the watch inactivity watchdog, Status bodies decoded into
+`nodewright.kube.resources.ApiError`).
+
+Two settings differ from the operator's, on purpose:
+
+- No client-side write limiter (`qps=None`) and no retries (`max_retries=0`). The simulator *is* the
+  load: it creates fleets of up to 10,000 nodes and writes the node and pod status of every simulated
+  kubelet. At the operator's 50 writes per second, creating 2,000 nodes alone would take 40 s and the
+  kubelets' status writes would queue behind each other, lagging the operator they are there to test.
+  The test API server's own Priority and Fairness still protects it. Writes that must outlive an API
+  server restart are retried by their callers (`kubelet.with_retries`), which know what is safe to repeat.
+- At most `max_in_flight` requests at once (watches aside): the fleet tooling's concurrency bound.
+
+Errors: a refusal raises this module's `ApiError`, a `nodewright.kube.resources.ApiError` (one error
+type) that also keeps the body as text and names the call in its string. A watch's ERROR event (410
+Gone: relist) is yielded to the caller as an event, as the API server sends it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
+import contextlib
 import json
-import os
-import ssl
-import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Final, Self
 
-import aiohttp
-import yaml
-
-from nodewright.kube import resources
+from nodewright.kube import client, resources
+from nodewright.kube.config import load_kubeconfig
 
 JSON = dict[str, Any]
-DEFAULT_TIMEOUT = 30.0
+DEFAULT_TIMEOUT: Final = 30.0
+USER_AGENT: Final = f"{client.USER_AGENT} (simulator)"
 
 
 class ApiError(resources.ApiError):
@@ -44,67 +56,70 @@ class ApiError(resources.ApiError):
         self.args = (f"{method} {path}: HTTP {status}: {body[:500]}",)
         self.body: str = body
 
+    @classmethod
+    def of(cls, error: resources.ApiError, method: str, path: str) -> ApiError:
+        """The error `nodewright.kube` raised for this call, with its body as text."""
+        body = error.body
+        text = body if isinstance(body, str) else json.dumps(body) if body else ""
+        return cls(error.status, method, path, text)
 
-def _materialise(entry: Mapping[str, Any], key: str, workdir: Path, base: Path) -> Path | None:
-    """Return a file path for `key` or `key-data` of a kubeconfig entry (data is written to workdir)."""
-    data = entry.get(f"{key}-data")
-    if data:
-        path = workdir / key
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(base64.b64decode(data))
+
+@contextlib.contextmanager
+def _naming_the_call(method: str, path: str) -> Iterator[None]:
+    try:
+        yield
+    except ApiError:
+        raise
+    except resources.ApiError as err:
+        raise ApiError.of(err, method, path) from err
+
+
+def resource_label(path: str) -> str:
+    """The metrics label of an API path, as `nodewright.kube` writes it: `nodes`, `nodes/status`,
+    `nodewrights.nodewright.io`; a path outside the resource API (`/metrics`) is its own label."""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    if parts[:1] == ["api"]:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) > 1:
+        group, rest = parts[1], parts[3:]
+    else:
         return path
-    value = entry.get(key)
-    if value:
-        candidate = Path(value)
-        return candidate if candidate.is_absolute() else base / candidate
-    return None
+    if len(rest) > 2 and rest[0] == "namespaces":
+        rest = rest[2:]
+    if not rest:
+        return path
+    label = f"{rest[0]}.{group}" if group else rest[0]
+    return f"{label}/{rest[2]}" if len(rest) > 2 else label
 
 
-def load_kubeconfig(path: Path) -> tuple[str, ssl.SSLContext, dict[str, str]]:
-    """Parse the current context: returns (server URL, TLS context, extra headers)."""
-    config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    context_name = config.get("current-context")
-    contexts = {c["name"]: c["context"] for c in config.get("contexts", [])}
-    if context_name not in contexts:
-        raise ValueError(f"{path}: current-context {context_name!r} not found")
-    context = contexts[context_name]
-    cluster = {c["name"]: c["cluster"] for c in config.get("clusters", [])}[context["cluster"]]
-    user = {u["name"]: u["user"] for u in config.get("users", [])}.get(context.get("user"), {})
-    base = Path(path).resolve().parent
-    headers: dict[str, str] = {}
-    # Key material given inline must pass through files (ssl only loads chains from paths); the
-    # temporary directory is removed as soon as the context holds the loaded keys.
-    with tempfile.TemporaryDirectory(prefix="nw-kubeconfig-") as tmp:
-        workdir = Path(tmp)
-        ctx = ssl.create_default_context()
-        if cluster.get("insecure-skip-tls-verify"):
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        else:
-            ca = _materialise(cluster, "certificate-authority", workdir, base)
-            if ca is not None:
-                ctx.load_verify_locations(cafile=str(ca))
-        cert = _materialise(user, "client-certificate", workdir, base)
-        key = _materialise(user, "client-key", workdir, base)
-        if cert is not None and key is not None:
-            ctx.load_cert_chain(str(cert), str(key))
-    if user.get("token"):
-        headers["Authorization"] = f"Bearer {user['token']}"
-    return str(cluster["server"]).rstrip("/"), ctx, headers
+def _error_event(err: resources.ApiError) -> JSON:
+    """A watch's ERROR event as the API server sent it (`nodewright.kube` raises it as an error)."""
+    status = err.body if isinstance(err.body, dict) else None
+    return {
+        "type": "ERROR",
+        "object": status
+        or {"kind": "Status", "code": err.status, "reason": err.reason, "message": err.message},
+    }
 
 
 class KubeClient:
-    """JSON over HTTPS to one API server, with a bounded number of requests in flight."""
+    """API paths and raw JSON over `nodewright.kube.client.KubeClient`, unpaced (module docstring)."""
 
     def __init__(
         self, kubeconfig: Path, *, max_in_flight: int = 48, timeout: float = DEFAULT_TIMEOUT
     ) -> None:
-        self.server, self._ssl, self._headers = load_kubeconfig(kubeconfig)
+        config = load_kubeconfig(kubeconfig)
+        self.server = config.server
+        self.kube = client.KubeClient(
+            config,
+            qps=None,
+            max_retries=0,
+            timeout=timeout,
+            max_connections=max_in_flight + 4,  # the watches a simulator component holds open
+            user_agent=USER_AGENT,
+        )
         self._limit = asyncio.Semaphore(max_in_flight)
         self._timeout = timeout
-        self._session: aiohttp.ClientSession | None = None
-        self._max_in_flight = max_in_flight
 
     async def __aenter__(self) -> Self:
         return self
@@ -114,16 +129,8 @@ class KubeClient:
     ) -> None:
         await self.close()
 
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(ssl=self._ssl, limit=self._max_in_flight + 4)
-            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
-        return self._session
-
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.kube.close()
 
     async def request(
         self,
@@ -133,38 +140,27 @@ class KubeClient:
         body: Any = None,
         params: Mapping[str, str] | None = None,
         content_type: str = "application/json",
-        deadline_s: float | None = None,
     ) -> JSON:
-        """One API call; returns the decoded JSON body or raises ApiError (any non-2xx status)."""
-        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
-        headers = {"Content-Type": content_type, "Accept": "application/json"}
-        deadline = aiohttp.ClientTimeout(total=deadline_s or self._timeout)
-        async with (
-            self._limit,
-            self._get_session().request(
-                method, self.server + path, data=data, params=params, headers=headers, timeout=deadline
-            ) as resp,
-        ):
-            text = await resp.text()
-            if resp.status >= 300:
-                raise ApiError(resp.status, method, path, text)
-            return json.loads(text) if text else {}
+        """One API call; returns the decoded JSON body or raises ApiError (any error status)."""
+        async with self._limit:
+            with _naming_the_call(method, path):
+                return await self.kube.request(
+                    method,
+                    path,
+                    resource=resource_label(path),
+                    params=params,
+                    body=body,
+                    content_type=content_type if body is not None else None,
+                )
 
     async def get(self, path: str, *, params: Mapping[str, str] | None = None) -> JSON:
         return await self.request("GET", path, params=params)
 
     async def get_text(self, path: str, *, deadline_s: float | None = None) -> str:
         """A GET of a non-JSON endpoint (e.g. the API server's `/metrics`); raises ApiError on non-2xx."""
-        deadline = aiohttp.ClientTimeout(total=deadline_s or self._timeout)
-        session = self._get_session()
-        async with (
-            self._limit,
-            session.get(self.server + path, headers={"Accept": "text/plain"}, timeout=deadline) as resp,
-        ):
-            text = await resp.text()
-            if resp.status >= 300:
-                raise ApiError(resp.status, "GET", path, text)
-            return text
+        async with self._limit:
+            with _naming_the_call("GET", path):
+                return await self.kube.get_text(path, timeout=deadline_s or self._timeout)
 
     async def create(self, path: str, body: JSON) -> JSON:
         return await self.request("POST", path, body=body)
@@ -187,12 +183,10 @@ class KubeClient:
                 raise
 
     async def merge_patch(self, path: str, patch: JSON) -> JSON:
-        return await self.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
+        return await self.request("PATCH", path, body=patch, content_type=client.PatchType.MERGE)
 
     async def strategic_patch(self, path: str, patch: JSON) -> JSON:
-        return await self.request(
-            "PATCH", path, body=patch, content_type="application/strategic-merge-patch+json"
-        )
+        return await self.request("PATCH", path, body=patch, content_type=client.PatchType.STRATEGIC)
 
     async def list_all(self, path: str, *, params: Mapping[str, str] | None = None, page: int = 500) -> JSON:
         """Paginated list; returns {"items": [...], "resourceVersion": <list RV>}."""
@@ -215,24 +209,29 @@ class KubeClient:
         resource_version: str,
         params: Mapping[str, str] | None = None,
         timeout_s: int = 60,
-    ) -> AsyncIterator[JSON]:
+    ) -> AsyncGenerator[JSON]:
         """Yield watch events until the server ends the stream (after about `timeout_s` seconds).
 
-        A watch is a long request: the server closes it after `timeoutSeconds`, and the read deadline
-        below (a bit longer) guards against a silent hang. An ERROR event (e.g. 410 Gone) is yielded to
-        the caller, which must relist.
+        A watch is a long request: the server closes it after `timeoutSeconds`, and `nodewright.kube`'s
+        inactivity watchdog (a bit longer) guards against a silent hang. An ERROR event (e.g. 410 Gone)
+        is yielded to the caller, which must relist.
         """
-        query = dict(params or {})
-        query.update(
-            watch="1",
-            resourceVersion=resource_version,
-            timeoutSeconds=str(timeout_s),
-            allowWatchBookmarks="true",
+        opened = self.kube.watch_path(
+            path,
+            resource=resource_label(path),
+            params=params,
+            resource_version=resource_version,
+            timeout_seconds=timeout_s,
+            inactivity_timeout=timeout_s + 15.0,
         )
-        deadline = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_s + 15)
-        async with self._get_session().get(self.server + path, params=query, timeout=deadline) as resp:
-            if resp.status >= 300:
-                raise ApiError(resp.status, "WATCH", path, await resp.text())
-            async for line in resp.content:
-                if line.strip():
-                    yield json.loads(line)
+        with _naming_the_call("WATCH", path):
+            async with opened as stream:
+                while True:
+                    try:
+                        event = await anext(stream)
+                    except StopAsyncIteration:
+                        return
+                    except resources.ApiError as err:
+                        yield _error_event(err)
+                        return
+                    yield event
