@@ -97,6 +97,7 @@ async def test_a_refused_write_is_not_retried_by_the_client(fake: tuple[FakeKube
     kube.fail("POST", "/api/v1/nodes", status, headers={"Retry-After": "1"})
     async with KubeClient(config) as sim:
         assert sim.kube.qps is None  # no client-side write pacing either (module docstring)
+        assert sim.kube.connect_timeout == sim.kube.timeout  # a slow handshake on a loaded machine
         with pytest.raises(ApiError) as refused:
             await sim.create("/api/v1/nodes", node("n1"))
     assert refused.value.status == status

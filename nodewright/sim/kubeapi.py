@@ -8,7 +8,7 @@ through `nodewright.kube.client.KubeClient` (its aiohttp session and TLS, per-re
 credential refreshed after a 401, the watch inactivity watchdog, Status bodies decoded into
 `nodewright.kube.resources.ApiError`).
 
-Two settings differ from the operator's, on purpose:
+Three settings differ from the operator's, on purpose:
 
 - No client-side write limiter (`qps=None`) and no retries (`max_retries=0`). The simulator *is* the
   load: it creates fleets of up to 10,000 nodes and writes the node and pod status of every simulated
@@ -17,6 +17,9 @@ Two settings differ from the operator's, on purpose:
   The test API server's own Priority and Fairness still protects it. Writes that must outlive an API
   server restart are retried by their callers (`kubelet.with_retries`), which know what is safe to repeat.
 - At most `max_in_flight` requests at once (watches aside): the fleet tooling's concurrency bound.
+- The connection may take the request's whole deadline (`connect_timeout=timeout`), not 10 s: on a
+  loaded 2-core CI machine, with the simulator's own processes busy, a TLS handshake with the test API
+  server can take longer.
 
 Errors: a refusal raises this module's `ApiError`, a `nodewright.kube.resources.ApiError` (one error
 type) that also keeps the body as text and names the call in its string. A watch's ERROR event (410
@@ -115,6 +118,9 @@ class KubeClient:
             qps=None,
             max_retries=0,
             timeout=timeout,
+            # A connection may take the whole deadline: on a loaded CI machine a TLS handshake to the
+            # test API server can take longer than the operator's 10 s connect timeout.
+            connect_timeout=timeout,
             max_connections=max_in_flight + 4,  # the watches a simulator component holds open
             user_agent=USER_AGENT,
         )
