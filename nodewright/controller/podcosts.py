@@ -17,7 +17,7 @@ only* and *lazy*:
   (`plan.drain.PodFacts`: the same rule the node gate and the drain apply); a pod that can cost nothing
   (our own package pods, for one) is not kept. Equal facts are shared (the pods of a
   ReplicaSet carry the same labels), so what remains per pod is mostly its key in its node's map:
-  measured ~22 MiB for 10,000 nodes x 8 pods (`benchmarks/podcosts_memory.py`).
+  measured ~21 MiB for 10,000 nodes x 8 pods (`benchmarks/podcosts_memory.py`).
 - The reflector (`kube.reflector`) brings pagination, 410 Gone relists, bookmarks, backoff and
   inactivity timeouts, as for every other cache.
 """
