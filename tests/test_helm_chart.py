@@ -252,6 +252,7 @@ def test_operator_rbac_is_least_privilege() -> None:
         cluster, "disruptionbudgets", "patch"
     )
     assert grants(cluster, "pods", "list") and grants(cluster, "pods/eviction", "create")
+    assert grants(cluster, "pods", "watch"), "nodeOrder idleFirst counts pods per node (controller.podcosts)"
     assert not grants(cluster, "pods", "delete"), "pod delete needs drain.allowForce=true"
     assert not any("secrets" in r["resources"] or "configmaps" in r["resources"] for r in cluster)
     assert not any(r["apiGroups"] == ["admissionregistration.k8s.io"] for r in cluster)

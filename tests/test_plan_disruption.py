@@ -365,3 +365,30 @@ def test_a_policy_manifest_opts_in_with_idle_first() -> None:
     assert parsed.spec.compartments is not None
     assert parsed.spec.compartments[0].node_order is NodeOrder.IDLE_FIRST
     assert disruption.opted_in(parsed)
+
+
+def test_plan_shows_each_batchs_cost_and_wide_each_nodes() -> None:
+    from nodewright.cli import plan_cmd
+
+    nw = nodewright(deployment_policy="pol", packages={"sysctl": {"version": "1.0.0", "image": "x/sysctl"}})
+    objects = [
+        {
+            "metadata": {
+                "name": f"n{i}",
+                "labels": dict(GPU),
+                "creationTimestamp": f"2024-01-01T00:00:0{i}Z",
+            },
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        }
+        for i in range(3)
+    ]
+    facts = {"n0": [facts_of(pod("web"))], "n1": [], "n2": []}
+    report = plan_cmd.build_report(
+        nw, policy=idle_policy(budget=2), nodes=objects, node_pods=lambda n: facts[n]
+    )
+    [gpu] = [c for c in report.preview.compartments if c.name == "gpu"]
+    assert gpu.batches[0].nodes == ("n1", "n2")
+    text = plan_cmd.render(report, wide=True)
+    assert "gpu  1: idle; 2: 0 protected, 1 evictable pods" in text, text
+    assert "n0 [0 protected, 1 evictable pods]" in text, text
+    assert report.to_json()["disruptionCosts"]["n0"] == {"protected": 0, "evictable": 1}
