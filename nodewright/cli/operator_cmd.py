@@ -384,7 +384,6 @@ async def run_operator(args: argparse.Namespace, rt: OperatorRuntime) -> int:
         )
         rt.stack.push_async_callback(operator.rt.events.close)
         rt.stack.push_async_callback(operator.notifier.close)
-        rt.stack.push_async_callback(operator.pod_costs.stop)
         log.info(
             "starting operator",
             server=rt.config.server,

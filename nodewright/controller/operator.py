@@ -158,7 +158,9 @@ class Operator:
         # Per-sink queues and workers: one hanging webhook costs only its own notices (controller.notify).
         self.notifier = Notifier(client, options.namespace, metrics=metrics, warn=self._notification_warning)
         # Pods counted per node only once a policy orders `idleFirst` (controller.podcosts).
-        self.pod_costs = PodCosts(client, clock=manager.clock)
+        self.pod_costs = PodCosts(
+            client, clock=manager.clock, metrics=manager.watch_metrics, spawn=manager.spawn
+        )
         self.rollouts = RolloutReconciler(
             self.rt,
             budgets=self.budgets,

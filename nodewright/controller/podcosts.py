@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import structlog
 
@@ -69,6 +69,14 @@ class CostsUnavailable:
 CostsView = CostsReady | CostsPending | CostsUnavailable
 
 
+class Spawn(Protocol):
+    def __call__(self, work: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]: ...
+
+
+def _spawn_task(work: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
+    return asyncio.create_task(work, name=name)
+
+
 def _reduce(pod: JSON) -> JSON:
     """A listed or watched pod, reduced to its identity, node and drain facts (the transform)."""
     meta = pod.get("metadata") or {}
@@ -88,9 +96,15 @@ class PodCosts:
     """The count-only, lazily started pod cache (module docstring); a `ReflectorSink`."""
 
     def __init__(
-        self, client: KubeClient, *, clock: Clock = SYSTEM_CLOCK, metrics: WatchMetrics | None = None
+        self,
+        client: KubeClient,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        metrics: WatchMetrics | None = None,
+        spawn: Spawn = _spawn_task,
     ) -> None:
         self.clock = clock
+        self._spawn = spawn  # the manager's: cancelled with the informers, before the client closes
         self._by_node: dict[str, dict[str, PodFacts]] = {}
         self._shared: dict[PodFacts, PodFacts] = {}
         self._synced = False
@@ -109,7 +123,7 @@ class PodCosts:
             return CostsReady(self.facts)
         if self._task is None:
             self._started_at = self.clock.monotonic()
-            self._task = asyncio.create_task(self.reflector.run(), name="informer-pod-costs")
+            self._task = self._spawn(self.reflector.run(), name="informer-pod-costs")
             log.info("idle nodes first: watching pods (count only)")
         assert self._started_at is not None
         if self.clock.monotonic() - self._started_at < SYNC_GRACE:
