@@ -64,6 +64,7 @@ from nodewright.observability.metrics import (
     strategy_label,
 )
 from nodewright.plan import disruption, sequencing
+from nodewright.plan import gates as gate_plan
 from nodewright.plan.configdiff import config_digest
 from nodewright.plan.node import is_disabled, is_paused
 from nodewright.plan.podspec import package_configmap_name as podspec_configmap_name
@@ -829,6 +830,9 @@ class RolloutReconciler:
                 await self._event(name, events.EventSpec(events.EventReason.COMPARTMENT_HALTED, halt.message))
         for resumed in sorted(was_halted - halted_now):
             await self._event(name, events.compartment_resumed(resumed))
+        holds = {cname: cplan.health_gate for cname, cplan in plan.compartments.items()}
+        for held in self.gate_results.new_holds(name, holds):
+            await self._event(name, events.health_gate_holding(held))
         self._halted[name] = halted_now
         persisted = model.status.status if model.status is not None else None
         old = self._last_status.get(name) or (persisted.value if persisted is not None else None)
@@ -879,7 +883,7 @@ class RolloutReconciler:
                 ),
                 halted=cplan.halt is not None,
                 window_active=cplan.status.window_active is not False,
-                gate_holding=cplan.health_gate is not None,
+                gates=gate_plan.holding(cplan.health_gate, cplan.status.health_gates),
             )
             for cname, cplan in plan.compartments.items()
         ]
