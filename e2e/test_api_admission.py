@@ -26,7 +26,6 @@ import os
 import re
 import threading
 import time
-import urllib.error
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,6 +43,7 @@ from nodewright.api.models import (
     Toleration,
     policy_status,
 )
+from nodewright.sim.kubeapi import ApiError
 from nodewright.webhook import certs, configs
 from nodewright.webhook.server import server_ssl_context, start_webhook_server
 from tests.admission_fuzz import Mutation, seeded_sample
@@ -261,13 +261,12 @@ def _create_dry_run(cluster: Any, doc: dict[str, Any]) -> tuple[int, dict[str, A
     plural = _KINDS.get(str(doc.get("kind")), (constants.PLURAL_POLICY, DeploymentPolicy))[0]
     try:
         return 201, cluster.api("POST", f"/apis/{constants.API_VERSION}/{plural}?dryRun=All", doc)
-    except urllib.error.HTTPError as err:
-        body = err.read()
+    except ApiError as err:
         try:
-            status = json.loads(body)
+            status = json.loads(err.body)
         except ValueError:
-            status = {"message": body.decode(errors="replace")}
-        return err.code, status if isinstance(status, dict) else {"message": str(status)}
+            status = {"message": err.body}
+        return err.status, status if isinstance(status, dict) else {"message": str(status)}
 
 
 def _blames(status: dict[str, Any], path: str, *, min_depth: int) -> bool:
@@ -426,8 +425,8 @@ QUANTITIES = ["500m", "1Gi", "2e3", "1.5k", "0.5", "+1", ".5", "5.", "1E", "1Qi"
 def _accepted(cluster: Any, path: str, body: dict[str, Any]) -> bool:
     try:
         cluster.api("POST", f"{path}?dryRun=All", body)
-    except urllib.error.HTTPError as err:
-        assert err.code in (400, 422), f"{path}: {err.code} {err.read()[:300]!r}"
+    except ApiError as err:
+        assert err.status in (400, 422), f"{path}: {err.status} {err.body[:300]!r}"
         return False
     return True
 

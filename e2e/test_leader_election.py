@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from nodewright.sim.controlplane import ControlPlane, free_port
+from nodewright.sim.kubeapi import ApiError
 
 LEASE_DURATION = 15.0
 RETRY_PERIOD = 2.0
@@ -87,7 +88,7 @@ def _holder(cluster: ControlPlane, lease: str) -> str | None:
         obj = cluster.api(
             "GET", f"/apis/coordination.k8s.io/v1/namespaces/{cluster.namespace}/leases/{lease}"
         )
-    except urllib.error.HTTPError:
+    except ApiError:
         return None
     holder: str | None = obj.get("spec", {}).get("holderIdentity")
     return holder

@@ -19,7 +19,6 @@ import json
 import subprocess
 import sys
 import time
-import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -72,8 +71,8 @@ def policy(name: str, start: str, end: str = "2026-03-02") -> JSON:
 def _dry_run(cluster: ControlPlane, doc: JSON) -> tuple[int, str]:
     try:
         cluster.api("POST", f"{POLICIES}?dryRun=All", doc)
-    except urllib.error.HTTPError as err:
-        return err.code, str(json.loads(err.read() or b"{}").get("message"))
+    except ApiError as err:
+        return err.status, str(json.loads(err.body or "{}").get("message"))
     return 201, ""
 
 

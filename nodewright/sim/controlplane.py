@@ -37,6 +37,8 @@ become healthy is reported with the tail of its log instead of a timeout.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -59,6 +61,8 @@ from typing import Any
 import yaml
 
 from nodewright.sim import binaries, box, boxnet, fleet, pki, registry
+from nodewright.sim.kubeapi import ApiError
+from nodewright.sim.kubeapi import KubeClient as KubeApi
 from nodewright.sim.kubelet_spec import REAL_PACKAGES_LABEL, check_safe_directory
 
 NAMESPACE = "nodewright-system"
@@ -703,8 +707,8 @@ class ControlPlane:
     def _node_ready(self, name: str) -> bool:
         try:
             node = self.api("GET", f"/api/v1/nodes/{name}")
-        except urllib.error.HTTPError as err:
-            if err.code == 404:
+        except ApiError as err:
+            if err.status == 404:
                 return False
             raise
         conditions = (node.get("status") or {}).get("conditions") or []
@@ -712,13 +716,17 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ API helpers (sync, for tests and CLI)
     def api(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json") -> Any:
-        """One synchronous API call with the admin identity; raises urllib.error.HTTPError on non-2xx."""
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            self.server + path, data=data, method=method, headers={"Content-Type": content_type}
-        )
-        with urllib.request.urlopen(req, timeout=30, context=self._admin_ssl()) as resp:
-            return json.loads(resp.read() or b"{}")
+        """One synchronous API call with the admin identity, through the one client (`sim.kubeapi`
+        over `nodewright.kube.client`): run on a private event loop in a worker thread, so that sync
+        code (start-up, fixtures) and code inside a running loop can both call it. Raises
+        `sim.kubeapi.ApiError` (the one error type) on a non-2xx answer."""
+
+        async def call() -> Any:
+            async with KubeApi(self.kubeconfig, max_in_flight=1) as api:
+                return await api.request(method, path, body=body, content_type=content_type)
+
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="controlplane-api") as pool:
+            return pool.submit(asyncio.run, call()).result()
 
     def _ensure_kwok_logs_crd(self) -> None:
         """Install the definition of kwok's Logs API and wait until it is served (kwok watches it)."""
@@ -727,8 +735,8 @@ class ControlPlane:
         )
         try:
             self.api("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", yaml.safe_load(text))
-        except urllib.error.HTTPError as err:
-            if err.code != 409:
+        except ApiError as err:
+            if err.status != 409:
                 raise
         deadline = time.monotonic() + 30
         path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{_KWOK_LOGS_CRD}"
@@ -751,8 +759,8 @@ class ControlPlane:
     def _ensure_namespace(self) -> None:
         try:
             self.api("POST", "/api/v1/namespaces", {"metadata": {"name": self.namespace}})
-        except urllib.error.HTTPError as err:
-            if err.code != 409:
+        except ApiError as err:
+            if err.status != 409:
                 raise
 
     def kubectl(
