@@ -128,7 +128,7 @@ class FakeKube:
     # -- lifecycle ----------------------------------------------------------------------------------
 
     async def start(self) -> FakeKube:
-        app = web.Application()
+        app = web.Application(client_max_size=3 << 20)  # the API server's request limit (3 MiB)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
         await self._runner.setup()

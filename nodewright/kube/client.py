@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import io
 import json
 import random
 import time
@@ -322,7 +323,7 @@ class KubeClient:
                 method,
                 self.config.server + path,
                 params=params,
-                data=data,
+                data=_body(data),
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, self.connect_timeout)),
                 **self._request_kwargs(),
@@ -850,6 +851,15 @@ def _with_retry_after(payload: JSON | str, header: str | None) -> JSON | str:
     if isinstance(details, dict):
         details.setdefault("retryAfterSeconds", int(header.strip()))
     return body
+
+
+LARGE_BODY: Final = 1 << 20
+"""Bytes above which a request body is streamed from a buffer: aiohttp warns (ResourceWarning) that a
+larger raw `bytes` body may hold the event loop. A fresh buffer per attempt, as a retry reads it again."""
+
+
+def _body(data: bytes | None) -> bytes | io.BytesIO | None:
+    return io.BytesIO(data) if data is not None and len(data) > LARGE_BODY else data
 
 
 def _decode(text: str) -> JSON | str:

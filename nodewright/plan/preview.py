@@ -245,15 +245,28 @@ def simulate_rollout(
         approved = {k: v for k, v in approved.items() if k not in plan.approvals_applied}
         next_order_hint = plan.next_order
         fleet = _apply(plan, fleet)
-        carryover = any(phase_of(n, fingerprint=fingerprint) is Phase.CARRYOVER for n in fleet.values())
-        if not plan.admissions and not plan.active and not carryover:
-            timed = any(w.reason in (WaitReason.WINDOW, WaitReason.SOAKING) for w in plan.waiting)
-            if timed and plan.wake_at is not None and ts(plan.wake_at) > now:
-                now = ts(plan.wake_at)  # a soak ends or a window opens: the controller plans again then
-                continue
-            break
+        if _settled(plan, fleet, fingerprint):
+            wake = _timed_wake(plan, now)
+            if wake is None:
+                break
+            now = wake  # a soak ends or a window opens: the controller plans again then
+            continue
         fleet = {name: _finish(node, plan, fingerprint, outcome) for name, node in fleet.items()}
     return Simulation(tuple(plans), tuple(fleet.values()), statuses, tuple(assumed))
+
+
+def _settled(plan: RolloutPlan, fleet: Mapping[str, RolloutNode], fingerprint: str) -> bool:
+    """Nothing admitted, running or carried over from an older admission."""
+    carryover = any(phase_of(n, fingerprint=fingerprint) is Phase.CARRYOVER for n in fleet.values())
+    return not plan.admissions and not plan.active and not carryover
+
+
+def _timed_wake(plan: RolloutPlan, now: str) -> str | None:
+    """When a settled plan's soak ends or window opens, if later than `now`; None: the rollout is done."""
+    timed = any(w.reason in (WaitReason.WINDOW, WaitReason.SOAKING) for w in plan.waiting)
+    if timed and plan.wake_at is not None and ts(plan.wake_at) > now:
+        return ts(plan.wake_at)
+    return None
 
 
 def _plan_passing_gates(

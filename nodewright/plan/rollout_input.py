@@ -456,24 +456,14 @@ def rollout_input(
     DeploymentPolicies by name (`PolicyInvalid` for one the operator refuses); `budgets` the
     DisruptionBudgets whose slots count (`pool` their view of the nodes, when the caller keeps one);
     `completion` the caller's memo of decoded completions (`sequencing.CompletionMemo`), a cache only;
-    `node_pods` the pods on a node by its name, when the caller has them: each candidate then carries
-    its disruption cost (`plan.disruption`, for `nodeOrder: idleFirst`, `why` and `plan`).
+    `node_pods` the pods per node when the caller has them (then each candidate carries its cost).
     """
     nodewright = effective_nodewright(model)
     models = [m for m in nodewrights.values() if m is not None]
-    ctx = NodeContext(
-        nodewright=nodewright,
-        fingerprint=spec_fingerprint(nodewright),
-        all_nodewrights=tuple(sorted(nodewrights)),
-        inactive={m.metadata.name: a for m in models if (a := activity(m)) is not Activity.ACTIVE},
-        runtime_taint_key=options.runtime_taint_key,
-        now=now,
-    )
+    ctx = _context(nodewright, nodewrights, models, options=options, now=now)
     derived = tuple((entries or derive_all)(ctx, nodes))
     facts = _facts(models, nodes, all_names=ctx.all_nodewrights, completion=completion)
-    candidates = tuple(_with_priority(ctx.name, e.rollout, facts) for e in derived if e.rollout is not None)
-    if node_pods is not None:
-        candidates = _with_costs(candidates, node_pods, protect=nodewright.spec.pod_non_interrupt_labels)
+    candidates = _candidates(ctx, derived, facts, node_pods)
     epoch = epoch_for(ctx.fingerprint, status=model.status, nodes=candidates)
     said = _annotated(model, epoch)
     return RolloutInput(
@@ -500,6 +490,39 @@ def rollout_input(
         dead=dead_admissions(candidates, epoch),
         gate_results=from_statuses(said.compartment_statuses),
     )
+
+
+def _context(
+    nodewright: NodeWright,
+    nodewrights: Mapping[str, NodeWright | None],
+    models: Sequence[NodeWright],
+    *,
+    options: RolloutOptions,
+    now: datetime,
+) -> NodeContext:
+    """What deriving each node's entry reads besides the node: the effective NodeWright, the others."""
+    return NodeContext(
+        nodewright=nodewright,
+        fingerprint=spec_fingerprint(nodewright),
+        all_nodewrights=tuple(sorted(nodewrights)),
+        inactive={m.metadata.name: a for m in models if (a := activity(m)) is not Activity.ACTIVE},
+        runtime_taint_key=options.runtime_taint_key,
+        now=now,
+    )
+
+
+def _candidates(
+    ctx: NodeContext,
+    derived: Sequence[NodeEntry],
+    facts: Sequence[sequencing.NodeWrightFacts],
+    node_pods: NodePods | None,
+) -> tuple[RolloutNode, ...]:
+    """The nodes the planner may pick, with their priority and (when the pods are known) the cost of
+    disrupting them."""
+    candidates = tuple(_with_priority(ctx.name, e.rollout, facts) for e in derived if e.rollout is not None)
+    if node_pods is None:
+        return candidates
+    return _with_costs(candidates, node_pods, protect=ctx.nodewright.spec.pod_non_interrupt_labels)
 
 
 def _facts(
