@@ -48,3 +48,13 @@ def test_python_s_on_the_links_imports_the_operator_without_the_dev_tools(tmp_pa
         [sys.executable, "-S", "-c", probe], env=env, capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_bytecode_is_compiled_for_python_oo_under_the_prefix_only(tmp_path: Path) -> None:
+    tree, prefix = tmp_path / "tree", tmp_path / "pycache"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg" / "mod.py").write_text('"""Docstring."""\nX = 1\n')
+    runtime_env.compile_bytecode([tree], prefix)
+    assert not list(tree.rglob("*.pyc"))  # nothing written into the tree itself
+    compiled = [p.name for p in prefix.rglob("*.pyc")]
+    assert compiled == ["mod.cpython-{}{}.opt-2.pyc".format(*sys.version_info[:2])]

@@ -92,6 +92,22 @@ def test_trim_node_interns_label_strings_across_nodes() -> None:
     assert va is sys.intern("H100-SXM5-80GB")
 
 
+def test_trim_node_shares_the_strings_a_fleet_repeats_in_its_conditions_and_creation_times() -> None:
+    """Nodes created in one burst and settled by one rollout step carry the same creation time and the
+    same condition reasons, messages and transition times: each is one string in the cache, not one a
+    node (json.loads makes a fresh string for every occurrence)."""
+    a = trim_node(json.loads(json.dumps(full_node({}, {}))))
+    b = trim_node(json.loads(json.dumps(full_node({}, {}))))
+    assert a["metadata"]["creationTimestamp"] is b["metadata"]["creationTimestamp"]
+    ready_a, ours_a = a["status"]["conditions"]
+    ready_b, ours_b = b["status"]["conditions"]
+    assert ready_a["lastTransitionTime"] is ready_b["lastTransitionTime"]
+    assert ours_a["reason"] is ours_b["reason"] and ours_a["message"] is ours_b["message"]
+    assert ours_a == {"type": "nodewright.io/a", "status": "False", "reason": "Complete", "message": "done"}
+    # Unique values stay the decoder's own strings: interning them would share nothing.
+    assert a["metadata"]["uid"] is not b["metadata"]["uid"]
+
+
 def test_trim_pod() -> None:
     pod = {
         "metadata": {

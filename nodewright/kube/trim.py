@@ -121,7 +121,8 @@ def _meta(meta: JSON, *, namespace: bool) -> JSON:
         "name": meta.get("name"),
         "uid": meta.get("uid"),
         "resourceVersion": meta.get("resourceVersion"),
-        "creationTimestamp": meta.get("creationTimestamp"),
+        # Objects are created in bursts (a node pool, a batch's pods): one string per second, shared.
+        "creationTimestamp": _interned(meta.get("creationTimestamp")),
     }
     if namespace:
         out["namespace"] = _intern(meta.get("namespace") or "")
@@ -130,14 +131,21 @@ def _meta(meta: JSON, *, namespace: bool) -> JSON:
     return out
 
 
+def _interned(value: Any) -> Any:
+    return _intern(value) if isinstance(value, str) else value
+
+
 def _condition(cond: JSON, *, full: bool) -> JSON:
+    """Type, status and transition time (and for ours, reason and message), all interned: the fleet's
+    nodes share a handful of reasons and messages, and a rollout's batches move together, so their
+    transition times repeat too."""
     out: JSON = {"type": _intern(str(cond.get("type"))), "status": _intern(str(cond.get("status")))}
     if full:
         for field in ("reason", "message", "lastTransitionTime"):
             if cond.get(field) is not None:
-                out[field] = cond[field]
+                out[field] = _interned(cond[field])
     elif cond.get("lastTransitionTime"):
-        out["lastTransitionTime"] = cond["lastTransitionTime"]
+        out["lastTransitionTime"] = _interned(cond["lastTransitionTime"])
     return out
 
 
