@@ -410,6 +410,8 @@ def _deleted(plan: NodePlan, name: str) -> bool:
 def _check_transition(nw: NodeWright, prev: PackageEntry, new: PackageEntry) -> None:
     if prev.stage == new.stage:
         return
+    if (prev.suspended or prev.state == PackageState.ERRORING) and new.stage == PackageStage.UNINSTALL:
+        return  # what a stopped run of another version left is uninstalled (`plan.node._uninstallable`)
     # One pod runs every stage of its transition: the entry may move to any later stage of that pod
     # (the pod failed there) or past its last one.
     chain = pod_stages(prev.stage)

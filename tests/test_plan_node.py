@@ -1065,3 +1065,20 @@ def test_one_state_write_per_pod_for_an_install_chain() -> None:
     writes = sum(1 for p in node.plans if p.state_changed)
     # The start of the first package, then one per pod: its end records the next package's start.
     assert len(node.created) == 3 and writes == 1 + 3, [kinds(p) for p in node.plans]
+
+
+def test_an_uninstall_removes_what_a_cut_short_run_of_another_version_left() -> None:
+    # v1's apply was cut short by a spec of v2 (suspended: the host may hold part of v1); then the
+    # admin asks to uninstall the package. Nothing of v2 is installed, so the uninstall must act on v1's
+    # leftover -- before, no run was ever due and the node never counted the package as uninstalled.
+    v2 = Package(version="2.0.0", image="x", uninstall=Uninstall(enabled=True, apply=True))
+    for left in (PackageState.IN_PROGRESS, PackageState.ERRORING):
+        leftover = replace(
+            complete_entry(v2, version="1.0.0"), stage=PackageStage.APPLY, state=left, suspended=True
+        )
+        node = FakeNode(
+            make_nw(packages={"pa": v2}), state_text=encode(NodeState(packages=(leftover,), admission=ADMIT))
+        )
+        node.run()
+        assert [(c.stage, c.version) for c in node.created][:1] == [(PackageStage.UNINSTALL, "1.0.0")], left
+        assert node.plans[-1].status == Status.COMPLETE and not node.plans[-1].state.packages, left

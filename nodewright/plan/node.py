@@ -399,6 +399,18 @@ def _uninstall_target(state: NodeState, name: str, pkg: Package) -> PackageEntry
     return max(others, key=lambda e: _version_key(e.version))
 
 
+def _uninstallable(target: PackageEntry, pkg: Package) -> bool:
+    """An uninstall may start on `target`: a complete install, or what another version's run left
+    behind once it stopped -- cut short by a spec change (suspended) or given up (erroring). The host
+    may hold part of that version, and no run of it will ever finish it, so the uninstall removes it;
+    waiting for it to complete would wait forever. A run of the spec version still going finishes first."""
+    if target.state == PackageState.COMPLETE:
+        return True
+    if target.version == pkg.version or target.stage in UNINSTALL_STAGES:
+        return False
+    return target.suspended or target.state == PackageState.ERRORING
+
+
 def _version_key(version: str) -> semver.Version:
     try:
         return semver.parse(version)
@@ -516,7 +528,7 @@ def _new_run(nw: NodeWright, state: NodeState, name: str, pkg: Package) -> Packa
     a string when one is due but may not start (a downgrade that needs an uninstall first); None."""
     if _uninstall_requested(pkg):
         target = _uninstall_target(state, name, pkg)
-        if target is None or target.state != PackageState.COMPLETE:
+        if target is None or not _uninstallable(target, pkg):
             return None
         return replace(
             target,
@@ -526,6 +538,7 @@ def _new_run(nw: NodeWright, state: NodeState, name: str, pkg: Package) -> Packa
             started=None,
             changed=(),
             error="",
+            suspended=False,
         )
     current = state.entry(name, pkg.version)
     if current is not None:
