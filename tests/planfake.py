@@ -410,7 +410,9 @@ def _deleted(plan: NodePlan, name: str) -> bool:
 def _check_transition(nw: NodeWright, prev: PackageEntry, new: PackageEntry) -> None:
     if prev.stage == new.stage:
         return
-    if (prev.suspended or prev.state == PackageState.ERRORING) and new.stage == PackageStage.UNINSTALL:
+    spec = nw.spec.packages.get(prev.name)
+    stopped = prev.suspended or prev.state == PackageState.ERRORING
+    if stopped and new.stage == PackageStage.UNINSTALL and (spec is None or spec.version != prev.version):
         return  # what a stopped run of another version left is uninstalled (`plan.node._uninstallable`)
     # One pod runs every stage of its transition: the entry may move to any later stage of that pod
     # (the pod failed there) or past its last one.
