@@ -312,7 +312,7 @@ class RolloutReconciler:
             await self._add_finalizer(obj)
         history = () if deleting else await self.revisions.observe(obj)
         undo = undo_hint(name, history, current_hash=spec_hash(obj.get("spec") or {}))
-        costs = self._costs(model)
+        costs = None if deleting else self._costs(model)  # a deletion admits nothing: no order to wait for
         if isinstance(costs, CostsPending):
             return Result(requeue_after=PENDING_RETRY)  # idleFirst: never take a batch before the counts
         snap = self._snapshot(name, model, costs.pods if isinstance(costs, CostsReady) else None)
