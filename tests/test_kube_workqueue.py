@@ -19,7 +19,14 @@ from nodewright.kube.ratelimit import (
     TokenBucket,
     default_controller_rate_limiter,
 )
-from nodewright.kube.workqueue import QueueShutDown, Result, TerminalError, WorkQueue, run_workers
+from nodewright.kube.workqueue import (
+    START_EVERY,
+    QueueShutDown,
+    Result,
+    TerminalError,
+    WorkQueue,
+    run_workers,
+)
 
 KEYS = st.sampled_from(["a", "b", "c", "d"])
 
@@ -173,6 +180,18 @@ def test_start_lane_waits_for_ordinary_keys_and_its_limit() -> None:
     assert queue.get_nowait() == "r2", "a reaction is served although the start lane is full"
     queue.done("s1")
     assert queue.get_nowait() == "s3"
+
+
+def test_a_steady_stream_of_ordinary_keys_does_not_starve_starts() -> None:
+    queue: WorkQueue[str] = WorkQueue("q", clock=FakeClock(), start_limit=1)
+    queue.add_start("s1")
+    handed = []
+    for i in range(2 * START_EVERY):
+        queue.add(f"r{i}")
+    while (key := queue.get_nowait()) is not None:
+        handed.append(key)
+        queue.done(key)
+    assert handed.index("s1") == START_EVERY - 1, "every START_EVERYth hand-out is a waiting start"
 
 
 def test_a_key_queued_by_its_watch_event_first_is_still_a_start() -> None:

@@ -16,12 +16,13 @@ Properties (client-go `util/workqueue` package doc, which reviewers will recogni
   `workqueue_depth` says 0 (like controller-runtime, whose controllers start their event sources only
   once elected); on taking over, the Manager opens them and replays its warm caches into them.
 - **Start lane** (NodeWright's addition): `add_start(key)` queues a key that will start new work (a
-  node just admitted: its first pod) on a second ready list, handed out only when no ordinary key is
-  ready and fewer than `start_limit` start keys are being processed. Reactions to running work (a pod
-  finished, a gate passed) thus never wait behind a burst of starts, and starts take at most
-  `start_limit` workers, so the rest stay free for reactions. A key already queued ordinarily moves to
-  the start lane (its watch event may beat the caller); an ordinary `add` of a key on the start lane
-  leaves it there (FIFO among starts, stingy as ever).
+  node just admitted: its first pod) on a second ready list, handed out when no ordinary key is ready
+  (or, so that a steady stream of ordinary keys cannot starve starts, as every `START_EVERY`th key
+  handed out while starts wait) and while fewer than `start_limit` start keys are being processed.
+  Reactions to running work (a pod finished, a gate passed) thus never wait behind a burst of starts,
+  and starts take at most `start_limit` workers, so the rest stay free for reactions. A key already
+  queued ordinarily moves to the start lane (its watch event may beat the caller); an ordinary `add` of
+  a key on the start lane leaves it there (FIFO among starts, stingy as ever).
 - **Shutdown**: `shutdown()` stops intake (adds are ignored), drops keys not yet handed out, wakes all
   waiting `get()` callers with `QueueShutDown`, and (with `drain=True`) waits — with a deadline — for
   the keys being processed to be marked done.
@@ -61,6 +62,11 @@ K = TypeVar("K", bound=Hashable)
 
 log = structlog.get_logger("nodewright.workqueue")
 
+START_EVERY = 4
+"""While start-lane keys wait and a start slot is free, at least every 4th key handed out is a start: a
+node queue that always has reactions queued (pod events of thousands of running nodes on a saturated
+operator) still starts admitted nodes, at a quarter of its pace, instead of never."""
+
 
 class QueueShutDown(Exception):
     """Raised by `get()` once the queue is shut down."""
@@ -97,6 +103,7 @@ class WorkQueue(Generic[K]):
         self._starts: deque[K] = deque()  # the start lane: ready keys served after `_ready`
         self._starting: set[K] = set()  # start-lane keys being processed
         self._start_limit = start_limit
+        self._since_start = 0  # ordinary keys handed out while starts waited (`START_EVERY`)
         self._dirty: set[K] = set()
         self._processing: dict[K, float] = {}  # key -> when processing started
         self._added_at: dict[K, float] = {}  # key -> when it entered the ready list (queued_for)
@@ -179,11 +186,16 @@ class WorkQueue(Generic[K]):
         if self._shutting_down:
             raise QueueShutDown(self.name)
         self._promote_due()
-        if self._ready:
+        may_start = bool(self._starts) and (
+            self._start_limit is None or len(self._starting) < self._start_limit
+        )
+        if self._ready and not (may_start and self._since_start >= START_EVERY - 1):
             key = self._ready.popleft()
-        elif self._starts and (self._start_limit is None or len(self._starting) < self._start_limit):
+            self._since_start = self._since_start + 1 if may_start else 0
+        elif may_start:
             key = self._starts.popleft()
             self._starting.add(key)
+            self._since_start = 0
         else:
             return None
         now = self._clock.monotonic()
