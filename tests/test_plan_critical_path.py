@@ -6,7 +6,7 @@ orders the compartments by it, and `plan_rollout` lists admissions in that order
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodewright.api.models import (
@@ -59,6 +59,7 @@ strategies = st.none() | st.builds(
 states = st.builds(BatchState, last_batch_size=st.integers(0, 30), last_batch_failed=st.booleans())
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(strategies, states, st.integers(0, 400), st.integers(0, 60), st.integers(0, 400))
 def test_batches_left_is_the_batch_by_batch_count(
     strategy: StrategyParams | None, state: BatchState, total: int, ceiling: int, remaining: int
@@ -68,6 +69,7 @@ def test_batches_left_is_the_batch_by_batch_count(
     assert batches_left(strategy, state, total=total, ceiling=ceiling, remaining=remaining) == expected
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(strategies, states, st.integers(1, 60), st.integers(0, 300), st.integers(0, 300))
 def test_more_nodes_left_never_means_fewer_batches(
     strategy: StrategyParams | None, state: BatchState, ceiling: int, a: int, b: int
@@ -141,6 +143,7 @@ def test_the_linear_compartment_is_served_before_the_exponential_one() -> None:
     assert list(plan.compartments) == sorted(plan.compartments)  # the status keeps its name order
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(st.sampled_from(["a", "b", "c"]), max_size=40),
     st.lists(st.sampled_from(list(Phase)), min_size=40, max_size=40),
