@@ -179,3 +179,54 @@ async def test_update_with_unchanged_spec_is_not_revalidated(client: TestClient[
     # The same object as a CREATE is refused: ratcheting is for stored objects only.
     resp = await client.post(PATHS["validate-nodewright"], json=_review(stored))
     assert (await resp.json())["response"]["allowed"] is False
+
+
+def _gated_policy(secret: str) -> dict[str, Any]:
+    gate = {
+        "name": "xid",
+        "prometheus": {
+            "urlSecretRef": {"name": secret, "key": "url"},
+            "query": 'sum(xid{node=~"$NODES"}) or vector(0)',
+            "comparison": "<",
+            "threshold": "1",
+        },
+    }
+    return {
+        "apiVersion": "nodewright.io/v1alpha1",
+        "kind": "DeploymentPolicy",
+        "metadata": {"name": "gpu-policy"},
+        "spec": {
+            "default": {
+                "budget": {"count": 1},
+                "strategy": {"fixed": {"initialBatch": 1, "failureThreshold": 1}},
+                "healthGates": [gate],
+            }
+        },
+    }
+
+
+async def test_a_gate_secret_the_chart_does_not_let_the_operator_read_is_refused() -> None:
+    """The chart grants the operator `get` on the Secrets of `healthGates.secretNames` only, and tells
+    the webhook (`--gate-secret-names`): a Prometheus gate naming another Secret could never be evaluated
+    (it would hold, then halt, every rollout), so it is refused with one line naming the policy, the
+    field and the remedy. A webhook not told the list checks nothing."""
+    app = build_app(_Facts(), gate_secrets=frozenset({"prometheus-url"}))
+    async with TestClient(TestServer(app)) as c:
+        listed = await c.post(
+            PATHS["validate-deploymentpolicy"], json=_review(_gated_policy("prometheus-url"))
+        )
+        assert (await listed.json())["response"]["allowed"] is True
+        other = await c.post(PATHS["validate-deploymentpolicy"], json=_review(_gated_policy("team-secret")))
+        answer = (await other.json())["response"]
+    assert answer["allowed"] is False and answer["status"]["code"] == 422
+    assert answer["status"]["message"] == (
+        "DeploymentPolicy 'gpu-policy' is invalid:\n"
+        "* spec.default.healthGates[0].prometheus.urlSecretRef.name: the operator may not read Secret"
+        " 'team-secret' (the chart's healthGates.secretNames lists prometheus-url): add it there"
+        " (helm upgrade) or name a listed Secret"
+    )
+    async with TestClient(TestServer(build_app(_Facts()))) as c:
+        unchecked = await c.post(
+            PATHS["validate-deploymentpolicy"], json=_review(_gated_policy("team-secret"))
+        )
+        assert (await unchecked.json())["response"]["allowed"] is True

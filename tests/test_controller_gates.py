@@ -18,7 +18,7 @@ from nodewright.api.models import (
     PrometheusGate,
     SecretKeySelector,
 )
-from nodewright.api.reasons import GateOutcome
+from nodewright.api.reasons import GateHeld, GateOutcome
 from nodewright.controller.gates import GateEvaluator, GateResults, SecretReader
 from nodewright.kube.resources import NotFound
 from nodewright.plan.gates import GateCheck, GateSpec
@@ -133,3 +133,32 @@ async def test_a_malformed_answer_is_unknown_not_an_exception(
     evaluator = GateEvaluator(SecretReader(Secrets({"prom": url}), "ns"), lambda _n: None)
     [result] = (await evaluator.evaluate(GateCheck("c", 1, ("n0",), (gate(query),)), now=NOW)).values()
     assert result.outcome is GateOutcome.UNKNOWN and result.detail
+
+
+def held(compartment: str, batch: int, outcome: GateOutcome | None, gate: str = "xid") -> GateHeld:
+    return GateHeld(compartment, batch, gate, "q", outcome, "4", "", NOW)
+
+
+def test_a_gate_hold_is_told_once_per_hold_not_per_pass() -> None:
+    """The `HealthGateHolding` Event: once when a gate starts holding a compartment (evaluated, not
+    passing), not again on the passes that re-check it, again for a hold after a later batch or once
+    the compartment was let go in between; another NodeWright's holds are its own."""
+    results = GateResults()
+    # The first evaluation is due: nothing is known yet, so nothing is told.
+    assert results.new_holds("nw", {"a": held("a", 1, None)}) == []
+    failing = held("a", 1, GateOutcome.FAILED)
+    assert results.new_holds("nw", {"a": failing, "b": None}) == [failing]
+    # Re-checks of the same hold, whatever they see (another gate named, Unknown): told already.
+    assert results.new_holds("nw", {"a": held("a", 1, GateOutcome.UNKNOWN, gate="npd")}) == []
+    assert results.new_holds("nw", {"a": held("a", 1, None)}) == []
+    assert results.new_holds("other", {"a": failing}) == [failing]
+    # The gates passed, the next batch ran, and a gate holds after it: a new hold.
+    assert results.new_holds("nw", {"a": None}) == []
+    later = held("a", 2, GateOutcome.FAILED)
+    assert results.new_holds("nw", {"a": later}) == [later]
+    assert results.new_holds("nw", {"a": later}) == []
+    # Let go (e.g. halted, then reset) and held again after the same batch: told again.
+    assert results.new_holds("nw", {}) == []
+    assert results.new_holds("nw", {"a": later}) == [later]
+    results.forget("nw")
+    assert results.new_holds("nw", {"a": later}) == [later]

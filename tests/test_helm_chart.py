@@ -255,6 +255,7 @@ def test_operator_rbac_is_least_privilege() -> None:
         cluster, "disruptionbudgets", "patch"
     )
     assert grants(cluster, "pods", "list") and grants(cluster, "pods/eviction", "create")
+    assert grants(cluster, "pods", "watch"), "nodeOrder idleFirst counts pods per node (controller.podcosts)"
     assert not grants(cluster, "pods", "delete"), "pod delete needs drain.allowForce=true"
     assert not any("secrets" in r["resources"] or "configmaps" in r["resources"] for r in cluster)
     assert not any(r["apiGroups"] == ["admissionregistration.k8s.io"] for r in cluster)
@@ -477,9 +478,15 @@ def test_notification_secrets_are_granted_by_name_and_the_cluster_sink_reaches_t
 def test_health_gate_secrets_are_granted_by_name() -> None:
     plain = rules(render(), "Role", "nw-nodewright")
     assert not grants(plain, "secrets", "get", name="prometheus-url")
-    namespaced = rules(render("healthGates.secretNames={prometheus-url}"), "Role", "nw-nodewright")
+    objs = render("healthGates.secretNames={prometheus-url,team-prom}")
+    namespaced = rules(objs, "Role", "nw-nodewright")
     assert not unrestricted(namespaced, "secrets", "get")
     assert grants(namespaced, "secrets", "get", name="prometheus-url")
+    # The webhook is told the same list, so it refuses a gate naming a Secret the operator cannot read.
+    webhook = parse_args(container(one(objs, "Deployment", "nw-nodewright-webhook"))["args"])
+    assert webhook.gate_secret_names == frozenset({"prometheus-url", "team-prom"})
+    unlisted = parse_args(container(one(render(), "Deployment", "nw-nodewright-webhook"))["args"])
+    assert unlisted.gate_secret_names == frozenset()
 
 
 READS = {"get", "list", "watch"}

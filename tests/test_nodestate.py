@@ -53,6 +53,7 @@ entries = st.builds(
     retry_at=st.none() | stamps,
     spec_hash=st.sampled_from(["", "0123456789abcdef"]),
     pull_error_since=st.none() | stamps,
+    suspended=st.booleans(),
 )
 
 states = st.builds(

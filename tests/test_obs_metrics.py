@@ -73,6 +73,7 @@ def snapshot(**overrides: object) -> NodeWrightSnapshot:
                 current_batch=2,
                 consecutive_failures=1,
                 halted=True,
+                gates={"xid": True, "npd": False},
             ),
             CompartmentSnapshot(name="__default__", policy="p1", strategy="fixed", matched=2, ceiling=1),
         ),
@@ -143,6 +144,16 @@ def test_domain_gauges_equal_snapshot(metrics: OperatorMetrics) -> None:
         assert value(metrics, name, **labels) == want, name
     default = {"nodewright": "nw", "policy": "p1", "compartment": "__default__", "strategy": "fixed"}
     assert value(metrics, "nodewright_rollout_halted", **default) == 0
+
+
+def test_the_health_gate_gauge_is_per_gate(metrics: OperatorMetrics) -> None:
+    """`nodewright_health_gate_holding` names the gate: one series per gate of a compartment, 1 for those
+    holding its next batch; a compartment without gates has none."""
+    metrics.domain.update_nodewright("nw", snapshot())
+    labels = {"nodewright": "nw", "policy": "p1", "compartment": "rack-a", "strategy": "linear"}
+    got = {dict(k)["gate"]: v for k, v in series(metrics, "nodewright_health_gate_holding").items()}
+    assert got == {"xid": 1, "npd": 0}
+    assert value(metrics, "nodewright_health_gate_holding", **labels, gate="xid") == 1
 
 
 def test_package_nodes_are_summed_not_overwritten(metrics: OperatorMetrics) -> None:

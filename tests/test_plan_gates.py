@@ -16,6 +16,7 @@ from nodewright.api.models import (
     DeploymentPolicySpec,
     FixedStrategy,
     GateComparison,
+    GateStatus,
     HealthGate,
     NodeConditionGate,
     NodeWright,
@@ -31,7 +32,7 @@ from nodewright.api.models import (
 from nodewright.api.reasons import GateHeld, GateOutcome, HaltReason, WaitReason
 from nodewright.plan import gates
 from nodewright.plan.gates import GateResult, GateSpec, Verdict, decide, render_query
-from nodewright.plan.preview import simulate_rollout
+from nodewright.plan.preview import preview_rollout, render_table, simulate_rollout
 from nodewright.plan.rollout import RolloutNode, RolloutPlan, plan_rollout
 
 DEFAULT = constants.DEFAULT_COMPARTMENT
@@ -284,6 +285,47 @@ def test_the_preview_assumes_gates_pass() -> None:
     assert all(not n.needs_work for n in sim.nodes)
 
 
+def test_the_preview_says_per_gate_that_it_assumes_the_gate_passes_and_what_the_status_says() -> None:
+    """`nodewright plan` cannot evaluate a gate ahead of time: it says so per gate, with the batches
+    whose next one depends on it, and the last result the compartment status holds (a failing gate now
+    is shown as such, not silently taken as passing)."""
+    pol = policy(prom_gate(), condition_gate())
+    fresh = preview_rollout(nodewright(), policy=pol, nodes=nodes(), fingerprint=FP, now=ts(T0))
+    [compartment] = fresh.compartments
+    assert [(g.gate, g.batches, g.last) for g in compartment.assumed_gates] == [
+        ("xid", (1, 2), None),
+        ("npd", (1, 2), None),
+    ]
+    assert compartment.assumed_gates[0].describe() == (
+        "evaluated after the soak of batch 1 and 2; the preview assumes it passes"
+    )
+    table = render_table(fresh)
+    assert "HEALTH GATE" in table and "xid" in table and "npd" in table
+    doc = fresh.to_json()["compartments"][0]["assumedGates"]
+    assert doc[0] == {"gate": "xid", "assumed": "Passed", "afterBatches": [1, 2]}
+
+    # Batch 1 settled and the Prometheus gate fails now: the preview still assumes it will pass, and
+    # shows what it saw.
+    fleet, statuses = first_batch_done(pol)
+    at = T0 + timedelta(seconds=30)
+    settled = plan(pol, fleet, statuses, at)
+    query = 'sum(xid_errors{node=~"n0"})'
+    failing = {DEFAULT: {"xid": GateResult("xid", 1, GateOutcome.FAILED, query, "4", "4 is not < 1", at)}}
+    held = plan(pol, fleet, settled.compartment_statuses, at, failing)
+    later = preview_rollout(
+        nodewright(),
+        policy=pol,
+        nodes=fleet,
+        fingerprint=FP,
+        now=ts(at),
+        compartment_statuses=held.compartment_statuses,
+    )
+    xid = next(g for g in later.compartments[0].assumed_gates if g.gate == "xid")
+    assert xid.batches[0] == 1 and xid.describe_last() == "Failed (4) after batch 1"
+    assert "Failed (4) after batch 1" in render_table(later)
+    assert later.to_json()["compartments"][0]["assumedGates"][0]["lastResult"]["outcome"] == "Failed"
+
+
 def test_results_kept_in_the_status_are_read_back_so_why_sees_the_failing_value() -> None:
     pol = policy(prom_gate(timeout="1m"))
     fleet, statuses = first_batch_done(pol)
@@ -301,3 +343,23 @@ def test_results_kept_in_the_status_are_read_back_so_why_sees_the_failing_value(
     halted = plan(pol, fleet, again.compartment_statuses, at + timedelta(minutes=1), failing)
     assert {w.reason for w in halted.waiting} == {WaitReason.COMPARTMENT_HALTED}
     assert "health gate 'xid'" in halted.waiting[0].message and "= 4" in halted.waiting[0].message
+
+
+def test_holding_names_every_gate_not_passing_while_the_compartment_is_held() -> None:
+    at = ts(T0)
+
+    def kept(gate: str, outcome: GateOutcome, batch: int = 1) -> GateStatus:
+        return GateStatus(gate=gate, batch=batch, outcome=outcome, query="q", evaluated_at=at)
+
+    results = [
+        kept("xid", GateOutcome.FAILED),
+        kept("npd", GateOutcome.PASSED),
+        kept("nccl", GateOutcome.UNKNOWN),
+    ]
+    hold = GateHeld(DEFAULT, 1, "xid", "q", GateOutcome.FAILED, "4", "", T0)
+    assert gates.holding(hold, results) == {"xid": True, "npd": False, "nccl": True}
+    # Not held (the gates passed, or no batch settled yet): no gate holds; a gate not evaluated yet for
+    # the held batch (its result is of an earlier one) holds.
+    assert gates.holding(None, results) == {"xid": False, "npd": False, "nccl": False}
+    first = GateHeld(DEFAULT, 2, "bw", "q", None, None, "", T0)
+    assert gates.holding(first, [kept("npd", GateOutcome.PASSED)]) == {"npd": True, "bw": True}

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, example, given, note, settings
 from hypothesis import strategies as st
 
@@ -43,7 +42,7 @@ from nodewright.plan.rollout_epoch import (
     order_hint,
     usable,
 )
-from tests.fleetsim import Fleet, FleetBreach
+from tests.fleetsim import Fleet
 
 ROUNDS = 300
 
@@ -70,6 +69,11 @@ def settle(fleet: Fleet) -> None:
         if fleet.settled():
             return
     raise AssertionError(f"fleet did not settle: {fleet.status_counts()}")
+
+
+def entries(fleet: Fleet, node: str) -> tuple[PackageEntry, ...]:
+    state = fleet.nodes[node].state
+    return state.packages if state is not None else ()
 
 
 def versions(fleet: Fleet, node: str) -> dict[str, str]:
@@ -128,9 +132,10 @@ def test_a_spec_that_comes_back_numbers_its_admissions_above_the_earlier_rollout
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-# Found by this test: a node whose run of v1 was in flight when v2 came resumes it when v1 comes back,
-# without admission, labelled `waiting` (or `erroring`, for v2's run) by then; a node still labelled
-# in progress for v2's run is busy although v1 has nothing for it. Both must hold a slot of the way back.
+# Found by this test: a node whose run of v1 was in flight when v2 came resumed it when v1 came back,
+# without admission (it now waits for one: the run was suspended), labelled `waiting` (or `erroring`,
+# for v2's run) by then; a node still labelled in progress for v2's run is busy although v1 has nothing
+# for it and must hold a slot of the way back.
 @example(first=3, second=3, failing=set())
 @example(first=3, second=5, failing={"node-01"})
 @example(first=4, second=3, failing=set())
@@ -160,21 +165,55 @@ def test_going_back_at_any_moment_keeps_the_ceiling_and_converges(
     assert all(versions(fleet, n).get("1.0.0") == "complete" for n in names)
 
 
-@pytest.mark.xfail(strict=True, raises=FleetBreach, reason="known gap: a second comeback mid-flight")
 def test_a_second_comeback_mid_flight_keeps_the_ceiling() -> None:
-    """Known gap (issue 34 item 1, left open): v1 -> v2 -> v1 -> v2 with runs in flight at each flip.
-    At the second comeback, nodes still labelled in progress for v1's runs hold the ceiling, and the
-    nodes whose v2 run was cut short by the first comeback resume it without admission (the node
-    planner continues a started run of the current spec), one more than the ceiling. Closing it needs
-    the node planner to ask for a fresh admission before resuming a run of an earlier rollout."""
+    """v1 -> v2 -> v1 -> v2 with runs in flight at each flip. The first comeback cut v2's runs short
+    (their pods removed, the entries suspended); at the second, nodes still winding down v1's runs hold
+    the ceiling. The suspended v2 runs resume only once the rollout admits their nodes again: before,
+    they resumed without admission, one more than the ceiling (I1)."""
     names = [f"node-{i:02d}" for i in range(5)]
     fleet = Fleet(spec("1.0.0"), canary_policy(), names)
     for version, count in (("1.0.0", 3), ("2.0.0", 2), ("1.0.0", 1)):
         fleet.nodewright = spec(version)
         for _ in range(count):
             fleet.round()
+    cut_short = [n for n in names if any(e.suspended and e.version == "2.0.0" for e in entries(fleet, n))]
+    assert cut_short == ["node-00", "node-02"], "the first comeback cut their v2 runs short"
     fleet.nodewright = spec("2.0.0")
     settle(fleet)
+    assert fleet.status_counts() == {"complete": 5}
+    assert all(versions(fleet, n) == {"2.0.0": "complete"} for n in names)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(flips=[("1.0.0", 3), ("2.0.0", 2), ("1.0.0", 1)], last="2.0.0", failing=set())
+@given(
+    flips=st.lists(
+        st.tuples(st.sampled_from(["1.0.0", "2.0.0", "3.0.0"]), st.integers(min_value=0, max_value=4)),
+        min_size=1,
+        max_size=6,
+    ),
+    last=st.sampled_from(["1.0.0", "2.0.0", "3.0.0"]),
+    failing=st.sets(st.sampled_from([f"node-{i:02d}" for i in range(5)]), max_size=2),
+)
+def test_any_sequence_of_spec_flips_keeps_the_ceiling_and_converges(
+    flips: list[tuple[str, int]], last: str, failing: set[str]
+) -> None:
+    """The spec flips between three versions at arbitrary moments (each held for a few rounds, runs
+    of every version in flight or cut short, some nodes failing), then stays: the ceiling holds after
+    every write (I1, I2, checked by the fleet) and every node ends at the last version."""
+    names = [f"node-{i:02d}" for i in range(5)]
+    fleet = Fleet(spec("1.0.0"), canary_policy(), names)
+    fleet.fate = lambda node, pod: "fail" if node in failing and pod.version != last else "succeed"
+    for version, count in flips:
+        fleet.nodewright = spec(version)
+        for _ in range(count):
+            fleet.round()
+    fleet.fate = lambda _node, _pod: "succeed"
+    fleet.nodewright = spec(last)
+    settle(fleet)
+    note(f"statuses {fleet.status_counts()}")
+    assert fleet.status_counts() == {"complete": 5}
+    assert all(versions(fleet, n).get(last) == "complete" for n in names)
 
 
 # ----------------------------------------------------------------------------------------------------

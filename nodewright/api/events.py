@@ -29,6 +29,7 @@ class EventReason(StrEnum):
     BATCH_FAILED = "BatchFailed"
     COMPARTMENT_HALTED = "CompartmentHalted"
     COMPARTMENT_RESUMED = "CompartmentResumed"
+    HEALTH_GATE_HOLDING = "HealthGateHolding"
     ROLLOUT_COMPLETE = "RolloutComplete"
     ROLLOUT_PAUSED = "RolloutPaused"
     ROLLOUT_DISABLED = "RolloutDisabled"
@@ -94,6 +95,12 @@ CATALOGUE: Final[tuple[ReasonInfo, ...]] = (
         EventReason.COMPARTMENT_HALTED, EventType.WARNING, _NW, "A compartment stopped admitting nodes"
     ),
     ReasonInfo(EventReason.COMPARTMENT_RESUMED, EventType.NORMAL, _NW, "A halted compartment was reset"),
+    ReasonInfo(
+        EventReason.HEALTH_GATE_HOLDING,
+        EventType.WARNING,
+        _NW,
+        "A health gate started holding a compartment's next batch (once per hold: the gate, query and value)",
+    ),
     ReasonInfo(EventReason.ROLLOUT_COMPLETE, EventType.NORMAL, _NW, "Every matched node is complete"),
     ReasonInfo(EventReason.ROLLOUT_PAUSED, EventType.NORMAL, _NW, "The pause annotation stopped admissions"),
     ReasonInfo(

@@ -1408,8 +1408,15 @@ _GATES_RULE = CelRule(
 )
 
 
+class NodeOrder(StrEnum):
+    """Which eligible node a compartment's batch takes first (`plan.rollout`, `plan.disruption`)."""
+
+    ZONE = "zone"
+    IDLE_FIRST = "idleFirst"
+
+
 class CompartmentRollout(_Model):
-    """Pacing shared by compartments and the default: soak time and manual approval gates."""
+    """Pacing shared by compartments and the default: soak time, approval and health gates, node order."""
 
     soak_time: Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)] | None = _text(
         "How long to wait after a batch settles before the next batch opens (Go duration, e.g. 30m)."
@@ -1428,6 +1435,13 @@ class CompartmentRollout(_Model):
         " gate holds the compartment, then halts it after the gate's timeout.",
         max_length=MAX_HEALTH_GATES,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    node_order: NodeOrder | None = _text(
+        "Which nodes a batch takes first. zone (unset): by zone label, creation time, name. idleFirst:"
+        " within that order, the nodes whose update interrupts least first: no pod matching"
+        " podNonInterruptLabels, then the fewest pods a drain would evict (DaemonSet, static and"
+        " finished pods do not count); with a topologyKey, whole domains by the sum of their nodes.",
+        strict=False,
     )
 
 

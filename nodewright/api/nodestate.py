@@ -27,7 +27,9 @@ share a 256 KiB budget with every other tool's annotations).
             "x": "2024-...Z",                 first time the current pod was seen failing to pull
             "fu": "2/7/2024-...Z",            erroring: the admission it gave up under (batch/order/at)
             "dr": "apply-check: ...",         complete, but its last drift check failed (the reason)
-            "rp": true}},                     the run in progress repairs drift (steps run again)
+            "rp": true,                       the run in progress repairs drift (steps run again)
+            "su": true}},                     a run cut short by a spec of another version: it resumes
+                                              only under a fresh admission (omitted when false)
      "a": {"c": "gpu", "b": 2, "o": 7, "at": "2024-...Z"},   rollout admission (omitted when absent)
      "cd": true,                              this NodeWright cordoned the node (omitted when false)
      "bid": "<bootID>",                       boot ID at interrupt start / at completion
@@ -108,6 +110,9 @@ class PackageEntry:
     failed_under: str = ""  # erroring: "<batch>/<order>/<at>" of the admission it gave up under ("" none)
     drifted: str = ""  # complete, but the last drift check failed: why ("" not drifted)
     repair: bool = False  # the run in progress re-applies after drift (the agent re-runs flagged steps)
+    # In flight when the spec moved to another version of the package (its pod was removed): the run
+    # resumes only once the rollout admits the node again (`plan.node`, "suspended runs").
+    suspended: bool = False
 
     @property
     def key(self) -> str:
@@ -189,6 +194,7 @@ def _entry_to_json(e: PackageEntry) -> dict[str, Any]:
         "fu": e.failed_under or None,
         "dr": e.drifted or None,
         "rp": True if e.repair else None,
+        "su": True if e.suspended else None,
     }
     out.update({k: v for k, v in optional.items() if v is not None})
     if e.config:
@@ -289,7 +295,7 @@ def _entry(key: str, value: Any) -> PackageEntry:
     name, sep, version = key.partition("|")
     if not sep or not name or not version or "|" in version:
         raise _fail(path, "key must be '<name>|<version>'")
-    fields = {"s", "t", "n", "b", "u", "i", "c", "k", "e", "r", "h", "x", "fu", "dr", "rp"}
+    fields = {"s", "t", "n", "b", "u", "i", "c", "k", "e", "r", "h", "x", "fu", "dr", "rp", "su"}
     doc = _obj(value, path, fields, {"s", "t"})
     config: tuple[tuple[str, str], ...] = ()
     if "c" in doc:
@@ -330,6 +336,7 @@ def _entry(key: str, value: Any) -> PackageEntry:
         failed_under=_str(doc["fu"], f"{path}.fu", limit=128) if "fu" in doc else "",
         drifted=_str(doc["dr"], f"{path}.dr", limit=MAX_ERROR_LENGTH) if "dr" in doc else "",
         repair=_bool(doc, "rp", f"{path}.rp"),
+        suspended=_bool(doc, "su", f"{path}.su"),
     )
 
 

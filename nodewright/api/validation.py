@@ -725,8 +725,35 @@ def _topology_key_errors(key: Any, path: str) -> list[FieldError]:
     ]
 
 
-def validate_deploymentpolicy(obj: Any, *, old: Mapping[str, Any] | None = None) -> ValidationResult:
-    """All problems of a DeploymentPolicy (CREATE or UPDATE; an unchanged spec is not re-validated)."""
+def _gate_secret_errors(spec: Mapping[str, Any], readable: frozenset[str]) -> list[FieldError]:
+    """Prometheus gates whose URL Secret the operator may not read: the chart grants `get` on the Secrets
+    it lists in `healthGates.secretNames` only (`readable`), so such a gate could never be evaluated
+    (Unknown: it would hold every rollout of the compartment, then halt it)."""
+    owners = [("spec.default", _map(spec.get("default")))]
+    owners += [(f"spec.compartments[{i}]", _map(c)) for i, c in enumerate(_list(spec.get("compartments")))]
+    listed = ", ".join(sorted(readable)) or "none"
+    errors: list[FieldError] = []
+    for base, owner in owners:
+        for j, gate in enumerate(_list(owner.get("healthGates"))):
+            name = _map(_map(_map(gate).get("prometheus")).get("urlSecretRef")).get("name")
+            if isinstance(name, str) and name and name not in readable:
+                errors.append(
+                    FieldError(
+                        f"{base}.healthGates[{j}].prometheus.urlSecretRef.name",
+                        f"the operator may not read Secret {name!r} (the chart's healthGates.secretNames"
+                        f" lists {listed}): add it there (helm upgrade) or name a listed Secret",
+                    )
+                )
+    return errors
+
+
+def validate_deploymentpolicy(
+    obj: Any, *, old: Mapping[str, Any] | None = None, gate_secrets: frozenset[str] | None = None
+) -> ValidationResult:
+    """All problems of a DeploymentPolicy (CREATE or UPDATE; an unchanged spec is not re-validated).
+
+    `gate_secrets`: the Secrets the operator may read for health gates (the chart's
+    `healthGates.secretNames`, given to the webhook); None when not known (nothing checked)."""
     if not isinstance(obj, Mapping):
         return ValidationResult([FieldError("<root>", "a DeploymentPolicy must be a JSON object")], [])
     errors: list[FieldError] = []
@@ -785,6 +812,8 @@ def validate_deploymentpolicy(obj: Any, *, old: Mapping[str, Any] | None = None)
             seen_selectors[canon] = (i, cname)
     errors.extend(_maintenance_errors(spec))
     errors.extend(_health_gate_errors(spec))
+    if gate_secrets is not None:
+        errors.extend(_gate_secret_errors(spec, gate_secrets))
     for path, strategy in _strategy_paths(spec):
         for kind, params in strategy.items():
             if isinstance(params, Mapping) and params.get("failureThreshold") is None:

@@ -53,15 +53,20 @@ from nodewright.api.reasons import PolicyInvalid
 from nodewright.api.validation import model_errors
 from nodewright.cli import flags
 from nodewright.cli.plugin import common
+from nodewright.plan import disruption
 from nodewright.plan import preview as preview_mod
 from nodewright.plan.budgets import parse_budgets
+from nodewright.plan.disruption import DisruptionCost
+from nodewright.plan.drain import PodFacts
 from nodewright.plan.preview import SnapshotCheck, check_snapshot
 from nodewright.plan.rollout import RolloutNode
 from nodewright.plan.rollout_input import (
     DEFAULT_ADMISSIONS_PER_PASS,
+    NodePods,
     RolloutOptions,
     derive_node,
     node_context,
+    node_pods_of,
     rollout_input,
 )
 from nodewright.plan.stages import ts
@@ -106,6 +111,8 @@ class PlanReport:
     node_statuses: Mapping[str, int]
     malformed_states: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    costs: Mapping[str, DisruptionCost] = field(default_factory=dict)
+    """Each node's disruption cost, when the policy orders `idleFirst` (`plan.disruption`)."""
 
     def to_json(self) -> dict[str, Any]:
         doc = self.preview.to_json()
@@ -118,6 +125,11 @@ class PlanReport:
                 "disabled": self.disabled,
                 "nodeStatuses": dict(sorted(self.node_statuses.items())),
                 "malformedStates": list(self.malformed_states),
+                **(
+                    {"disruptionCosts": {n: c.to_json() for n, c in sorted(self.costs.items())}}
+                    if self.costs
+                    else {}
+                ),
                 "notes": list(self.notes),
             }
         )
@@ -137,12 +149,13 @@ def build_report(
     budget_objects: Sequence[JSON] = (),
     invalid_nodewrights: Sequence[str] = (),
     admission_limit: int | None = DEFAULT_ADMISSIONS_PER_PASS,
+    node_pods: NodePods | None = None,
 ) -> PlanReport:
     """Predict the rollout of `nw` over `nodes` (all cluster nodes; matching happens here), within the
     shared DisruptionBudgets `budget_objects` as they are now, from the input the rollout controller
     builds (`plan.rollout_input`). `nw` carries its persisted status (or `compartment_statuses` stand
     for it); `all_nodewrights` are the other NodeWrights, `invalid_nodewrights` those the operator
-    refuses."""
+    refuses; `node_pods` the drain facts of each node's pods, for a policy ordering `idleFirst`."""
     model = _with_statuses(nw, compartment_statuses)
     nodewrights: dict[str, NodeWright | None] = dict.fromkeys(invalid_nodewrights)
     nodewrights.update({o.metadata.name: o for o in all_nodewrights})
@@ -155,6 +168,7 @@ def build_report(
         now=now or datetime.now(UTC),
         budgets=parse_budgets(budget_objects),
         options=RolloutOptions(admission_limit=admission_limit, runtime_taint_key=runtime_taint_key),
+        node_pods=node_pods,
     )
     malformed = inp.malformed
     notes: list[str] = []
@@ -179,6 +193,7 @@ def build_report(
         node_statuses=dict(Counter(n.status.value for n in inp.nodes)),
         malformed_states=tuple(sorted(malformed)[: preview_mod.MAX_EXAMPLES]),
         notes=tuple(notes),
+        costs={n.name: n.disruption for n in inp.nodes if n.disruption is not None},
     )
 
 
@@ -212,17 +227,43 @@ def render(report: PlanReport, *, wide: bool = False) -> str:
         f"predicted if every node succeeds: {admitted} node(s) in {total_batches} batch(es);"
         f" the longest compartment needs {longest} batch(es) (compartments run in parallel)"
     )
+    lines.extend(_cost_lines(report))
     if wide:
         for comp in report.preview.compartments:
             for batch in comp.batches:
-                shown = ", ".join(batch.nodes[:8]) + (
-                    f", … (+{len(batch.nodes) - 8})" if len(batch.nodes) > 8 else ""
-                )
+                named = [_with_cost(n, report.costs) for n in batch.nodes]
+                shown = ", ".join(named[:8]) + (f", … (+{len(named) - 8})" if len(named) > 8 else "")
                 lines.append(f"  {comp.name} batch {batch.number} ({len(batch.nodes)}): {shown}")
     lines.extend(f"note: {note}" for note in report.notes)
     if report.malformed_states:
         lines.append("unreadable state on: " + ", ".join(report.malformed_states))
     return "\n".join(lines) + "\n"
+
+
+def _cost_lines(report: PlanReport) -> list[str]:
+    """Per compartment ordering `idleFirst`: the disruption cost of each predicted batch, summed."""
+    if not report.costs:
+        return []
+    lines = ["disruption cost per batch (nodeOrder idleFirst: cheapest first; -o wide: per node):"]
+    for comp in report.preview.compartments:
+        costs = [
+            f"{b.number}: {_batch_cost(b.nodes, report.costs).describe()}" for b in comp.batches if b.nodes
+        ]
+        if costs:
+            lines.append(f"  {comp.name}  " + "; ".join(costs[:6]) + (" …" if len(costs) > 6 else ""))
+    return lines
+
+
+def _batch_cost(nodes: Sequence[str], costs: Mapping[str, DisruptionCost]) -> DisruptionCost:
+    total = DisruptionCost()
+    for node in nodes:
+        total = total + costs.get(node, DisruptionCost())
+    return total
+
+
+def _with_cost(node: str, costs: Mapping[str, DisruptionCost]) -> str:
+    cost = costs.get(node)
+    return node if cost is None else f"{node} [{cost.describe()}]"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -380,6 +421,8 @@ class Inputs:
     budget_objects: list[JSON] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     invalid_nodewrights: list[str] = field(default_factory=list)
+    pod_facts: dict[str, list[PodFacts]] | None = None
+    """The drain facts of each node's pods, read when the policy orders `idleFirst`."""
 
 
 class _ApiReads:
@@ -436,6 +479,7 @@ async def read_inputs(
     files: tuple[NodeWright | None, list[DeploymentPolicy]],
 ) -> Inputs:
     """The cluster's side of the plan; `files` is what `read_files` read from -f and --policy."""
+    from nodewright.cli.plugin.cluster import pod_facts
     from nodewright.cli.plugin.common import NotFoundError
     from nodewright.kube.resources import DISRUPTIONBUDGETS, NotFound
 
@@ -467,7 +511,10 @@ async def read_inputs(
     statuses = dict((existing.status.compartment_statuses or {}) if existing and existing.status else {})
     all_nws = [n for n in all_nws if n.metadata.name != nw.metadata.name] + [nw]
     notes = [_moving_note(snapshot)] if snapshot.moving else []
-    return Inputs(nw, policy, nodes, all_nws, statuses, existing is not None, budget_objects, notes, invalid)
+    facts = await pod_facts(client) if disruption.opted_in(policy) else None
+    return Inputs(
+        nw, policy, nodes, all_nws, statuses, existing is not None, budget_objects, notes, invalid, facts
+    )
 
 
 async def _policy(
@@ -538,6 +585,7 @@ async def _plan(session: common.Session, files: tuple[NodeWright | None, list[De
         exists=inputs.exists,
         budget_objects=inputs.budget_objects,
         invalid_nodewrights=inputs.invalid_nodewrights,
+        node_pods=node_pods_of(inputs.pod_facts),
     )
     report = replace(report, notes=(*report.notes, *inputs.notes))
     if session.args.output == "json":

@@ -77,7 +77,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="another DNS name or IP address for the managed serving certificate (repeatable), for an API"
         " server that reaches the webhook by URL instead of through the Service",
     )
+    parser.add_argument(
+        "--gate-secret-names",
+        type=_secret_names,
+        default=None,
+        metavar="NAME[,NAME...]",
+        help="the Secrets (operator namespace) the operator may read for health gates, as the chart's"
+        " healthGates.secretNames (empty: none); a DeploymentPolicy whose Prometheus gate names another"
+        " is refused. Unset: not checked",
+    )
     parser.set_defaults(func=run)
+
+
+def _secret_names(text: str) -> frozenset[str]:
+    return frozenset(flags.dns_subdomain(n.strip()) for n in text.split(",") if n.strip())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -151,7 +164,11 @@ async def _serve(args: argparse.Namespace) -> int:
         ctx = server_ssl_context(*served)
         try:
             runner, _port = await start_webhook_server(
-                KubeFacts(api), ssl_context=ctx, host=args.bind_address, port=args.port
+                KubeFacts(api),
+                ssl_context=ctx,
+                host=args.bind_address,
+                port=args.port,
+                gate_secrets=args.gate_secret_names,
             )
         except OSError as exc:
             raise flags.listen_failure("--port", f"{args.bind_address}:{args.port}", exc) from None

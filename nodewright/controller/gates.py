@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import structlog
 
-from nodewright.api.reasons import GateOutcome
+from nodewright.api.reasons import GateHeld, GateOutcome
 from nodewright.kube.resources import SECRETS, ApiError, NotFound
 from nodewright.observability import heap
 from nodewright.plan.gates import GateCheck, GateKind, GateResult, GateSpec, judge_conditions, judge_samples
@@ -201,10 +201,32 @@ def _condition_true(node: Mapping[str, Any] | None, wanted: str) -> bool:
 
 
 class GateResults:
-    """The latest results per NodeWright, compartment and gate (what the planner reads)."""
+    """The latest results per NodeWright, compartment and gate (what the planner reads), and the holds
+    already told about (`new_holds`)."""
 
     def __init__(self) -> None:
         self._results: dict[str, dict[str, dict[str, GateResult]]] = {}
+        self._told: dict[str, dict[str, int]] = {}  # NodeWright -> compartment -> batch of the hold told
+
+    def new_holds(self, nodewright: str, holds: Mapping[str, GateHeld | None]) -> list[GateHeld]:
+        """The gate holds (compartment -> the plan's `health_gate`) that started since the last pass:
+        one `HealthGateHolding` Event per hold, not per pass. A hold is a compartment held after one
+        batch; it is told once a gate was evaluated and did not pass (not while the first evaluation
+        is due), and again only after the compartment was let go (the gates passed, or it halted) or
+        for a later batch. Kept in memory: an operator restart tells a hold in progress once more."""
+        told = self._told.get(nodewright, {})
+        now: dict[str, int] = {}
+        started: list[GateHeld] = []
+        for compartment, held in sorted(holds.items()):
+            if held is None:
+                continue
+            if told.get(compartment) != held.batch:
+                if held.outcome is None:
+                    continue
+                started.append(held)
+            now[compartment] = held.batch
+        self._told[nodewright] = now
+        return started
 
     def of(self, nodewright: str) -> Mapping[str, Mapping[str, GateResult]]:
         return self._results.get(nodewright, {})
@@ -223,6 +245,7 @@ class GateResults:
 
     def forget(self, nodewright: str) -> None:
         self._results.pop(nodewright, None)
+        self._told.pop(nodewright, None)
 
     async def evaluate_due(
         self, evaluator: GateEvaluator, nodewright: str, checks: Sequence[GateCheck], *, now: datetime

@@ -64,7 +64,7 @@ import asyncio
 import contextlib
 import random
 import signal
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -285,6 +285,7 @@ class Manager:
         self._set_up = False
         self._waiting_for: str | None = "start-up"
         self._probes_started = False
+        self._background: list[asyncio.Task[None]] = []
         self.health = HealthServer(health_bind_address, status=self.status)
 
     # -- registration -------------------------------------------------------------------------------
@@ -312,9 +313,24 @@ class Manager:
             )
         return self._informers[key]
 
+<<<<<<< HEAD
     def controller(
         self, name: str, reconcile: Reconcile, *, workers: int = 1, start_limit: int | None = None
     ) -> Controller:
+=======
+    def spawn(self, work: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
+        """Run `work` (a cache started on first use, e.g. `controller.podcosts`) until the manager
+        stops: it is cancelled with the informers, before the client it reads with is closed."""
+        task = asyncio.create_task(work, name=name)
+        self._background.append(task)
+        return task
+
+    @property
+    def watch_metrics(self) -> WatchMetrics:
+        return self._watch_metrics
+
+    def controller(self, name: str, reconcile: Reconcile, *, workers: int = 1) -> Controller:
+>>>>>>> main
         if any(c.name == name for c in self._controllers):
             raise ValueError(f"controller {name!r} already registered")
         # A leader-elected replica keeps its queues closed until it leads (module docstring, step 2).
@@ -413,9 +429,10 @@ class Manager:
             failed = True  # the caller reports it; a "stopped" line would only bury the reason
             raise
         finally:
-            for task in informer_tasks:
+            stopping = [*informer_tasks, *self._background]
+            for task in stopping:
                 task.cancel()
-            await asyncio.gather(*informer_tasks, return_exceptions=True)
+            await asyncio.gather(*stopping, return_exceptions=True)
             await self.health.stop()
             await self.client.close()
             if handle_signals:

@@ -43,6 +43,7 @@ from nodewright.controller.manager import Manager
 from nodewright.controller.nodes import NodeReconciler
 from nodewright.controller.notify import Notifier, RolloutNotifications, Sink
 from nodewright.controller.options import OperatorOptions
+from nodewright.controller.podcosts import PodCosts
 from nodewright.controller.rollout import RolloutReconciler
 from nodewright.controller.runtime import EventRecorder, Runtime, node_key, split_node_key
 from nodewright.controller.signing import SIGNING_SECRET_NAME, PodSigner
@@ -160,8 +161,15 @@ class Operator:
         self.budgets = SharedBudgets(self.rt, manager.informer(DISRUPTIONBUDGETS))
         # Per-sink queues and workers: one hanging webhook costs only its own notices (controller.notify).
         self.notifier = Notifier(client, options.namespace, metrics=metrics, warn=self._notification_warning)
+        # Pods counted per node only once a policy orders `idleFirst` (controller.podcosts).
+        self.pod_costs = PodCosts(
+            client, clock=manager.clock, metrics=manager.watch_metrics, spawn=manager.spawn
+        )
         self.rollouts = RolloutReconciler(
-            self.rt, budgets=self.budgets, notifications=RolloutNotifications(self.notifier, cluster_sink)
+            self.rt,
+            budgets=self.budgets,
+            notifications=RolloutNotifications(self.notifier, cluster_sink),
+            pod_costs=self.pod_costs,
         )
         self.rollout = manager.controller("rollout", self.rollouts.reconcile, workers=workers)
         # Node reconciles spend their time awaiting API calls (~3 per stage hand-off), so concurrency,

@@ -50,6 +50,7 @@ from nodewright.controller.budgets import SharedBudgets, merge_patch
 from nodewright.controller.configmaps import PackageConfigMaps
 from nodewright.controller.gates import GateEvaluator, GateResults, SecretReader
 from nodewright.controller.notify import RolloutNotifications
+from nodewright.controller.podcosts import PENDING_RETRY, CostsPending, CostsReady, CostsView, PodCosts
 from nodewright.controller.revisions import RevisionKeeper
 from nodewright.controller.runtime import Runtime
 from nodewright.kube.resources import JSON, NODEWRIGHTS, Conflict, NotFound
@@ -63,7 +64,8 @@ from nodewright.observability.metrics import (
     count_package_nodes,
     strategy_label,
 )
-from nodewright.plan import sequencing
+from nodewright.plan import disruption, sequencing
+from nodewright.plan import gates as gate_plan
 from nodewright.plan.configdiff import config_digest
 from nodewright.plan.node import is_disabled, is_paused
 from nodewright.plan.podspec import package_configmap_name as podspec_configmap_name
@@ -80,6 +82,7 @@ from nodewright.plan.rollout import (
 from nodewright.plan.rollout_input import (
     NodeContext,
     NodeEntry,
+    NodePods,
     RolloutInput,
     RolloutOptions,
     derive_node,
@@ -247,8 +250,11 @@ class RolloutReconciler:
         rt: Runtime,
         budgets: SharedBudgets | None = None,
         notifications: RolloutNotifications | None = None,
+        pod_costs: PodCosts | None = None,
     ) -> None:
         self.rt = rt
+        # Disruption costs for `nodeOrder: idleFirst` (controller.podcosts); None: never counted.
+        self.pod_costs = pod_costs
         self.budgets = budgets  # shared DisruptionBudgets (controller.budgets); None: none are watched
         self.notifications = notifications  # webhook sinks (controller.notify); None: nothing is sent
         self._halted: dict[str, frozenset[str]] = {}
@@ -310,7 +316,10 @@ class RolloutReconciler:
             await self._add_finalizer(obj)
         history = () if deleting else await self.revisions.observe(obj)
         undo = undo_hint(name, history, current_hash=spec_hash(obj.get("spec") or {}))
-        snap = self._snapshot(name, model)
+        costs = self._costs(model)
+        if isinstance(costs, CostsPending):
+            return Result(requeue_after=PENDING_RETRY)  # idleFirst: never take a batch before the counts
+        snap = self._snapshot(name, model, costs.pods if isinstance(costs, CostsReady) else None)
         plan = await self._secure(snap)
         if plan is not None and plan.gate_checks:
             # Health gates are due: evaluate them (each with a deadline) and plan with their results.
@@ -399,7 +408,14 @@ class RolloutReconciler:
         ):
             memory.pop(name, None)
 
-    def _snapshot(self, name: str, model: NodeWright) -> _Snapshot:
+    def _costs(self, model: NodeWright) -> CostsView | None:
+        """The pod counts, when the NodeWright's policy orders a compartment `idleFirst`."""
+        wanted = model.spec.deployment_policy
+        if self.pod_costs is None or not wanted or not disruption.opted_in(self.rt.policy(wanted)):
+            return None
+        return self.pod_costs.view()
+
+    def _snapshot(self, name: str, model: NodeWright, node_pods: NodePods | None = None) -> _Snapshot:
         """The NodeWright's nodes as the planner sees them, from the caches (`plan.rollout_input`)."""
         rt = self.rt
         nodes = [rt.node(str(n["metadata"]["name"])) or n for n in rt.nodes.objects()]
@@ -420,6 +436,7 @@ class RolloutReconciler:
             ),
             entries=lambda ctx, objects: self._entries(name, ctx, objects),
             completion=self._completion,
+            node_pods=node_pods,
         )
         memo = self._memo[name].entries
         self._enqueue_strays(name, nodes, inp.entries)
@@ -851,6 +868,9 @@ class RolloutReconciler:
                 await self._event(name, events.EventSpec(events.EventReason.COMPARTMENT_HALTED, halt.message))
         for resumed in sorted(was_halted - halted_now):
             await self._event(name, events.compartment_resumed(resumed))
+        holds = {cname: cplan.health_gate for cname, cplan in plan.compartments.items()}
+        for held in self.gate_results.new_holds(name, holds):
+            await self._event(name, events.health_gate_holding(held))
         self._halted[name] = halted_now
         persisted = model.status.status if model.status is not None else None
         old = self._last_status.get(name) or (persisted.value if persisted is not None else None)
@@ -901,7 +921,7 @@ class RolloutReconciler:
                 ),
                 halted=cplan.halt is not None,
                 window_active=cplan.status.window_active is not False,
-                gate_holding=cplan.health_gate is not None,
+                gates=gate_plan.holding(cplan.health_gate, cplan.status.health_gates),
             )
             for cname, cplan in plan.compartments.items()
         ]

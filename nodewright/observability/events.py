@@ -34,6 +34,7 @@ from nodewright.api.events import EventType as EventType
 from nodewright.api.events import ReasonInfo as ReasonInfo
 from nodewright.api.events import event_type as event_type
 from nodewright.api.events import info as info
+from nodewright.api.reasons import GateHeld
 
 COMPONENT: Final = "nodewright-operator"
 EVENT_NAMESPACE: Final = "default"
@@ -132,6 +133,11 @@ def compartment_halted(compartment: str, *, consecutive_failures: int, threshold
         f"Compartment [{compartment}] halted after {consecutive_failures} consecutive failed batch(es) "
         f"(threshold {threshold}); reset with the {constants.ANNOTATION_RESET_BATCH} annotation",
     )
+
+
+def health_gate_holding(held: GateHeld) -> EventSpec:
+    """A gate started holding a compartment (`GateHeld.describe` names the gate, query and value)."""
+    return EventSpec(EventReason.HEALTH_GATE_HOLDING, held.describe())
 
 
 def compartment_resumed(compartment: str) -> EventSpec:

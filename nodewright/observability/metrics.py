@@ -342,7 +342,8 @@ class CompartmentSnapshot:
     consecutive_failures: int = 0
     halted: bool = False
     window_active: bool = True
-    gate_holding: bool = False
+    gates: Mapping[str, bool] = dataclasses.field(default_factory=dict)
+    """Health gate name -> whether it holds the compartment's next batch now (`plan.gates.holding`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategy", strategy_label(self.strategy))
@@ -434,13 +435,13 @@ class DomainMetrics:
             (ROLLOUT_FAILURES, "consecutive_failures", "Consecutive failed batches in the compartment."),
             (ROLLOUT_HALTED, "halted", "1 when the compartment's rollout is halted by the failure policy."),
             (WINDOW_ACTIVE, "window_active", "1 while the compartment may admit nodes (maintenance window)."),
-            (
-                HEALTH_GATE_HOLDING,
-                "gate_holding",
-                "1 while a health gate holds the compartment's next batch.",
-            ),
         ):
             gauge(name, description, self._compartment_callback(attr))
+        gauge(
+            HEALTH_GATE_HOLDING,
+            "Per health gate of the compartment: 1 while it holds the compartment's next batch.",
+            self._gates_holding,
+        )
         meter.create_observable_counter(
             DRIFT_CHECKS,
             callbacks=[lambda _o: list(self._drift_check_observations())],
@@ -583,6 +584,13 @@ class DomainMetrics:
                     yield Observation(int(getattr(c, attr)), labels)
 
         return callback
+
+    def _gates_holding(self) -> Iterable[Observation]:
+        for nw, snap in self._snapshots.items():
+            for c in snap.compartments:
+                labels = {"nodewright": nw, "policy": c.policy, "compartment": c.name, "strategy": c.strategy}
+                for gate, holding in sorted(c.gates.items()):
+                    yield Observation(int(holding), {**labels, "gate": gate})
 
     def _drifted(self) -> Iterable[Observation]:
         for nw, snap in self._snapshots.items():

@@ -96,21 +96,53 @@ def _needs_drain(pod: Mapping[str, Any]) -> bool:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    """All the drain's rule reads of one pod: a drain evicts it (`needs_drain`), unless it is already
+    `terminating`; it protects the node when `may_protect` (Running or Pending, not ours) and the
+    `podNonInterruptLabels` selector matches its `labels`. Hashable, so a count-only cache shares equal
+    facts between pods (`plan.disruption`)."""
+
+    needs_drain: bool
+    terminating: bool
+    may_protect: bool
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def counts(self) -> bool:
+        """Whether the pod can cost anything: a pod that is neither evicted nor protecting is noise."""
+        return (self.needs_drain and not self.terminating) or self.may_protect
+
+    def protects(self, protect: LabelSelector | None) -> bool:
+        return (
+            self.may_protect
+            and not selectors.is_empty(protect)
+            and selectors.matches(protect, dict(self.labels))
+        )
+
+
+def facts_of(pod: Mapping[str, Any]) -> PodFacts:
+    may_protect = _phase(pod) in ("Running", "Pending") and not is_own_pod(pod)
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return PodFacts(
+        needs_drain=_needs_drain(pod),
+        terminating=is_terminating(pod),
+        may_protect=may_protect,
+        labels=tuple(sorted(labels.items())) if may_protect else (),
+    )
+
+
 def select(pods: Iterable[Mapping[str, Any]], *, protect: LabelSelector | None) -> DrainSelection:
     evict: list[str] = []
     terminating: list[str] = []
     protected: list[str] = []
     for pod in pods:
-        if (
-            not selectors.is_empty(protect)
-            and _phase(pod) in ("Running", "Pending")
-            and not is_own_pod(pod)
-            and selectors.matches(protect, (pod.get("metadata") or {}).get("labels") or {})
-        ):
+        facts = facts_of(pod)
+        if facts.protects(protect):
             protected.append(pod_ref(pod))
-        if not _needs_drain(pod):
+        if not facts.needs_drain:
             continue
-        (terminating if is_terminating(pod) else evict).append(pod_ref(pod))
+        (terminating if facts.terminating else evict).append(pod_ref(pod))
     return DrainSelection(
         evict=tuple(sorted(evict)), terminating=tuple(sorted(terminating)), protected=tuple(sorted(protected))
     )

@@ -233,6 +233,21 @@ def judge_conditions(
     return GateResult(gate.name, batch, GateOutcome.FAILED, query, str(len(with_condition)), detail, at)
 
 
+def holding(held: GateHeld | None, kept: Sequence[GateStatus] | None) -> dict[str, bool]:
+    """Per gate, whether it holds the compartment's next batch now (the metric
+    `nodewright_health_gate_holding`): each gate with a result for the batch that settled last (`kept`,
+    as in the compartment status) and the gate the hold names (`held`). While the compartment is held,
+    every gate whose result for that batch is not a pass holds it (all must pass), not only the one
+    named first; otherwise none does."""
+    out = {g.gate: False for g in kept or ()}
+    if held is None:
+        return out
+    for g in kept or ():
+        out[g.gate] = g.batch != held.batch or g.outcome is not GateOutcome.PASSED
+    out[held.gate] = True
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------
 # Results kept in the compartment status (what `why`, `status` and a restarted operator read back)
 

@@ -429,7 +429,13 @@ def node_complete(nw: NodeWright, state: NodeState) -> bool:
 
 def entry_in_spec(nw: NodeWright, entry: PackageEntry) -> bool:
     """A state entry belongs to the current spec: its package's version, or an uninstall of another
-    version that the spec package drives (e.g. before a downgrade). Other entries are inert markers."""
+    version that the spec package drives (e.g. before a downgrade), and not a suspended run (one that a
+    spec of another version cut short: it waits for an admission, see `_resume_under_fresh_admission`).
+    Other entries are inert markers."""
+    return not entry.suspended and _version_in_spec(nw, entry)
+
+
+def _version_in_spec(nw: NodeWright, entry: PackageEntry) -> bool:
     pkg = nw.spec.packages.get(entry.name)
     if pkg is None:
         return False
@@ -1254,6 +1260,40 @@ def _retry_erroring_under_fresh_admission(c: _Ctx, d: _Draft) -> _Draft:
         )
         retrying = f"{entry.name}:{entry.version} {entry.stage.value}: retrying (admitted again)"
         d.events.append(Event(EventReason.PACKAGE_RETRIED, retrying))
+    return d
+
+
+def _suspend_cut_short_runs(c: _Ctx, d: _Draft) -> _Draft:
+    """A run in flight of a version the spec no longer holds is suspended (A -> B: B cut A's run short,
+    `_observe` removed its pod).
+
+    Its entry stays in the state (the host may hold part of that version, and the run resumes from its
+    stage), but it no longer continues by itself when the spec comes back to that version
+    (A -> B -> A, an undo): the node controller continues a run of the current spec without admission
+    only while it ran on, counted against the ceiling by every rollout since it started. Once cut
+    short, the nodes winding down B's runs hold the slots of A's new rollout; resuming without an
+    admission then puts the node past the ceiling. So it resumes only when that rollout admits the
+    node again (`_resume_under_fresh_admission`), in batch order, within the budget.
+    """
+    for entry in list(d.state.packages):
+        if entry.suspended or entry.state not in ACTIVE_STATES or _version_in_spec(c.nw, entry):
+            continue
+        _put(c, d, replace(entry, suspended=True, updated=ts(c.now)))
+    return d
+
+
+def _resume_under_fresh_admission(c: _Ctx, d: _Draft) -> _Draft:
+    """A suspended run of a version the spec holds again resumes under an admission (where it was:
+    its stage, its attempt, its interrupt), and waits for one without (`_suspend_cut_short_runs`)."""
+    resumable = [e for e in d.state.packages if e.suspended and _version_in_spec(c.nw, e)]
+    if not resumable:
+        return d
+    if d.state.admission is None:
+        names = ", ".join(f"{e.name}:{e.version} {e.stage.value}" for e in resumable)
+        _hold(c, d, Hold.NOT_ADMITTED, f"waiting for the rollout to admit this node (to resume {names})")
+        return d
+    for entry in resumable:
+        _put(c, d, replace(entry, suspended=False, updated=ts(c.now)))
     return d
 
 
@@ -2115,9 +2155,11 @@ def _status(c: _Ctx, d: _Draft, complete: bool) -> tuple[Status, NodeConditionRe
 _PHASES: tuple[Callable[[_Ctx, _Draft], _Draft], ...] = (
     _reapply_on_reboot,
     _observe,
+    _suspend_cut_short_runs,  # after the observation that removed their pods
     _observe_checks,
     _stamp_failures,  # before the retry: what just gave up did so under the current admission
     _retry_erroring_under_fresh_admission,
+    _resume_under_fresh_admission,
     _cancel_uninstalls,
     _start,
 )
@@ -2130,7 +2172,7 @@ def plan_node(inp: NodeInput) -> NodePlan:
         raise ValueError("now must be timezone-aware")
     c, d = _Ctx(inp), _Draft(state=inp.state or NodeState(), skip=inp.drain_skip)
     if is_disabled(inp.nodewright):
-        _observe(c, d)
+        _suspend_cut_short_runs(c, _observe(c, d))
         return _with_transitions(inp, _finish_disabled(c, d))
     for phase in _PHASES:
         d = phase(c, d)

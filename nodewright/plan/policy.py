@@ -48,6 +48,7 @@ from nodewright.api.models import (
     FixedStrategy,
     LabelSelector,
     Maintenance,
+    NodeOrder,
     NodeWright,
     PolicyBudget,
     Strategy,
@@ -189,6 +190,8 @@ class CompartmentSpec:
     pacing: Pacing = NO_PACING
     topology_key: str | None = None
     """A node label naming topology domains: the budget and batches count domains (`plan.topology`)."""
+    idle_first: bool = False
+    """`nodeOrder: idleFirst`: candidates by disruption cost, cheapest first (`plan.disruption`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +263,7 @@ def _from_policy(
         budget=BudgetSpec.from_model(policy.spec.default.budget),
         strategy=StrategyParams.from_model(policy.spec.default.strategy),
         pacing=Pacing.from_model(policy.spec.default, maintenance),
+        idle_first=policy.spec.default.node_order is NodeOrder.IDLE_FIRST,
     )
     declared = [
         CompartmentSpec(
@@ -269,6 +273,7 @@ def _from_policy(
             strategy=StrategyParams.from_model(c.strategy),
             pacing=Pacing.from_model(c, maintenance),
             topology_key=c.topology_key,
+            idle_first=c.node_order is NodeOrder.IDLE_FIRST,
         )
         for c in policy.spec.compartments or ()
         if c.name != constants.DEFAULT_COMPARTMENT

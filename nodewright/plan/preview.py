@@ -8,7 +8,10 @@ blocked, unavailable or waiting for another NodeWright stay where they are; a ha
 its sequence; a paused, disabled or policy-less NodeWright predicts no batch. Time moves on only where
 the planner waits for it: when nothing can start until a soak time ends or a maintenance window opens,
 the replay continues at that moment (the batches are the same whenever they open); an approval gate
-(`pauseAfterBatch`) ends the prediction of its compartment, since only a person opens it. Shared
+(`pauseAfterBatch`) ends the prediction of its compartment, since only a person opens it. Health gates
+(`healthGates`) cannot be evaluated ahead of time: the replay takes every gate as passing, and says so
+per gate (`AssumedGate`: the batches after which the prediction needed it to pass, and the result the
+compartment status holds now, e.g. a gate failing at this moment). Shared
 DisruptionBudgets (`shared_budgets`) count as they are now for the whole replay: what other NodeWrights
 and other causes hold stays held (the preview cannot know when they let go), while this NodeWright's own
 nodes free their slots as they finish.
@@ -40,7 +43,14 @@ from enum import StrEnum
 from typing import Any
 
 from nodewright.api.admission import Admission
-from nodewright.api.models import BatchState, CompartmentStatus, DeploymentPolicy, NodeWright, Status
+from nodewright.api.models import (
+    BatchState,
+    CompartmentStatus,
+    DeploymentPolicy,
+    GateStatus,
+    NodeWright,
+    Status,
+)
 from nodewright.api.reasons import GateOutcome, PolicyInvalid, WaitReason, detail_label
 from nodewright.plan.budgets import SharedBudget
 from nodewright.plan.gates import GateCheck, GateResult
@@ -61,6 +71,32 @@ class PlannedBatch:
 
 
 @dataclass(frozen=True, slots=True)
+class AssumedGate:
+    """A health gate the prediction took as passing (it is evaluated after each batch's soak, on the
+    cluster, and cannot be foreseen): after batches `batches` (those whose next batch the preview
+    opened). `last`: the gate's latest result in the compartment status, if any (what it says now)."""
+
+    gate: str
+    batches: tuple[int, ...]
+    last: GateStatus | None = None
+
+    def describe(self) -> str:
+        return f"evaluated after the soak of batch {_numbers(self.batches)}; the preview assumes it passes"
+
+    def describe_last(self) -> str:
+        if self.last is None:
+            return "-"
+        value = f" ({self.last.value})" if self.last.value is not None else ""
+        return f"{self.last.outcome.value}{value} after batch {self.last.batch}"
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"gate": self.gate, "assumed": "Passed", "afterBatches": list(self.batches)}
+        if self.last is not None:
+            doc["lastResult"] = self.last.to_json_dict()
+        return doc
+
+
+@dataclass(frozen=True, slots=True)
 class CompartmentPreview:
     name: str
     strategy: str
@@ -75,6 +111,8 @@ class CompartmentPreview:
     `awaitingApproval`), as the compartment status shows them."""
 
     topology_key: str | None = None
+    assumed_gates: tuple[AssumedGate, ...] = ()
+    """The health gates the predicted batches need to pass (in spec order)."""
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -134,6 +172,7 @@ class RolloutPreview:
                         for b in c.batches
                     ],
                     **({"topologyKey": c.topology_key} if c.topology_key else {}),
+                    **({"assumedGates": [g.to_json() for g in c.assumed_gates]} if c.assumed_gates else {}),
                 }
                 for c in self.compartments
             ],
@@ -150,6 +189,8 @@ class Simulation:
     plans: tuple[RolloutPlan, ...]
     nodes: tuple[RolloutNode, ...]
     statuses: Mapping[str, CompartmentStatus]
+    assumed: tuple[GateCheck, ...] = ()
+    """The health gates the simulation took as passing, where they were due."""
 
 
 def simulate_rollout(
@@ -181,8 +222,9 @@ def simulate_rollout(
     statuses = dict(compartment_statuses or {})
     approved = dict(approvals or {})
     plans: list[RolloutPlan] = []
+    assumed: list[GateCheck] = []
     for _ in range(max_steps):
-        plan = _plan_passing_gates(
+        plan, checks = _plan_passing_gates(
             nodewright,
             policy=policy,
             nodes=list(fleet.values()),
@@ -198,6 +240,7 @@ def simulate_rollout(
             admission_limit=admission_limit,
         )
         plans.append(plan)
+        assumed.extend(checks)
         statuses = dict(plan.compartment_statuses)
         approved = {k: v for k, v in approved.items() if k not in plan.approvals_applied}
         next_order_hint = plan.next_order
@@ -210,15 +253,19 @@ def simulate_rollout(
                 continue
             break
         fleet = {name: _finish(node, plan, fingerprint, outcome) for name, node in fleet.items()}
-    return Simulation(tuple(plans), tuple(fleet.values()), statuses)
+    return Simulation(tuple(plans), tuple(fleet.values()), statuses, tuple(assumed))
 
 
-def _plan_passing_gates(nodewright: NodeWright, *, at: str, **inputs: Any) -> RolloutPlan:
-    """`plan_rollout` with every health gate due passing: a successful rollout's gates pass."""
+def _plan_passing_gates(
+    nodewright: NodeWright, *, at: str, **inputs: Any
+) -> tuple[RolloutPlan, tuple[GateCheck, ...]]:
+    """`plan_rollout` with every health gate due passing (a successful rollout's gates pass), and the
+    gates so assumed."""
     plan = plan_rollout(nodewright, now=at, **inputs)
-    if plan.gate_checks:
-        plan = plan_rollout(nodewright, now=at, gate_results=_gates_pass(plan.gate_checks, at=at), **inputs)
-    return plan
+    checks = plan.gate_checks
+    if checks:
+        plan = plan_rollout(nodewright, now=at, gate_results=_gates_pass(checks, at=at), **inputs)
+    return plan, checks
 
 
 def _gates_pass(checks: Sequence[GateCheck], *, at: str) -> dict[str, dict[str, GateResult]]:
@@ -267,12 +314,30 @@ def preview_rollout(
         next_order_hint=next_order_hint,
         admission_limit=admission_limit,
     )
-    return _preview_of(nodewright.metadata.name, sim)
+    return _preview_of(nodewright.metadata.name, sim, compartment_statuses or {})
 
 
-def _preview_of(name: str, sim: Simulation) -> RolloutPreview:
+def _assumed_gates(
+    sim: Simulation, statuses: Mapping[str, CompartmentStatus]
+) -> dict[str, tuple[AssumedGate, ...]]:
+    """Per compartment, the gates the simulation took as passing (`_plan_passing_gates`), with the
+    batches they were due after and their last result in the status read."""
+    due: dict[str, dict[str, set[int]]] = defaultdict(dict)
+    for check in sim.assumed:
+        for gate in check.gates:
+            due[check.compartment].setdefault(gate.name, set()).add(check.batch)
+    out: dict[str, tuple[AssumedGate, ...]] = {}
+    for cname, gates in due.items():
+        status = statuses.get(cname)
+        last = {g.gate: g for g in (status.health_gates or ())} if status is not None else {}
+        out[cname] = tuple(AssumedGate(g, tuple(sorted(b)), last.get(g)) for g, b in gates.items())
+    return out
+
+
+def _preview_of(name: str, sim: Simulation, statuses: Mapping[str, CompartmentStatus]) -> RolloutPreview:
     """The batches the simulation's plans opened, per compartment, and what blocked at its start."""
     first, last = sim.plans[0], sim.plans[-1]
+    assumed = _assumed_gates(sim, statuses)
     grouped: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
     for plan in sim.plans:
         for adm in plan.admissions:
@@ -294,6 +359,7 @@ def _preview_of(name: str, sim: Simulation) -> RolloutPreview:
             message=c.message,
             pacing=_pacing(c.status),
             topology_key=c.topology_key,
+            assumed_gates=assumed.get(cname, ()),
         )
         for cname, c in first.compartments.items()
     )
@@ -404,6 +470,14 @@ def render_table(preview: RolloutPreview) -> str:
     if preview.policy_invalid:
         lines.append(preview.policy_invalid)
     lines.extend(_columns([header, *rows]))
+    gates = [
+        (c.name, g.gate, g.describe(), g.describe_last())
+        for c in preview.compartments
+        for g in c.assumed_gates
+    ]
+    if gates:
+        lines.append("")
+        lines.extend(_columns([("COMPARTMENT", "HEALTH GATE", "PREVIEW", "LAST RESULT"), *gates]))
     if preview.blockers:
         lines.append("")
         lines.extend(
@@ -456,6 +530,15 @@ def _blockers(plan: RolloutPlan) -> tuple[Blocker, ...]:
         Blocker(reason, len(nodes), tuple(sorted(nodes)[:MAX_EXAMPLES]))
         for reason, nodes in sorted(names.items())
     )
+
+
+def _numbers(numbers: Sequence[int]) -> str:
+    """`1`, `1, 2 and 3`; long runs shortened: `1-9`."""
+    if len(numbers) > 3 and list(numbers) == list(range(numbers[0], numbers[-1] + 1)):
+        return f"{numbers[0]}-{numbers[-1]}"
+    if len(numbers) == 1:
+        return str(numbers[0])
+    return ", ".join(str(n) for n in numbers[:-1]) + f" and {numbers[-1]}"
 
 
 def _sizes_text(sizes: Sequence[int]) -> str:

@@ -83,7 +83,9 @@ recomputed, so they are unique and stable however nodes finish; a new fingerprin
 numbered from 0.
 
 Pick order within a compartment: zone label `topology.kubernetes.io/zone` (nodes without one first),
-then creation time, then name — so a batch fills one zone before touching the next.
+then creation time, then name — so a batch fills one zone before touching the next. A compartment with
+`nodeOrder: idleFirst` reorders that, stably, by each node's (or topology domain's) disruption cost,
+cheapest first (`plan.disruption`): only which candidate a batch takes first changes.
 
 Resets. A requested reset (annotation `nodewright.io/reset-batch-state`) clears every compartment's
 counters and halt; with `reset_on_completion` the counters are also cleared when a compartment has no
@@ -134,7 +136,8 @@ from nodewright.api.reasons import (
     WindowClosed,
     describe_waiting,
 )
-from nodewright.plan import batches, budgets, gates, topology, windows
+from nodewright.plan import batches, budgets, disruption, gates, topology, windows
+from nodewright.plan.disruption import DisruptionCost
 from nodewright.plan.node import StateRuns, node_complete
 from nodewright.plan.policy import Compartments, CompartmentSpec, NodeRef, resolve_compartments
 
@@ -199,6 +202,8 @@ class RolloutNode:
     unavailable: Unavailable | None = None
     blocked: Block | None = None
     waiting_for_priority: str | None = None
+    disruption: DisruptionCost | None = None
+    """What updating the node interrupts (`plan.disruption`); None: not counted (no pod data)."""
 
     @property
     def may_start_while_unavailable(self) -> bool:
@@ -508,7 +513,10 @@ def _plan_compartments(
     admissions: list[NewAdmission] = []
     waiting: list[Waiting] = []
     for name in critical_path_order(ctx.compartments, phases, statuses):
-        members = sorted((by_name[m] for m in ctx.compartments.members[name]), key=pick_key)
+        members = _in_node_order(
+            ctx.compartments.specs[name],
+            sorted((by_name[m] for m in ctx.compartments.members[name]), key=pick_key),
+        )
         result = _plan_compartment(
             ctx, name, members=members, phases=phases, prior=statuses.get(name), order=order
         )
@@ -561,6 +569,14 @@ def _prior_batch_state(status: CompartmentStatus | None) -> BatchState:
     return (
         status.batch_state if status is not None and status.batch_state is not None else batches.fresh_state()
     )
+
+
+def _in_node_order(spec: CompartmentSpec, members: list[RolloutNode]) -> list[RolloutNode]:
+    """The compartment's members in the order its batches take them: pick order, or with
+    `nodeOrder: idleFirst` cheapest disruption first within it (`plan.disruption`)."""
+    if not spec.idle_first:
+        return members
+    return disruption.idle_first(members, key=spec.topology_key)
 
 
 def _node_domains(ctx: _Context, by_name: Mapping[str, RolloutNode]) -> dict[str, str]:

@@ -26,7 +26,8 @@ What it decides, in one place each:
   started their node are listed for removal (`dead`);
 - what the shared DisruptionBudgets leave this NodeWright (`plan.budgets.shared_for`; the controller,
   which must also record its slots, re-plans with `with_budgets` after a write conflict);
-- the admission limit per pass (`--admissions-per-pass`, `RolloutOptions`).
+- the admission limit per pass (`--admissions-per-pass`, `RolloutOptions`);
+- each candidate's disruption cost (`plan.disruption`), when the caller passes the nodes' pods.
 
 Deriving a node is a function of the node object and `NodeContext` only, so the controller keeps a
 per-node memo around it (`entries`), keyed by the node's resourceVersion and `NodeContext.key`; a node
@@ -35,14 +36,21 @@ whose status is `blocked` is derived again every pass (a skipped drain's retry t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from nodewright.api import constants
 from nodewright.api.admission import Admission
-from nodewright.api.models import CompartmentStatus, DeploymentPolicy, DisruptionBudget, NodeWright, Status
+from nodewright.api.models import (
+    CompartmentStatus,
+    DeploymentPolicy,
+    DisruptionBudget,
+    LabelSelector,
+    NodeWright,
+    Status,
+)
 from nodewright.api.nodeobject import (
     NodeFacts,
     node_condition,
@@ -72,8 +80,9 @@ from nodewright.api.reasons import (
     UntoleratedTaints,
     condition_reason,
 )
-from nodewright.plan import batches, selectors, sequencing
+from nodewright.plan import batches, disruption, selectors, sequencing
 from nodewright.plan.budgets import PoolNode, SharedBudget, pool_node, shared_for
+from nodewright.plan.drain import PodFacts
 from nodewright.plan.gates import GateResult, from_statuses
 from nodewright.plan.node import is_disabled, is_paused, state_runs, untolerated_taints
 from nodewright.plan.podspec import parse_duration_seconds
@@ -406,6 +415,18 @@ class RolloutInput:
         )
 
 
+NodePods = Callable[[str], Iterable[PodFacts]]
+"""What the drain's rule reads of the pods bound to a node (`plan.drain.facts_of`), by node name: the
+controller's count-only cache (`controller.podcosts`), or pods `why` and `plan` listed."""
+
+
+def node_pods_of(by_node: Mapping[str, Sequence[PodFacts]] | None) -> NodePods | None:
+    """`NodePods` over facts grouped by node name (what `why` and `plan` listed); None stays None."""
+    if by_node is None:
+        return None
+    return lambda node: by_node.get(node, ())
+
+
 Entries = Callable[[NodeContext, Sequence[JSON]], Sequence[NodeEntry]]
 """Derives the entries of the node objects (`derive_node` each, or a memo around it)."""
 
@@ -426,6 +447,7 @@ def rollout_input(
     entries: Entries | None = None,
     pool: Mapping[str, PoolNode] | None = None,
     completion: sequencing.CompletionMemo | None = None,
+    node_pods: NodePods | None = None,
 ) -> RolloutInput:
     """The rollout planner's input for `model` (as stored) from the cluster's objects (module docstring).
 
@@ -433,7 +455,9 @@ def rollout_input(
     validation: it holds no cordon of ours to know about, and orders nothing); `policies` the
     DeploymentPolicies by name (`PolicyInvalid` for one the operator refuses); `budgets` the
     DisruptionBudgets whose slots count (`pool` their view of the nodes, when the caller keeps one);
-    `completion` the caller's memo of decoded completions (`sequencing.CompletionMemo`), a cache only.
+    `completion` the caller's memo of decoded completions (`sequencing.CompletionMemo`), a cache only;
+    `node_pods` the pods on a node by its name, when the caller has them: each candidate then carries
+    its disruption cost (`plan.disruption`, for `nodeOrder: idleFirst`, `why` and `plan`).
     """
     nodewright = effective_nodewright(model)
     models = [m for m in nodewrights.values() if m is not None]
@@ -448,6 +472,8 @@ def rollout_input(
     derived = tuple((entries or derive_all)(ctx, nodes))
     facts = _facts(models, nodes, all_names=ctx.all_nodewrights, completion=completion)
     candidates = tuple(_with_priority(ctx.name, e.rollout, facts) for e in derived if e.rollout is not None)
+    if node_pods is not None:
+        candidates = _with_costs(candidates, node_pods, protect=nodewright.spec.pod_non_interrupt_labels)
     epoch = epoch_for(ctx.fingerprint, status=model.status, nodes=candidates)
     said = _annotated(model, epoch)
     return RolloutInput(
@@ -535,6 +561,15 @@ def _with_priority(name: str, node: RolloutNode, facts: Sequence[sequencing.Node
         return node  # nothing to wait for
     blocker = sequencing.blocking(facts, target=name, node=node.name)
     return node if blocker is None else replace(node, waiting_for_priority=blocker.name)
+
+
+def _with_costs(
+    nodes: Sequence[RolloutNode], node_pods: NodePods, *, protect: LabelSelector | None
+) -> tuple[RolloutNode, ...]:
+    """The nodes with their disruption cost (`plan.disruption.cost_of`, the drain's own rule)."""
+    return tuple(
+        replace(n, disruption=disruption.cost_of_facts(node_pods(n.name), protect=protect)) for n in nodes
+    )
 
 
 def _policy(

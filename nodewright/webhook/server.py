@@ -155,8 +155,10 @@ def _deny(
 class Handlers:
     """Admission logic, independent of the transport (unit-testable with plain dicts)."""
 
-    def __init__(self, facts: AdmissionFacts) -> None:
+    def __init__(self, facts: AdmissionFacts, *, gate_secrets: frozenset[str] | None = None) -> None:
         self._facts = facts
+        # The Secrets the chart lets the operator read for health gates (None: not told, not checked).
+        self._gate_secrets = gate_secrets
 
     async def validate_nodewright(self, body: Any) -> dict[str, Any]:
         review = _parse(body)
@@ -218,7 +220,9 @@ class Handlers:
             return _response(review.uid, allowed=True)
         if review.operation not in ("CREATE", "UPDATE"):
             return _response(review.uid, allowed=True)
-        result = validation.validate_deploymentpolicy(review.obj, old=review.old)
+        result = validation.validate_deploymentpolicy(
+            review.obj, old=review.old, gate_secrets=self._gate_secrets
+        )
         if result.errors:
             return _deny(review.uid, result.errors, result.warnings, "DeploymentPolicy", review.name)
         return _response(review.uid, allowed=True, warnings=result.warnings)
@@ -253,8 +257,8 @@ def _malformed(exc: MalformedReview) -> web.Response:
     return web.json_response(out, status=400)
 
 
-def build_app(facts: AdmissionFacts) -> web.Application:
-    handlers = Handlers(facts)
+def build_app(facts: AdmissionFacts, *, gate_secrets: frozenset[str] | None = None) -> web.Application:
+    handlers = Handlers(facts, gate_secrets=gate_secrets)
     routes = {
         PATHS["validate-nodewright"]: handlers.validate_nodewright,
         PATHS["validate-deploymentpolicy"]: handlers.validate_deploymentpolicy,
@@ -297,12 +301,14 @@ async def start_webhook_server(
     ssl_context: ssl.SSLContext,
     host: str = "0.0.0.0",
     port: int = 9443,
+    gate_secrets: frozenset[str] | None = None,
 ) -> tuple[web.AppRunner, int]:
     """Start serving; returns the runner (call `await runner.cleanup()` to stop) and the bound port.
 
-    `port=0` picks a free port (used by the e2e tests).
+    `port=0` picks a free port (used by the e2e tests). `gate_secrets`: `Handlers`.
     """
-    runner = web.AppRunner(build_app(facts), access_log=None, shutdown_timeout=5.0)
+    app = build_app(facts, gate_secrets=gate_secrets)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()

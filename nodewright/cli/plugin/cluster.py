@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from nodewright.api.models import DeploymentPolicy, NodeWright
     from nodewright.api.reasons import PolicyInvalid
     from nodewright.kube.client import KubeClient
+    from nodewright.plan.drain import PodFacts
 
 JSON = dict[str, Any]
 
@@ -44,6 +45,9 @@ class ClusterState:
     """DisruptionBudgets (none when their CRD is not installed)."""
     invalid_policies: dict[str, PolicyInvalid] = field(default_factory=dict)
     """Policies the operator refuses, with what is wrong with each (it starts nothing for their users)."""
+    pod_facts: dict[str, list[PodFacts]] | None = None
+    """What the drain's rule reads of each node's pods (`pod_facts`), read only when a policy orders
+    `idleFirst`; None: not read (no disruption costs)."""
 
     def policy(self, name: str) -> DeploymentPolicy | PolicyInvalid | None:
         """The policy `name` as the operator sees it: its model, what is wrong with it, or None (absent)."""
@@ -103,7 +107,11 @@ async def read_state(client: KubeClient, *, label_selector: str | None = None) -
             policies[policy.metadata.name] = policy
         else:
             invalid_policies[policy.policy_name] = policy
+    from nodewright.plan import disruption
+
+    opted_in = any(disruption.opted_in(p) for p in policies.values())
     return ClusterState(
+        pod_facts=await pod_facts(client) if opted_in else None,
         nodes=nodes,
         nodewright_objects=nw_objects,
         nodewrights=models,
@@ -145,6 +153,22 @@ async def node_pods(client: KubeClient, node: str) -> list[JSON]:
     from nodewright.kube.resources import PODS
 
     return (await client.list(PODS, field_selector=f"spec.nodeName={node}")).items
+
+
+async def pod_facts(client: KubeClient) -> dict[str, list[PodFacts]]:
+    """The drain facts of every bound, unfinished pod, by node (`plan.drain.facts_of`): the disruption
+    costs of `nodeOrder: idleFirst`, as the operator's count-only cache keeps them
+    (`controller.podcosts`). One paginated LIST of the whole cluster's pods: read only when needed."""
+    from nodewright.controller.podcosts import FIELD_SELECTOR
+    from nodewright.kube.resources import PODS
+    from nodewright.plan.drain import facts_of
+
+    by_node: dict[str, list[PodFacts]] = {}
+    for pod in (await client.list(PODS, field_selector=FIELD_SELECTOR)).items:
+        facts = facts_of(pod)
+        if facts.counts:
+            by_node.setdefault(str((pod.get("spec") or {}).get("nodeName") or ""), []).append(facts)
+    return by_node
 
 
 async def disruption_budgets(client: KubeClient, namespaces: Iterable[str]) -> list[JSON]:

@@ -64,6 +64,7 @@ from nodewright.cli.plugin.cluster import ClusterState
 from nodewright.plan import drain as drain_mod
 from nodewright.plan import podspec, selectors, sequencing
 from nodewright.plan.budgets import parse_budgets
+from nodewright.plan.disruption import DisruptionCost
 from nodewright.plan.policy import Compartments, NodeRef, resolve_compartments
 from nodewright.plan.preview import RolloutPreview
 from nodewright.plan.rollout import CompartmentPlan, Phase, RolloutNode, RolloutPlan, Waiting, phase_of
@@ -75,6 +76,7 @@ from nodewright.plan.rollout_input import (
     RolloutInput,
     RolloutOptions,
     derive_node,
+    node_pods_of,
     rollout_input,
 )
 from nodewright.plan.stages import ts
@@ -231,6 +233,7 @@ def cluster_input(
         now=state.now,
         options=options,
         entries=entries,
+        node_pods=node_pods_of(state.pod_facts),
     )
 
 
@@ -354,6 +357,8 @@ class Explanation:
     attempts: int = 0
     domain: str | None = None
     """The node's topology domain, when its compartment has a `topologyKey`."""
+    disruption: DisruptionCost | None = None
+    """What updating the node interrupts, when its policy orders `idleFirst` (`plan.disruption`)."""
 
     def to_json(self) -> JSON:
         return {
@@ -371,6 +376,7 @@ class Explanation:
             "stage": self.stage,
             "attempts": self.attempts,
             **({"domain": self.domain} if self.domain is not None else {}),
+            **({"disruption": self.disruption.to_json()} if self.disruption is not None else {}),
         }
 
 
@@ -425,7 +431,7 @@ def explain(analysis: Analysis, node_name: str, *, drain: DrainReport | None = N
     rnode = entry.rollout
     busy = current_entry(entry.state, analysis.nodewright)
     adm = rnode.admission
-    base = {
+    base: dict[str, Any] = {
         "status": rnode.status.value,
         "phase": entry.phase.value,
         "compartment": analysis.compartment_of(node_name),
@@ -437,10 +443,12 @@ def explain(analysis: Analysis, node_name: str, *, drain: DrainReport | None = N
     domain = analysis.plan.domains.get(node_name)
     if domain is not None:
         base["domain"] = domain
+    if rnode.disruption is not None:
+        base["disruption"] = rnode.disruption
 
     def answer(reason: str, summary: str, *details: str, **extra: Any) -> Explanation:
         fields = {**base, **extra}
-        shown = (*details, _domain_detail(analysis, node_name, domain))
+        shown = (*details, _domain_detail(analysis, node_name, domain), _cost_detail(rnode.disruption))
         return Explanation(node_name, nw, reason, summary, tuple(d for d in shown if d), **fields)
 
     if entry.state_error is not None:
@@ -473,6 +481,13 @@ def _domain_detail(analysis: Analysis, node: str, domain: str | None) -> str:
     mates = sorted(n for n, d in analysis.plan.domains.items() if d == domain and n != node)
     with_text = f" with {names_text(mates)}" if mates else " (its only node)"
     return f"topology domain {domain}: admitted, cordoned and drained as one{with_text}"
+
+
+def _cost_detail(cost: DisruptionCost | None) -> str:
+    """`disruption cost: idle (nodeOrder idleFirst: the cheapest nodes are taken first)`."""
+    if cost is None:
+        return ""
+    return f"disruption cost: {cost.describe()} (nodeOrder idleFirst: the cheapest nodes are taken first)"
 
 
 def _explain_waiting(analysis: Analysis, entry: Entry, waiting: Waiting, answer: Answerer) -> Explanation:
