@@ -313,11 +313,6 @@ class Manager:
             )
         return self._informers[key]
 
-<<<<<<< HEAD
-    def controller(
-        self, name: str, reconcile: Reconcile, *, workers: int = 1, start_limit: int | None = None
-    ) -> Controller:
-=======
     def spawn(self, work: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
         """Run `work` (a cache started on first use, e.g. `controller.podcosts`) until the manager
         stops: it is cancelled with the informers, before the client it reads with is closed."""
@@ -329,8 +324,9 @@ class Manager:
     def watch_metrics(self) -> WatchMetrics:
         return self._watch_metrics
 
-    def controller(self, name: str, reconcile: Reconcile, *, workers: int = 1) -> Controller:
->>>>>>> main
+    def controller(
+        self, name: str, reconcile: Reconcile, *, workers: int = 1, start_limit: int | None = None
+    ) -> Controller:
         if any(c.name == name for c in self._controllers):
             raise ValueError(f"controller {name!r} already registered")
         # A leader-elected replica keeps its queues closed until it leads (module docstring, step 2).
