@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -202,6 +203,48 @@ def test_not_a_kubeconfig(tmp_path: Path, text: str, expected: str) -> None:
     with pytest.raises(ConfigError, match=expected) as caught:
         load_kubeconfig(tmp_path / "kc")
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("flow", [False, True])
+async def test_a_json_kubeconfig_is_read_as_its_yaml_twin(tmp_path: Path, flow: bool) -> None:
+    """JSON is parsed without PyYAML (the operator's memory); a YAML flow mapping, which starts with `{`
+    too but is not JSON, still goes to PyYAML."""
+    doc = kubeconfig({"token": "abc"}, {"server": "https://127.0.0.1:6443", "insecure-skip-tls-verify": True})
+    text = yaml.safe_dump(doc, default_flow_style=True) if flow else json.dumps(doc, indent=1)
+    assert text.lstrip().startswith("{") and (flow != _is_json(text))
+    (tmp_path / "kc").write_text(text)
+    cfg = load_kubeconfig(tmp_path / "kc")
+    twin = load_kubeconfig(write(tmp_path / "twin", doc))
+    assert (cfg.server, cfg.namespace, cfg.tls_server_name) == (
+        twin.server,
+        twin.namespace,
+        twin.tls_server_name,
+    )
+    assert await cfg.auth.authorization() == await twin.auth.authorization() == "Bearer abc"
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def test_a_json_kubeconfig_does_not_import_pyyaml(tmp_path: Path) -> None:
+    doc = kubeconfig({"token": "abc"}, {"server": "https://127.0.0.1:6443", "insecure-skip-tls-verify": True})
+    (tmp_path / "kc").write_text(json.dumps(doc))
+    probe = (
+        "import sys\n"
+        "from nodewright.kube.config import load_kubeconfig\n"
+        f"load_kubeconfig({str(tmp_path / 'kc')!r})\n"
+        "print('yaml' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
 
 
 @pytest.mark.parametrize("server", ["", "127.0.0.1:6443", "ftp://h", "https://"])

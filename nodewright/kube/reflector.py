@@ -7,10 +7,12 @@ The protocol it implements (client-go `tools/cache/reflector.go` is the model):
    RV "0" list can return data *older* than what this process has already seen (after a restart, or
    from a lagging API server), and recent API servers serve consistent lists from their watch cache
    anyway. Pagination stays on, so a 10,000-node list never has to be one response. Pages are of
-   `LIST_PAGE_SIZE` (100) objects, not client-go's 500: a page is decoded whole before the informer's
-   transform trims it, and a 500-node page of GPU nodes (~2.7 MiB of JSON) left the idle operator 13 MiB
-   above what it holds (docs/benchmarks.md "Idle memory"), for 4 extra requests per 500 nodes. If a
-   `continue` token expires mid-list (410), the list restarts from the beginning.
+   `LIST_PAGE_SIZE` (25) objects, not client-go's 500: a page is decoded whole before the informer's
+   transform trims it, and what its body and objects occupied stays in the allocator's pools between the
+   trimmed copies kept from it. A 500-node page of GPU nodes (~2.7 MiB of JSON) left the idle operator
+   13 MiB above what it holds, a 100-node page 2.5 MiB (docs/benchmarks.md "Idle memory"); 25 nodes are
+   ~130 KiB of JSON, ~0.3 MiB decoded, for 40 list requests per 1,000 nodes at start and after a
+   relist. If a `continue` token expires mid-list (410), the list restarts from the beginning.
 2. The list replaces the cache: objects that vanished are deleted (handlers get `on_delete` with the
    last known state — client-go's "DeletedFinalStateUnknown"), changed ones (new resourceVersion)
    updated, new ones added, unchanged ones left alone.
@@ -48,7 +50,7 @@ from nodewright.kube.clock import SYSTEM_CLOCK, Clock
 from nodewright.kube.hooks import NoopWatchMetrics, WatchMetrics
 from nodewright.kube.resources import JSON, ApiError, Gone, Resource, TooManyRequests
 
-LIST_PAGE_SIZE: Final = 100
+LIST_PAGE_SIZE: Final = 25
 RESTART_REASONS: Final[tuple[str, ...]] = (
     "short-watch",
     "gone",
