@@ -11,7 +11,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 # ----------------------------------------------------------------------------------------------------
 # Prometheus text exposition
@@ -508,3 +508,68 @@ def _frame_name(frame: str) -> str:
         return frame
     path = rest.rstrip(")").rsplit(":", 1)[0]
     return f"{head} ({'/'.join(path.split('/')[-2:])})"
+
+
+PROFILE_COMPONENTS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
+    (
+        "json decode",
+        (
+            "json/decoder.py",
+            "json/__init__.py:loads",
+            "kube/client.py:_decode",
+            "kube/client.py:WatchStream.decode",
+            "kube/client.py:decode",
+        ),
+    ),
+    ("pod run digest", ("plan/podspec.py:run_digest", "plan/podspec.py:run_spec", "kube/trim.py:RunDigests")),
+    ("json encode", ("json/encoder.py", "json/__init__.py:dumps")),
+    ("logging", ("structlog/", "observability/logging.py", "logging/__init__.py")),
+    ("metrics/otel", ("opentelemetry/", "observability/metrics.py", "observability/exposition.py")),
+    ("events", ("observability/events.py", "observability/recorder.py")),
+    ("pydantic models", ("pydantic/", "pydantic_core")),
+    ("planner (plan/)", ("nodewright/plan/",)),
+    ("api codecs (api/)", ("nodewright/api/",)),
+    ("http client", ("aiohttp/", "yarl/", "multidict/", "ssl.py", "kube/client.py", "kube/ratelimit.py")),
+    ("informer/cache/trim", ("kube/informer.py", "kube/store.py", "kube/trim.py", "kube/reflector.py")),
+    ("rollout pass + status", ("controller/rollout.py", "controller/budgets.py", "controller/gates.py")),
+    ("node reconcile + rest of controller", ("controller/",)),
+    ("work queue", ("kube/workqueue.py",)),
+    ("asyncio loop", ("asyncio/", "selectors.py")),
+)
+"""Components of operator CPU for `profile_components`: a sample belongs to the first component (in
+this order) whose pattern names a frame of its stack, so a JSON decode inside a reconcile counts as
+decoding and what is left of a reconcile as the reconcile. Patterns match `file:function` of a frame."""
+
+
+def profile_components(collapsed: str) -> dict[str, Any]:
+    """Share of samples per component of `PROFILE_COMPONENTS` (plus "other") in py-spy's collapsed
+    stacks: a breakdown of where the operator's CPU goes."""
+    counts: dict[str, int] = dict.fromkeys([name for name, _ in PROFILE_COMPONENTS] + ["other"], 0)
+    total = 0
+    for line in collapsed.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        total += count
+        frames = [_frame_key(f) for f in stack.split(";") if f]
+        counts[_component(frames)] += count
+    return {
+        "samples": total,
+        "percent": {name: round(100.0 * n / total, 1) if total else 0.0 for name, n in counts.items()},
+    }
+
+
+def _component(frames: Sequence[str]) -> str:
+    for name, patterns in PROFILE_COMPONENTS:
+        if any(pattern in frame for frame in frames for pattern in patterns):
+            return name
+    return "other"
+
+
+def _frame_key(frame: str) -> str:
+    """`reconcile (/x/controller/nodes.py:123)` -> `(/x/controller/nodes.py:reconcile`."""
+    head, sep, rest = frame.partition(" (")
+    if not sep:
+        return frame
+    return f"({rest.rstrip(')').rsplit(':', 1)[0]}:{head}"

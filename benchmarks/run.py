@@ -120,7 +120,11 @@ class Profiler:
         if not self.path.exists():
             err = self.proc.stderr.read().decode(errors="replace")[-500:] if self.proc.stderr else ""
             return {"error": f"py-spy wrote no profile: {err}"}
-        return analysis.profile_summary(self.path.read_text(), top=top) | {"stacks": str(self.path)}
+        collapsed = self.path.read_text()
+        return analysis.profile_summary(collapsed, top=top) | {
+            "components": analysis.profile_components(collapsed)["percent"],
+            "stacks": str(self.path),
+        }
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -290,6 +290,33 @@ def test_profile_summary_ranks_inclusive_and_self_time() -> None:
     }
 
 
+def test_profile_components_count_a_sample_for_the_first_component_on_its_stack() -> None:
+    loop = "run_forever (/a/asyncio/base_events.py:607);_run_once (/a/asyncio/base_events.py:1922)"
+    collapsed = "\n".join(
+        [
+            f"{loop};reconcile (/a/nodewright/controller/nodes.py:10) 4",
+            f"{loop};reconcile (/a/nodewright/controller/nodes.py:10);loads (/a/json/__init__.py:346) 3",
+            f"{loop};trim_pod (/a/nodewright/kube/trim.py:9);"
+            "RunDigests.digest (/a/nodewright/kube/trim.py:3) 2",
+            f"{loop};trim_pod (/a/nodewright/kube/trim.py:9) 1",
+            f"{loop} 5",
+            "elsewhere (/a/x.py:1) 5",
+            "garbage line",
+        ]
+    )
+    components = analysis.profile_components(collapsed)
+    assert components["samples"] == 20
+    shares = {name: share for name, share in components["percent"].items() if share}
+    assert shares == {
+        "node reconcile + rest of controller": 20.0,
+        "json decode": 15.0,
+        "pod run digest": 10.0,
+        "informer/cache/trim": 5.0,
+        "asyncio loop": 25.0,
+        "other": 25.0,
+    }
+
+
 def test_replay_makespan_sums_the_slowest_node_of_each_batch_per_compartment() -> None:
     admissions = {"a": ("c0", 1), "b": ("c0", 1), "c": ("c0", 2), "d": ("c1", 1), "e": ("c1", 2)}
     seconds = {"a": 3.0, "b": 5.0, "c": 4.0, "d": 2.0, "e": 2.5}

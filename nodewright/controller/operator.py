@@ -59,7 +59,7 @@ from nodewright.kube.resources import (
     Conflict,
     NotFound,
 )
-from nodewright.kube.trim import trim_node, trim_pod
+from nodewright.kube.trim import trim_node
 from nodewright.kube.workqueue import Result
 from nodewright.kube.writethrough import WriteThrough
 from nodewright.observability import events
@@ -211,7 +211,7 @@ class Operator:
             PODS,
             namespace=options.namespace,
             label_selector=f"{constants.POD_OWNER_LABEL}={constants.POD_OWNER_VALUE}",
-            transform=trim_pod,
+            transform=signer.trim,  # the signer's digests: a spec is canonicalised once, not per event
         )
         # By the node the pod is for: stage pods are created unbound and bound by the operator later.
         pods.add_index("node", lambda pod: [podspec.pod_node(pod)])
@@ -229,7 +229,7 @@ class Operator:
             metrics=metrics,
             tracer=tracer,
             events=EventRecorder(event_client, clock=lambda: self.rt.clock(), instance=instance),
-            pod_expectations=PodExpectations(trim_pod),
+            pod_expectations=PodExpectations(signer.trim),
         )
 
     # -- event mapping -----------------------------------------------------------------------------

@@ -20,6 +20,8 @@ from enum import StrEnum
 from typing import Any, Final
 
 from nodewright.api import constants
+from nodewright.kube.resources import JSON
+from nodewright.kube.trim import RunDigests, trim_pod
 from nodewright.plan import podspec
 
 POD_ANNOTATION_SIGNATURE: Final = f"{constants.PREFIX}signature"
@@ -136,6 +138,10 @@ class PodSigner:
     """
 
     key: bytes = field(repr=False)
+    digests: RunDigests = field(default_factory=RunDigests, repr=False, compare=False)
+    """The run digest of each distinct spec, computed once: shared with the pod informer's `trim_pod`,
+    so a pod is canonicalised as built (signing) and as stored (the create answer), not on every
+    check and watch event."""
 
     @staticmethod
     def generate_key() -> bytes:
@@ -172,7 +178,13 @@ class PodSigner:
 
     def _run_mac(self, pod: Mapping[str, Any]) -> str:
         name = str((pod.get("metadata") or {}).get("name", ""))
-        return _mac(self.key, "nodewright-pod-run", _SIGNATURE_TAG, name, podspec.run_digest(pod))
+        return _mac(self.key, "nodewright-pod-run", _SIGNATURE_TAG, name, self.digests.digest(pod))
+
+    def trim(self, pod: JSON) -> JSON:
+        """`kube.trim.trim_pod` with this signer's digests: the transform of the pod informer (and of
+        the pods remembered from create answers), so a watch event of a known spec costs a fingerprint,
+        not a canonicalisation."""
+        return trim_pod(pod, digests=self.digests)
 
     def _seal_mac(self, uid: str, signature: str) -> str:
         return _mac(self.key, "nodewright-pod-seal", _SIGNATURE_TAG, uid, signature)

@@ -220,8 +220,11 @@ class PodTrust:
         signed, and `BindRefused` (after deleting the pod) when the API server refuses the binding.
         Pods created bound (drift checks) are only remembered.
         """
-        changes = podspec.run_spec_changes(manifest, created)
         verdict = self.rt.signer.check(created, created_here=True)
+        digests = self.rt.signer.digests
+        # Stored as built (the common answer, from digests already known): no walk over both run specs.
+        stored_as_built = digests.digest(manifest) == digests.digest(created)
+        changes = [] if stored_as_built else podspec.run_spec_changes(manifest, created)
         if changes or verdict.reason is not None:
             detail = (
                 ", ".join(changes)

@@ -970,14 +970,10 @@ def run_spec(pod: Mapping[str, Any]) -> dict[str, Any]:
 
     Lists keep their order (env order matters for `$(VAR)` references; the server keeps it).
     """
-    spec = pod.get("spec")
-    if not isinstance(spec, dict):
+    spec = run_spec_source(pod)
+    if spec is None:
         return {}
     out = {k: v for k, v in spec.items() if k not in _UNBOUND_POD_FIELDS}
-    target = ((pod.get("metadata") or {}).get("annotations") or {}).get(constants.POD_ANNOTATION_NODE)
-    if target and out.get("nodeName") == target:
-        # Bound by the operator after create (the identity binds the target): not part of what runs.
-        del out["nodeName"]
     for key, default in _POD_DEFAULTS:
         if out.get(key) == default:
             del out[key]
@@ -992,6 +988,23 @@ def run_spec(pod: Mapping[str, Any]) -> dict[str, Any]:
             ]
     normalised: dict[str, Any] = _normalise(out)
     return normalised
+
+
+def run_spec_source(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """All that `run_spec` reads of `pod`: its `spec`, without `nodeName` when that is the node of the
+    `nodewright.io/target-node` annotation (the operator's binding after create: the identity binds the
+    target, so it is not part of what runs); None when the pod has no spec object.
+
+    Pods with equal sources have equal run specs, so a cache of `run_digest` may be keyed by this
+    (`kube.trim.RunDigests`): an unbound pod and the same pod bound to its target share one entry.
+    """
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return None
+    target = ((pod.get("metadata") or {}).get("annotations") or {}).get(constants.POD_ANNOTATION_NODE)
+    if target and spec.get("nodeName") == target:
+        return {k: v for k, v in spec.items() if k != "nodeName"}
+    return spec
 
 
 def _without_admission_additions(out: dict[str, Any]) -> set[str]:
