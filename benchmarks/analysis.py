@@ -560,6 +560,18 @@ def profile_components(collapsed: str) -> dict[str, Any]:
     }
 
 
+def component_milliseconds(
+    percent: Mapping[str, float], cpu_seconds: float, node_packages: int
+) -> dict[str, float]:
+    """Each component's share of the operator's CPU over the run, in milliseconds per node-package
+    (py-spy samples only running threads, so a share of samples is a share of CPU time)."""
+    if node_packages <= 0:
+        return {}
+    return {
+        name: round(pct / 100.0 * cpu_seconds * 1000.0 / node_packages, 2) for name, pct in percent.items()
+    }
+
+
 def _component(frames: Sequence[str]) -> str:
     for name, patterns in PROFILE_COMPONENTS:
         if any(pattern in frame for frame in frames for pattern in patterns):

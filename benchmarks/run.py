@@ -612,7 +612,11 @@ async def measure(
     if idle is not None:
         result["operator"]["idle"] = idle
     if profiler is not None:
-        result["profile"] = profiler.summary()
+        result["profile"] = profile = profiler.summary()
+        if "components" in profile:
+            profile["ms_per_node_package"] = analysis.component_milliseconds(
+                profile["components"], sampler.cpu_seconds, node_packages
+            )
     return result
 
 
@@ -939,11 +943,25 @@ def write_outputs(result: Mapping[str, Any], out: Path, *, plot: bool) -> Path:
     if run.get("chain_packages"):
         stem += "-chained"
     path = out / f"{stem}.json"
+    result = _keep_stacks(result, out / f"{stem}.pyspy.txt")
     path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     if plot:
         plot_in_progress(result, out / f"{stem}.png")
     (out / "README.md").write_text(render_readme(_load_results(out)), encoding="utf-8")
     return path
+
+
+def _keep_stacks(result: Mapping[str, Any], target: Path) -> Mapping[str, Any]:
+    """py-spy's stacks beside the JSON: the benchmark's own control plane directory, where py-spy
+    wrote them, is deleted when the run ends."""
+    profile = result.get("profile")
+    if not isinstance(profile, Mapping) or "stacks" not in profile:
+        return result
+    stacks = Path(profile["stacks"])
+    if not stacks.exists():
+        return result
+    shutil.copyfile(stacks, target)
+    return {**result, "profile": {**profile, "stacks": target.name}}
 
 
 def _load_results(out: Path) -> list[dict[str, Any]]:

@@ -317,6 +317,12 @@ def test_profile_components_count_a_sample_for_the_first_component_on_its_stack(
     }
 
 
+def test_component_milliseconds_spread_the_operator_cpu_over_node_packages() -> None:
+    ms = analysis.component_milliseconds({"json decode": 25.0, "other": 75.0}, 30.0, 1000)
+    assert ms == {"json decode": 7.5, "other": 22.5}
+    assert analysis.component_milliseconds({"other": 100.0}, 30.0, 0) == {}
+
+
 def test_replay_makespan_sums_the_slowest_node_of_each_batch_per_compartment() -> None:
     admissions = {"a": ("c0", 1), "b": ("c0", 1), "c": ("c0", 2), "d": ("c1", 1), "e": ("c1", 2)}
     seconds = {"a": 3.0, "b": 5.0, "c": 4.0, "d": 2.0, "e": 2.5}
