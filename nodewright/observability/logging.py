@@ -18,9 +18,9 @@ and, given an `OperatorMetrics`-like recorder, feeds the controller_runtime_reco
 from __future__ import annotations
 
 import logging
+import random
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any, Final, Literal, Protocol, TextIO
@@ -118,9 +118,12 @@ class ReconcileScope:
         self.result: ReconcileResult = "success"
         self.requeue_after: float | None = None
         self.fields: dict[str, Any] = {}
+        self.added: set[str] = set()  # keys bound here that were not bound before: unbound on exit
 
     def bind(self, **keys: Any) -> None:
         """Bind keys (e.g. node, package, stage) for the rest of the reconcile and its summary line."""
+        current = structlog.contextvars.get_contextvars()
+        self.added.update(key for key in keys if key not in current)
         structlog.contextvars.bind_contextvars(**keys)
 
     def note(self, **fields: Any) -> None:
@@ -133,6 +136,9 @@ class ReconcileScope:
         else:
             self.result = "requeue_after"
             self.requeue_after = after
+
+
+_ids = random.Random()
 
 
 @contextmanager
@@ -148,14 +154,15 @@ def reconcile_context(
     """Bind reconcile keys, time the block, log one summary line and record reconcile metrics.
 
     An exception escaping the block counts as result "error", is logged with its traceback and
-    re-raised. Bindings made inside the block are undone on exit.
+    re-raised. Bindings made inside the block through `scope.bind` are undone on exit.
     """
-    scope = ReconcileScope(uuid.uuid4().hex[:16])
+    # 64 random bits as 16 hex digits, from the process's PRNG: an id to correlate lines, not a secret,
+    # and `uuid4` reads the kernel's entropy (a syscall) for every reconcile.
+    scope = ReconcileScope(f"{_ids.getrandbits(64):016x}")
     log = logger if logger is not None else structlog.get_logger("nodewright.reconcile")
     with structlog.contextvars.bound_contextvars(
         controller=controller, key=key, reconcile_id=scope.reconcile_id, **keys
     ):
-        before = structlog.contextvars.get_contextvars()
         started = clock()
         error: BaseException | None = None
         cancelled = False
@@ -183,6 +190,5 @@ def reconcile_context(
             else:
                 log.info(SUMMARY_EVENT, **fields)
             # Undo keys bound through scope.bind (bound_contextvars restores only its own keys).
-            extra = set(structlog.contextvars.get_contextvars()) - set(before)
-            if extra:
-                structlog.contextvars.unbind_contextvars(*extra)
+            if scope.added:
+                structlog.contextvars.unbind_contextvars(*scope.added)
