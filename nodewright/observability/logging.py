@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Final, Literal, Protocol, TextIO
 
 import structlog
@@ -140,6 +141,51 @@ class ReconcileScope:
 
 _ids = random.Random()
 
+WRITE_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# Requests of the reconcile running in this context that asked the API server to change something
+# (attempts, answered or not); None outside a reconcile. A cell, so tasks spawned with a copy of the
+# context count into it too.
+_writes: ContextVar[list[int] | None] = ContextVar("nodewright_reconcile_writes", default=None)
+
+
+def note_request(method: str) -> None:
+    """Called by the API client for every request it sends (`nodewright.kube.client`)."""
+    if method in WRITE_METHODS:
+        cell = _writes.get()
+        if cell is not None:
+            cell[0] += 1
+
+
+def _summary(
+    log: Any,
+    scope: ReconcileScope,
+    *,
+    error: BaseException | None,
+    cancelled: bool,
+    seconds: float,
+    writes: int,
+) -> None:
+    """The summary line: info, or debug for a reconcile that wrote nothing, noted nothing and ended
+    normally (most reconciles of a waiting node); error with the traceback for an escaping exception."""
+    quiet = error is None and not cancelled and writes == 0 and not scope.fields
+    enabled = getattr(log, "is_enabled_for", None)  # structlog's filtering loggers have it
+    if quiet and enabled is not None and not enabled(logging.DEBUG):
+        return  # nothing is built for a line the level filters out
+    fields: dict[str, Any] = {
+        "result": "cancelled" if cancelled else scope.result,
+        "duration_ms": round(seconds * 1000, 3),
+        "writes": writes,
+    }
+    if scope.requeue_after is not None:
+        fields["requeue_after"] = scope.requeue_after
+    fields.update(scope.fields)
+    if error is not None:
+        log.error(SUMMARY_EVENT, exc_info=error, **fields)
+    elif quiet:
+        log.debug(SUMMARY_EVENT, **fields)
+    else:
+        log.info(SUMMARY_EVENT, **fields)
+
 
 @contextmanager
 def reconcile_context(
@@ -164,6 +210,8 @@ def reconcile_context(
         controller=controller, key=key, reconcile_id=scope.reconcile_id, **keys
     ):
         started = clock()
+        writes = [0]
+        writes_token = _writes.set(writes)
         error: BaseException | None = None
         cancelled = False
         try:
@@ -178,17 +226,10 @@ def reconcile_context(
             raise
         finally:
             seconds = max(0.0, clock() - started)
+            _writes.reset(writes_token)
             if metrics is not None and not cancelled:
                 metrics.reconcile(controller=controller, result=scope.result, seconds=seconds)
-            result = "cancelled" if cancelled else scope.result
-            fields: dict[str, Any] = {"result": result, "duration_ms": round(seconds * 1000, 3)}
-            if scope.requeue_after is not None:
-                fields["requeue_after"] = scope.requeue_after
-            fields.update(scope.fields)
-            if error is not None:
-                log.error(SUMMARY_EVENT, exc_info=error, **fields)
-            else:
-                log.info(SUMMARY_EVENT, **fields)
+            _summary(log, scope, error=error, cancelled=cancelled, seconds=seconds, writes=writes[0])
             # Undo keys bound through scope.bind (bound_contextvars restores only its own keys).
             if scope.added:
                 structlog.contextvars.unbind_contextvars(*scope.added)
