@@ -615,7 +615,7 @@ def test_hot_path_histograms_match_an_otel_histogram_in_scrape_and_push() -> Non
     points equal what the OTel SDK aggregates for the same observations (buckets `le`, sum, count,
     min, max)."""
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 
     from nodewright.observability.exposition import format_float
 
@@ -625,9 +625,11 @@ def test_hot_path_histograms_match_an_otel_histogram_in_scrape_and_push() -> Non
     otel = m._histogram(reference, m.RECONCILE_TIME)
     for v in values:
         otel.record(max(0.0, v), {"controller": "node"})
+    reference_data = reference_reader.get_metrics_data()
+    assert reference_data is not None
     (expected,) = [
         p
-        for rm in reference_reader.get_metrics_data().resource_metrics
+        for rm in reference_data.resource_metrics
         for sm in rm.scope_metrics
         for metric in sm.metrics
         for p in metric.data.data_points
@@ -647,6 +649,7 @@ def test_hot_path_histograms_match_an_otel_histogram_in_scrape_and_push() -> Non
             if metric.name == m.RECONCILE_TIME
             for p in metric.data.data_points
         ]
+        assert isinstance(expected, HistogramDataPoint) and isinstance(pushed, HistogramDataPoint)
         for field in ("count", "sum", "min", "max", "explicit_bounds", "attributes"):
             assert getattr(pushed, field) == getattr(expected, field), field
         assert list(pushed.bucket_counts) == list(expected.bucket_counts)
