@@ -140,6 +140,21 @@ class ReconcileScope:
 
 
 _ids = random.Random()
+_cached_logger: tuple[Any, ...] | None = None
+
+
+def _reconcile_logger() -> Any:
+    """The `nodewright.reconcile` logger, bound once per logging configuration: `get_logger` builds a
+    lazy proxy that binds afresh on every call, once per reconcile. A new configuration (or
+    `structlog.testing.capture_logs`) installs a new processor list, and a new logger is bound."""
+    global _cached_logger
+    config = structlog.get_config()
+    processors, wrapper = config["processors"], config["wrapper_class"]
+    cached = _cached_logger
+    if cached is None or cached[0] is not processors or cached[1] is not wrapper:
+        cached = _cached_logger = (processors, wrapper, structlog.get_logger("nodewright.reconcile").bind())
+    return cached[2]
+
 
 WRITE_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Requests of the reconcile running in this context that asked the API server to change something
@@ -205,7 +220,7 @@ def reconcile_context(
     # 64 random bits as 16 hex digits, from the process's PRNG: an id to correlate lines, not a secret,
     # and `uuid4` reads the kernel's entropy (a syscall) for every reconcile.
     scope = ReconcileScope(f"{_ids.getrandbits(64):016x}")
-    log = logger if logger is not None else structlog.get_logger("nodewright.reconcile")
+    log = logger if logger is not None else _reconcile_logger()
     with structlog.contextvars.bound_contextvars(
         controller=controller, key=key, reconcile_id=scope.reconcile_id, **keys
     ):
