@@ -169,6 +169,10 @@ class WorkQueue(Generic[K]):
         while True:
             key = self.get_nowait()
             if key is not None:
+                if self._getters and self._ready:
+                    # More is ready while callers sleep (this caller may have taken a key another
+                    # wakeup was for): wake the next one, so no ready key waits for a later add.
+                    self._wake_one()
                 return key
             await self._wait_for_work()
 
