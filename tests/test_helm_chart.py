@@ -197,8 +197,10 @@ def test_operator_behaviour_values_reach_its_flags() -> None:
     assert defaults.reapply_on_reboot is False and defaults.keep_succeeded_logs is False
     assert defaults.reboot_timeout == 1200 and defaults.drift_checks == 4
     assert defaults.chain_packages is True and defaults.admissions_per_pass == 32
+    assert defaults.admission_writers == 8
     sets = (
         "admissionsPerPass=8",
+        "admissionWriters=2",
         "reapplyOnReboot=true",
         "chainPackages=false",
         "rebootTimeout=600",
@@ -208,6 +210,7 @@ def test_operator_behaviour_values_reach_its_flags() -> None:
     parsed = parse_args(container(one(render(*sets), "Deployment", "nw-nodewright"))["args"])
     assert parsed.reapply_on_reboot is True and parsed.keep_succeeded_logs is True
     assert parsed.chain_packages is False and parsed.admissions_per_pass == 8
+    assert parsed.admission_writers == 2
     assert parsed.reboot_timeout == 600 and parsed.drift_checks == 16
 
 

@@ -19,7 +19,14 @@ from nodewright.kube.ratelimit import (
     TokenBucket,
     default_controller_rate_limiter,
 )
-from nodewright.kube.workqueue import QueueShutDown, Result, TerminalError, WorkQueue, run_workers
+from nodewright.kube.workqueue import (
+    START_EVERY,
+    QueueShutDown,
+    Result,
+    TerminalError,
+    WorkQueue,
+    run_workers,
+)
 
 KEYS = st.sampled_from(["a", "b", "c", "d"])
 
@@ -37,7 +44,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.clock = FakeClock()
-        self.queue: WorkQueue[str] = WorkQueue("prop", clock=self.clock)
+        self.queue: WorkQueue[str] = WorkQueue("prop", clock=self.clock, start_limit=1)
         self.processing: set[str] = set()
         self.pending: set[str] = set()  # must be handed out (again) at some point
         self.delayed: dict[str, float] = {}  # key -> earliest due time (model of add_after)
@@ -45,6 +52,12 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(key=KEYS)
     def add(self, key: str) -> None:
         self.queue.add(key)
+        self.pending.add(key)
+        self.delayed.pop(key, None)
+
+    @rule(key=KEYS)
+    def add_start(self, key: str) -> None:
+        self.queue.add_start(key)
         self.pending.add(key)
         self.delayed.pop(key, None)
 
@@ -68,8 +81,10 @@ class QueueMachine(RuleBasedStateMachine):
     def get(self) -> None:
         key = self.queue.get_nowait()
         if key is None:
-            # Nothing ready: every pending key must be in processing (to be requeued on done).
-            assert self.pending <= self.processing
+            # Nothing ready: every pending key is in processing (to be requeued on done), or waits on
+            # the start lane while its one start slot is taken.
+            held = set(self.queue._starts) if self.queue._starting else set()
+            assert self.pending <= self.processing | held
             return
         assert key not in self.processing, "a key was handed to two workers at once"
         assert key in self.pending, "a key was handed out that nobody added"
@@ -85,13 +100,14 @@ class QueueMachine(RuleBasedStateMachine):
 
     @invariant()
     def queue_never_holds_duplicates(self) -> None:
-        ready = list(self.queue._ready)
+        ready = list(self.queue._ready) + list(self.queue._starts)
+        assert len(self.queue._starting) <= 1, "more starts in flight than the start limit"
         assert len(ready) == len(set(ready))
         assert not set(ready) & self.processing
 
     @invariant()
     def no_lost_add(self) -> None:
-        ready = set(self.queue._ready)
+        ready = set(self.queue._ready) | set(self.queue._starts)
         for key in self.pending:
             # Pending keys are ready, or will be requeued when their processing ends.
             assert key in ready or key in self.processing or self.queue.is_pending(key)
@@ -147,6 +163,60 @@ def test_add_while_processing_requeues_once_after_done() -> None:
     assert queue.get_nowait() == "a"
     queue.done("a")
     assert queue.get_nowait() is None
+
+
+def test_start_lane_waits_for_ordinary_keys_and_its_limit() -> None:
+    """Starts (a freshly admitted node's first pod) go after every ordinary key (a finished pod's
+    reaction), and at most `start_limit` of them are processed at once."""
+    queue: WorkQueue[str] = WorkQueue("q", clock=FakeClock(), start_limit=2)
+    for key in ("s1", "s2", "s3"):
+        queue.add_start(key)
+    queue.add("r1")
+    queue.add("s2")  # its watch event: it stays a start, queued once
+    assert len(queue) == 4
+    assert [queue.get_nowait() for _ in range(3)] == ["r1", "s1", "s2"]
+    assert queue.get_nowait() is None, "two starts in flight: the third waits"
+    queue.add("r2")
+    assert queue.get_nowait() == "r2", "a reaction is served although the start lane is full"
+    queue.done("s1")
+    assert queue.get_nowait() == "s3"
+
+
+def test_a_steady_stream_of_ordinary_keys_does_not_starve_starts() -> None:
+    queue: WorkQueue[str] = WorkQueue("q", clock=FakeClock(), start_limit=1)
+    queue.add_start("s1")
+    handed = []
+    for i in range(2 * START_EVERY):
+        queue.add(f"r{i}")
+    while (key := queue.get_nowait()) is not None:
+        handed.append(key)
+        queue.done(key)
+    assert handed.index("s1") == START_EVERY - 1, "every START_EVERYth hand-out is a waiting start"
+
+
+def test_a_key_queued_by_its_watch_event_first_is_still_a_start() -> None:
+    queue: WorkQueue[str] = WorkQueue("q", clock=FakeClock(), start_limit=1)
+    queue.add("s1")
+    queue.add_start("s1")
+    queue.add("r1")
+    assert queue.get_nowait() == "r1"
+    assert queue.get_nowait() == "s1"
+    queue.add_start("s2")
+    assert queue.get_nowait() is None
+    queue.done("s1")
+    assert queue.get_nowait() == "s2"
+
+
+async def test_a_free_start_slot_wakes_a_waiting_worker() -> None:
+    queue: WorkQueue[str] = WorkQueue("q", start_limit=1)
+    queue.add_start("s1")
+    queue.add_start("s2")
+    assert await queue.get() == "s1"
+    waiter = asyncio.ensure_future(queue.get())
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    queue.done("s1")
+    assert await asyncio.wait_for(waiter, timeout=5) == "s2"
 
 
 def test_delayed_add_earliest_wins() -> None:
@@ -405,3 +475,19 @@ async def test_a_woken_worker_cancelled_before_it_runs_passes_the_key_on() -> No
     await settle()
     assert first.cancelled()
     assert second.done() and second.result() == "a"
+
+
+async def test_a_freed_start_slot_wakes_a_waiting_worker_for_the_next_start() -> None:
+    """Wake-one and the start lane: a start that cannot be handed out (the slots are taken) consumes
+    no wakeup for good; the `done` that frees a slot wakes a waiting caller, which takes the start."""
+    q: WorkQueue[str] = WorkQueue("q", start_limit=1)
+    first = asyncio.ensure_future(q.get())
+    second = asyncio.ensure_future(q.get())
+    await settle()
+    q.add_start("a")
+    q.add_start("b")
+    await settle()
+    assert [t.result() for t in (first, second) if t.done()] == ["a"]
+    q.done("a")
+    await settle()
+    assert first.done() and second.done() and second.result() == "b"

@@ -328,12 +328,18 @@ class Manager:
     def watch_metrics(self) -> WatchMetrics:
         return self._watch_metrics
 
-    def controller(self, name: str, reconcile: Reconcile, *, workers: int = 1) -> Controller:
+    def controller(
+        self, name: str, reconcile: Reconcile, *, workers: int = 1, start_limit: int | None = None
+    ) -> Controller:
         if any(c.name == name for c in self._controllers):
             raise ValueError(f"controller {name!r} already registered")
         # A leader-elected replica keeps its queues closed until it leads (module docstring, step 2).
         queue: WorkQueue[str] = WorkQueue(
-            name, clock=self.clock, metrics=self._queue_metrics.for_queue(name), intake=self.elector is None
+            name,
+            clock=self.clock,
+            metrics=self._queue_metrics.for_queue(name),
+            intake=self.elector is None,
+            start_limit=start_limit,
         )
         controller = Controller(
             name, reconcile, workers=workers, queue=queue, metrics=self._reconcile_metrics

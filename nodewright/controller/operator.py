@@ -72,6 +72,10 @@ from nodewright.plan.rollout_input import blocked, matches_nodewright, node_cont
 
 log = structlog.get_logger("nodewright.operator")
 
+NODE_START_SHARE = 4
+"""At most 1/4 of the node workers (16 of 64) start pods for freshly admitted nodes at once: with the
+rest free and starts queued behind every reaction, a finished pod is handed over at once even while a
+333-node batch is being started (docs/benchmarks.md)."""
 ROLLOUT_DEBOUNCE = 1.0
 """Seconds by which node events at least delay the rollout pass they trigger (`Operator._rollout_soon`).
 At 1,000 nodes a 0.25 s floor opened batches sooner, but its extra passes cost 28% more operator CPU
@@ -172,7 +176,15 @@ class Operator:
         # Node reconciles spend their time awaiting API calls (~3 per stage hand-off), so concurrency,
         # not CPU, bounds their throughput: at 5,000 nodes 16 workers left 200+ keys queued while the
         # API server answered in ~0.2 s. Coroutines are cheap; the write rate limit still applies.
-        self.node = manager.controller("node", NodeReconciler(self.rt).reconcile, workers=node_workers)
+        # Pod starts are paced: a freshly admitted node's key waits on the start lane while reactions to
+        # running pods are queued, and starts take at most a quarter of the workers, so a burst of
+        # admissions (concurrent writes, `--admission-writers`) never delays a finished pod's hand-over.
+        self.node = manager.controller(
+            "node",
+            NodeReconciler(self.rt).reconcile,
+            workers=node_workers,
+            start_limit=max(1, node_workers // NODE_START_SHARE),
+        )
         self.policy = manager.controller("policy", self._reconcile_policy, workers=1)
         self.budget = manager.controller("budget", self.budgets.reconcile, workers=1)
         for controller in (self.rollout, self.node, self.policy, self.budget):
@@ -180,6 +192,7 @@ class Operator:
         self.rt.enqueue_rollout = self._rollout_soon
         self.rt.enqueue_node = lambda nw, node: self.node.queue.add(node_key(nw, node))
         self.rt.enqueue_node_after = lambda nw, node, s: self.node.queue.add_after(node_key(nw, node), s)
+        self.rt.enqueue_node_start = lambda nw, node: self.node.queue.add_start(node_key(nw, node))
         self._wire_events()
 
     def _runtime(

@@ -128,6 +128,15 @@ class OperatorOptions:
         " next passes, so a large batch does not hold up the other compartments' hand-overs",
         why="32 writes keep a pass well under a second on a loaded API server",
     )
+    admission_writers: int = option(
+        8,
+        flag="--admission-writers",
+        kind="int_at_least_1",
+        help="admission writes a rollout pass keeps in flight at once (in the plan's order, critical path"
+        " first); the node controller starts the admitted nodes' pods behind its reactions to running ones",
+        why="8 writes at a loaded API server's ~0.2 s admit ~40 nodes/s (one at a time: ~5/s); more would"
+        " take most of the client's 50 writes/s from the node controller",
+    )
 
     @property
     def runtime_required_taint_key(self) -> str:

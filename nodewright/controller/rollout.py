@@ -17,9 +17,10 @@ enqueues this controller again, so batches settle as soon as their last node fin
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
@@ -104,6 +105,9 @@ RESYNC_ACTIVE = 60.0
 """Safety-net resync while nodes are in flight; progress itself is event-driven."""
 BUDGET_RETRY = 1.0
 """Seconds before a pass whose DisruptionBudget writes kept conflicting is tried again."""
+ADMISSION_WRITE_DEADLINE = 60.0
+"""Seconds one admission write may take, the client's retries included; past it the pass fails and is
+retried (`RolloutReconciler._write_admissions`)."""
 FILL_REQUEUE = 0.05
 """Seconds before the pass that admits the rest of a batch the last pass left (`--admissions-per-pass`):
 at once: its admissions are in the write-through node view already, and other keys' work interleaves."""
@@ -639,16 +643,19 @@ class RolloutReconciler:
 
     async def _apply_admissions(self, name: str, plan: RolloutPlan, dead: Sequence[str]) -> None:
         """Writes the plan's admissions, after its releases and the removal of `dead` admissions (of
-        another rollout, `plan.rollout_epoch.dead_admissions`)."""
+        another rollout, `plan.rollout_epoch.dead_admissions`).
+
+        Up to `--admission-writers` writes are in flight at once, started in the plan's order (critical
+        path first, `plan.rollout`); each written node is enqueued at once, releases on the node queue,
+        admissions on its start lane (pod starts paced behind reactions, `Operator`), so a batch's nodes
+        are in flight while the rest of it is still being written."""
         rt = self.rt
         key = admission_annotation(name)
         # Releases first: a node released and picked again in one plan must end up admitted.
-        for released in sorted({*plan.releases, *dead}):
-            if await self._annotate_node(released, key, None):
-                rt.enqueue_node(name, released)
-        for admitted in plan.admissions:
-            if await self._annotate_node(admitted.node, key, encode_admission(admitted.admission)):
-                rt.enqueue_node(name, admitted.node)
+        releases = [(node, None) for node in sorted({*plan.releases, *dead})]
+        await self._write_admissions(key, releases, lambda node: rt.enqueue_node(name, node))
+        admissions = [(a.node, encode_admission(a.admission)) for a in plan.admissions]
+        await self._write_admissions(key, admissions, lambda node: rt.start_node(name, node))
         started: dict[tuple[str, int], list[str]] = {}
         for admitted in plan.admissions:
             started.setdefault((admitted.admission.compartment, admitted.admission.batch), []).append(
@@ -667,6 +674,37 @@ class RolloutReconciler:
                 batches=sorted({f"{c}#{b}" for c, b in started}),
                 deferred=plan.deferred,
             )
+
+    async def _write_admissions(
+        self, key: str, writes: Sequence[tuple[str, str | None]], written: Callable[[str], None]
+    ) -> None:
+        """Sets (None: removes) `key` on each node, `admission_writers` at a time, in the given order;
+        `written(node)` follows each write that landed. A gone node is skipped (`_annotate_node`). The
+        first other failure stops new writes; those in flight finish and count, then it is raised and the
+        pass retried. As with a crash after the status write, the admissions not written are lost to the
+        batch, which settles smaller (`plan.rollout`, "Long batches")."""
+        pending = iter(writes)
+        failures: list[Exception] = []
+
+        async def writer() -> None:
+            for node, value in pending:
+                if failures:
+                    return
+                try:
+                    async with asyncio.timeout(ADMISSION_WRITE_DEADLINE):
+                        landed = await self._annotate_node(node, key, value)
+                except Exception as exc:  # raised below, once the writes in flight are done
+                    failures.append(exc)
+                    return
+                if landed:
+                    written(node)
+
+        count = min(len(writes), self.rt.options.admission_writers)
+        async with asyncio.TaskGroup() as group:
+            for _ in range(count):
+                group.create_task(writer())
+        if failures:
+            raise failures[0]
 
     async def _prune_configmaps(self, model: NodeWright, status: Status | None, fingerprint: str) -> None:
         """Once a rollout is complete, the per-version package ConfigMaps of versions no longer in the

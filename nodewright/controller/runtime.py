@@ -109,7 +109,14 @@ class Runtime:
     enqueue_rollout: Callable[[str], None] = field(default=lambda name: None)
     enqueue_node: Callable[[str, str], None] = field(default=lambda nw, node: None)
     enqueue_node_after: Callable[[str, str, float], None] = field(default=lambda nw, node, s: None)
+    enqueue_node_start: Callable[[str, str], None] | None = None
+    """Enqueues a freshly admitted node on the node queue's start lane, served after reactions to running
+    work (`kube.workqueue`, "Start lane"); None: like `enqueue_node`."""
     pod_expectations: PodExpectations = field(default_factory=PodExpectations)
+
+    def start_node(self, nw: str, node: str) -> None:
+        """A node was admitted: its key, on the start lane (`enqueue_node_start`)."""
+        (self.enqueue_node_start or self.enqueue_node)(nw, node)
 
     def __post_init__(self) -> None:
         self.metrics.init_untrusted_pods(reason.value for reason in UntrustedReason)

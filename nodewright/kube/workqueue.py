@@ -15,6 +15,14 @@ Properties (client-go `util/workqueue` package doc, which reviewers will recogni
   `open_intake()`. A leader-elected standby keeps its queues closed, so it holds no keys and its
   `workqueue_depth` says 0 (like controller-runtime, whose controllers start their event sources only
   once elected); on taking over, the Manager opens them and replays its warm caches into them.
+- **Start lane** (NodeWright's addition): `add_start(key)` queues a key that will start new work (a
+  node just admitted: its first pod) on a second ready list, handed out when no ordinary key is ready
+  (or, so that a steady stream of ordinary keys cannot starve starts, as every `START_EVERY`th key
+  handed out while starts wait) and while fewer than `start_limit` start keys are being processed.
+  Reactions to running work (a pod finished, a gate passed) thus never wait behind a burst of starts,
+  and starts take at most `start_limit` workers, so the rest stay free for reactions. A key already
+  queued ordinarily moves to the start lane (its watch event may beat the caller); an ordinary `add` of
+  a key on the start lane leaves it there (FIFO among starts, stingy as ever).
 - **Shutdown**: `shutdown()` stops intake (adds are ignored), drops keys not yet handed out, wakes all
   waiting `get()` callers with `QueueShutDown`, and (with `drain=True`) waits — with a deadline — for
   the keys being processed to be marked done.
@@ -57,6 +65,11 @@ K = TypeVar("K", bound=Hashable)
 
 log = structlog.get_logger("nodewright.workqueue")
 
+START_EVERY = 4
+"""While start-lane keys wait and a start slot is free, at least every 4th key handed out is a start: a
+node queue that always has reactions queued (pod events of thousands of running nodes on a saturated
+operator) still starts admitted nodes, at a quarter of its pace, instead of never."""
+
 
 class QueueShutDown(Exception):
     """Raised by `get()` once the queue is shut down."""
@@ -82,6 +95,7 @@ class WorkQueue(Generic[K]):
         rate_limiter: RateLimiter | None = None,
         metrics: WorkqueueMetrics | None = None,
         intake: bool = True,
+        start_limit: int | None = None,
     ) -> None:
         self.name = name
         self._intake = intake
@@ -89,6 +103,10 @@ class WorkQueue(Generic[K]):
         self._limiter = rate_limiter or default_controller_rate_limiter(clock=clock)
         self._metrics = metrics or NoopWorkqueueMetrics()
         self._ready: deque[K] = deque()
+        self._starts: deque[K] = deque()  # the start lane: ready keys served after `_ready`
+        self._starting: set[K] = set()  # start-lane keys being processed
+        self._start_limit = start_limit
+        self._since_start = 0  # ordinary keys handed out while starts waited (`START_EVERY`)
         self._dirty: set[K] = set()
         self._processing: dict[K, float] = {}  # key -> when processing started
         self._added_at: dict[K, float] = {}  # key -> when it entered the ready list (queued_for)
@@ -113,6 +131,26 @@ class WorkQueue(Generic[K]):
         if key in self._processing:
             return  # requeued by done()
         self._push_ready(key)
+
+    def add_start(self, key: K) -> None:
+        """Queue `key` on the start lane (module docstring, "Start lane")."""
+        if self._shutting_down or not self._intake:
+            return
+        if key in self._dirty:
+            if key in self._processing or key not in self._ready:
+                return  # requeued by done(), or on the start lane already
+            self._ready.remove(key)  # its watch event came first: a start all the same
+            self._starts.append(key)
+            return
+        self._metrics.add()
+        self._dirty.add(key)
+        self._waiting.pop(key, None)
+        if key in self._processing:
+            return
+        self._starts.append(key)
+        self._added_at[key] = self._clock.monotonic()
+        self._metrics.depth(len(self._ready) + len(self._starts))
+        self._wake_one()
 
     def add_after(self, key: K, delay: float) -> None:
         if self._shutting_down or not self._intake:
@@ -154,22 +192,29 @@ class WorkQueue(Generic[K]):
         if self._shutting_down:
             raise QueueShutDown(self.name)
         self._promote_due()
-        if not self._ready:
+        may_start = self._may_start()
+        if self._ready and not (may_start and self._since_start >= START_EVERY - 1):
+            key = self._ready.popleft()
+            self._since_start = self._since_start + 1 if may_start else 0
+        elif may_start:
+            key = self._starts.popleft()
+            self._starting.add(key)
+            self._since_start = 0
+        else:
             return None
-        key = self._ready.popleft()
         now = self._clock.monotonic()
         self._metrics.queued_for(now - self._added_at.pop(key, now))
         self._dirty.discard(key)
         self._processing[key] = now
         self._idle.clear()
-        self._metrics.depth(len(self._ready))
+        self._metrics.depth(len(self._ready) + len(self._starts))
         return key
 
     async def get(self) -> K:
         while True:
             key = self.get_nowait()
             if key is not None:
-                if self._getters and self._ready:
+                if self._getters and (self._ready or self._may_start()):
                     # More is ready while callers sleep (this caller may have taken a key another
                     # wakeup was for): wake the next one, so no ready key waits for a later add.
                     self._wake_one()
@@ -181,6 +226,10 @@ class WorkQueue(Generic[K]):
         if started is None:
             return
         self._metrics.worked_for(self._clock.monotonic() - started)
+        if key in self._starting:
+            self._starting.discard(key)
+            if self._starts:
+                self._wake_one()  # a start slot is free
         if key in self._dirty and not self._shutting_down:
             self._push_ready(key)
         if not self._processing:
@@ -195,6 +244,7 @@ class WorkQueue(Generic[K]):
         """
         self._shutting_down = True
         self._ready.clear()
+        self._starts.clear()
         self._dirty.clear()
         self._waiting.clear()
         self._heap.clear()
@@ -219,7 +269,7 @@ class WorkQueue(Generic[K]):
 
     def __len__(self) -> int:
         self._promote_due()
-        return len(self._ready)
+        return len(self._ready) + len(self._starts)
 
     @property
     def processing(self) -> frozenset[K]:
@@ -249,7 +299,7 @@ class WorkQueue(Generic[K]):
     def _push_ready(self, key: K) -> None:
         self._ready.append(key)
         self._added_at[key] = self._clock.monotonic()
-        self._metrics.depth(len(self._ready))
+        self._metrics.depth(len(self._ready) + len(self._starts))
         self._wake_one()
 
     def _promote_due(self) -> None:
@@ -259,6 +309,10 @@ class WorkQueue(Generic[K]):
             if self._waiting.get(key) == ready_at:  # otherwise a stale entry superseded by an earlier one
                 del self._waiting[key]
                 self.add(key)
+
+    def _may_start(self) -> bool:
+        """A start-lane key is waiting and a start slot is free."""
+        return bool(self._starts) and (self._start_limit is None or len(self._starting) < self._start_limit)
 
     def _wake_one(self) -> None:
         """Wake the longest-waiting `get()` caller, if any (one ready key, one caller)."""

@@ -143,3 +143,29 @@ def fresh_state(*, current_batch: int = 1) -> BatchState:
 def is_fresh(state: BatchState) -> bool:
     """True when a reset would change nothing but the batch number."""
     return state == fresh_state(current_batch=state.current_batch)
+
+
+def batches_left(
+    strategy: StrategyParams | None, state: BatchState, *, total: int, ceiling: int, remaining: int
+) -> int:
+    """How many more batches `remaining` nodes take if every batch succeeds and each gets the whole
+    ceiling: the compartment's length on the rollout's critical path (`plan.rollout`, "Critical path").
+
+    Sizes follow the strategy table from `state`; once they stop changing (fixed, `none`, or growth
+    capped by the ceiling) the rest is one division, so the projection costs at most a step per size
+    change, never one per node."""
+    count = 0
+    previous = -1
+    while remaining > 0:
+        size = next_batch_size(
+            strategy, state, total=total, remaining=remaining, ceiling=ceiling, free=ceiling
+        )
+        if size <= 0:
+            return count  # no ceiling: nothing can ever start here
+        if size == previous or size >= remaining:
+            return count + -(-remaining // size)
+        remaining -= size
+        count += 1
+        previous = size
+        state = state.model_copy(update={"last_batch_size": size, "last_batch_failed": False})
+    return count

@@ -58,9 +58,10 @@ nothing until the batch settles.
 
 Long batches. With `admission_limit` a plan admits at most that many nodes per compartment; the rest of
 the batch (its slots already counted in this plan) is admitted by the next plans, in pick order, while
-`admittedSize < plannedSize`. The controller writes a plan's admissions one after another, so a
-333-node batch in one plan is a pass of half a minute on a loaded API server, during which no other
-compartment's settled batch can hand over to its next one; bounded plans keep every pass short. A batch
+`admittedSize < plannedSize`. The controller writes a plan's admissions a few at a time
+(`--admission-writers`), so a 333-node batch in one plan is a pass of many seconds on a loaded API
+server, during which no other compartment's settled batch can hand over to its next one; bounded plans
+keep every pass short. A batch
 still taking admissions is not evaluated, even when its admitted members have all settled, so it ends
 with the size its strategy gave it. The fill stops (and the batch is evaluated once its admitted
 members settle) when nothing may start: a halt, a pause, a closed window, no free slot, no candidate.
@@ -68,10 +69,18 @@ Each fill is recomputed within the ceiling and the shared budgets, like an openi
 written before the admissions: a crash between the two loses the admissions of that pass from the
 batch, which then settles smaller, as it would without a limit.
 
-Order numbers (SKYHOOK_NODE_ORDER). Admissions in a plan are numbered in pick order (compartments by
-name, then node pick order) from `max(order of any admission for f) + 1`, raised to `next_order_hint`
-if the caller persisted a higher counter. Numbers are stored on the node and never recomputed, so they
-are unique and stable however nodes finish; a new fingerprint starts a new rollout numbered from 0.
+Critical path. Compartments are planned, and their admissions listed (so written), most batches left
+first, ties by name (`critical_path_order`): the rollout ends with its longest compartment, so that one
+takes the shared budgets' free slots and the first admission writes of a pass. Batches left are
+projected from the persisted batch state and the nodes still pending, as if every batch succeeded with
+the whole ceiling free (`batches.batches_left`); a linear strategy's many small batches thus go before an
+exponential one's few large ones.
+
+Order numbers (SKYHOOK_NODE_ORDER). Admissions in a plan are numbered in pick order (compartments in
+critical-path order, then node pick order) from `max(order of any admission for f) + 1`, raised to
+`next_order_hint` if the caller persisted a higher counter. Numbers are stored on the node and never
+recomputed, so they are unique and stable however nodes finish; a new fingerprint starts a new rollout
+numbered from 0.
 
 Pick order within a compartment: zone label `topology.kubernetes.io/zone` (nodes without one first),
 then creation time, then name — so a batch fills one zone before touching the next. A compartment with
@@ -497,12 +506,13 @@ def _plan_compartments(
     statuses: Mapping[str, CompartmentStatus],
     order: int,
 ) -> RolloutPlan:
-    """Each compartment in turn (by name), numbering admissions on from `order`."""
+    """Each compartment in turn, critical path first (`critical_path_order`), numbering admissions on
+    from `order`."""
     by_name = {n.name: n for n in nodes}
     plans: dict[str, CompartmentPlan] = {}
     admissions: list[NewAdmission] = []
     waiting: list[Waiting] = []
-    for name in ctx.compartments.specs:
+    for name in critical_path_order(ctx.compartments, phases, statuses):
         members = _in_node_order(
             ctx.compartments.specs[name],
             sorted((by_name[m] for m in ctx.compartments.members[name]), key=pick_key),
@@ -518,7 +528,7 @@ def _plan_compartments(
     return RolloutPlan(
         policy_name=ctx.compartments.policy_name,
         policy_not_found=None,
-        compartments=plans,
+        compartments=dict(sorted(plans.items())),
         admissions=tuple(admissions),
         releases=tuple(sorted(n for n, p in phases.items() if p is Phase.RELEASED)),
         active=tuple(sorted(admitted | {n for n, p in phases.items() if p is Phase.ACTIVE})),
@@ -531,6 +541,33 @@ def _plan_compartments(
         ),
         budget_refusals=tuple(sorted(ctx.ledger.refused)),
         domains=_node_domains(ctx, by_name),
+    )
+
+
+def critical_path_order(
+    compartments: Compartments, phases: Mapping[str, Phase], statuses: Mapping[str, CompartmentStatus]
+) -> list[str]:
+    """The compartments in the order a plan serves them: the most batches left first (ties by name).
+
+    The rollout ends when its longest compartment does, so that one gets the shared budgets' slots and
+    the first admission writes of a pass (module docstring, "Critical path"). Batches left are projected
+    from the persisted batch state, assuming success and the whole ceiling (`batches.batches_left`)."""
+    left = {
+        name: batches.batches_left(
+            spec.strategy,
+            _prior_batch_state(statuses.get(name)),
+            total=len(compartments.members.get(name, ())),
+            ceiling=compartments.ceiling(name),
+            remaining=sum(phases.get(m) in _PICKABLE for m in compartments.members.get(name, ())),
+        )
+        for name, spec in compartments.specs.items()
+    }
+    return sorted(compartments.specs, key=lambda name: (-left[name], name))
+
+
+def _prior_batch_state(status: CompartmentStatus | None) -> BatchState:
+    return (
+        status.batch_state if status is not None and status.batch_state is not None else batches.fresh_state()
     )
 
 
