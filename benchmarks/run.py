@@ -578,6 +578,7 @@ async def measure(
             "simulator_writes": _simulator_writes(served, table, node_packages, completed=completed),
         },
         "control_plane": _control_plane(component_seconds, served, wall),
+        "operator_work": _operator_work(diff, node_packages),
         "nodewright_status_bytes": {"final": _status_bytes(final_obj), "max": max_status_bytes},
         "event_loop_lag_seconds": {
             "p50": _round(analysis.histogram_quantile(0.5, lag)),
@@ -869,6 +870,28 @@ async def _stop_monitor(monitor: Any, note: str) -> dict[str, Any]:
         "breaches": [str(b) for b in breaches[:20]],
         "breach_count": len(breaches),
         "monitor_failures": failures[:10],
+    }
+
+
+def _operator_work(diff: analysis.Samples, node_packages: int) -> dict[str, Any]:
+    """Reconciles per controller and watch events per resource during the run (issue 33: the work a
+    node-package costs besides its writes)."""
+    reconciles = {
+        key[0]: int(n)
+        for key, n in analysis.sum_by(diff, "controller_runtime_reconcile_total", ["controller"]).items()
+    }
+    events = {
+        key[0]: int(n)
+        for key, n in analysis.sum_by(diff, "nodewright_watch_events_total", ["resource"]).items()
+    }
+    adds = {key[0]: int(n) for key, n in analysis.sum_by(diff, "workqueue_adds_total", ["name"]).items()}
+    return {
+        "reconciles": reconciles,
+        "node_reconciles_per_node_package": (
+            round(reconciles.get("node", 0) / node_packages, 2) if node_packages else None
+        ),
+        "watch_events": events,
+        "workqueue_adds": adds,
     }
 
 

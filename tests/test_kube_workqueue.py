@@ -427,3 +427,67 @@ def test_metrics_reported() -> None:
     queue.add_rate_limited("a")
     assert metrics.calls["add"] == 2 and metrics.calls["retry"] == 1
     assert metrics.calls["queued_for"] == 2 and metrics.calls["worked_for"] == 1
+
+
+async def test_a_ready_key_wakes_one_waiting_worker_and_waiting_costs_no_tasks() -> None:
+    """Issue 33: every add woke every idle worker, and each waiting worker held two tasks (a sleep
+    until the earliest delayed key and an event wait), rebuilt on every wakeup. Now waiting callers
+    share one timer, and a key wakes one caller; the others keep waiting undisturbed."""
+    clock = FakeClock()
+    q: WorkQueue[str] = WorkQueue("q", clock=clock)
+    q.add_after("later", 30.0)
+    resumed: list[int] = []
+
+    async def worker(index: int) -> str:
+        while True:
+            key = q.get_nowait()
+            if key is not None:
+                return key
+            resumed.append(index)
+            await q._wait_for_work()
+
+    workers = [asyncio.ensure_future(worker(i)) for i in range(8)]
+    await settle()
+    assert len(resumed) == 8
+    helpers = asyncio.all_tasks() - set(workers) - {asyncio.current_task()}
+    assert len(helpers) == 1  # the shared timer
+    q.add("now")
+    await settle()
+    assert len(resumed) == 8  # one worker woke and took the key; no other one ran
+    assert [w.result() for w in workers if w.done()] == ["now"]
+    clock.advance(30.0)
+    await settle()
+    assert [w.result() for w in workers if w.done()] == ["now", "later"]
+    assert len(resumed) == 8
+    await q.shutdown(drain=False)
+    await settle()
+    remaining = [w for w in workers if not w.done() or w.exception() is not None]
+    assert len(remaining) == 6 and all(isinstance(w.exception(), QueueShutDown) for w in remaining)
+
+
+async def test_a_woken_worker_cancelled_before_it_runs_passes_the_key_on() -> None:
+    q: WorkQueue[str] = WorkQueue("q")
+    first = asyncio.ensure_future(q.get())
+    second = asyncio.ensure_future(q.get())
+    await settle()
+    q.add("a")  # wakes the first
+    first.cancel()  # ... which is cancelled before it runs
+    await settle()
+    assert first.cancelled()
+    assert second.done() and second.result() == "a"
+
+
+async def test_a_freed_start_slot_wakes_a_waiting_worker_for_the_next_start() -> None:
+    """Wake-one and the start lane: a start that cannot be handed out (the slots are taken) consumes
+    no wakeup for good; the `done` that frees a slot wakes a waiting caller, which takes the start."""
+    q: WorkQueue[str] = WorkQueue("q", start_limit=1)
+    first = asyncio.ensure_future(q.get())
+    second = asyncio.ensure_future(q.get())
+    await settle()
+    q.add_start("a")
+    q.add_start("b")
+    await settle()
+    assert [t.result() for t in (first, second) if t.done()] == ["a"]
+    q.done("a")
+    await settle()
+    assert first.done() and second.done() and second.result() == "b"

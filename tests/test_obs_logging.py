@@ -219,3 +219,31 @@ def test_the_plugin_logs_errors_without_local_variables(capsys: pytest.CaptureFi
     err = capsys.readouterr().err
     assert "watch failed" in err and "_fail_with_a_secret_local" in err, err
     assert "sekrit" not in err and "below the plugin's level" not in err, err
+
+
+async def test_a_reconcile_that_wrote_nothing_logs_its_summary_only_at_debug() -> None:
+    """Issue 33: most reconciles of a node waiting on its pod read the cache and write nothing; their
+    summary line is debug. A reconcile that sent a write (answered or not) keeps its info line, with
+    the number of writes."""
+    from nodewright.kube.client import KubeClient
+    from nodewright.kube.resources import NODES
+    from tests.kubefake import NODES_C, FakeKube, node
+
+    kube = await FakeKube().start()
+    client = KubeClient(kube.config(), max_retries=0)
+    try:
+        kube.put(NODES_C, node("n1"))
+        for level, expected in (("info", [("patched", 1)]), ("debug", [("read", 0), ("patched", 1)])):
+            buf = io.StringIO()
+            configure_logging(level, json=True, stream=buf)
+            with reconcile_context(controller="node", key="read"):
+                await client.get(NODES, "n1")
+            with reconcile_context(controller="node", key="patched") as rc:
+                await client.patch_node_metadata("n1", labels={"a": "b"})
+                rc.requeue(after=1.0)
+            summaries = [o for o in lines(buf) if o["event"] == SUMMARY_EVENT]
+            assert [(o["key"], o["writes"]) for o in summaries] == expected, level
+            assert [o["level"] for o in summaries] == (["info"] if level == "info" else ["debug", "info"])
+    finally:
+        await client.close()
+        await kube.stop()

@@ -608,3 +608,57 @@ def test_otlp_interval_from_the_opentelemetry_variable() -> None:
     for bad in ("soon", "0", "-5", "nan"):
         interval = otlp_export_interval_millis({"OTEL_METRIC_EXPORT_INTERVAL": bad})
         assert interval == DEFAULT_OTLP_INTERVAL_MILLIS
+
+
+def test_hot_path_histograms_match_an_otel_histogram_in_scrape_and_push() -> None:
+    """Issue 33: the per-item latency histograms are aggregated in-process; scraped and pushed, their
+    points equal what the OTel SDK aggregates for the same observations (buckets `le`, sum, count,
+    min, max)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
+
+    from nodewright.observability.exposition import format_float
+
+    values = [0.0, 0.005, 0.0051, 0.3, 2.0, 1e6, -1.0]
+    reference_reader = InMemoryMetricReader()
+    reference = MeterProvider(metric_readers=[reference_reader]).get_meter("ref")
+    otel = m._histogram(reference, m.RECONCILE_TIME)
+    for v in values:
+        otel.record(max(0.0, v), {"controller": "node"})
+    reference_data = reference_reader.get_metrics_data()
+    assert reference_data is not None
+    (expected,) = [
+        p
+        for rm in reference_data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        for p in metric.data.data_points
+    ]
+    exporter = _RecordingExporter()
+    metrics = OperatorMetrics(otlp_exporter=exporter, otlp_interval_seconds=3600)
+    try:
+        for v in values:
+            metrics.reconcile(controller="node", result="success", seconds=v)
+        assert metrics.force_flush()
+        (pushed,) = [
+            p
+            for batch in exporter.batches[-1:]
+            for rm in batch.resource_metrics
+            for sm in rm.scope_metrics
+            for metric in sm.metrics
+            if metric.name == m.RECONCILE_TIME
+            for p in metric.data.data_points
+        ]
+        assert isinstance(expected, HistogramDataPoint) and isinstance(pushed, HistogramDataPoint)
+        for field in ("count", "sum", "min", "max", "explicit_bounds", "attributes"):
+            assert getattr(pushed, field) == getattr(expected, field), field
+        assert list(pushed.bucket_counts) == list(expected.bucket_counts)
+        cumulative = 0
+        for bound, n in zip(expected.explicit_bounds, expected.bucket_counts, strict=False):
+            cumulative += n
+            assert value(
+                metrics, f"{m.RECONCILE_TIME}_bucket", controller="node", le=format_float(bound)
+            ) == (cumulative)
+        assert value(metrics, f"{m.RECONCILE_TIME}_count", controller="node") == len(values)
+    finally:
+        metrics.shutdown()

@@ -82,7 +82,7 @@ from nodewright.kube.hooks import (
     WatchMetrics,
     WorkqueueMetricsProvider,
 )
-from nodewright.kube.informer import Informer
+from nodewright.kube.informer import Informer, only_version_changed
 from nodewright.kube.leaderelection import LeaderElector, default_identity
 from nodewright.kube.reflector import Backoff, TransformFunc
 from nodewright.kube.resources import JSON, ApiError, Resource, object_key
@@ -209,13 +209,17 @@ class Controller:
         self.reconciles = 0
 
     def watch(self, informer: Informer, mapper: KeyMapper = _own_key) -> None:
-        """Enqueue `mapper(obj)` keys on every add, update (old and new) and delete of `informer`."""
+        """Enqueue `mapper(obj)` keys on every add, update (old and new) and delete of `informer`; an
+        update that changed only the resourceVersion of the cached object enqueues nothing (the
+        reconcile would read what it read before: `nodewright.kube.informer`)."""
 
         def enqueue(obj: JSON) -> None:
             for key in mapper(obj):
                 self.queue.add(key)
 
         def on_update(old: JSON, new: JSON) -> None:
+            if only_version_changed(old, new):
+                return
             enqueue(old)
             enqueue(new)
 

@@ -48,6 +48,7 @@ from nodewright.controller.rollout import RolloutReconciler
 from nodewright.controller.runtime import EventRecorder, Runtime, node_key, split_node_key
 from nodewright.controller.signing import SIGNING_SECRET_NAME, PodSigner
 from nodewright.kube.client import KubeClient
+from nodewright.kube.informer import only_version_changed
 from nodewright.kube.resources import (
     DEPLOYMENTPOLICIES,
     DISRUPTIONBUDGETS,
@@ -309,7 +310,13 @@ class Operator:
             self._rollout_soon(key)
 
     def _node_updated(self, old: JSON, new: JSON) -> None:
-        """Its node keys; the rollouts it matters to, at once when it settles the last node of a batch."""
+        """Its node keys; the rollouts it matters to, at once when it settles the last node of a batch.
+
+        Nothing for an update that changed only the cached node's resourceVersion (a kubelet
+        heartbeat, a condition or field we do not cache): no reconcile would see a difference.
+        """
+        if only_version_changed(old, new):
+            return
         keys = set(self._node_keys(old)) | set(self._node_keys(new))
         for key in keys:
             self.node.queue.add(key)
@@ -334,6 +341,8 @@ class Operator:
         budgets.add_handler(on_update=lambda old, new: waiting_rollouts(new), on_delete=waiting_rollouts)
 
         def every_budget(_obj: JSON, _new: JSON | None = None) -> None:
+            if _new is not None and only_version_changed(_obj, _new):
+                return
             for obj in budgets.objects():
                 self.budget.queue.add_after(str(_meta(obj).get("name")), NODE_EVENT_DELAY)
 

@@ -76,6 +76,7 @@ from nodewright.kube.resources import (
     TooManyRequests,
     api_error,
 )
+from nodewright.observability.logging import note_request
 
 log = structlog.get_logger("nodewright.kube.client")
 
@@ -335,6 +336,7 @@ class KubeClient:
             self.metrics.observe(
                 verb=verb, resource=resource, code=code, seconds=time.perf_counter() - started
             )
+            note_request(method)  # a write makes the reconcile's summary line an info line
         payload = _decode(text)
         if int(code) >= 400:
             raise api_error(int(code), _with_retry_after(payload, retry_after))

@@ -15,6 +15,14 @@ The contract (client-go's shared-informer doc comment, adapted to one event loop
 - Identity is the key (`namespace/name` or `name`), not the UID: a delete and re-create between
   two observations can look like an update.
 - Cached objects are shared (and, with a transform, trimmed): treat them as read-only.
+
+Most updates of a watched object change nothing a controller reads once the transform has trimmed it:
+a kubelet's heartbeat moves `lastHeartbeatTime` (dropped from cached nodes), a pod's conditions move
+(dropped from cached pods), a field manager touches `managedFields`. The cached object then differs
+from the previous one in `metadata.resourceVersion` alone, and `only_version_changed(old, new)` says
+so, for handlers that map updates to work (`Controller.watch`, the node controller) to skip them: a
+reconcile reads the cache, and the cache says what it said before. Handlers that track
+resourceVersions themselves (the pod expectations) still get every update.
 """
 
 from __future__ import annotations
@@ -191,6 +199,21 @@ class Informer:
         except Exception:
             # One buggy handler must not stop the cache (or other handlers) from seeing events.
             log.exception("informer event handler failed", informer=self.name)
+
+
+def only_version_changed(old: JSON, new: JSON) -> bool:
+    """True when `new` equals `old` but for `metadata.resourceVersion` (see the module docstring)."""
+    if old is new:
+        return True
+    if old.keys() != new.keys():
+        return False
+    for field, value in new.items():
+        if field != "metadata" and old[field] != value:
+            return False
+    old_meta, new_meta = old.get("metadata") or {}, new.get("metadata") or {}
+    if old_meta.keys() != new_meta.keys():
+        return False
+    return all(key == "resourceVersion" or old_meta[key] == value for key, value in new_meta.items())
 
 
 def _rv(obj: JSON) -> object:

@@ -32,10 +32,13 @@ handed out. NodeWright shuts a queue down when it stops leading (or the process 
 acting on further keys then would risk two operators acting at once. Reconciliation is level-triggered,
 so whoever leads next relists and rediscovers all the work.
 
-There is no background task: delayed keys are promoted to the ready list whenever the queue is touched
-(`add`, `get`, `len`), and a waiting `get()` sleeps (on the injected clock) until the earliest delayed
-key is due or it is woken by an add. That keeps the queue usable with a `FakeClock` and from
-synchronous code (`get_nowait`), which the property tests rely on.
+Delayed keys are promoted to the ready list whenever the queue is touched (`add`, `get`, `len`), so the
+queue is usable with a `FakeClock` and from synchronous code (`get_nowait`), which the property tests
+rely on. Waiting `get()` callers queue up (FIFO), and each key made ready wakes exactly one of them, like
+client-go's `cond.Signal()`: with 64 node workers idle, waking all of them for every add cost 64 task
+switches, and each woken worker built two tasks to wait again (issue 33). While callers wait and keys
+are delayed, one timer task sleeps (on the injected clock) until the earliest delayed key is due; an
+earlier delayed add re-arms it. A woken caller that is cancelled before it runs passes its wakeup on.
 
 `run_workers(queue, handler, count=N)` runs N worker tasks: get → handler → done, with controller-
 runtime's outcome rules: success → `forget`; a `Result(requeue_after=s)` → `forget` then `add_after`;
@@ -110,7 +113,9 @@ class WorkQueue(Generic[K]):
         self._waiting: dict[K, float] = {}  # delayed key -> ready time (earliest wins)
         self._heap: list[tuple[float, int, K]] = []
         self._seq = itertools.count()
-        self._wakeup = asyncio.Event()
+        self._getters: deque[asyncio.Future[None]] = deque()  # waiting get() callers, oldest first
+        self._timer: asyncio.Task[None] | None = None  # wakes the queue when the earliest delay is due
+        self._timer_due = 0.0
         self._idle = asyncio.Event()
         self._idle.set()
         self._shutting_down = False
@@ -145,7 +150,7 @@ class WorkQueue(Generic[K]):
         self._starts.append(key)
         self._added_at[key] = self._clock.monotonic()
         self._metrics.depth(len(self._ready) + len(self._starts))
-        self._notify()
+        self._wake_one()
 
     def add_after(self, key: K, delay: float) -> None:
         if self._shutting_down or not self._intake:
@@ -161,7 +166,8 @@ class WorkQueue(Generic[K]):
             return
         self._waiting[key] = ready_at
         heapq.heappush(self._heap, (ready_at, next(self._seq), key))
-        self._notify()
+        if self._getters:
+            self._arm_timer()
 
     def add_rate_limited(self, key: K) -> None:
         if self._shutting_down or not self._intake:
@@ -186,9 +192,7 @@ class WorkQueue(Generic[K]):
         if self._shutting_down:
             raise QueueShutDown(self.name)
         self._promote_due()
-        may_start = bool(self._starts) and (
-            self._start_limit is None or len(self._starting) < self._start_limit
-        )
+        may_start = self._may_start()
         if self._ready and not (may_start and self._since_start >= START_EVERY - 1):
             key = self._ready.popleft()
             self._since_start = self._since_start + 1 if may_start else 0
@@ -210,6 +214,10 @@ class WorkQueue(Generic[K]):
         while True:
             key = self.get_nowait()
             if key is not None:
+                if self._getters and (self._ready or self._may_start()):
+                    # More is ready while callers sleep (this caller may have taken a key another
+                    # wakeup was for): wake the next one, so no ready key waits for a later add.
+                    self._wake_one()
                 return key
             await self._wait_for_work()
 
@@ -221,7 +229,7 @@ class WorkQueue(Generic[K]):
         if key in self._starting:
             self._starting.discard(key)
             if self._starts:
-                self._notify()  # a start slot is free
+                self._wake_one()  # a start slot is free
         if key in self._dirty and not self._shutting_down:
             self._push_ready(key)
         if not self._processing:
@@ -242,7 +250,11 @@ class WorkQueue(Generic[K]):
         self._heap.clear()
         self._added_at.clear()
         self._metrics.depth(0)
-        self._notify()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self._getters:  # every waiting get() raises QueueShutDown
+            self._wake_one()
         if drain and self._processing:
             try:
                 async with asyncio.timeout(grace):
@@ -288,7 +300,7 @@ class WorkQueue(Generic[K]):
         self._ready.append(key)
         self._added_at[key] = self._clock.monotonic()
         self._metrics.depth(len(self._ready) + len(self._starts))
-        self._notify()
+        self._wake_one()
 
     def _promote_due(self) -> None:
         now = self._clock.monotonic()
@@ -298,24 +310,48 @@ class WorkQueue(Generic[K]):
                 del self._waiting[key]
                 self.add(key)
 
-    def _notify(self) -> None:
-        self._wakeup.set()
-        self._wakeup = asyncio.Event()
+    def _may_start(self) -> bool:
+        """A start-lane key is waiting and a start slot is free."""
+        return bool(self._starts) and (self._start_limit is None or len(self._starting) < self._start_limit)
+
+    def _wake_one(self) -> None:
+        """Wake the longest-waiting `get()` caller, if any (one ready key, one caller)."""
+        getters = self._getters
+        while getters:
+            getter = getters.popleft()
+            if not getter.done():
+                getter.set_result(None)
+                return
+
+    def _arm_timer(self) -> None:
+        """Have a timer wake the queue when the earliest delayed key is due (re-armed if earlier)."""
+        if not self._heap or self._shutting_down:
+            return
+        due = self._heap[0][0]
+        if self._timer is not None:
+            if self._timer_due <= due:
+                return
+            self._timer.cancel()
+        self._timer_due = due
+        self._timer = asyncio.ensure_future(self._fire(due))
+
+    async def _fire(self, due: float) -> None:
+        await self._clock.sleep(due - self._clock.monotonic())
+        self._timer = None
+        self._promote_due()  # each promoted key wakes one caller
+        if self._getters:
+            self._arm_timer()
 
     async def _wait_for_work(self) -> None:
-        wakeup = self._wakeup
-        if not self._heap:
-            await wakeup.wait()
-            return
-        delay = self._heap[0][0] - self._clock.monotonic()
-        sleeper = asyncio.ensure_future(self._clock.sleep(delay))
-        waiter = asyncio.ensure_future(wakeup.wait())
+        getter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._getters.append(getter)
+        self._arm_timer()
         try:
-            await asyncio.wait({sleeper, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (sleeper, waiter):
-                task.cancel()
-            await asyncio.gather(sleeper, waiter, return_exceptions=True)
+            await getter
+        except asyncio.CancelledError:
+            if getter.done() and not getter.cancelled():
+                self._wake_one()  # woken for a key, but this caller will not take it: pass it on
+            raise
 
 
 async def run_workers(

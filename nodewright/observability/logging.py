@@ -18,11 +18,12 @@ and, given an `OperatorMetrics`-like recorder, feeds the controller_runtime_reco
 from __future__ import annotations
 
 import logging
+import random
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Final, Literal, Protocol, TextIO
 
 import structlog
@@ -118,9 +119,12 @@ class ReconcileScope:
         self.result: ReconcileResult = "success"
         self.requeue_after: float | None = None
         self.fields: dict[str, Any] = {}
+        self.added: set[str] = set()  # keys bound here that were not bound before: unbound on exit
 
     def bind(self, **keys: Any) -> None:
         """Bind keys (e.g. node, package, stage) for the rest of the reconcile and its summary line."""
+        current = structlog.contextvars.get_contextvars()
+        self.added.update(key for key in keys if key not in current)
         structlog.contextvars.bind_contextvars(**keys)
 
     def note(self, **fields: Any) -> None:
@@ -133,6 +137,69 @@ class ReconcileScope:
         else:
             self.result = "requeue_after"
             self.requeue_after = after
+
+
+_ids = random.Random()
+_cached_logger: tuple[Any, ...] | None = None
+
+
+def _reconcile_logger() -> Any:
+    """The `nodewright.reconcile` logger, bound once per logging configuration: `get_logger` builds a
+    lazy proxy that binds afresh on every call, once per reconcile. A new configuration (or
+    `structlog.testing.capture_logs`) installs a new processor list, and a new logger is bound."""
+    global _cached_logger
+    config = structlog.get_config()
+    processors, wrapper = config["processors"], config["wrapper_class"]
+    cached = _cached_logger
+    if cached is None or cached[0] is not processors or cached[1] is not wrapper:
+        cached = _cached_logger = (processors, wrapper, structlog.get_logger("nodewright.reconcile").bind())
+    return cached[2]
+
+
+WRITE_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# Requests of the reconcile running in this context that asked the API server to change something
+# (attempts, answered or not); None outside a reconcile. A cell, so tasks spawned with a copy of the
+# context count into it too.
+_writes: ContextVar[list[int] | None] = ContextVar("nodewright_reconcile_writes", default=None)
+
+
+def note_request(method: str) -> None:
+    """Called by the API client for every request it sends (`nodewright.kube.client`)."""
+    if method in WRITE_METHODS:
+        cell = _writes.get()
+        if cell is not None:
+            cell[0] += 1
+
+
+def _summary(
+    log: Any,
+    scope: ReconcileScope,
+    *,
+    error: BaseException | None,
+    cancelled: bool,
+    seconds: float,
+    writes: int,
+) -> None:
+    """The summary line: info, or debug for a reconcile that wrote nothing, noted nothing and ended
+    normally (most reconciles of a waiting node); error with the traceback for an escaping exception."""
+    quiet = error is None and not cancelled and writes == 0 and not scope.fields
+    enabled = getattr(log, "is_enabled_for", None)  # structlog's filtering loggers have it
+    if quiet and enabled is not None and not enabled(logging.DEBUG):
+        return  # nothing is built for a line the level filters out
+    fields: dict[str, Any] = {
+        "result": "cancelled" if cancelled else scope.result,
+        "duration_ms": round(seconds * 1000, 3),
+        "writes": writes,
+    }
+    if scope.requeue_after is not None:
+        fields["requeue_after"] = scope.requeue_after
+    fields.update(scope.fields)
+    if error is not None:
+        log.error(SUMMARY_EVENT, exc_info=error, **fields)
+    elif quiet:
+        log.debug(SUMMARY_EVENT, **fields)
+    else:
+        log.info(SUMMARY_EVENT, **fields)
 
 
 @contextmanager
@@ -148,15 +215,18 @@ def reconcile_context(
     """Bind reconcile keys, time the block, log one summary line and record reconcile metrics.
 
     An exception escaping the block counts as result "error", is logged with its traceback and
-    re-raised. Bindings made inside the block are undone on exit.
+    re-raised. Bindings made inside the block through `scope.bind` are undone on exit.
     """
-    scope = ReconcileScope(uuid.uuid4().hex[:16])
-    log = logger if logger is not None else structlog.get_logger("nodewright.reconcile")
+    # 64 random bits as 16 hex digits, from the process's PRNG: an id to correlate lines, not a secret,
+    # and `uuid4` reads the kernel's entropy (a syscall) for every reconcile.
+    scope = ReconcileScope(f"{_ids.getrandbits(64):016x}")
+    log = logger if logger is not None else _reconcile_logger()
     with structlog.contextvars.bound_contextvars(
         controller=controller, key=key, reconcile_id=scope.reconcile_id, **keys
     ):
-        before = structlog.contextvars.get_contextvars()
         started = clock()
+        writes = [0]
+        writes_token = _writes.set(writes)
         error: BaseException | None = None
         cancelled = False
         try:
@@ -171,18 +241,10 @@ def reconcile_context(
             raise
         finally:
             seconds = max(0.0, clock() - started)
+            _writes.reset(writes_token)
             if metrics is not None and not cancelled:
                 metrics.reconcile(controller=controller, result=scope.result, seconds=seconds)
-            result = "cancelled" if cancelled else scope.result
-            fields: dict[str, Any] = {"result": result, "duration_ms": round(seconds * 1000, 3)}
-            if scope.requeue_after is not None:
-                fields["requeue_after"] = scope.requeue_after
-            fields.update(scope.fields)
-            if error is not None:
-                log.error(SUMMARY_EVENT, exc_info=error, **fields)
-            else:
-                log.info(SUMMARY_EVENT, **fields)
+            _summary(log, scope, error=error, cancelled=cancelled, seconds=seconds, writes=writes[0])
             # Undo keys bound through scope.bind (bound_contextvars restores only its own keys).
-            extra = set(structlog.contextvars.get_contextvars()) - set(before)
-            if extra:
-                structlog.contextvars.unbind_contextvars(*extra)
+            if scope.added:
+                structlog.contextvars.unbind_contextvars(*scope.added)
