@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from nodewright.api import k8svalidation as k8s
@@ -285,6 +285,8 @@ def test_image_references_runtimes_refuse(ref: str) -> None:
 
 
 @given(st.text(alphabet="abAB09.:/@_-[]", max_size=40) | st.sampled_from(["a" * 64, "ghcr.io/" + "a" * 260]))
+@example("[0]/0")  # brackets without a colon are no IPv6 literal: an invalid path (found by Hypothesis)
+@example("[::1]:5000/x")
 def test_image_parser_and_schema_pattern_agree(ref: str) -> None:
     """The schema's pattern plus its CEL name-length rule accept exactly what the parser accepts."""
     try:

@@ -36,7 +36,9 @@ REFERENCE_MAX = NAME_MAX + 1 + TAG_MAX + 1 + len("sha512:") + DIGEST_HEX_LENGTHS
 
 _DOMAIN_COMPONENT = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
 _PORT = r"[0-9]{1,5}"
-_IPV6 = r"\[[a-fA-F0-9:]+\]"
+# An IPv6 literal holds a ':' (Docker takes a first component as a domain only with '.', ':' or as
+# localhost, so `[0]/x` is a path, and an invalid one).
+_IPV6 = r"\[[a-fA-F0-9]*:[a-fA-F0-9:]*\]"
 # A first component counts as a domain only with a '.', a port or as localhost (or an IPv6 address).
 _DOMAIN = (
     rf"(?:localhost(?::{_PORT})?|{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})+(?::{_PORT})?"
