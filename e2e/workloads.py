@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -26,7 +27,7 @@ from nodewright.sim.kubeapi import ApiError, KubeClient
 SHRINK_INTERVAL = 0.5
 
 
-async def _shrink_once(kube: KubeClient, job: fleet.TrainingJob) -> None:
+async def _shrink_once(kube: KubeClient, job: fleet.TrainingJob, touches: itertools.count[int]) -> None:
     path = f"/apis/apps/v1/namespaces/{job.namespace}/{fleet.OWNER_PLURAL}/{job.name}"
     listed = await kube.list_all(
         f"/api/v1/namespaces/{job.namespace}/pods",
@@ -34,23 +35,38 @@ async def _shrink_once(kube: KubeClient, job: fleet.TrainingJob) -> None:
     )
     live = len(listed["items"])
     rs = await kube.get(path)
-    if rs["spec"].get("replicas") == live:
-        return
-    await kube.merge_patch(path, {"spec": {"replicas": live}})
+    if rs["spec"].get("replicas") != live:
+        await kube.merge_patch(path, {"spec": {"replicas": live}})
     if job.pdb:
-        # The disruption controller recomputes on pod and PDB events, not on edits of the owner: touch
-        # the PDB so the new expected count is used now.
-        await kube.merge_patch(
-            f"/apis/policy/v1/namespaces/{job.namespace}/poddisruptionbudgets/{job.pdb}",
-            {"metadata": {"annotations": {"e2e.nodewright.io/replicas": str(live)}}},
-        )
+        await _recount_budget(kube, job, live, touches)
+
+
+async def _recount_budget(
+    kube: KubeClient, job: fleet.TrainingJob, live: int, touches: itertools.count[int]
+) -> None:
+    """Touch the job's PDB until the disruption controller expects `live` pods.
+
+    The disruption controller recomputes a budget on pod and PDB events, not on edits of the owner, and
+    reads the owner's replicas from its own informer cache. A touch it handles before that cache has the
+    new replicas (right after a kube-apiserver restart its watches lag) leaves `expectedPods` at the old
+    count, and no event comes to correct it: the budget allows no eviction again and every later drain of
+    the job waits forever. So the touch is repeated, with a fresh value (an equal one is no event), while
+    the status says otherwise.
+    """
+    pdb_path = f"/apis/policy/v1/namespaces/{job.namespace}/poddisruptionbudgets/{job.pdb}"
+    pdb = await kube.get(pdb_path)
+    if (pdb.get("status") or {}).get("expectedPods") == live:
+        return
+    touch = f"{live}.{next(touches)}"
+    await kube.merge_patch(pdb_path, {"metadata": {"annotations": {"e2e.nodewright.io/replicas": touch}}})
 
 
 async def shrink_with_evictions(kube: KubeClient, job: fleet.TrainingJob) -> None:
     """Keep the job's owner's replicas equal to its live pods, like a job that shrinks on eviction."""
+    touches = itertools.count()
     while True:
         with contextlib.suppress(ApiError, aiohttp.ClientError, TimeoutError, ConnectionError, ValueError):
-            await _shrink_once(kube, job)
+            await _shrink_once(kube, job, touches)
         await asyncio.sleep(SHRINK_INTERVAL)
 
 
