@@ -1229,13 +1229,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             kubeconfig, log_dir, pids = cfg.kubeconfig, cfg.out / "logs", {}
         result = asyncio.run(measure(cfg, kubeconfig, bin_dir, log_dir, pids))
+        # Before the control plane goes down: its directory, deleted then, holds py-spy's stacks.
+        path = write_outputs(result, cfg.out, plot=cfg.plot)
     except (binaries.BinariesMissingError, ControlPlaneError, DemoError) as exc:
         print(f"benchmark FAILED: {exc}", file=sys.stderr)
         return 1
     finally:
         if plane is not None:
             plane.down()
-    path = write_outputs(result, cfg.out, plot=cfg.plot)
     summary = {
         k: result[k]
         for k in (
