@@ -669,6 +669,7 @@ class InvariantMonitor:
         self._started = False
         self._stopping = False
         self._start_rv = 0
+        self._outage_clock: Callable[[], float] = time.monotonic  # how long a watch has been blind
 
     # -- public API ------------------------------------------------------------------------------
 
@@ -905,9 +906,14 @@ class InvariantMonitor:
                     self._apply_list(watch, listed["items"], str(listed["resourceVersion"]))
                     watch.relist = False
                     watch.synced.set()
+                    watch.outage_since = None  # the API server answers again: the outage is over
                 async for event in self._client.watch(
                     watch.path, resource_version=watch.rv, timeout_s=WATCH_SECONDS
                 ):
+                    # Over as soon as events flow, not only when the stream ends cleanly: with API-server
+                    # restarts closer together than WATCH_SECONDS, no stream ends cleanly, and two outages
+                    # a minute apart read as one of 60 s.
+                    watch.outage_since = None
                     if not self._handle_event(watch, event):
                         break
                 watch.outage_since = None
@@ -943,7 +949,7 @@ class InvariantMonitor:
 
     def _outage(self, watch: _Watch, error: str) -> bool:
         """Record a failed list/watch attempt; False once the watch has been blind for MAX_OUTAGE."""
-        now = time.monotonic()
+        now = self._outage_clock()
         watch.last_error = error
         if watch.outage_since is None:
             watch.outage_since = now

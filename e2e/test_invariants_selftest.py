@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from e2e.invariants import (
@@ -852,3 +853,37 @@ async def test_crashing_check_is_reported(
     with pytest.raises(AssertionError, match="MONITOR FAILED"):
         monitor.assert_clean()
     monitor.failures.clear()  # the `monitor` fixture asserts no failure at teardown
+
+
+class _RestartingServer:
+    """A client whose pod watch breaks at two API-server restarts 70 s apart, with events between."""
+
+    def __init__(self, monitor: InvariantMonitor, clock: list[float]) -> None:
+        self.monitor, self.clock, self.watches = monitor, clock, 0
+
+    async def list_all(self, path: str) -> JSON:
+        return {"items": [], "resourceVersion": "1"}
+
+    async def watch(self, path: str, *, resource_version: str, timeout_s: float) -> AsyncIterator[JSON]:
+        self.watches += 1
+        if self.watches == 1:  # the first restart, at t=0
+            raise aiohttp.ClientPayloadError("Response payload is not completed")
+        if self.watches == 2:  # events flow again at t=30; the second restart at t=70
+            self.clock[0] = 30.0
+            yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "2"}}}
+            self.clock[0] = 70.0
+            raise aiohttp.ClientPayloadError("Response payload is not completed")
+        self.monitor._stopping = True  # the watch is back: end the test
+
+
+async def test_two_api_server_restarts_a_minute_apart_are_two_short_outages(tmp_path: Path) -> None:
+    """An outage ends when events flow again, not only when a watch stream ends cleanly: with restarts
+    closer together than a watch's length, no stream ends cleanly (the full chaos run failed so)."""
+    clock = [0.0]
+    monitor = InvariantMonitor(tmp_path / "kubeconfig")
+    monitor._outage_clock = lambda: clock[0]
+    server = _RestartingServer(monitor, clock)
+    monitor._client = server  # type: ignore[assignment]
+    await asyncio.wait_for(monitor._run_watch(monitor._watches["pods"]), timeout=30)
+    assert server.watches == 3
+    assert monitor.failures == []
