@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -482,13 +482,9 @@ def profile_summary(collapsed: str, *, top: int = 25) -> dict[str, Any]:
     inclusive: dict[str, int] = {}
     own: dict[str, int] = {}
     total = 0
-    for line in collapsed.splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
+    for stack, count in _stacks(collapsed):
         total += count
-        frames = [_frame_name(f) for f in stack.split(";") if f]
+        frames = [_frame_name(f) for f in stack]
         for name in set(frames):
             inclusive[name] = inclusive.get(name, 0) + count
         if frames:
@@ -541,18 +537,22 @@ this order) whose pattern names a frame of its stack, so a JSON decode inside a 
 decoding and what is left of a reconcile as the reconcile. Patterns match `file:function` of a frame."""
 
 
+def _stacks(collapsed: str) -> Iterator[tuple[list[str], int]]:
+    """py-spy's collapsed stacks, `frame;frame;... count` per line: each stack's frames and count."""
+    for line in collapsed.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if stack and count_text.isdigit():
+            yield [f for f in stack.split(";") if f], int(count_text)
+
+
 def profile_components(collapsed: str) -> dict[str, Any]:
     """Share of samples per component of `PROFILE_COMPONENTS` (plus "other") in py-spy's collapsed
     stacks: a breakdown of where the operator's CPU goes."""
     counts: dict[str, int] = dict.fromkeys([name for name, _ in PROFILE_COMPONENTS] + ["other"], 0)
     total = 0
-    for line in collapsed.splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
+    for stack, count in _stacks(collapsed):
         total += count
-        frames = [_frame_key(f) for f in stack.split(";") if f]
+        frames = [_frame_key(f) for f in stack]
         counts[_component(frames)] += count
     return {
         "samples": total,
