@@ -55,7 +55,7 @@ def test_the_egress_proxy_resolves_nodes_pods_and_loopback_without_dns() -> None
     [
         ("gpu-node-00001:10250", "no DNS lookups"),  # a kwok node's Hostname: never resolved
         ("example.com:443", "no DNS lookups"),
-        ("8.8.8.8:53", "outside"),
+        ("192.0.2.53:53", "outside"),  # TEST-NET-1 (RFC 5737): never routed
         ("172.16.0.10:10250", "outside"),  # a kwok node's InternalIP
         ("real-node-0", "malformed"),
         (":443", "malformed"),
