@@ -26,6 +26,7 @@ from nodewright.api.models import (
     Strategy,
 )
 from nodewright.api.reasons import PolicyNotFound
+from nodewright.plan import selectors
 from nodewright.plan.policy import (
     BudgetSpec,
     Compartments,
@@ -178,3 +179,73 @@ def test_every_node_in_exactly_one_compartment(labels: list[dict[str, str]]) -> 
     for node in nodes:
         expected = "bx" if node.labels["b"] == "x" else ("ax" if node.labels["a"] == "x" else DEFAULT)
         assert result.assignment[node.name] == expected
+
+
+_KEYS = ("a", "b", "c")
+_label_maps = st.dictionaries(st.sampled_from(_KEYS), st.sampled_from(["x", "y", ""]), max_size=3)
+_requirements = st.one_of(
+    st.builds(
+        LabelSelectorRequirement,
+        key=st.sampled_from(_KEYS),
+        operator=st.sampled_from(["In", "NotIn"]),
+        values=st.lists(st.sampled_from(["x", "y", ""]), min_size=1, max_size=2),
+    ),
+    st.builds(
+        LabelSelectorRequirement,
+        key=st.sampled_from(_KEYS),
+        operator=st.sampled_from(["Exists", "DoesNotExist"]),
+    ),
+)
+_selectors = st.builds(
+    LabelSelector,
+    match_labels=st.dictionaries(st.sampled_from(_KEYS), st.sampled_from(["x", "y"]), max_size=2),
+    match_expressions=st.lists(_requirements, max_size=2),
+)
+
+
+@given(_selectors, _label_maps, _label_maps)
+def test_a_selector_reads_only_its_keys(
+    selector: LabelSelector, left: dict[str, str], right: dict[str, str]
+) -> None:
+    """The lemma compartment assignment groups nodes by: labels that agree on a selector's keys (values
+    and absences) match it alike, whatever else they carry."""
+    read = selectors.keys(selector)
+    mixed = {k: v for k, v in right.items() if k not in read} | {k: v for k, v in left.items() if k in read}
+    assert selectors.matches(selector, mixed) == selectors.matches(selector, left)
+
+
+@given(
+    st.lists(
+        st.tuples(_selectors, st.integers(1, 3), st.sampled_from(["fixed", "linear", None])), max_size=4
+    ),
+    st.lists(_label_maps, max_size=25),
+)
+def test_assignment_matches_each_node_against_each_selector(
+    declared: list[tuple[LabelSelector, int, str | None]], labels: list[dict[str, str]]
+) -> None:
+    """Grouped matching gives every node the compartment a node-by-node evaluation of the rule gives:
+    among the selectors matching it, the safest strategy, then the smallest ceiling over every node
+    the selector matches, then the name; no match: the default."""
+    strategies = {
+        "fixed": Strategy(fixed=FixedStrategy()),
+        "linear": Strategy(linear=LinearStrategy()),
+        None: None,
+    }
+    compartments = [
+        Compartment(name=f"c{i}", selector=sel, budget=PolicyBudget(count=count), strategy=strategies[kind])
+        for i, (sel, count, kind) in enumerate(declared)
+    ]
+    nodes = [NodeRef(f"n{i}", lab) for i, lab in enumerate(labels)]
+    result = resolve_compartments(nw(deployment_policy="p"), policy=pol(*compartments), nodes=nodes)
+    assert isinstance(result, Compartments)
+    matching = {n.name: [c for c in compartments if selectors.matches(c.selector, n.labels)] for n in nodes}
+    totals = {c.name: sum(c in found for found in matching.values()) for c in compartments}
+    kinds = {"fixed": StrategyKind.FIXED, "linear": StrategyKind.LINEAR, None: StrategyKind.NONE}
+
+    def safety(c: Compartment) -> tuple[int, int, str]:
+        kind = kinds[next((k for k, v in strategies.items() if v == c.strategy), None)]
+        return (int(kind), ceiling_for(BudgetSpec(count=c.budget.count), max(1, totals[c.name])), c.name)
+
+    for node in nodes:
+        found = matching[node.name]
+        assert result.assignment[node.name] == (min(found, key=safety).name if found else DEFAULT)

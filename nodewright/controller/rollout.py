@@ -127,20 +127,19 @@ class _NodeView:
     condition: NodeConditionReason | None = None  # the code of the node condition of this NodeWright
     oldest_started: datetime | None = None
     evictions_refused: bool = False  # the node controller's timing annotation says so (`api.timing`)
+    held_at_gate: NodeConditionReason | None = field(init=False)
+    """The gate reason of an admitted node in progress (protected pods, drain), else None."""
+    drain_held: bool = field(init=False)
+    """Admitted, and its drain cannot progress: an eviction refused, or the drain timeout passed."""
 
-    @property
-    def held_at_gate(self) -> NodeConditionReason | None:
-        """The gate reason of an admitted node in progress (protected pods, drain), else None."""
-        if self.status is Status.IN_PROGRESS and self.condition in HELD_AT_GATE:
-            return self.condition
-        return None
-
-    @property
-    def drain_held(self) -> bool:
-        """Admitted, and its drain cannot progress: an eviction refused, or the drain timeout passed."""
-        return self.held_at_gate is not None and drain_held(
-            self.condition, evictions_refused=self.evictions_refused
+    def __post_init__(self) -> None:
+        # Once per node object, not on every pass (metrics and status read both for every node).
+        held = (
+            self.condition if self.status is Status.IN_PROGRESS and self.condition in HELD_AT_GATE else None
         )
+        object.__setattr__(self, "held_at_gate", held)
+        blocked = held is not None and drain_held(self.condition, evictions_refused=self.evictions_refused)
+        object.__setattr__(self, "drain_held", blocked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,17 +147,14 @@ class _NodeEntry:
     """What one pass derived from one node object; reused while the node's resourceVersion is the same.
 
     `entry` is the planner input's part (`plan.rollout_input.derive_node`); `view` and `report` are
-    None for a node the NodeWright does not select.
+    None for a node the NodeWright does not select. `resource_version` is the node object's, or empty
+    for an entry no later pass may reuse (`NodeEntry.reusable`), which no node's version equals.
     """
 
     resource_version: str
     entry: NodeEntry
     view: _NodeView | None = None
     report: NodeReport | None = None
-
-    @property
-    def reusable(self) -> bool:
-        return self.entry.reusable
 
 
 @dataclass(slots=True)
@@ -418,7 +414,7 @@ class RolloutReconciler:
     def _snapshot(self, name: str, model: NodeWright, node_pods: NodePods | None = None) -> _Snapshot:
         """The NodeWright's nodes as the planner sees them, from the caches (`plan.rollout_input`)."""
         rt = self.rt
-        nodes = [rt.node(str(n["metadata"]["name"])) or n for n in rt.nodes.objects()]
+        nodes = rt.node_view.newest(rt.nodes.objects())
         names = (str(o["metadata"]["name"]) for o in rt.nodewrights.objects())
         nodewrights = {other: rt.nodewright(other)[1] for other in names}
         nodewrights[name] = model
@@ -537,7 +533,7 @@ class RolloutReconciler:
             node_name = str(meta["name"])
             rv = str(meta.get("resourceVersion") or "")
             entry = previous.get(node_name)
-            if entry is None or entry.resource_version != rv or not rv or not entry.reusable:
+            if entry is None or entry.resource_version != rv or not rv:
                 entry = self._entry(ctx, node, rv, memo.shared)
             fresh[node_name] = entry
             out.append(entry.entry)
@@ -550,6 +546,7 @@ class RolloutReconciler:
     ) -> _NodeEntry:
         derived = derive_node(ctx, node)
         entry = derived.entry
+        rv = rv if entry.reusable else ""
         if entry.admission_error is not None:
             log.warning("ignoring malformed admission", node=entry.name, error=entry.admission_error)
         rnode = entry.rollout
@@ -894,16 +891,13 @@ class RolloutReconciler:
 
     def _update_metrics(self, name: str, snap: _Snapshot, plan: RolloutPlan, status: Status | None) -> None:
         views, policy_name = snap.views, snap.inp.policy_name
-        by_status: dict[str, int] = {}
-        oldest: datetime | None = None
-        for view, node in zip(views, snap.rollout_nodes, strict=True):
-            # The status for the current spec, as the NodeWright status counts it (the label lags a
-            # spec change: see `status_for_spec`).
-            key = node.status.value
-            by_status[key] = by_status.get(key, 0) + 1
-            started = view.oldest_started
-            if started is not None and (oldest is None or started < oldest):
-                oldest = started
+        # The status for the current spec, as the NodeWright status counts it (the label lags a spec
+        # change: see `status_for_spec`).
+        by_status = {
+            status.value: count for status, count in Counter(n.status for n in snap.rollout_nodes).items()
+        }
+        started = [view.oldest_started for view in views if view.oldest_started is not None]
+        oldest = min(started, default=None)
         entries = [(p.name, p.version, p.stage, p.state) for report in snap.reports for p in report.packages]
         compartments = [
             CompartmentSnapshot(

@@ -36,9 +36,11 @@ Whether batch state resets when a compartment completes or the spec fingerprint 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
+from typing import Protocol
 
 from nodewright.api import constants
 from nodewright.api.models import (
@@ -56,6 +58,7 @@ from nodewright.api.models import (
 from nodewright.api.reasons import PolicyInvalid, PolicyNotFound, PolicyUnusable
 from nodewright.plan import topology
 from nodewright.plan.gates import GateSpec, specs_from_models
+from nodewright.plan.selectors import keys as selector_keys
 from nodewright.plan.selectors import matches
 from nodewright.plan.windows import Schedule, compile_schedule, parse_duration
 
@@ -194,6 +197,16 @@ class CompartmentSpec:
     """`nodeOrder: idleFirst`: candidates by disruption cost, cheapest first (`plan.disruption`)."""
 
 
+class LabelledNode(Protocol):
+    """What compartment assignment reads of a node (`NodeRef`, or the planner's `RolloutNode`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class NodeRef:
     """What compartment assignment needs to know about a node."""
@@ -230,7 +243,7 @@ def resolve_compartments(
     nodewright: NodeWright,
     *,
     policy: DeploymentPolicy | PolicyInvalid | None,
-    nodes: Sequence[NodeRef],
+    nodes: Sequence[LabelledNode],
 ) -> Compartments | PolicyUnusable:
     """Assign every node to one compartment (see the module docstring for the rules)."""
     spec = nodewright.spec
@@ -254,7 +267,7 @@ def reset_on_completion(nodewright: NodeWright, policy: DeploymentPolicy | None)
 
 
 def _from_policy(
-    nodewright: NodeWright, *, policy: DeploymentPolicy, nodes: Sequence[NodeRef]
+    nodewright: NodeWright, *, policy: DeploymentPolicy, nodes: Sequence[LabelledNode]
 ) -> Compartments:
     maintenance = policy.spec.maintenance
     default = CompartmentSpec(
@@ -278,20 +291,22 @@ def _from_policy(
         for c in policy.spec.compartments or ()
         if c.name != constants.DEFAULT_COMPARTMENT
     ]
-    matching = {node.name: [c for c in declared if matches(c.selector, node.labels)] for node in nodes}
-    # Overlap tie-break uses the ceiling over every node the selector matches, not only the winners.
-    selector_totals = {c.name: sum(c in found for found in matching.values()) for c in declared}
+    matched = _match(declared, nodes)
 
     def safety(c: CompartmentSpec) -> tuple[int, int, str]:
+        # Overlap tie-break uses the ceiling over every node the selector matches, not only the winners.
         kind = StrategyKind.NONE if c.strategy is None else c.strategy.kind
-        return (int(kind), ceiling_for(c.budget, max(1, selector_totals[c.name])), c.name)
+        return (int(kind), ceiling_for(c.budget, max(1, matched.totals[c.name])), c.name)
 
-    assignment = {
-        node: (min(found, key=safety).name if found else constants.DEFAULT_COMPARTMENT)
-        for node, found in matching.items()
+    winner = {
+        combo: (min(found, key=safety).name if found else constants.DEFAULT_COMPARTMENT)
+        for combo, found in matched.found.items()
     }
+    assignment = {node: winner[combo] for node, combo in matched.combos.items()}
     specs = {c.name: c for c in [*declared, default]}
     built = _build(policy.metadata.name, specs, assignment, reset_on_completion(nodewright, policy))
+    if not any(spec.topology_key is not None for spec in built.specs.values()):
+        return built
     labels = {node.name: node.labels for node in nodes}
     domains = {
         name: topology.count_domains(spec.topology_key, ((m, labels[m]) for m in built.members[name]))
@@ -301,7 +316,40 @@ def _from_policy(
     return replace(built, domains=domains)
 
 
-def _legacy(nodewright: NodeWright, *, nodes: Sequence[NodeRef]) -> Compartments:
+@dataclass(frozen=True, slots=True)
+class _Matched:
+    """Which declared compartments select which nodes, evaluated per distinct label combination.
+
+    `combos` maps a node to its combination (the values, None for absent, of every label key a
+    declared selector reads), `found` a combination to the compartments whose selectors match it, and
+    `totals` a compartment to the number of nodes its selector matches.
+    """
+
+    combos: Mapping[str, tuple[str | None, ...]]
+    found: Mapping[tuple[str | None, ...], tuple[CompartmentSpec, ...]]
+    totals: Mapping[str, int]
+
+
+def _match(declared: Sequence[CompartmentSpec], nodes: Sequence[LabelledNode]) -> _Matched:
+    """Selector matching for every node, once per distinct combination of the labels the selectors read
+    (`selectors.keys`): a fleet of thousands has few, and every rollout pass resolves every node."""
+    read = sorted(frozenset[str]().union(*(selector_keys(c.selector) for c in declared)))
+    combos = {node.name: tuple(map(node.labels.get, read)) for node in nodes}
+    found: dict[tuple[str | None, ...], tuple[CompartmentSpec, ...]] = {}
+    by_name = {node.name: node for node in nodes}
+    for name, combo in combos.items():
+        if combo not in found:
+            labels = by_name[name].labels
+            found[combo] = tuple(c for c in declared if matches(c.selector, labels))
+    per_combo = Counter(combos.values())
+    totals = {c.name: 0 for c in declared}
+    for combo, count in per_combo.items():
+        for c in found[combo]:
+            totals[c.name] += count
+    return _Matched(combos=combos, found=found, totals=totals)
+
+
+def _legacy(nodewright: NodeWright, *, nodes: Sequence[LabelledNode]) -> Compartments:
     budget = _legacy_budget(nodewright.spec.interruption_budget)
     initial = ceiling_for(budget, len(nodes))
     strategy = StrategyParams(kind=StrategyKind.FIXED, initial_batch=max(1, min(len(nodes), initial)))

@@ -139,7 +139,7 @@ from nodewright.api.reasons import (
 from nodewright.plan import batches, budgets, disruption, gates, topology, windows
 from nodewright.plan.disruption import DisruptionCost
 from nodewright.plan.node import StateRuns, node_complete
-from nodewright.plan.policy import Compartments, CompartmentSpec, NodeRef, resolve_compartments
+from nodewright.plan.policy import Compartments, CompartmentSpec, resolve_compartments
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 MAX_FAILING_NODES = 10
@@ -165,6 +165,12 @@ def format_approvals(approvals: Mapping[str, int]) -> str:
 
 
 class Phase(Enum):
+    """A node's phase for one rollout (definitions in the module docstring)."""
+
+    # Members are singletons compared by identity, so the identity hash agrees with equality; Enum's own
+    # `__hash__` is a Python call, and a pass tests every node's phase against sets several times.
+    __hash__ = object.__hash__
+
     DONE = "done"
     PENDING = "pending"
     ACTIVE = "active"
@@ -204,6 +210,14 @@ class RolloutNode:
     waiting_for_priority: str | None = None
     disruption: DisruptionCost | None = None
     """What updating the node interrupts (`plan.disruption`); None: not counted (no pod data)."""
+    created: datetime | None = field(init=False, compare=False, repr=False)
+    """`creation_timestamp` parsed (naive UTC; None: missing or unreadable), once per node object:
+    every pass orders every node by it (`pick_key`), and the controller keeps a node's RolloutNode
+    while its resourceVersion stays the same."""
+
+    def __post_init__(self) -> None:
+        stamp = self.creation_timestamp
+        object.__setattr__(self, "created", _parse_time(stamp) if stamp else None)
 
     @property
     def may_start_while_unavailable(self) -> bool:
@@ -381,8 +395,8 @@ class RolloutPlan:
     @property
     def waiting_counts(self) -> dict[str, int]:
         """Number of waiting nodes per reason, e.g. {"BudgetFull": 12, "NotYetInBatch": 200}."""
-        counts = Counter(w.reason.value for w in self.waiting)
-        return dict(sorted(counts.items()))
+        counts = Counter(w.reason for w in self.waiting)  # by member: `.value` is a Python call per node
+        return dict(sorted((reason.value, count) for reason, count in counts.items()))
 
 
 def spec_fingerprint(nodewright: NodeWright) -> str:
@@ -407,8 +421,10 @@ def spec_fingerprint(nodewright: NodeWright) -> str:
 
 def pick_key(node: RolloutNode) -> tuple[str, datetime, str]:
     """Deterministic pick order: zone, then creation time (missing: last), then name."""
-    created = _parse_time(node.creation_timestamp) if node.creation_timestamp else None
-    return (node.labels.get(ZONE_LABEL, ""), created or datetime.max.replace(tzinfo=None), node.name)
+    return (node.labels.get(ZONE_LABEL, ""), node.created or _NEVER, node.name)
+
+
+_NEVER = datetime.max.replace(tzinfo=None)
 
 
 def phase_of(node: RolloutNode, *, fingerprint: str) -> Phase:
@@ -466,9 +482,7 @@ def plan_rollout(
     """
     if admission_limit is not None and admission_limit < 1:
         raise ValueError(f"admission_limit must be at least 1, got {admission_limit}")
-    resolved = resolve_compartments(
-        nodewright, policy=policy, nodes=[NodeRef(n.name, n.labels) for n in nodes]
-    )
+    resolved = resolve_compartments(nodewright, policy=policy, nodes=nodes)
     phases = {n.name: phase_of(n, fingerprint=fingerprint) for n in nodes}
     order = max([next_order_hint] + [a.order + 1 for n in nodes if (a := _current(n, fingerprint))])
     if isinstance(resolved, PolicyNotFound | PolicyInvalid):
@@ -839,15 +853,17 @@ def _waiting(
     )
     picked = {n.name for n in selection.picked}
     deferred = planned - picked
+    halted_by = HaltedByGate(_gate_halt(name, state.gate_halt).message) if state.gate_halt else None
+    paced = None if settled.batch else pacing.reason
     return tuple(
         _why_waiting(
             ctx,
             n,
             compartment=name,
             halted=state.should_stop,
-            halted_by=HaltedByGate(_gate_halt(name, state.gate_halt).message) if state.gate_halt else None,
+            halted_by=halted_by,
             budget_full=n.name in budget_full,
-            pacing=None if settled.batch else pacing.reason,
+            pacing=paced,
             shared=selection.shared.get(n.name),
             deferred_into=state.current_batch if n.name in deferred else None,
         )

@@ -8,6 +8,10 @@ planner for compartment selectors. Semantics follow apimachinery's `LabelSelecto
   with a value not listed), `Exists` (key present), `DoesNotExist` (key absent); all ANDed.
 - A nil or empty selector matches everything. Callers that give "empty" another meaning (an empty
   `podNonInterruptLabels` means "no pod is protected") must check `is_empty` first.
+
+Whether a selector matches depends only on the labels it names (`keys`): two label sets with the same
+values (or absences) at those keys match the same selectors, which lets the rollout planner match a
+fleet's distinct label combinations once instead of every node on every pass.
 """
 
 from __future__ import annotations
@@ -19,6 +23,13 @@ from nodewright.api.models import LabelSelector, LabelSelectorRequirement
 
 def is_empty(selector: LabelSelector | None) -> bool:
     return selector is None or (not selector.match_labels and not selector.match_expressions)
+
+
+def keys(selector: LabelSelector | None) -> frozenset[str]:
+    """The label keys `matches` reads for this selector (nothing else of the labels matters)."""
+    if selector is None:
+        return frozenset()
+    return frozenset(selector.match_labels or {}) | {r.key for r in selector.match_expressions or []}
 
 
 def _requirement(req: LabelSelectorRequirement, labels: Mapping[str, str]) -> bool:

@@ -266,14 +266,14 @@ def _facts(
 
 def _waiting_by_reason(plan: RolloutPlan | None) -> tuple[dict[str, list[str]], Counter[str]]:
     """The waiting nodes by reason, and how many are blocked for each particular block."""
-    names: dict[str, list[str]] = defaultdict(list)
+    names: dict[WaitReason, list[str]] = defaultdict(list)
     blocked: Counter[str] = Counter()
     for waiting in plan.waiting if plan is not None else ():
-        names[waiting.reason.value].append(waiting.node)
+        names[waiting.reason].append(waiting.node)
         label = detail_label(waiting.detail) if waiting.reason is WaitReason.BLOCKED else None
         if label:
             blocked[label] += 1
-    return names, blocked
+    return {reason.value: nodes for reason, nodes in names.items()}, blocked
 
 
 def _status(
