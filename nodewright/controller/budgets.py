@@ -171,6 +171,11 @@ class SharedBudgets:
         replan: Callable[[Sequence[SharedBudget]], RolloutPlan],
     ) -> Secured | None:
         """Plan with the budgets' headroom and record the slots; None when writers kept conflicting."""
+        if not self.informer.objects():
+            # No budget on the cluster (the common case): nothing to share or record, so no need to
+            # derive every node's pool membership and admission on every pass.
+            self._fresh.pop(nodewright, None)
+            return Secured(replan(()))
         known = _Known(
             matched=frozenset(n.name for n in rollout_nodes),
             holding=frozenset(

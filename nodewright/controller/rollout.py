@@ -530,8 +530,8 @@ class RolloutReconciler:
         out: list[NodeEntry] = []
         for node in nodes:
             meta = node["metadata"]
-            node_name = str(meta["name"])
-            rv = str(meta.get("resourceVersion") or "")
+            node_name: str = meta["name"]  # cached nodes are trimmed: both are strings
+            rv: str = meta.get("resourceVersion") or ""
             entry = previous.get(node_name)
             if entry is None or entry.resource_version != rv or not rv:
                 entry = self._entry(ctx, node, rv, memo.shared)

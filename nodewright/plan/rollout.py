@@ -100,9 +100,11 @@ import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum
+from operator import attrgetter
 
 from nodewright.api.admission import Admission
 from nodewright.api.models import (
@@ -546,7 +548,7 @@ def _plan_compartments(
         admissions=tuple(admissions),
         releases=tuple(sorted(n for n, p in phases.items() if p is Phase.RELEASED)),
         active=tuple(sorted(admitted | {n for n, p in phases.items() if p is Phase.ACTIVE})),
-        waiting=tuple(sorted(waiting, key=lambda w: w.node)),
+        waiting=tuple(sorted(waiting, key=attrgetter("node"))),
         halts=tuple(p.halt for p in plans.values() if p.halt is not None),
         reset_applied=ctx.reset_requested,
         next_order=order,
@@ -852,23 +854,20 @@ def _waiting(
         else _budget_full_nodes(ctx, name, spec, state, settled, slots, selection, total=len(members))
     )
     picked = {n.name for n in selection.picked}
-    deferred = planned - picked
-    halted_by = HaltedByGate(_gate_halt(name, state.gate_halt).message) if state.gate_halt else None
-    paced = None if settled.batch else pacing.reason
+    why = _WaitFacts(
+        compartment=name,
+        disabled=ctx.disabled,
+        paused=ctx.paused,
+        halted=state.should_stop,
+        halted_by=HaltedByGate(_gate_halt(name, state.gate_halt).message) if state.gate_halt else None,
+        pacing=None if settled.batch else pacing.reason,
+        shared=selection.shared,
+        deferred=planned - picked,
+        deferred_into=state.current_batch,
+        budget_full=budget_full,
+    )
     return tuple(
-        _why_waiting(
-            ctx,
-            n,
-            compartment=name,
-            halted=state.should_stop,
-            halted_by=halted_by,
-            budget_full=n.name in budget_full,
-            pacing=paced,
-            shared=selection.shared.get(n.name),
-            deferred_into=state.current_batch if n.name in deferred else None,
-        )
-        for n in members
-        if phases[n.name] in _PICKABLE and n.name not in picked
+        _why_waiting(why, n) for n in members if phases[n.name] in _PICKABLE and n.name not in picked
     )
 
 
@@ -1346,42 +1345,49 @@ def _budget_full(
     return {n.name for n in candidates[max(0, free) : shortfall]}
 
 
-def _why_waiting(
-    ctx: _Context,
-    node: RolloutNode,
-    *,
-    compartment: str,
-    halted: bool,
-    halted_by: HaltedByGate | None = None,
-    budget_full: bool,
-    pacing: tuple[WaitReason, Pacing] | None = None,
-    shared: BudgetHeld | None = None,
-    deferred_into: int | None = None,
-) -> Waiting:
-    def waiting(reason: WaitReason, detail: WaitDetail | None = None) -> Waiting:
-        return Waiting(node.name, compartment, reason, detail)
+@dataclass(frozen=True, slots=True)
+class _WaitFacts:
+    """What decides why a pending node of one compartment waits, but the node itself (`_why_waiting`)."""
 
-    if ctx.disabled:
-        return waiting(WaitReason.DISABLED)
-    if ctx.paused:
-        return waiting(WaitReason.PAUSED)
-    if node.blocked is not None:
-        return waiting(WaitReason.BLOCKED, node.blocked)
-    if node.unavailable is not None:
-        return waiting(WaitReason.NODE_UNAVAILABLE, node.unavailable)
-    if node.waiting_for_priority:
-        return waiting(WaitReason.WAITING_FOR_PRIORITY, Predecessor(node.waiting_for_priority))
-    if halted:
-        return waiting(WaitReason.COMPARTMENT_HALTED, halted_by)
-    if pacing is not None:
-        return waiting(*pacing)
-    if shared is not None:
-        return waiting(WaitReason.DISRUPTION_BUDGET, shared)
-    if deferred_into is not None:
-        return waiting(WaitReason.NOT_YET_IN_BATCH, Deferred(compartment, deferred_into))
-    if budget_full:
-        return waiting(WaitReason.BUDGET_FULL)
-    return waiting(WaitReason.NOT_YET_IN_BATCH)
+    compartment: str
+    disabled: bool
+    paused: bool
+    halted: bool
+    halted_by: HaltedByGate | None
+    pacing: tuple[WaitReason, Pacing] | None
+    shared: Mapping[str, BudgetHeld]
+    deferred: AbstractSet[str]
+    deferred_into: int
+    budget_full: AbstractSet[str]
+
+
+def _why_waiting(why: _WaitFacts, node: RolloutNode) -> Waiting:
+    """The first reason that holds, in this order (every pending node of a fleet, on every pass)."""
+    reason: WaitReason
+    detail: WaitDetail | None = None
+    if why.disabled:
+        reason = WaitReason.DISABLED
+    elif why.paused:
+        reason = WaitReason.PAUSED
+    elif node.blocked is not None:
+        reason, detail = WaitReason.BLOCKED, node.blocked
+    elif node.unavailable is not None:
+        reason, detail = WaitReason.NODE_UNAVAILABLE, node.unavailable
+    elif node.waiting_for_priority:
+        reason, detail = WaitReason.WAITING_FOR_PRIORITY, Predecessor(node.waiting_for_priority)
+    elif why.halted:
+        reason, detail = WaitReason.COMPARTMENT_HALTED, why.halted_by
+    elif why.pacing is not None:
+        reason, detail = why.pacing
+    elif node.name in why.shared:
+        reason, detail = WaitReason.DISRUPTION_BUDGET, why.shared[node.name]
+    elif node.name in why.deferred:
+        reason, detail = WaitReason.NOT_YET_IN_BATCH, Deferred(why.compartment, why.deferred_into)
+    elif node.name in why.budget_full:
+        reason = WaitReason.BUDGET_FULL
+    else:
+        reason = WaitReason.NOT_YET_IN_BATCH
+    return Waiting(node.name, why.compartment, reason, detail)
 
 
 def _halt(
